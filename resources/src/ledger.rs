@@ -1,0 +1,508 @@
+//! The ledger of placements: admission, placement of pods in the kubepods tree with their limits, updates,
+//! release, and adoption of the pods whose cgroups exist when nodewarden starts.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::allocatable::{self, Allocatable, EvictionReserve, Reserved};
+use crate::capacity::{Capacity, HostPaths, read_capacity};
+use crate::cgroupfs::{CgroupFs, CgroupPath};
+use crate::error::{CgroupError, NameError};
+use crate::limits::{self, CgroupLimits, LimitSettings};
+use crate::names::validate_pod_uid;
+use crate::observe::{self, Observations};
+use crate::qos::{self, PodResources, PodSpecError, QosClass};
+use crate::tree::{self, Tree};
+
+/// The configuration the resources crate needs, taken from the kubelet configuration.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ResourceConfig {
+    /// `cgroupRoot`.
+    pub cgroup_root: CgroupPath,
+    /// `enforceNodeAllocatable` contains `pods`: limit `kubepods` to allocatable.
+    pub enforce_pods: bool,
+    /// `systemReserved`.
+    pub system_reserved: Reserved,
+    /// `kubeReserved`.
+    pub kube_reserved: Reserved,
+    /// The hard eviction thresholds that allocatable subtracts.
+    pub eviction_reserve: EvictionReserve,
+    /// `maxPods`.
+    pub max_pods: u32,
+    /// `podPidsLimit`; `None` for no limit.
+    pub pod_pids_limit: Option<u64>,
+    /// `cpuCFSQuota`.
+    pub cpu_cfs_quota: bool,
+    /// `cpuCFSQuotaPeriod` in microseconds.
+    pub cpu_cfs_period_us: u64,
+    /// Memory QoS on.
+    pub memory_qos: bool,
+    /// `memoryThrottlingFactor`.
+    pub memory_throttling_factor: f64,
+}
+
+/// One container's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ContainerPlacement {
+    /// The container name.
+    pub name: String,
+    /// Its cgroup.
+    pub cgroup: CgroupPath,
+    /// The limits written.
+    pub limits: CgroupLimits,
+    /// The `oom_score_adj` its processes should get.
+    pub oom_score_adj: i32,
+}
+
+/// Where a pod was placed and with which limits.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Placement {
+    /// The pod UID.
+    pub uid: String,
+    /// `namespace/name`, for messages; empty for adopted pods until their spec is seen.
+    pub pod: String,
+    /// The QoS class.
+    pub qos: QosClass,
+    /// The pod cgroup.
+    pub cgroup: CgroupPath,
+    /// The pod cgroup's limits.
+    pub limits: CgroupLimits,
+    /// The container cgroups.
+    pub containers: Vec<ContainerPlacement>,
+    /// The pod's CPU request in millicores, as admission counts it.
+    pub cpu_request: u64,
+    /// The pod's memory request in bytes.
+    pub memory_request: u64,
+    /// True when rebuilt from an existing cgroup at start and not yet placed again from a spec. Its requests are
+    /// inferred from `cpu.weight` and `memory.min`.
+    pub adopted: bool,
+}
+
+/// Why a pod was not admitted. `reason()` gives the kubelet's reason string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// `maxPods` reached.
+    #[error("Node didn't have enough resource: pods, requested: 1, used: {used}, capacity: {max}")]
+    TooManyPods {
+        /// Pods placed.
+        used: usize,
+        /// `maxPods`.
+        max: u32,
+    },
+    /// Not enough allocatable CPU or memory left.
+    #[error(
+        "Node didn't have enough resource: {resource}, requested: {requested}, used: {used}, capacity: {allocatable}"
+    )]
+    Insufficient {
+        /// `cpu` (millicores) or `memory` (bytes).
+        resource: &'static str,
+        /// The pod's request.
+        requested: u64,
+        /// Already requested by placed pods.
+        used: u64,
+        /// Allocatable.
+        allocatable: u64,
+    },
+    /// The pod spec cannot be accounted for.
+    #[error("invalid pod: {0}")]
+    Spec(#[from] PodSpecError),
+    /// The pod UID is unusable.
+    #[error("invalid pod UID: {0}")]
+    Uid(#[from] NameError),
+}
+
+impl AdmitError {
+    /// The kubelet's reason for the pod status (`OutOfcpu`, `OutOfmemory`, `OutOfpods`, ...).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AdmitError::TooManyPods { .. } => "OutOfpods",
+            AdmitError::Insufficient { resource: "cpu", .. } => "OutOfcpu",
+            AdmitError::Insufficient { .. } => "OutOfmemory",
+            AdmitError::Spec(_) | AdmitError::Uid(_) => "InvalidPod",
+        }
+    }
+}
+
+/// Why a placement, update or release failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    /// The pod was refused.
+    #[error(transparent)]
+    Admit(#[from] AdmitError),
+    /// A cgroup operation failed; whatever this call created has been removed again.
+    #[error("pod {uid}: {source}")]
+    Cgroup {
+        /// The pod UID.
+        uid: String,
+        /// The failure.
+        #[source]
+        source: CgroupError,
+    },
+    /// An update would change the pod's QoS class, which moves it to another cgroup: it must be replaced instead.
+    #[error("pod {uid}: the QoS class would change from {from} to {to}; replace the pod instead")]
+    QosChanged {
+        /// The pod UID.
+        uid: String,
+        /// The class placed.
+        from: QosClass,
+        /// The class of the new spec.
+        to: QosClass,
+    },
+    /// `update` or `release` of a pod that is not placed.
+    #[error("pod {0} is not placed")]
+    NotPlaced(String),
+    /// The pod's cgroups still hold processes, so they cannot be removed. The pod stays in the ledger.
+    #[error("pod {uid} still has processes {pids:?}; its cgroup is kept")]
+    Busy {
+        /// The pod UID.
+        uid: String,
+        /// The processes left.
+        pids: Vec<u32>,
+    },
+}
+
+/// The resource manager: the only owner of the kubepods tree and of the ledger of placements.
+#[derive(Debug)]
+pub struct ResourceManager {
+    fs: CgroupFs,
+    host: HostPaths,
+    config: ResourceConfig,
+    tree: Tree,
+    capacity: Capacity,
+    allocatable: Allocatable,
+    pods: BTreeMap<String, Placement>,
+}
+
+fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    validate_pod_uid(&uid)?;
+    Ok(uid)
+}
+
+fn is_node_critical(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()) == Some("system-node-critical")
+}
+
+impl ResourceManager {
+    /// Reads the node's capacity and computes allocatable. Nothing is written until [`ResourceManager::setup`].
+    pub fn new(fs: CgroupFs, host: HostPaths, config: ResourceConfig) -> Result<Self, CgroupError> {
+        let tree = Tree::new(config.cgroup_root.clone())?;
+        let capacity = read_capacity(&host, &fs, &config.cgroup_root)?;
+        let allocatable =
+            allocatable::compute(&capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
+        Ok(Self { fs, host, config, tree, capacity, allocatable, pods: BTreeMap::new() })
+    }
+
+    /// Creates the kubepods tree with allocatable enforced and adopts the pod cgroups that exist. Returns the
+    /// UIDs adopted.
+    pub fn setup(&mut self) -> Result<Vec<String>, CgroupError> {
+        tree::ensure(
+            &self.fs,
+            &self.tree,
+            &self.allocatable.enforced,
+            &self.allocatable.capacity,
+            self.config.enforce_pods,
+        )?;
+        self.adopt()
+    }
+
+    /// The node's capacity.
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
+    }
+
+    /// Allocatable, reported and enforced.
+    pub fn allocatable(&self) -> &Allocatable {
+        &self.allocatable
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ResourceConfig {
+        &self.config
+    }
+
+    /// The kubepods tree.
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    /// The cgroup file system.
+    pub fn cgroupfs(&self) -> &CgroupFs {
+        &self.fs
+    }
+
+    /// The placements, by UID.
+    pub fn placements(&self) -> impl Iterator<Item = &Placement> {
+        self.pods.values()
+    }
+
+    /// One placement.
+    pub fn placement(&self, uid: &str) -> Option<&Placement> {
+        self.pods.get(uid)
+    }
+
+    fn settings(&self) -> LimitSettings {
+        LimitSettings {
+            pod_pids_limit: self.config.pod_pids_limit,
+            cpu_cfs_quota: self.config.cpu_cfs_quota,
+            cpu_cfs_period_us: self.config.cpu_cfs_period_us,
+            memory_qos: self.config.memory_qos,
+            memory_throttling_factor: self.config.memory_throttling_factor,
+            memory_capacity: self.capacity.memory,
+            allocatable_memory: self.allocatable.enforced.memory,
+        }
+    }
+
+    /// Decides whether a pod fits: `maxPods`, then allocatable CPU and memory against the requests of the pods
+    /// placed. A pod already placed is admitted again (re-admission after a restart or an update).
+    pub fn admit(&self, pod: &Pod) -> Result<PodResources, AdmitError> {
+        let uid = pod_uid(pod)?;
+        let res = PodResources::from_pod(pod)?;
+        let others = || self.pods.values().filter(|p| p.uid != uid);
+        let count = others().count();
+        if count >= self.config.max_pods as usize {
+            return Err(AdmitError::TooManyPods { used: count, max: self.config.max_pods });
+        }
+        let alloc = &self.allocatable.reported;
+        let checks = [
+            ("cpu", res.cpu_request(), others().map(|p| p.cpu_request).sum::<u64>(), alloc.cpu_millis),
+            ("memory", res.memory_request(), others().map(|p| p.memory_request).sum::<u64>(), alloc.memory),
+        ];
+        for (resource, requested, used, allocatable) in checks {
+            if requested > 0 && used.saturating_add(requested) > allocatable {
+                return Err(AdmitError::Insufficient { resource, requested, used, allocatable });
+            }
+        }
+        Ok(res)
+    }
+
+    /// Admits and places a pod: creates `kubepods/[qos/]pod<UID>/<container>` with the limits its QoS class and
+    /// resources call for. Placing a placed pod again rewrites its limits (see [`ResourceManager::update`]). On a
+    /// failure the cgroups this call created are removed again.
+    pub fn place(&mut self, pod: &Pod) -> Result<Placement, PlaceError> {
+        let res = self.admit(pod)?;
+        let uid = pod_uid(pod)?;
+        let qos = res.qos_class();
+        let parent = self.tree.qos_parent(qos).clone();
+        let cg_err = |source: CgroupError| PlaceError::Cgroup { uid: uid.clone(), source };
+        let cgroup = parent.child(&format!("pod{uid}")).map_err(|e| cg_err(e.into()))?;
+        if let Some(old) = self.pods.get(&uid).filter(|old| old.qos != qos) {
+            return Err(PlaceError::QosChanged { uid, from: old.qos, to: qos });
+        }
+        let s = self.settings();
+        let critical = is_node_critical(pod);
+        let containers: Vec<ContainerPlacement> = res
+            .init
+            .iter()
+            .chain(res.sidecars.iter().map(|(_, c)| c))
+            .chain(res.app.iter())
+            .map(|c| -> Result<ContainerPlacement, NameError> {
+                Ok(ContainerPlacement {
+                    name: c.name.clone(),
+                    cgroup: cgroup.child(&c.name)?,
+                    limits: limits::container_limits(c, qos, &s),
+                    oom_score_adj: qos::oom_score_adj(
+                        qos,
+                        critical,
+                        c.memory_request.unwrap_or(0),
+                        self.capacity.memory,
+                    ),
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| cg_err(e.into()))?;
+        let placement = Placement {
+            uid: uid.clone(),
+            pod: format!(
+                "{}/{}",
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+                pod.metadata.name.as_deref().unwrap_or_default()
+            ),
+            qos,
+            limits: limits::pod_limits(&res, qos, &s),
+            cgroup,
+            containers,
+            cpu_request: res.cpu_request(),
+            memory_request: res.memory_request(),
+            adopted: false,
+        };
+        let mut created = Vec::new();
+        if let Err(e) = self.write_placement(&placement, &mut created) {
+            for cg in created.iter().rev() {
+                if let Err(re) = self.fs.remove(cg) {
+                    tracing::warn!(cgroup = %cg, error = %re, "cannot remove cgroup after a failed placement");
+                }
+            }
+            return Err(cg_err(e));
+        }
+        self.pods.insert(uid, placement.clone());
+        self.refresh_qos_parents();
+        Ok(placement)
+    }
+
+    fn write_placement(&self, p: &Placement, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
+        for cg in std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.cgroup)) {
+            if !self.fs.exists(cg) {
+                self.fs.create(cg)?;
+                created.push(cg.clone());
+            }
+            if *cg == p.cgroup {
+                tree::apply(&self.fs, cg, &p.limits)?;
+                tree::delegate(&self.fs, cg)?;
+            }
+        }
+        for c in &p.containers {
+            tree::apply(&self.fs, &c.cgroup, &c.limits)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the limits of a placed pod from a changed spec (its QoS class must not change).
+    pub fn update(&mut self, pod: &Pod) -> Result<Placement, PlaceError> {
+        let uid = pod_uid(pod)?;
+        if !self.pods.contains_key(&uid) {
+            return Err(PlaceError::NotPlaced(uid));
+        }
+        self.place(pod)
+    }
+
+    /// Removes a pod's cgroups once its processes are gone and drops it from the ledger. A pod whose cgroups still
+    /// hold processes is reported with their PIDs and kept, never leaked.
+    pub fn release(&mut self, uid: &str) -> Result<(), PlaceError> {
+        let p = self.pods.get(uid).ok_or_else(|| PlaceError::NotPlaced(uid.to_owned()))?;
+        let cg_err = |source: CgroupError| PlaceError::Cgroup { uid: uid.to_owned(), source };
+        let mut pids = Vec::new();
+        let mut leaves = self.fs.children(&p.cgroup).unwrap_or_default();
+        leaves.retain(|n| p.containers.iter().all(|c| c.name != *n));
+        let extra: Vec<CgroupPath> = leaves.iter().filter_map(|n| p.cgroup.child(n).ok()).collect();
+        let all: Vec<CgroupPath> = p
+            .containers
+            .iter()
+            .map(|c| c.cgroup.clone())
+            .chain(extra)
+            .chain(std::iter::once(p.cgroup.clone()))
+            .collect();
+        for cg in &all {
+            if self.fs.exists(cg) {
+                pids.extend(self.fs.read_procs(cg).map_err(cg_err)?);
+            }
+        }
+        if !pids.is_empty() {
+            return Err(PlaceError::Busy { uid: uid.to_owned(), pids });
+        }
+        for cg in &all {
+            self.fs.remove(cg).map_err(|e| cg_err(e.into()))?;
+        }
+        self.pods.remove(uid);
+        self.refresh_qos_parents();
+        Ok(())
+    }
+
+    /// Kills every process of a pod at once (`cgroup.kill` on the pod cgroup).
+    pub fn kill(&self, uid: &str) -> Result<(), PlaceError> {
+        let p = self.pods.get(uid).ok_or_else(|| PlaceError::NotPlaced(uid.to_owned()))?;
+        self.fs.kill(&p.cgroup).map_err(|e| PlaceError::Cgroup { uid: uid.to_owned(), source: e.into() })
+    }
+
+    /// Updates the QoS-level cgroups after the ledger changed. A failure leaves the pods' own cgroups correct, so
+    /// it is logged rather than undoing the change; the next change retries.
+    fn refresh_qos_parents(&self) {
+        if let Err(e) = self.update_qos_parents() {
+            tracing::warn!(error = %e, "cannot update the QoS-level cgroups");
+        }
+    }
+
+    /// The QoS-level cgroups follow their pods: `burstable`'s `cpu.weight` from the Burstable pods' CPU requests,
+    /// and with Memory QoS, `memory.min` of `burstable` and `kubepods` from the memory requests below them.
+    fn update_qos_parents(&self) -> Result<(), CgroupError> {
+        let sum = |f: fn(&Placement) -> u64, classes: &[QosClass]| -> u64 {
+            self.pods.values().filter(|p| classes.contains(&p.qos)).map(f).sum()
+        };
+        let burstable_cpu = sum(|p| p.cpu_request, &[QosClass::Burstable]);
+        self.fs.write(
+            &self.tree.burstable,
+            "cpu.weight",
+            &qos::shares_to_weight(qos::cpu_shares(burstable_cpu)).to_string(),
+        )?;
+        if self.config.memory_qos {
+            self.fs.write(
+                &self.tree.burstable,
+                "memory.min",
+                &sum(|p| p.memory_request, &[QosClass::Burstable]).to_string(),
+            )?;
+            let protected = sum(|p| p.memory_request, &[QosClass::Burstable, QosClass::Guaranteed]);
+            self.fs.write(&self.tree.kubepods, "memory.min", &protected.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the ledger from the pod cgroups that exist under kubepods, so that a restart adopts running pods
+    /// instead of duplicating or orphaning them. Cgroups that are not pods or cannot be read are skipped with a
+    /// warning. Returns the UIDs adopted.
+    pub fn adopt(&mut self) -> Result<Vec<String>, CgroupError> {
+        let mut adopted = Vec::new();
+        for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
+            let parent = self.tree.qos_parent(qos).clone();
+            for name in self.fs.children(&parent)? {
+                let Some(uid) = name.strip_prefix("pod") else { continue };
+                if validate_pod_uid(uid).is_err() || self.pods.contains_key(uid) {
+                    continue;
+                }
+                match self.read_existing(&parent, uid, qos) {
+                    Ok(p) => {
+                        adopted.push(uid.to_owned());
+                        self.pods.insert(uid.to_owned(), p);
+                    }
+                    Err(e) => tracing::warn!(pod_uid = uid, error = %e, "cannot adopt existing pod cgroup"),
+                }
+            }
+        }
+        self.update_qos_parents()?;
+        Ok(adopted)
+    }
+
+    fn read_existing(&self, parent: &CgroupPath, uid: &str, qos: QosClass) -> Result<Placement, CgroupError> {
+        let cgroup = parent.child(&format!("pod{uid}"))?;
+        let limits = tree::read_limits(&self.fs, &cgroup)?;
+        let mut containers = Vec::new();
+        for name in self.fs.children(&cgroup)? {
+            let cg = cgroup.child(&name)?;
+            let limits = tree::read_limits(&self.fs, &cg)?;
+            containers.push(ContainerPlacement { name, cgroup: cg, limits, oom_score_adj: 0 });
+        }
+        // Invert cpu.weight → shares → millicores. One weight step spans about 26 shares; take the largest shares
+        // value that maps to this weight, so that admission over-counts an adopted pod rather than under-counts it.
+        let span = qos::MAX_SHARES - qos::MIN_SHARES;
+        let shares =
+            (qos::MIN_SHARES + (limits.cpu_weight * span).div_ceil(9999)).saturating_sub(1).min(qos::MAX_SHARES);
+        let cpu_request = if qos == QosClass::BestEffort { 0 } else { shares * 1000 / 1024 };
+        let memory_request = limits.memory_min.unwrap_or(0);
+        Ok(Placement {
+            uid: uid.to_owned(),
+            pod: String::new(),
+            qos,
+            cgroup,
+            limits,
+            containers,
+            cpu_request,
+            memory_request,
+            adopted: true,
+        })
+    }
+
+    /// Reads the node signals and every placed pod's usage. A pod whose cgroup vanished during the pass is skipped.
+    pub fn observe(&self) -> Result<Observations, CgroupError> {
+        let mut obs = observe::observe_node(&self.host, &self.fs, &self.tree.kubepods)?;
+        for p in self.pods.values() {
+            match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
+                Ok(u) => obs.pods.push(u),
+                Err(e) => tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage"),
+            }
+        }
+        Ok(obs)
+    }
+}
+
+#[cfg(test)]
+mod tests;

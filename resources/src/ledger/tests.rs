@@ -1,0 +1,247 @@
+use super::*;
+use crate::parse::{CpuMax, Limit};
+use crate::quantity::Amount;
+use serde_json::json;
+
+const MIB: u64 = 1 << 20;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    mount: std::path::PathBuf,
+    host: HostPaths,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    for d in ["proc/sys/kernel", "sys/devices/system/cpu", "cgroup"] {
+        std::fs::create_dir_all(p.join(d)).unwrap();
+    }
+    // 1 GiB of memory, 2 CPUs, 32768 PIDs.
+    std::fs::write(
+        p.join("proc/meminfo"),
+        "MemTotal: 1048576 kB\nMemFree: 524288 kB\nMemAvailable: 600000 kB\nBuffers: 0 kB\nCached: 0 kB\n",
+    )
+    .unwrap();
+    std::fs::write(p.join("proc/sys/kernel/pid_max"), "32768\n").unwrap();
+    std::fs::write(p.join("proc/sys/kernel/threads-max"), "100000\n").unwrap();
+    std::fs::write(p.join("proc/loadavg"), "0 0 0 1/100 5\n").unwrap();
+    std::fs::write(p.join("sys/devices/system/cpu/online"), "0-1\n").unwrap();
+    let host = HostPaths { proc: p.join("proc"), sys: p.join("sys"), nodefs: p.into(), imagefs: p.into() };
+    Fixture { mount: p.join("cgroup"), _dir: dir, host }
+}
+
+fn config() -> ResourceConfig {
+    ResourceConfig {
+        cgroup_root: CgroupPath::parse("/nw").unwrap(),
+        enforce_pods: true,
+        system_reserved: Reserved { memory: 100 * MIB, cpu_millis: 100, pids: 1000, ephemeral_storage: 0 },
+        kube_reserved: Reserved { memory: 24 * MIB, ..Reserved::default() },
+        eviction_reserve: EvictionReserve {
+            memory_available: Some(Amount::Quantity(100 * MIB)),
+            nodefs_available: None,
+        },
+        max_pods: 3,
+        pod_pids_limit: Some(256),
+        cpu_cfs_quota: true,
+        cpu_cfs_period_us: 100_000,
+        memory_qos: true,
+        memory_throttling_factor: 0.9,
+    }
+}
+
+fn manager(f: &Fixture) -> ResourceManager {
+    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
+    let mut m = ResourceManager::new(fs, f.host.clone(), config()).unwrap();
+    m.setup().unwrap();
+    m
+}
+
+fn pod(uid: &str, containers: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("p-{uid}"), "namespace": "ns", "uid": uid},
+        "spec": {"containers": containers}
+    }))
+    .unwrap()
+}
+
+fn guaranteed(uid: &str, mem: &str) -> Pod {
+    pod(uid, json!([{"name": "app", "resources": {"limits": {"cpu": "500m", "memory": mem}}}]))
+}
+
+fn read(f: &Fixture, rel: &str) -> String {
+    std::fs::read_to_string(f.mount.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}")).trim().to_owned()
+}
+
+#[test]
+fn setup_enforces_allocatable_on_kubepods() {
+    let f = fixture();
+    let m = manager(&f);
+    // capacity 1024Mi − (100Mi + 24Mi) reserved = 900Mi enforced; reported subtracts the 100Mi threshold too.
+    assert_eq!(read(&f, "nw/kubepods/memory.max"), (900 * MIB).to_string());
+    assert_eq!(m.allocatable().reported.memory, 800 * MIB);
+    assert_eq!(read(&f, "nw/kubepods/pids.max"), "31768");
+    assert_eq!(read(&f, "nw/kubepods/cpu.weight"), qos::shares_to_weight(qos::cpu_shares(1900)).to_string());
+    assert_eq!(read(&f, "nw/kubepods/besteffort/cpu.weight"), "1");
+    assert!(read(&f, "nw/kubepods/cgroup.subtree_control").contains("+memory"));
+    assert!(read(&f, "nw/cgroup.subtree_control").contains("+pids"));
+}
+
+#[test]
+fn places_each_class_where_the_kubelet_does() {
+    let f = fixture();
+    let mut m = manager(&f);
+    let g = m.place(&guaranteed("g1", "128Mi")).unwrap();
+    assert_eq!(g.cgroup.as_str(), "/nw/kubepods/podg1");
+    assert_eq!(read(&f, "nw/kubepods/podg1/memory.max"), (128 * MIB).to_string());
+    assert_eq!(read(&f, "nw/kubepods/podg1/cpu.max"), "50000 100000");
+    assert_eq!(read(&f, "nw/kubepods/podg1/pids.max"), "256");
+    assert_eq!(read(&f, "nw/kubepods/podg1/app/memory.max"), (128 * MIB).to_string());
+    assert_eq!(g.containers[0].oom_score_adj, -997);
+
+    let b = m
+        .place(&pod("b1", json!([{"name": "w", "resources": {"requests": {"cpu": "250m", "memory": "100Mi"}, "limits": {"memory": "200Mi"}}}])))
+        .unwrap();
+    assert_eq!(b.qos, QosClass::Burstable);
+    assert_eq!(read(&f, "nw/kubepods/burstable/podb1/w/memory.high"), (190 * MIB).to_string());
+    assert_eq!(read(&f, "nw/kubepods/burstable/podb1/w/memory.min"), (100 * MIB).to_string());
+    assert_eq!(read(&f, "nw/kubepods/burstable/podb1/w/cpu.max"), "max 100000");
+    assert_eq!(read(&f, "nw/kubepods/burstable/cpu.weight"), qos::shares_to_weight(256).to_string());
+    assert_eq!(read(&f, "nw/kubepods/burstable/memory.min"), (100 * MIB).to_string());
+    assert_eq!(read(&f, "nw/kubepods/memory.min"), (228 * MIB).to_string());
+
+    let e = m.place(&pod("e1", json!([{"name": "batch"}]))).unwrap();
+    assert_eq!(e.cgroup.as_str(), "/nw/kubepods/besteffort/pode1");
+    assert_eq!(read(&f, "nw/kubepods/besteffort/pode1/memory.max"), "max");
+    assert_eq!(e.containers[0].oom_score_adj, 1000);
+}
+
+#[test]
+fn admission_refuses_with_kubelet_reasons() {
+    let f = fixture();
+    let mut m = manager(&f);
+    m.place(&guaranteed("a", "700Mi")).unwrap();
+    let err = m.place(&guaranteed("b", "200Mi")).unwrap_err();
+    let PlaceError::Admit(a) = err else { panic!("expected an admission error, got {err}") };
+    assert_eq!(a.reason(), "OutOfmemory");
+    assert_eq!(
+        a,
+        AdmitError::Insufficient { resource: "memory", requested: 200 * MIB, used: 700 * MIB, allocatable: 800 * MIB }
+    );
+    assert!(!f.mount.join("nw/kubepods/podb").exists(), "a refused pod leaves no cgroup");
+    // Re-placing an admitted pod is not counted against itself.
+    m.place(&guaranteed("a", "700Mi")).unwrap();
+    m.place(&pod("c", json!([{"name": "x"}]))).unwrap();
+    m.place(&pod("d", json!([{"name": "x"}]))).unwrap();
+    let err = m.place(&pod("e", json!([{"name": "x"}]))).unwrap_err();
+    assert!(matches!(err, PlaceError::Admit(ref a) if a.reason() == "OutOfpods"), "{err}");
+    let cpu = m.admit(&pod("f", json!([{"name": "x", "resources": {"requests": {"cpu": "3"}}}])));
+    assert!(matches!(cpu, Err(AdmitError::TooManyPods { .. })));
+}
+
+#[test]
+fn hostile_names_never_become_paths() {
+    let f = fixture();
+    let mut m = manager(&f);
+    for uid in ["../../etc", "a/b", "", "x\0y"] {
+        let err = m.place(&guaranteed(uid, "1Mi")).unwrap_err();
+        assert!(matches!(err, PlaceError::Admit(AdmitError::Uid(_))), "{uid:?}: {err}");
+    }
+    let err = m.place(&pod("ok", json!([{"name": "../escape"}]))).unwrap_err();
+    assert!(matches!(err, PlaceError::Admit(AdmitError::Spec(_))), "{err}");
+    assert_eq!(m.placements().count(), 0);
+}
+
+#[test]
+fn release_removes_cgroups_and_refuses_while_busy() {
+    let f = fixture();
+    let mut m = manager(&f);
+    m.place(&guaranteed("r1", "10Mi")).unwrap();
+    std::fs::write(f.mount.join("nw/kubepods/podr1/app/cgroup.procs"), "4242\n").unwrap();
+    let err = m.release("r1").unwrap_err();
+    assert!(matches!(err, PlaceError::Busy { ref pids, .. } if pids == &[4242]), "{err}");
+    assert!(m.placement("r1").is_some(), "a busy pod stays in the ledger");
+    std::fs::write(f.mount.join("nw/kubepods/podr1/app/cgroup.procs"), "").unwrap();
+    m.release("r1").unwrap();
+    assert!(!f.mount.join("nw/kubepods/podr1").exists());
+    assert!(matches!(m.release("r1"), Err(PlaceError::NotPlaced(_))));
+}
+
+#[test]
+fn failed_placement_removes_what_it_created() {
+    let f = fixture();
+    let mut m = manager(&f);
+    // A cgroup file that cannot be written: b's memory.max is a directory.
+    std::fs::create_dir_all(f.mount.join("nw/kubepods/podx/b/memory.max")).unwrap();
+    let p = pod(
+        "x",
+        json!([{"name": "a", "resources": {"limits": {"cpu": "500m", "memory": "1Mi"}}}, {"name": "b", "resources": {"limits": {"cpu": "500m", "memory": "1Mi"}}}]),
+    );
+    let err = m.place(&p).unwrap_err();
+    assert!(matches!(err, PlaceError::Cgroup { .. }), "{err}");
+    assert!(err.to_string().contains("memory.max"), "{err}");
+    assert!(!f.mount.join("nw/kubepods/podx/a").exists(), "container a was created by the failed call and removed");
+    assert!(m.placement("x").is_none());
+}
+
+#[test]
+fn update_rewrites_limits_and_refuses_class_changes() {
+    let f = fixture();
+    let mut m = manager(&f);
+    assert!(matches!(m.update(&guaranteed("u", "10Mi")), Err(PlaceError::NotPlaced(_))));
+    m.place(&guaranteed("u", "10Mi")).unwrap();
+    m.update(&guaranteed("u", "20Mi")).unwrap();
+    assert_eq!(read(&f, "nw/kubepods/podu/memory.max"), (20 * MIB).to_string());
+    let err = m.update(&pod("u", json!([{"name": "app"}]))).unwrap_err();
+    assert!(
+        matches!(err, PlaceError::QosChanged { from: QosClass::Guaranteed, to: QosClass::BestEffort, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_new_manager_adopts_existing_pods() {
+    let f = fixture();
+    let mut m = manager(&f);
+    m.place(&guaranteed("g", "64Mi")).unwrap();
+    m.place(&pod("b", json!([{"name": "w", "resources": {"requests": {"cpu": "1", "memory": "100Mi"}}}]))).unwrap();
+    m.place(&pod("e", json!([{"name": "x"}]))).unwrap();
+    std::fs::create_dir_all(f.mount.join("nw/kubepods/not-a-pod")).unwrap();
+    drop(m);
+
+    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
+    let mut m2 = ResourceManager::new(fs, f.host.clone(), config()).unwrap();
+    let mut adopted = m2.setup().unwrap();
+    adopted.sort();
+    assert_eq!(adopted, ["b", "e", "g"]);
+    let g = m2.placement("g").unwrap();
+    assert!(g.adopted);
+    assert_eq!(g.qos, QosClass::Guaranteed);
+    assert_eq!(g.limits.memory_max, Limit::Value(64 * MIB));
+    assert_eq!(g.limits.cpu_max, CpuMax { quota: Some(50_000), period: 100_000 });
+    assert_eq!(g.containers.len(), 1);
+    assert_eq!(g.memory_request, 64 * MIB, "memory.min carries the request");
+    let b = m2.placement("b").unwrap();
+    assert_eq!(b.qos, QosClass::Burstable);
+    assert!((1000..=1026).contains(&b.cpu_request), "cpu request inferred from cpu.weight: {}", b.cpu_request);
+    // Adopted pods count against maxPods: a fourth pod is refused.
+    assert!(matches!(m2.admit(&pod("z", json!([{"name": "x"}]))), Err(AdmitError::TooManyPods { used: 3, max: 3 })));
+    // Placing an adopted pod from its spec replaces the inferred entry.
+    assert!(!m2.place(&guaranteed("g", "64Mi")).unwrap().adopted);
+}
+
+#[test]
+fn observe_skips_vanished_pods() {
+    let f = fixture();
+    let mut m = manager(&f);
+    m.place(&guaranteed("o", "10Mi")).unwrap();
+    std::fs::write(f.mount.join("nw/kubepods/podo/memory.current"), "1000").unwrap();
+    std::fs::write(f.mount.join("nw/kubepods/podo/memory.stat"), "inactive_file 100\n").unwrap();
+    std::fs::write(f.mount.join("nw/kubepods/podo/pids.current"), "2").unwrap();
+    let obs = m.observe().unwrap();
+    assert_eq!(obs.pods.len(), 1);
+    assert_eq!(obs.pods[0].memory_working_set, 900);
+    assert_eq!(obs.memory.available, 524_288 * 1024, "the kubelet view (MemFree) is below MemAvailable here");
+    std::fs::remove_file(f.mount.join("nw/kubepods/podo/memory.current")).unwrap();
+    assert!(m.observe().unwrap().pods.is_empty());
+}

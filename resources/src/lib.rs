@@ -1,0 +1,41 @@
+//! nodewarden's source of truth for resources: node capacity and allocatable, QoS classes, the cgroup v2
+//! kubepods tree with its limits, the ledger of pod placements, and observations of usage and pressure.
+//!
+//! Nothing else in nodewarden writes to cgroupfs. Pod sync asks [`ResourceManager`] to `admit`, `place`,
+//! `update` and `release` pods; eviction reads [`Observations`] and asks for pods to be killed. Every path is built
+//! from checked names below an injectable mount, so the whole crate runs against a temporary directory in tests
+//! and against the real kernel in the VM of `deploy/vm`.
+
+mod allocatable;
+mod capacity;
+mod cgroupfs;
+mod error;
+mod host;
+mod ledger;
+mod limits;
+mod names;
+mod observe;
+mod parse;
+mod qos;
+mod quantity;
+mod tree;
+
+pub use allocatable::{Allocatable, EvictionReserve, Reserved, Resources, compute as compute_allocatable};
+pub use capacity::{Capacity, FsStats, HostPaths, fs_stats, read_capacity, read_meminfo};
+pub use cgroupfs::{CgroupFs, CgroupPath};
+pub use error::{CgroupError, IoError, NameError, Op, ParseError};
+pub use host::{HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host};
+pub use ledger::{AdmitError, ContainerPlacement, PlaceError, Placement, ResourceConfig, ResourceManager};
+pub use limits::{CgroupLimits, LimitSettings, container_limits, pod_limits};
+pub use names::{MAX_NAME_LEN, validate_container_name, validate_pod_uid};
+pub use observe::{NodeMemory, Observations, PidStats, PodUsage, Pressure, node_memory, pid_stats};
+pub use parse::{
+    CpuMax, Limit, Meminfo, NestedKeyed, Psi, PsiLine, parse_cpu_list_count, parse_cpu_max, parse_flat_keyed,
+    parse_limit, parse_loadavg_threads, parse_meminfo, parse_nested_keyed, parse_psi, parse_u64,
+};
+pub use qos::{
+    BEST_EFFORT_OOM_SCORE_ADJ, ContainerResources, DEFAULT_CFS_PERIOD_US, GUARANTEED_OOM_SCORE_ADJ, PodResources,
+    PodSpecError, QosClass, cpu_quota, cpu_shares, memory_high, oom_score_adj, shares_to_weight,
+};
+pub use quantity::{Amount, Quantity, QuantityError, parse_millicores, parse_non_negative};
+pub use tree::Tree;

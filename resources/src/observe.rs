@@ -1,0 +1,182 @@
+//! Observations: the node signals and per-pod usage that eviction decides on, read fresh on every call.
+//!
+//! How memory.available is computed: the kubelet takes `capacity − working set`, with the node's working set
+//! `MemTotal − MemFree − Inactive(file)` from `/proc/meminfo` (the root cgroup has no `memory.current`, and its
+//! `memory.stat` is not charged with most memory). That ignores the kernel's own reserves (watermarks, unreclaimable
+//! slab), so on a small node it reports tens of MiB more than can really be allocated. nodewarden therefore uses the
+//! smaller of that value and `MemAvailable`: memory.available never exceeds `MemAvailable`.
+
+use crate::capacity::{FsStats, HostPaths, fs_stats, read_meminfo, read_parsed, read_pid_limit};
+use crate::cgroupfs::{CgroupFs, CgroupPath};
+use crate::error::CgroupError;
+use crate::parse::{self, Psi};
+
+/// Node memory, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodeMemory {
+    /// `MemTotal`.
+    pub capacity: u64,
+    /// The kubelet's working set: `MemTotal − MemFree − Inactive(file)`.
+    pub working_set: u64,
+    /// The kernel's `MemAvailable` estimate.
+    pub mem_available: u64,
+    /// The memory.available signal: `min(capacity − working_set, MemAvailable)`.
+    pub available: u64,
+}
+
+/// Process IDs in use and available.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PidStats {
+    /// The smaller of `pid_max` and `threads-max`.
+    pub max: u64,
+    /// Threads that exist now (from `/proc/loadavg`).
+    pub running: u64,
+    /// The pid.available signal: `max − running`.
+    pub available: u64,
+}
+
+/// Pressure stall information, where the kernel provides it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Pressure {
+    /// `/proc/pressure/memory`.
+    pub memory: Option<Psi>,
+    /// `/proc/pressure/cpu`.
+    pub cpu: Option<Psi>,
+    /// `/proc/pressure/io`.
+    pub io: Option<Psi>,
+    /// `kubepods/memory.pressure`.
+    pub kubepods_memory: Option<Psi>,
+}
+
+/// The usage of one pod's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PodUsage {
+    /// The pod UID.
+    pub uid: String,
+    /// `memory.current − inactive_file`, floored at zero.
+    pub memory_working_set: u64,
+    /// `pids.current`.
+    pub pids: u64,
+}
+
+/// Everything observed in one pass.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Observations {
+    /// Node memory.
+    pub memory: NodeMemory,
+    /// Node process IDs.
+    pub pids: PidStats,
+    /// The node file system.
+    pub nodefs: FsStats,
+    /// The image file system.
+    pub imagefs: FsStats,
+    /// PSI averages.
+    pub pressure: Pressure,
+    /// Per-pod usage; pods whose cgroup vanished during the pass are left out.
+    pub pods: Vec<PodUsage>,
+}
+
+/// Reads node memory from `/proc/meminfo`.
+pub fn node_memory(host: &HostPaths) -> Result<NodeMemory, CgroupError> {
+    let m = read_meminfo(host)?;
+    let inactive_file = m.inactive_file.unwrap_or(0);
+    let working_set = m.mem_total.saturating_sub(m.mem_free).saturating_sub(inactive_file);
+    let kubelet_view = m.mem_total.saturating_sub(working_set);
+    let mem_available = m.mem_available.unwrap_or(kubelet_view);
+    Ok(NodeMemory { capacity: m.mem_total, working_set, mem_available, available: kubelet_view.min(mem_available) })
+}
+
+/// Reads PID usage.
+pub fn pid_stats(host: &HostPaths) -> Result<PidStats, CgroupError> {
+    let max = read_pid_limit(host)?;
+    let running = read_parsed(&host.proc.join("loadavg"), parse::parse_loadavg_threads)?;
+    Ok(PidStats { max, running, available: max.saturating_sub(running) })
+}
+
+/// Reads the usage of a pod cgroup.
+pub fn pod_usage(fs: &CgroupFs, uid: &str, cg: &CgroupPath) -> Result<PodUsage, CgroupError> {
+    let current = fs.read_u64(cg, "memory.current")?;
+    let inactive_file = fs.read_flat_keyed(cg, "memory.stat")?.get("inactive_file").copied().unwrap_or(0);
+    let pids = fs.read_u64(cg, "pids.current")?;
+    Ok(PodUsage { uid: uid.to_owned(), memory_working_set: current.saturating_sub(inactive_file), pids })
+}
+
+/// Reads the node-level signals and the pressure files. Per-pod usage is added by the caller, which knows the pods.
+pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
+    let psi = |name: &str| read_parsed(&host.proc.join("pressure").join(name), parse::parse_psi).ok();
+    Ok(Observations {
+        memory: node_memory(host)?,
+        pids: pid_stats(host)?,
+        nodefs: fs_stats(&host.nodefs)?,
+        imagefs: fs_stats(&host.imagefs)?,
+        pressure: Pressure {
+            memory: psi("memory"),
+            cpu: psi("cpu"),
+            io: psi("io"),
+            kubepods_memory: fs.read_psi(kubepods, "memory.pressure").ok(),
+        },
+        pods: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_with(meminfo: &str) -> (tempfile::TempDir, HostPaths) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/sys/kernel")).unwrap();
+        std::fs::write(dir.path().join("proc/meminfo"), meminfo).unwrap();
+        std::fs::write(dir.path().join("proc/sys/kernel/pid_max"), "4194304\n").unwrap();
+        std::fs::write(dir.path().join("proc/sys/kernel/threads-max"), "7844\n").unwrap();
+        std::fs::write(dir.path().join("proc/loadavg"), "0.10 0.20 0.30 2/144 999\n").unwrap();
+        let host = HostPaths {
+            proc: dir.path().join("proc"),
+            sys: dir.path().join("sys"),
+            nodefs: dir.path().into(),
+            imagefs: dir.path().into(),
+        };
+        (dir, host)
+    }
+
+    const MEMINFO: &str = "MemTotal:        1000000 kB\nMemFree:          600000 kB\nMemAvailable:     500000 kB\nBuffers:               0 kB\nCached:           100000 kB\nInactive(file):    50000 kB\n";
+
+    #[test]
+    fn memory_available_never_exceeds_mem_available() {
+        let (_d, host) = host_with(MEMINFO);
+        let m = node_memory(&host).unwrap();
+        assert_eq!(m.capacity, 1_000_000 * 1024);
+        assert_eq!(m.working_set, 350_000 * 1024);
+        // The kubelet's view would be 650000 kB; MemAvailable says 500000 kB.
+        assert_eq!(m.available, 500_000 * 1024);
+    }
+
+    #[test]
+    fn pids_use_the_smaller_limit() {
+        let (_d, host) = host_with(MEMINFO);
+        assert_eq!(pid_stats(&host).unwrap(), PidStats { max: 7844, running: 144, available: 7700 });
+    }
+
+    #[test]
+    fn malformed_meminfo_is_an_error_not_a_panic() {
+        for bad in ["", "MemTotal: lots kB\n", "garbage\n", "MemFree: 1 kB\n"] {
+            let (_d, host) = host_with(bad);
+            let err = node_memory(&host).unwrap_err().to_string();
+            assert!(err.contains("meminfo"), "{err}");
+        }
+    }
+
+    #[test]
+    fn pod_usage_subtracts_inactive_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CgroupFs::emulated(dir.path(), CgroupPath::root());
+        let cg = CgroupPath::parse("/kubepods/podx").unwrap();
+        std::fs::create_dir_all(fs.dir(&cg)).unwrap();
+        fs.write(&cg, "memory.current", "1000\n").unwrap();
+        fs.write(&cg, "memory.stat", "anon 800\ninactive_file 300\n").unwrap();
+        fs.write(&cg, "pids.current", "3\n").unwrap();
+        assert_eq!(pod_usage(&fs, "x", &cg).unwrap(), PodUsage { uid: "x".into(), memory_working_set: 700, pids: 3 });
+        fs.write(&cg, "memory.stat", "inactive_file 5000\n").unwrap();
+        assert_eq!(pod_usage(&fs, "x", &cg).unwrap().memory_working_set, 0);
+    }
+}
