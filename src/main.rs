@@ -1,1 +1,122 @@
-fn main() {}
+//! nodewarden: the part of a kubelet that decides whether a node survives.
+//!
+//! `nodewarden run --config PATH` runs the daemon; `nodewarden check-config PATH` validates a config and prints
+//! the effective values.
+
+mod config;
+mod daemon;
+mod http;
+mod metrics;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// How nodewarden exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    /// Clean shutdown, or a valid config.
+    Ok = 0,
+    /// A runtime failure.
+    Failure = 1,
+    /// The config is invalid.
+    Config = 2,
+    /// The host cannot run nodewarden (no cgroup v2, missing controllers, not writable).
+    Host = 3,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+#[derive(Parser)]
+#[command(
+    name = "nodewarden",
+    version,
+    about = "cgroup v2 resource accounting, pressure signals and eviction for a node"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Run {
+        /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a config file and print the effective configuration.
+    CheckConfig {
+        /// The config file.
+        path: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { path } => check_config(&path).into(),
+        Command::Run { config } => run(&config).into(),
+    }
+}
+
+fn check_config(path: &std::path::Path) -> Exit {
+    match config::load(path) {
+        Ok(c) => {
+            print!("{}", c.to_yaml());
+            for f in &c.ignored {
+                eprintln!("ignored: {f} is a kubelet field that nodewarden does not implement");
+            }
+            for w in &c.warnings {
+                eprintln!("warning: {w}");
+            }
+            Exit::Ok
+        }
+        Err(e) => {
+            eprintln!("nodewarden: {}: {e}", path.display());
+            Exit::Config
+        }
+    }
+}
+
+fn run(path: &std::path::Path) -> Exit {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let config = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{}: {e}", path.display());
+            return Exit::Config;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot start the async runtime: {e}");
+            return Exit::Failure;
+        }
+    };
+    match runtime.block_on(daemon::run(config)) {
+        Ok(()) => Exit::Ok,
+        Err(daemon::DaemonError::Host(e)) => {
+            tracing::error!("{e}");
+            Exit::Host
+        }
+        Err(daemon::DaemonError::Other(e)) => {
+            tracing::error!("{e:#}");
+            Exit::Failure
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The value of each eviction signal, derived from the resources crate's observations, with the capacity that
+//! percentage thresholds are resolved against.
+
+use std::collections::BTreeMap;
+
+use nodewarden_resources::{Allocatable, Observations};
+
+use crate::signal::Signal;
+use crate::threshold::Threshold;
+
+/// One signal's observed value and the capacity it is a part of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SignalObservation {
+    /// What is available now (bytes, inodes or PIDs).
+    pub available: u64,
+    /// The whole, for percentage thresholds.
+    pub capacity: u64,
+}
+
+/// Computes every signal, by the kubelet's definitions:
+/// - `memory.available`: from [`Observations::memory`] (never above `MemAvailable`);
+/// - `allocatableMemory.available`: enforced allocatable memory − the pods' working set;
+/// - `nodefs.*`, `imagefs.*`: available bytes and free inodes of those file systems;
+/// - `pid.available`: the PID limit − the threads that exist.
+pub fn signal_observations(obs: &Observations, alloc: &Allocatable) -> BTreeMap<Signal, SignalObservation> {
+    let pods_ws: u64 = obs.pods.iter().map(|p| p.memory_working_set).sum();
+    let o = |available, capacity| SignalObservation { available, capacity };
+    BTreeMap::from([
+        (Signal::MemoryAvailable, o(obs.memory.available, obs.memory.capacity)),
+        (Signal::AllocatableMemoryAvailable, o(alloc.enforced.memory.saturating_sub(pods_ws), alloc.enforced.memory)),
+        (Signal::NodeFsAvailable, o(obs.nodefs.available_bytes, obs.nodefs.capacity_bytes)),
+        (Signal::NodeFsInodesFree, o(obs.nodefs.inodes_free, obs.nodefs.inodes)),
+        (Signal::ImageFsAvailable, o(obs.imagefs.available_bytes, obs.imagefs.capacity_bytes)),
+        (Signal::ImageFsInodesFree, o(obs.imagefs.inodes_free, obs.imagefs.inodes)),
+        (Signal::PidAvailable, o(obs.pids.available, obs.pids.max)),
+    ])
+}
+
+impl Threshold {
+    /// The threshold in the signal's unit, for a signal of the given capacity.
+    pub fn resolve(&self, capacity: u64) -> u64 {
+        self.amount.resolve(capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodewarden_resources::{FsStats, NodeMemory, PidStats, PodUsage, Resources};
+
+    #[test]
+    fn signals_follow_the_kubelet_definitions() {
+        let obs = Observations {
+            memory: NodeMemory { capacity: 1000, working_set: 300, mem_available: 600, available: 600 },
+            pids: PidStats { max: 100, running: 40, available: 60 },
+            nodefs: FsStats { capacity_bytes: 10_000, available_bytes: 2_500, inodes: 500, inodes_free: 50 },
+            imagefs: FsStats { capacity_bytes: 20_000, available_bytes: 1_000, inodes: 800, inodes_free: 700 },
+            pods: vec![
+                PodUsage { uid: "a".into(), memory_working_set: 150, pids: 3 },
+                PodUsage { uid: "b".into(), memory_working_set: 50, pids: 1 },
+            ],
+            ..Observations::default()
+        };
+        let alloc =
+            Allocatable { enforced: Resources { memory: 800, ..Resources::default() }, ..Allocatable::default() };
+        let s = signal_observations(&obs, &alloc);
+        assert_eq!(s[&Signal::MemoryAvailable], SignalObservation { available: 600, capacity: 1000 });
+        assert_eq!(s[&Signal::AllocatableMemoryAvailable], SignalObservation { available: 600, capacity: 800 });
+        assert_eq!(s[&Signal::NodeFsInodesFree], SignalObservation { available: 50, capacity: 500 });
+        assert_eq!(s[&Signal::ImageFsAvailable].available, 1_000);
+        assert_eq!(s[&Signal::PidAvailable], SignalObservation { available: 60, capacity: 100 });
+        assert_eq!(s.len(), Signal::ALL.len());
+    }
+}

@@ -1,0 +1,348 @@
+//! Configuration: the kubelet's own `KubeletConfiguration` file (`kubelet.config.k8s.io/v1beta1`), with the
+//! kubelet's defaults and validation, and nodewarden's settings in a `nodewarden:` block.
+//!
+//! Loading is two steps: the YAML is read into a generic tree, whose top-level keys are sorted into implemented,
+//! accepted-but-ignored (real kubelet fields nodewarden does not implement) and unknown (an error naming the field
+//! and the nearest known name); then the implemented fields are deserialized and validated into [`Config`].
+
+mod duration;
+mod kubelet_fields;
+mod raw;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nodewarden_eviction::{Thresholds, parse_signal_keys};
+use nodewarden_resources::{
+    CgroupPath, EvictionReserve, Reserved, ResourceConfig, parse_millicores, parse_non_negative,
+};
+
+pub use raw::{KubeletConfiguration, QuantityMap};
+
+/// The only `apiVersion` accepted.
+pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+/// The only `kind` accepted.
+pub const KIND: &str = "KubeletConfiguration";
+/// Config files larger than this are refused before parsing.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Why a config was refused. `field` is the kubelet field name (dotted for nested keys) where one applies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {reason}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The file is not YAML (or JSON) of the expected shape.
+    #[error("invalid YAML: {0}")]
+    Syntax(String),
+    /// A field is unknown or has an invalid value.
+    #[error("field {field}: {reason}")]
+    Field {
+        /// The field, such as `evictionHard.memory.available`.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    fn field(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Field { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// The validated, typed configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The effective kubelet configuration, every field set: what `check-config` prints and `/configz` serves.
+    pub effective: KubeletConfiguration,
+    /// Real kubelet fields present in the file that nodewarden ignores.
+    pub ignored: Vec<String>,
+    /// Accepted settings that nodewarden does not honour as the kubelet would (said once at start).
+    pub warnings: Vec<String>,
+    /// What the resources crate needs. `memory_qos` is the request; the daemon also checks the kernel.
+    pub resources: ResourceConfig,
+    /// Eviction thresholds.
+    pub thresholds: Thresholds,
+    /// `evictionPressureTransitionPeriod`.
+    pub pressure_transition_period: Duration,
+    /// `evictionMaxPodGracePeriod` in seconds.
+    pub max_pod_grace_period: u32,
+    /// Where the read-only HTTP endpoints listen; `None` when `healthzPort` is 0.
+    pub healthz: Option<SocketAddr>,
+    /// `staticPodPath`, if set.
+    pub static_pod_path: Option<PathBuf>,
+    /// `containerRuntimeEndpoint`, if set (otherwise the embedded process runtime).
+    pub container_runtime_endpoint: Option<String>,
+    /// `nodeStatusUpdateFrequency`.
+    pub node_status_update_frequency: Duration,
+    /// The cgroup2 mount.
+    pub cgroup_mount: PathBuf,
+    /// A path on nodefs.
+    pub nodefs_path: PathBuf,
+    /// A path on imagefs.
+    pub imagefs_path: PathBuf,
+    /// How often node signals are observed for metrics and readiness.
+    pub housekeeping_interval: Duration,
+    /// Treat every static pod as critical, as the kubelet does.
+    pub static_pods_critical: bool,
+}
+
+/// Reads and validates a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let read_err = |reason: String| ConfigError::Read { path: path.display().to_string(), reason };
+    let meta = std::fs::metadata(path).map_err(|e| read_err(e.to_string()))?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(read_err(format!("{} bytes is larger than the {} byte limit", meta.len(), MAX_CONFIG_BYTES)));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
+    parse(&text)
+}
+
+/// Parses and validates config text.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let tree: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    let serde_json::Value::Object(mut map) = tree else {
+        return Err(ConfigError::Syntax("the document is not a mapping of fields".into()));
+    };
+    let mut ignored = Vec::new();
+    for key in map.keys().cloned().collect::<Vec<_>>() {
+        if raw::IMPLEMENTED.contains(&key.as_str()) {
+            continue;
+        }
+        if kubelet_fields::IGNORED.contains(&key.as_str()) {
+            map.remove(&key);
+            ignored.push(key);
+            continue;
+        }
+        let known = raw::IMPLEMENTED.iter().chain(kubelet_fields::IGNORED.iter()).copied();
+        let hint = kubelet_fields::suggest(&key, known).map(|s| format!(" (did you mean {s}?)")).unwrap_or_default();
+        return Err(ConfigError::field(key, format!("unknown field: not a KubeletConfiguration field{hint}")));
+    }
+    let raw: KubeletConfiguration = serde_path_to_error::deserialize(serde_json::Value::Object(map)).map_err(|e| {
+        let field = e.path().to_string();
+        ConfigError::field(field, e.into_inner().to_string())
+    })?;
+    let mut config = validate(raw.with_defaults())?;
+    config.ignored = ignored;
+    Ok(config)
+}
+
+fn duration_field(field: &str, value: &str) -> Result<Duration, ConfigError> {
+    duration::parse(value).map_err(|e| ConfigError::field(field, e))
+}
+
+fn reserved(field: &str, map: &QuantityMap, warnings: &mut Vec<String>) -> Result<Reserved, ConfigError> {
+    let mut r = Reserved::default();
+    for (key, value) in map {
+        let name = format!("{field}.{key}");
+        let text = value.text();
+        let bad = |e: nodewarden_resources::QuantityError| ConfigError::field(&name, e.to_string());
+        match key.as_str() {
+            "cpu" => r.cpu_millis = parse_millicores(&text).map_err(bad)?,
+            "memory" => r.memory = parse_non_negative(&text).map_err(bad)?,
+            "pid" => r.pids = parse_non_negative(&text).map_err(bad)?,
+            "ephemeral-storage" => r.ephemeral_storage = parse_non_negative(&text).map_err(bad)?,
+            k if k.starts_with("hugepages-") => {
+                parse_non_negative(&text).map_err(bad)?;
+                warnings.push(format!("{name}: huge page reservations are not enforced by nodewarden"));
+            }
+            _ => {
+                return Err(ConfigError::field(
+                    name,
+                    "unknown resource (expected cpu, memory, pid, ephemeral-storage)",
+                ));
+            }
+        }
+    }
+    Ok(r)
+}
+
+fn text_map(map: &QuantityMap) -> BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.text())).collect()
+}
+
+fn required<'a, T>(v: &'a Option<T>, field: &str) -> Result<&'a T, ConfigError> {
+    v.as_ref().ok_or_else(|| ConfigError::field(field, "missing after defaulting"))
+}
+
+fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
+    let mut warnings = Vec::new();
+    match c.api_version.as_deref() {
+        Some(API_VERSION) => {}
+        other => return Err(ConfigError::field("apiVersion", format!("must be {API_VERSION}, found {other:?}"))),
+    }
+    match c.kind.as_deref() {
+        Some(KIND) => {}
+        other => return Err(ConfigError::field("kind", format!("must be {KIND}, found {other:?}"))),
+    }
+    let root_text = required(&c.cgroup_root, "cgroupRoot")?;
+    let cgroup_root = CgroupPath::parse(root_text).map_err(|e| ConfigError::field("cgroupRoot", e.to_string()))?;
+    if !*required(&c.cgroups_per_qos, "cgroupsPerQOS")? {
+        return Err(ConfigError::field(
+            "cgroupsPerQOS",
+            "false is not supported: nodewarden always creates the kubepods tree",
+        ));
+    }
+    match required(&c.cgroup_driver, "cgroupDriver")?.as_str() {
+        "cgroupfs" => {}
+        "systemd" => warnings.push(
+            "cgroupDriver: systemd is treated as cgroupfs: nodewarden lays out kubepods/<qos>/pod<UID> directly".into(),
+        ),
+        other => {
+            return Err(ConfigError::field("cgroupDriver", format!("must be cgroupfs or systemd, found {other:?}")));
+        }
+    }
+    let enforce = required(&c.enforce_node_allocatable, "enforceNodeAllocatable")?;
+    for v in enforce {
+        match v.as_str() {
+            "pods" => {}
+            "none" if enforce.len() == 1 => {}
+            "none" => {
+                return Err(ConfigError::field("enforceNodeAllocatable", "none cannot be combined with other values"));
+            }
+            "system-reserved" | "kube-reserved" | "system-reserved-compressible" | "kube-reserved-compressible" => {
+                warnings.push(format!(
+                    "enforceNodeAllocatable: {v} is not enforced: its cgroup lies outside nodewarden's cgroup root"
+                ))
+            }
+            other => return Err(ConfigError::field("enforceNodeAllocatable", format!("unknown value {other:?}"))),
+        }
+    }
+    let system_reserved = reserved("systemReserved", required(&c.system_reserved, "systemReserved")?, &mut warnings)?;
+    let kube_reserved = reserved("kubeReserved", required(&c.kube_reserved, "kubeReserved")?, &mut warnings)?;
+
+    let max_pods = *required(&c.max_pods, "maxPods")?;
+    let max_pods =
+        u32::try_from(max_pods).map_err(|_| ConfigError::field("maxPods", format!("{max_pods} is out of range")))?;
+    let pod_pids_limit = match *required(&c.pod_pids_limit, "podPidsLimit")? {
+        -1 | 0 => None,
+        n if n > 0 => Some(n.unsigned_abs()),
+        n => return Err(ConfigError::field("podPidsLimit", format!("{n} is negative (use -1 for no limit)"))),
+    };
+    let period = duration_field("cpuCFSQuotaPeriod", required(&c.cpu_cfs_quota_period, "cpuCFSQuotaPeriod")?)?;
+    if !(Duration::from_millis(1)..=Duration::from_secs(1)).contains(&period) {
+        return Err(ConfigError::field("cpuCFSQuotaPeriod", "must be between 1ms and 1s"));
+    }
+    let factor = *required(&c.memory_throttling_factor, "memoryThrottlingFactor")?;
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(ConfigError::field(
+            "memoryThrottlingFactor",
+            format!("{factor} must be greater than 0 and at most 1"),
+        ));
+    }
+    let memory_qos = required(&c.feature_gates, "featureGates")?.get("MemoryQoS").copied().unwrap_or(true);
+    let high = *required(&c.image_gc_high_threshold_percent, "imageGCHighThresholdPercent")?;
+    let low = *required(&c.image_gc_low_threshold_percent, "imageGCLowThresholdPercent")?;
+    for (field, v) in [("imageGCHighThresholdPercent", high), ("imageGCLowThresholdPercent", low)] {
+        if !(0..=100).contains(&v) {
+            return Err(ConfigError::field(field, format!("{v} is not between 0 and 100")));
+        }
+    }
+    if low >= high && high != 100 {
+        return Err(ConfigError::field(
+            "imageGCLowThresholdPercent",
+            format!("{low} must be less than imageGCHighThresholdPercent ({high})"),
+        ));
+    }
+
+    let grace: BTreeMap<String, Duration> = required(&c.eviction_soft_grace_period, "evictionSoftGracePeriod")?
+        .iter()
+        .map(|(k, v)| duration_field(&format!("evictionSoftGracePeriod.{k}"), v).map(|d| (k.clone(), d)))
+        .collect::<Result<_, _>>()?;
+    parse_signal_keys("evictionSoftGracePeriod", &grace).map_err(|e| ConfigError::field(e.field, e.reason))?;
+    let thresholds = Thresholds::from_config(
+        &text_map(required(&c.eviction_hard, "evictionHard")?),
+        &text_map(required(&c.eviction_soft, "evictionSoft")?),
+        &grace,
+        &text_map(required(&c.eviction_minimum_reclaim, "evictionMinimumReclaim")?),
+    )
+    .map_err(|e| ConfigError::field(e.field, e.reason))?;
+    let pressure_transition_period = duration_field(
+        "evictionPressureTransitionPeriod",
+        required(&c.eviction_pressure_transition_period, "evictionPressureTransitionPeriod")?,
+    )?;
+    let mpg = *required(&c.eviction_max_pod_grace_period, "evictionMaxPodGracePeriod")?;
+    let max_pod_grace_period = u32::try_from(mpg)
+        .map_err(|_| ConfigError::field("evictionMaxPodGracePeriod", format!("{mpg} is negative or too large")))?;
+
+    let port = *required(&c.healthz_port, "healthzPort")?;
+    let port = u16::try_from(port)
+        .map_err(|_| ConfigError::field("healthzPort", format!("{port} is not a port (0..65535)")))?;
+    let addr_text = required(&c.healthz_bind_address, "healthzBindAddress")?;
+    let addr: IpAddr = addr_text
+        .parse()
+        .map_err(|_| ConfigError::field("healthzBindAddress", format!("{addr_text:?} is not an IP address")))?;
+    let healthz = (port != 0).then_some(SocketAddr::new(addr, port));
+
+    let endpoint = required(&c.container_runtime_endpoint, "containerRuntimeEndpoint")?;
+    if !endpoint.is_empty() && !endpoint.starts_with("unix://") {
+        return Err(ConfigError::field("containerRuntimeEndpoint", format!("{endpoint:?} must be a unix:// socket")));
+    }
+    let non_empty = |s: &String| (!s.is_empty()).then(|| PathBuf::from(s));
+    let node_status_update_frequency = duration_field(
+        "nodeStatusUpdateFrequency",
+        required(&c.node_status_update_frequency, "nodeStatusUpdateFrequency")?,
+    )?;
+
+    let nw = required(&c.nodewarden, "nodewarden")?;
+    let housekeeping_interval = duration_field(
+        "nodewarden.housekeepingInterval",
+        required(&nw.housekeeping_interval, "nodewarden.housekeepingInterval")?,
+    )?;
+    if housekeeping_interval < Duration::from_millis(10) {
+        return Err(ConfigError::field("nodewarden.housekeepingInterval", "must be at least 10ms"));
+    }
+    let eviction_reserve = EvictionReserve {
+        memory_available: thresholds.hard_for(nodewarden_eviction::Signal::MemoryAvailable).map(|t| t.amount),
+        nodefs_available: thresholds.hard_for(nodewarden_eviction::Signal::NodeFsAvailable).map(|t| t.amount),
+    };
+    let resources = ResourceConfig {
+        cgroup_root,
+        enforce_pods: enforce.iter().any(|v| v == "pods"),
+        system_reserved,
+        kube_reserved,
+        eviction_reserve,
+        max_pods,
+        pod_pids_limit,
+        cpu_cfs_quota: *required(&c.cpu_cfs_quota, "cpuCFSQuota")?,
+        cpu_cfs_period_us: u64::try_from(period.as_micros()).unwrap_or(nodewarden_resources::DEFAULT_CFS_PERIOD_US),
+        memory_qos,
+        memory_throttling_factor: factor,
+    };
+    Ok(Config {
+        ignored: Vec::new(),
+        warnings,
+        resources,
+        thresholds,
+        pressure_transition_period,
+        max_pod_grace_period,
+        healthz,
+        static_pod_path: non_empty(required(&c.static_pod_path, "staticPodPath")?),
+        container_runtime_endpoint: (!endpoint.is_empty()).then(|| endpoint.clone()),
+        node_status_update_frequency,
+        cgroup_mount: PathBuf::from(required(&nw.cgroup_mount, "nodewarden.cgroupMount")?),
+        nodefs_path: PathBuf::from(required(&nw.nodefs_path, "nodewarden.nodefsPath")?),
+        imagefs_path: PathBuf::from(required(&nw.imagefs_path, "nodewarden.imagefsPath")?),
+        housekeeping_interval,
+        static_pods_critical: *required(&nw.static_pods_critical, "nodewarden.staticPodsCritical")?,
+        effective: c,
+    })
+}
+
+impl Config {
+    /// The effective configuration as YAML, as `check-config` prints it.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(&self.effective).unwrap_or_else(|e| format!("# cannot render the config: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

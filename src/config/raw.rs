@@ -1,0 +1,214 @@
+//! The subset of `KubeletConfiguration` that nodewarden implements, in the kubelet's field names, plus
+//! nodewarden's own `nodewarden:` block. After [`KubeletConfiguration::with_defaults`] every field is set, and the
+//! struct is what `check-config` prints and `/configz` serves.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A quantity written as a string (`"100Mi"`) or a bare YAML number (`1000`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum QuantityValue {
+    /// A string.
+    Text(String),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+}
+
+impl QuantityValue {
+    /// The value as the quantity text.
+    pub fn text(&self) -> String {
+        match self {
+            QuantityValue::Text(s) => s.clone(),
+            QuantityValue::Int(i) => i.to_string(),
+            QuantityValue::Float(f) => f.to_string(),
+        }
+    }
+}
+
+/// A per-resource or per-signal map of quantities.
+pub type QuantityMap = BTreeMap<String, QuantityValue>;
+
+/// The implemented kubelet fields. `None` means "not given"; defaults are applied by `with_defaults`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct KubeletConfiguration {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub static_pod_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_logs_dir: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_runtime_endpoint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serialize_image_pulls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub healthz_bind_address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub healthz_port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_status_update_frequency: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_root: Option<String>,
+    #[serde(rename = "cgroupsPerQOS", skip_serializing_if = "Option::is_none")]
+    pub cgroups_per_qos: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_driver: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enforce_node_allocatable: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_reserved: Option<QuantityMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kube_reserved: Option<QuantityMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_pods: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_pids_limit: Option<i64>,
+    #[serde(rename = "cpuCFSQuota", skip_serializing_if = "Option::is_none")]
+    pub cpu_cfs_quota: Option<bool>,
+    #[serde(rename = "cpuCFSQuotaPeriod", skip_serializing_if = "Option::is_none")]
+    pub cpu_cfs_quota_period: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_throttling_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub feature_gates: Option<BTreeMap<String, bool>>,
+    #[serde(rename = "imageGCHighThresholdPercent", skip_serializing_if = "Option::is_none")]
+    pub image_gc_high_threshold_percent: Option<i64>,
+    #[serde(rename = "imageGCLowThresholdPercent", skip_serializing_if = "Option::is_none")]
+    pub image_gc_low_threshold_percent: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_hard: Option<QuantityMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_soft: Option<QuantityMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_pressure_transition_period: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_max_pod_grace_period: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_minimum_reclaim: Option<QuantityMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge_default_eviction_settings: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodewarden: Option<NodewardenSettings>,
+}
+
+/// nodewarden's own settings, under the `nodewarden:` key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodewardenSettings {
+    /// Where the cgroup2 hierarchy is mounted. Default `/sys/fs/cgroup`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_mount: Option<String>,
+    /// A path on the node file system (nodefs). Default `/var/lib/kubelet` (or its nearest existing parent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodefs_path: Option<String>,
+    /// A path on the image file system (imagefs). Default `/var/lib/containerd` (or its nearest existing parent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub imagefs_path: Option<String>,
+    /// How often node signals are observed for metrics and readiness. Default `1s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub housekeeping_interval: Option<String>,
+    /// Treat every static pod as critical (never evicted), as the kubelet does. Default `false`: criticality
+    /// comes from the pod's priority.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub static_pods_critical: Option<bool>,
+}
+
+/// The top-level fields of [`KubeletConfiguration`], in their YAML spelling.
+pub const IMPLEMENTED: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "staticPodPath",
+    "podLogsDir",
+    "containerRuntimeEndpoint",
+    "serializeImagePulls",
+    "healthzBindAddress",
+    "healthzPort",
+    "nodeStatusUpdateFrequency",
+    "cgroupRoot",
+    "cgroupsPerQOS",
+    "cgroupDriver",
+    "enforceNodeAllocatable",
+    "systemReserved",
+    "kubeReserved",
+    "maxPods",
+    "podPidsLimit",
+    "cpuCFSQuota",
+    "cpuCFSQuotaPeriod",
+    "memoryThrottlingFactor",
+    "featureGates",
+    "imageGCHighThresholdPercent",
+    "imageGCLowThresholdPercent",
+    "evictionHard",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "evictionPressureTransitionPeriod",
+    "evictionMaxPodGracePeriod",
+    "evictionMinimumReclaim",
+    "mergeDefaultEvictionSettings",
+    "nodewarden",
+];
+
+fn or<T>(v: &mut Option<T>, default: T) {
+    if v.is_none() {
+        *v = Some(default);
+    }
+}
+
+impl KubeletConfiguration {
+    /// Fills every field that was not given with the kubelet's default (nodewarden's for its own block).
+    pub fn with_defaults(mut self) -> Self {
+        or(&mut self.pod_logs_dir, "/var/log/pods".into());
+        or(&mut self.container_runtime_endpoint, String::new());
+        or(&mut self.static_pod_path, String::new());
+        or(&mut self.serialize_image_pulls, true);
+        or(&mut self.healthz_bind_address, "127.0.0.1".into());
+        or(&mut self.healthz_port, 10248);
+        or(&mut self.node_status_update_frequency, "10s".into());
+        or(&mut self.cgroup_root, "/".into());
+        or(&mut self.cgroups_per_qos, true);
+        or(&mut self.cgroup_driver, "cgroupfs".into());
+        or(&mut self.enforce_node_allocatable, vec!["pods".into()]);
+        or(&mut self.system_reserved, BTreeMap::new());
+        or(&mut self.kube_reserved, BTreeMap::new());
+        or(&mut self.max_pods, 110);
+        or(&mut self.pod_pids_limit, -1);
+        or(&mut self.cpu_cfs_quota, true);
+        or(&mut self.cpu_cfs_quota_period, "100ms".into());
+        or(&mut self.memory_throttling_factor, 0.9);
+        or(&mut self.feature_gates, BTreeMap::new());
+        or(&mut self.image_gc_high_threshold_percent, 85);
+        or(&mut self.image_gc_low_threshold_percent, 80);
+        let defaults: QuantityMap = nodewarden_eviction::default_hard_thresholds()
+            .into_iter()
+            .map(|(k, v)| (k, QuantityValue::Text(v)))
+            .collect();
+        self.eviction_hard = Some(match (self.eviction_hard.take(), self.merge_default_eviction_settings) {
+            (None, _) => defaults,
+            (Some(given), Some(true)) => defaults.into_iter().chain(given).collect(),
+            // As in the kubelet: a given evictionHard replaces the defaults entirely.
+            (Some(given), _) => given,
+        });
+        or(&mut self.merge_default_eviction_settings, false);
+        or(&mut self.eviction_soft, BTreeMap::new());
+        or(&mut self.eviction_soft_grace_period, BTreeMap::new());
+        or(&mut self.eviction_pressure_transition_period, "5m0s".into());
+        or(&mut self.eviction_max_pod_grace_period, 0);
+        or(&mut self.eviction_minimum_reclaim, BTreeMap::new());
+        let mut nw = self.nodewarden.take().unwrap_or_default();
+        or(&mut nw.cgroup_mount, "/sys/fs/cgroup".into());
+        or(&mut nw.nodefs_path, "/var/lib/kubelet".into());
+        or(&mut nw.imagefs_path, "/var/lib/containerd".into());
+        or(&mut nw.housekeeping_interval, "1s".into());
+        or(&mut nw.static_pods_critical, false);
+        self.nodewarden = Some(nw);
+        self
+    }
+}

@@ -1,0 +1,179 @@
+use super::*;
+use nodewarden_eviction::Signal;
+use nodewarden_resources::Amount;
+
+const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+/// A kubelet config as kubeadm writes it, with a few eviction settings added.
+const KUBEADM: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    cacheTTL: 0s
+    enabled: true
+  x509:
+    clientCAFile: /etc/kubernetes/pki/ca.crt
+authorization:
+  mode: Webhook
+  webhook:
+    cacheAuthorizedTTL: 0s
+    cacheUnauthorizedTTL: 0s
+cgroupDriver: systemd
+clusterDNS:
+- 10.96.0.10
+clusterDomain: cluster.local
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+cpuManagerReconcilePeriod: 0s
+evictionPressureTransitionPeriod: 0s
+fileCheckFrequency: 0s
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+httpCheckFrequency: 0s
+imageMinimumGCAge: 0s
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+  verbosity: 0
+memorySwap: {}
+nodeStatusReportFrequency: 0s
+nodeStatusUpdateFrequency: 0s
+rotateCertificates: true
+runtimeRequestTimeout: 0s
+shutdownGracePeriod: 0s
+shutdownGracePeriodCriticalPods: 0s
+staticPodPath: /etc/kubernetes/manifests
+streamingConnectionIdleTimeout: 0s
+syncFrequency: 0s
+volumeStatsAggPeriod: 0s
+systemReserved:
+  cpu: 500m
+  memory: 512Mi
+  pid: 1000
+evictionHard:
+  memory.available: 200Mi
+  nodefs.available: "5%"
+"#;
+
+fn field_error(yaml: &str) -> (String, String) {
+    match parse(yaml) {
+        Err(ConfigError::Field { field, reason }) => (field, reason),
+        other => panic!("expected a field error for\n{yaml}\ngot {other:?}"),
+    }
+}
+
+#[test]
+fn minimal_config_gets_kubelet_defaults() {
+    let c = parse(HEAD).unwrap();
+    assert_eq!(c.healthz, Some("127.0.0.1:10248".parse().unwrap()));
+    assert_eq!(c.resources.max_pods, 110);
+    assert_eq!(c.resources.pod_pids_limit, None);
+    assert_eq!(c.resources.cgroup_root.as_str(), "/");
+    assert!(c.resources.enforce_pods);
+    assert!(c.resources.memory_qos);
+    assert_eq!(c.resources.cpu_cfs_period_us, 100_000);
+    assert_eq!(c.pressure_transition_period, Duration::from_secs(300));
+    assert_eq!(c.thresholds.hard.len(), 5);
+    assert_eq!(c.resources.eviction_reserve.memory_available, Some(Amount::Quantity(100 << 20)));
+    assert_eq!(c.static_pod_path, None);
+    assert_eq!(c.container_runtime_endpoint, None);
+    assert_eq!(c.cgroup_mount, PathBuf::from("/sys/fs/cgroup"));
+    assert!(c.ignored.is_empty() && c.warnings.is_empty());
+}
+
+#[test]
+fn a_real_kubelet_config_loads() {
+    let c = parse(KUBEADM).unwrap();
+    for f in ["authentication", "authorization", "clusterDNS", "logging", "rotateCertificates", "memorySwap"] {
+        assert!(c.ignored.iter().any(|i| i == f), "{f} not reported as ignored: {:?}", c.ignored);
+    }
+    assert!(c.warnings.iter().any(|w| w.contains("systemd")), "{:?}", c.warnings);
+    assert_eq!(c.static_pod_path, Some(PathBuf::from("/etc/kubernetes/manifests")));
+    assert_eq!(
+        c.resources.system_reserved,
+        Reserved { cpu_millis: 500, memory: 512 << 20, pids: 1000, ephemeral_storage: 0 }
+    );
+    // A given evictionHard replaces the defaults, as in the kubelet.
+    let signals: Vec<Signal> = c.thresholds.hard.iter().map(|t| t.signal).collect();
+    assert_eq!(signals, [Signal::MemoryAvailable, Signal::NodeFsAvailable]);
+    assert_eq!(c.pressure_transition_period, Duration::ZERO);
+    assert_eq!(c.container_runtime_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
+}
+
+#[test]
+fn merge_default_eviction_settings_keeps_the_other_defaults() {
+    let c =
+        parse(&format!("{HEAD}mergeDefaultEvictionSettings: true\nevictionHard:\n  memory.available: 1Gi\n")).unwrap();
+    assert_eq!(c.thresholds.hard.len(), 5);
+    assert_eq!(c.thresholds.hard_for(Signal::MemoryAvailable).map(|t| t.amount), Some(Amount::Quantity(1 << 30)));
+}
+
+#[test]
+fn misspelled_fields_are_errors_with_a_suggestion() {
+    let (field, reason) = field_error(&format!("{HEAD}evictonHard:\n  memory.available: 1Gi\n"));
+    assert_eq!(field, "evictonHard");
+    assert!(reason.contains("did you mean evictionHard?"), "{reason}");
+    let (field, reason) = field_error(&format!("{HEAD}nodewarden:\n  cgroupMont: /x\n"));
+    assert_eq!(field, "nodewarden.cgroupMont");
+    assert!(reason.contains("cgroupMount"), "{reason}");
+}
+
+#[test]
+fn invalid_values_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        ("evictionHard:\n  memory.available: -1Mi\n", "evictionHard.memory.available"),
+        ("evictionHard:\n  nodefs.available: 110%\n", "evictionHard.nodefs.available"),
+        ("evictionHard:\n  memory.availble: 1Mi\n", "evictionHard.memory.availble"),
+        ("evictionSoft:\n  memory.available: 1Gi\n", "evictionSoftGracePeriod.memory.available"),
+        ("evictionSoftGracePeriod:\n  memory.available: soon\n", "evictionSoftGracePeriod.memory.available"),
+        ("maxPods: -1\n", "maxPods"),
+        ("maxPods: many\n", "maxPods"),
+        ("healthzPort: 70000\n", "healthzPort"),
+        ("healthzBindAddress: localhost\n", "healthzBindAddress"),
+        ("systemReserved:\n  memory: lots\n", "systemReserved.memory"),
+        ("kubeReserved:\n  gpu: 1\n", "kubeReserved.gpu"),
+        ("podPidsLimit: -5\n", "podPidsLimit"),
+        ("cgroupRoot: /a/../b\n", "cgroupRoot"),
+        ("cgroupDriver: lxc\n", "cgroupDriver"),
+        ("cpuCFSQuotaPeriod: 5s\n", "cpuCFSQuotaPeriod"),
+        ("memoryThrottlingFactor: 1.5\n", "memoryThrottlingFactor"),
+        ("enforceNodeAllocatable: [pods, none]\n", "enforceNodeAllocatable"),
+        ("imageGCLowThresholdPercent: 90\n", "imageGCLowThresholdPercent"),
+        ("containerRuntimeEndpoint: tcp://1.2.3.4:1\n", "containerRuntimeEndpoint"),
+        ("evictionMaxPodGracePeriod: -3\n", "evictionMaxPodGracePeriod"),
+        ("nodewarden:\n  housekeepingInterval: 1us\n", "nodewarden.housekeepingInterval"),
+    ];
+    for (body, want) in cases {
+        let (field, reason) = field_error(&format!("{HEAD}{body}"));
+        assert_eq!(&field, want, "for {body:?}: {reason}");
+    }
+}
+
+#[test]
+fn wrong_document_kind_and_syntax() {
+    assert_eq!(field_error("apiVersion: v1\nkind: Pod\n").0, "apiVersion");
+    assert_eq!(field_error("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: Pod\n").0, "kind");
+    assert!(matches!(parse("apiVersion: [unclosed\n"), Err(ConfigError::Syntax(_))));
+    assert!(matches!(parse("- a list\n"), Err(ConfigError::Syntax(_))));
+}
+
+#[test]
+fn effective_config_round_trips() {
+    let c = parse(KUBEADM).unwrap();
+    let again = parse(&c.to_yaml()).unwrap();
+    assert_eq!(again.resources, c.resources);
+    assert_eq!(again.thresholds, c.thresholds);
+    assert!(again.ignored.is_empty());
+}
+
+#[test]
+fn oversized_files_are_refused_before_parsing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("big.yaml");
+    std::fs::write(&p, vec![b'#'; usize::try_from(MAX_CONFIG_BYTES + 1).unwrap()]).unwrap();
+    assert!(matches!(load(&p), Err(ConfigError::Read { .. })));
+    assert!(matches!(load(&dir.path().join("missing.yaml")), Err(ConfigError::Read { .. })));
+}

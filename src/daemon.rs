@@ -1,0 +1,220 @@
+//! The daemon: checks the host, builds the kubepods tree, adopts existing pods, serves the endpoints, keeps
+//! observing the node, and shuts down on SIGTERM or SIGINT leaving pod cgroups in place for the next start.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context;
+use nodewarden_eviction::signal_observations;
+use nodewarden_resources::{CgroupFs, HostPaths, ResourceManager, check_host};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// State shared by the endpoints and the loops.
+pub struct Shared {
+    /// The configuration in force.
+    pub config: Config,
+    /// The resource manager, the only writer of cgroupfs.
+    pub manager: Mutex<ResourceManager>,
+    /// The metrics.
+    pub metrics: Metrics,
+    last_pass: Mutex<Option<Instant>>,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Shared {
+    /// The readiness checks with their results.
+    pub fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let stale_after = (self.config.housekeeping_interval * 3).max(Duration::from_secs(3));
+        let last = *self.last_pass.lock().unwrap_or_else(PoisonError::into_inner);
+        let housekeeping = match last {
+            Some(t) if t.elapsed() <= stale_after => Ok(()),
+            Some(t) => {
+                let err = self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                Err(format!(
+                    "last pass {:.1}s ago{}",
+                    t.elapsed().as_secs_f64(),
+                    err.map(|e| format!(": {e}")).unwrap_or_default()
+                ))
+            }
+            None => Err("no pass completed yet".into()),
+        };
+        let cgroupfs = {
+            let m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
+            let kubepods = m.tree().kubepods.clone();
+            m.cgroupfs().read(&kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string())
+        };
+        vec![("housekeeping", housekeeping), ("cgroupfs", cgroupfs)]
+    }
+
+    /// One observation pass: read the node and the pods, update the metrics.
+    fn housekeeping_pass(&self) {
+        let start = Instant::now();
+        let m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
+        match m.observe() {
+            Ok(obs) => {
+                let signals = signal_observations(&obs, m.allocatable());
+                self.metrics.set_thresholds(&self.config.thresholds, &signals);
+                self.metrics.set_pods(m.placements());
+                self.metrics.observe(&obs, &signals, start.elapsed().as_secs_f64());
+                *self.last_pass.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "observation pass failed");
+                self.metrics.housekeeping_failed();
+                *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// The nearest existing ancestor of `path` (statfs needs an existing path; `/var/lib/kubelet` may not exist yet).
+fn existing_ancestor(path: &Path) -> PathBuf {
+    path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/")).to_path_buf()
+}
+
+/// True when the running kernel is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let uname = rustix::system::uname();
+    let release = uname.release().to_string_lossy();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
+}
+
+/// Why the daemon stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The host cannot run nodewarden (no cgroup v2, missing controllers, not writable).
+    #[error(transparent)]
+    Host(#[from] nodewarden_resources::HostError),
+    /// Anything else, with context.
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(mut config: Config) -> Result<(), DaemonError> {
+    for f in &config.ignored {
+        tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
+    }
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+    let fs = CgroupFs::new(&config.cgroup_mount, config.resources.cgroup_root.clone());
+    check_host(&fs, &config.resources.cgroup_root)?;
+    if config.resources.memory_qos && !kernel_at_least(5, 9) {
+        tracing::warn!("Memory QoS needs Linux 5.9 or newer; memory.min and memory.high are not set");
+        config.resources.memory_qos = false;
+    }
+    let host = HostPaths {
+        nodefs: existing_ancestor(&config.nodefs_path),
+        imagefs: existing_ancestor(&config.imagefs_path),
+        ..HostPaths::default()
+    };
+    let mut manager =
+        ResourceManager::new(fs, host, config.resources.clone()).context("cannot read the node's capacity")?;
+    let adopted = manager.setup().context("cannot set up the kubepods tree")?;
+    let alloc = *manager.allocatable();
+    tracing::info!(
+        cgroup = %manager.tree().kubepods,
+        memory_limit = alloc.enforced.memory,
+        cpu_millis = alloc.enforced.cpu_millis,
+        pids_limit = alloc.enforced.pids,
+        adopted = adopted.len(),
+        memory_qos = config.resources.memory_qos,
+        "kubepods tree ready"
+    );
+    for uid in &adopted {
+        tracing::info!(pod_uid = %uid, "adopted existing pod cgroup");
+    }
+    let metrics = Metrics::new().context("cannot create metrics")?;
+    metrics.set_allocatable(&alloc);
+    let shared = Arc::new(Shared {
+        manager: Mutex::new(manager),
+        metrics,
+        last_pass: Mutex::new(None),
+        last_error: Mutex::new(None),
+        config,
+    });
+
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let housekeeping = tokio::spawn(housekeeping_loop(shared.clone(), drain_rx.clone()));
+    let server = match shared.config.healthz {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (healthzBindAddress:healthzPort)"))?;
+            tracing::info!(%addr, "serving /healthz /readyz /metrics /configz");
+            let mut rx = drain_rx.clone();
+            let app = crate::http::router(shared.clone());
+            Some(tokio::spawn(async move {
+                axum::serve(listener, app).with_graceful_shutdown(async move { drained(&mut rx).await }).await
+            }))
+        }
+        None => None,
+    };
+
+    let signal = wait_for_signal().await.context("cannot install signal handlers")?;
+    tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
+    let _ = drain_tx.send(true);
+    let _ = housekeeping.await;
+    if let Some(server) = server {
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server stopped with an error"),
+            Err(e) => tracing::warn!(error = %e, "HTTP server task failed"),
+        }
+    }
+    Ok(())
+}
+
+async fn housekeeping_loop(shared: Arc<Shared>, mut drain: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(shared.config.housekeeping_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let s = shared.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || s.housekeeping_pass()).await {
+                    tracing::error!(error = %e, "observation pass panicked");
+                }
+            }
+            () = drained(&mut drain) => return,
+        }
+    }
+}
+
+/// Resolves once the drain signal is given (or its sender is gone).
+async fn drained(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|d| *d).await.map(|_| ());
+}
+
+async fn wait_for_signal() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestors_and_kernel_versions() {
+        assert_eq!(existing_ancestor(Path::new("/definitely/not/here")), PathBuf::from("/"));
+        assert!(kernel_at_least(2, 6));
+        assert!(!kernel_at_least(999, 0));
+    }
+}

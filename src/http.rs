@@ -1,0 +1,63 @@
+//! The read-only HTTP endpoints on `healthzBindAddress:healthzPort`: `/healthz`, `/readyz`, `/metrics`, `/configz`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+use crate::daemon::Shared;
+use crate::metrics::CONTENT_TYPE;
+
+/// The router of every endpoint.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/configz", get(configz))
+        .with_state(shared)
+}
+
+/// The process is alive and serving.
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready only when nodewarden can really run pods: its observation loop completed a pass recently and the
+/// kubepods cgroup is there. Each check is listed as the kubelet lists them (`[+]name ok`, `[-]name failed: why`).
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let checks = shared.readiness();
+    let mut body = String::new();
+    let mut ok = true;
+    for (name, result) in &checks {
+        match result {
+            Ok(()) => body.push_str(&format!("[+]{name} ok\n")),
+            Err(why) => {
+                ok = false;
+                body.push_str(&format!("[-]{name} failed: {why}\n"));
+            }
+        }
+    }
+    if ok {
+        body.push_str("readyz check passed\n");
+        (StatusCode::OK, body).into_response()
+    } else {
+        body.push_str("readyz check failed\n");
+        (StatusCode::INTERNAL_SERVER_ERROR, body).into_response()
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.metrics.render() {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot render metrics: {e}\n")).into_response(),
+    }
+}
+
+/// The effective configuration, as the kubelet serves it: `{"kubeletconfig": {...}}`.
+async fn configz(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(serde_json::json!({ "kubeletconfig": shared.config.effective })).into_response()
+}

@@ -1,0 +1,239 @@
+//! Prometheus metrics, in the text format 0.0.4 that the kubelet serves. Names follow the kubelet where it has
+//! one; nodewarden's own start with `nodewarden_`.
+
+use std::collections::BTreeMap;
+
+use nodewarden_eviction::{Signal, SignalObservation, Thresholds};
+use nodewarden_resources::{Allocatable, Observations, Placement, Psi, QosClass};
+use prometheus::{
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Every metric nodewarden exports.
+pub struct Metrics {
+    registry: Registry,
+    capacity: GaugeVec,
+    allocatable: GaugeVec,
+    allocatable_enforced: GaugeVec,
+    signal: GaugeVec,
+    eviction_stats: GaugeVec,
+    memory: GaugeVec,
+    pressure_avg10: GaugeVec,
+    pressure_stalled: CounterVec,
+    last_stall_total: std::sync::Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    pods: IntGaugeVec,
+    housekeeping_duration: Histogram,
+    housekeeping_errors: IntCounter,
+}
+
+/// Registration can fail only on a programming error (a duplicate or invalid name); tests cover it.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot register metrics: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, prometheus::Error> {
+    let g = GaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+const RESOURCES: [(&str, &str); 4] =
+    [("cpu", "core"), ("memory", "byte"), ("pid", "integer"), ("ephemeral_storage", "byte")];
+
+impl Metrics {
+    /// Registers every metric in a fresh registry, with the process metrics (`process_*`).
+    pub fn new() -> Result<Self, MetricsError> {
+        let r = Registry::new();
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        let build =
+            IntGaugeVec::new(Opts::new("nodewarden_build_info", "nodewarden's version; always 1."), &["version"])?;
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        r.register(Box::new(build))?;
+        let pods = IntGaugeVec::new(
+            Opts::new("nodewarden_pods", "Pods placed in the kubepods tree, by QoS class."),
+            &["qos_class"],
+        )?;
+        r.register(Box::new(pods.clone()))?;
+        let pressure_stalled = CounterVec::new(
+            Opts::new("nodewarden_pressure_stalled_seconds_total", "Time stalled on a resource, from /proc/pressure."),
+            &["resource", "kind"],
+        )?;
+        r.register(Box::new(pressure_stalled.clone()))?;
+        let housekeeping_duration = Histogram::with_opts(
+            HistogramOpts::new("nodewarden_housekeeping_duration_seconds", "Time to read the node's observations.")
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
+        )?;
+        r.register(Box::new(housekeeping_duration.clone()))?;
+        let housekeeping_errors =
+            IntCounter::new("nodewarden_housekeeping_errors_total", "Observation passes that failed.")?;
+        r.register(Box::new(housekeeping_errors.clone()))?;
+        Ok(Self {
+            capacity: gauge_vec(&r, "nodewarden_node_capacity", "Node capacity by resource.", &["resource", "unit"])?,
+            allocatable: gauge_vec(
+                &r,
+                "nodewarden_node_allocatable",
+                "Node allocatable (capacity − reserved − hard eviction threshold), as admission sees it.",
+                &["resource", "unit"],
+            )?,
+            allocatable_enforced: gauge_vec(
+                &r,
+                "nodewarden_node_allocatable_enforced",
+                "The limits written on the kubepods cgroup (capacity − reserved).",
+                &["resource", "unit"],
+            )?,
+            signal: gauge_vec(
+                &r,
+                "nodewarden_eviction_signal_value",
+                "The observed value of each eviction signal (bytes, or count for inodes and PIDs).",
+                &["eviction_signal"],
+            )?,
+            eviction_stats: gauge_vec(
+                &r,
+                "kubelet_eviction_stats",
+                "The hard eviction threshold in force for each signal (bytes, or count for inodes and PIDs).",
+                &["eviction_signal"],
+            )?,
+            memory: gauge_vec(
+                &r,
+                "nodewarden_node_memory_bytes",
+                "Node memory as read from /proc/meminfo: capacity, working_set (the kubelet's), mem_available (the kernel's).",
+                &["kind"],
+            )?,
+            pressure_avg10: gauge_vec(
+                &r,
+                "nodewarden_pressure_avg10_ratio",
+                "Share of the last 10 s stalled on a resource (PSI avg10 / 100). cgroup=kubepods for the kubepods cgroup.",
+                &["resource", "kind", "cgroup"],
+            )?,
+            pressure_stalled,
+            last_stall_total: std::sync::Mutex::new(BTreeMap::new()),
+            pods,
+            housekeeping_duration,
+            housekeeping_errors,
+            registry: r,
+        })
+    }
+
+    /// Sets the capacity and allocatable gauges.
+    pub fn set_allocatable(&self, a: &Allocatable) {
+        for (gauge, res) in
+            [(&self.capacity, &a.capacity), (&self.allocatable, &a.reported), (&self.allocatable_enforced, &a.enforced)]
+        {
+            #[allow(clippy::cast_precision_loss)]
+            let values =
+                [res.cpu_millis as f64 / 1000.0, res.memory as f64, res.pids as f64, res.ephemeral_storage as f64];
+            for ((name, unit), v) in RESOURCES.iter().zip(values) {
+                gauge.with_label_values(&[name, unit]).set(v);
+            }
+        }
+    }
+
+    /// Sets the threshold gauges from the thresholds in force and the signals' capacities.
+    pub fn set_thresholds(&self, t: &Thresholds, signals: &BTreeMap<Signal, SignalObservation>) {
+        self.eviction_stats.reset();
+        for th in &t.hard {
+            if let Some(o) = signals.get(&th.signal) {
+                #[allow(clippy::cast_precision_loss)]
+                self.eviction_stats.with_label_values(&[th.signal.as_str()]).set(th.resolve(o.capacity) as f64);
+            }
+        }
+    }
+
+    /// Records one observation pass.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn observe(&self, obs: &Observations, signals: &BTreeMap<Signal, SignalObservation>, seconds: f64) {
+        self.housekeeping_duration.observe(seconds);
+        for (s, o) in signals {
+            self.signal.with_label_values(&[s.as_str()]).set(o.available as f64);
+        }
+        self.memory.with_label_values(&["capacity"]).set(obs.memory.capacity as f64);
+        self.memory.with_label_values(&["working_set"]).set(obs.memory.working_set as f64);
+        self.memory.with_label_values(&["mem_available"]).set(obs.memory.mem_available as f64);
+        let p = &obs.pressure;
+        for (resource, psi) in [("memory", p.memory), ("cpu", p.cpu), ("io", p.io)] {
+            self.set_psi(resource, "node", psi);
+        }
+        self.set_psi("memory", "kubepods", p.kubepods_memory);
+    }
+
+    fn set_psi(&self, resource: &'static str, cgroup: &str, psi: Option<Psi>) {
+        let Some(psi) = psi else { return };
+        for (kind, line) in [("some", Some(psi.some)), ("full", psi.full)] {
+            let Some(line) = line else { continue };
+            self.pressure_avg10.with_label_values(&[resource, kind, cgroup]).set(line.avg10 / 100.0);
+            if cgroup != "node" {
+                continue;
+            }
+            let mut last = self.last_stall_total.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let prev = last.insert((resource, kind), line.total);
+            // The first pass only sets the baseline: what was stalled before nodewarden started is not counted.
+            if let Some(prev) = prev {
+                #[allow(clippy::cast_precision_loss)]
+                let delta = line.total.saturating_sub(prev) as f64 / 1e6;
+                self.pressure_stalled.with_label_values(&[resource, kind]).inc_by(delta);
+            }
+        }
+    }
+
+    /// Counts a failed observation pass.
+    pub fn housekeeping_failed(&self) {
+        self.housekeeping_errors.inc();
+    }
+
+    /// Sets the pod counts from the ledger.
+    pub fn set_pods<'a>(&self, placements: impl Iterator<Item = &'a Placement>) {
+        let mut counts =
+            BTreeMap::from([(QosClass::Guaranteed, 0), (QosClass::Burstable, 0), (QosClass::BestEffort, 0)]);
+        for p in placements {
+            *counts.entry(p.qos).or_default() += 1;
+        }
+        for (q, n) in counts {
+            self.pods.with_label_values(&[q.as_str()]).set(n);
+        }
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render(&self) -> Result<String, prometheus::Error> {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        String::from_utf8(buf).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+}
+
+/// The content type of [`Metrics::render`].
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodewarden_resources::{Amount, Resources};
+
+    #[test]
+    fn renders_kubelet_and_own_names() {
+        let m = Metrics::new().unwrap();
+        let alloc = Allocatable {
+            capacity: Resources { cpu_millis: 2000, memory: 1 << 30, pids: 100, ephemeral_storage: 10 },
+            ..Allocatable::default()
+        };
+        m.set_allocatable(&alloc);
+        let signals =
+            BTreeMap::from([(Signal::MemoryAvailable, SignalObservation { available: 5, capacity: 1 << 30 })]);
+        let t = Thresholds {
+            hard: vec![nodewarden_eviction::Threshold {
+                signal: Signal::MemoryAvailable,
+                amount: Amount::Percentage(0.5),
+                grace_period: std::time::Duration::ZERO,
+                min_reclaim: None,
+            }],
+            soft: vec![],
+        };
+        m.set_thresholds(&t, &signals);
+        m.observe(&Observations::default(), &signals, 0.001);
+        let text = m.render().unwrap();
+        assert!(text.contains("kubelet_eviction_stats{eviction_signal=\"memory.available\"} 536870912"), "{text}");
+        assert!(text.contains("nodewarden_node_capacity{resource=\"cpu\",unit=\"core\"} 2"), "{text}");
+        assert!(text.contains("nodewarden_eviction_signal_value{eviction_signal=\"memory.available\"} 5"), "{text}");
+        assert!(text.contains("# TYPE nodewarden_housekeeping_duration_seconds histogram"), "{text}");
+    }
+}
