@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command: formatting, lints, the unit tests on this host, then the real-kernel tests inside the VM of
+# deploy/vm (which installs qemu, busybox and the kernel package on first use). Needs root for the VM.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+export CARGO_TERM_COLOR=never
+
+step() { printf '\n== %s\n' "$*"; }
+
+if ! command -v python3 >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 >/dev/null
+fi
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "unit tests (this host; tests that need cgroup v2 skip here and run in the VM below)"
+cargo test --workspace --locked
+
+step "real-kernel tests in the VM"
+# The integration test executables that need cgroup v2, built above; run in the guest at their host paths.
+mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon"):
+        print(m["executable"])
+')
+[ "${#exes[@]}" -eq 2 ] || { echo "expected the kernel and daemon test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c 'for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done' vm-tests "${exes[@]}"
+echo
+echo "all checks passed"

@@ -1,0 +1,319 @@
+//! End-to-end tests of the `nodewarden` binary. The ones that need the cgroup v2 hierarchy run inside the VM of
+//! `deploy/vm` (NODEWARDEN_VM_TESTS=1 makes a missing cgroup v2 a failure there) and skip elsewhere; the refusal
+//! tests run anywhere.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MOUNT: &str = "/sys/fs/cgroup";
+const MIB: u64 = 1 << 20;
+const BIN: &str = env!("CARGO_BIN_EXE_nodewarden");
+
+fn cgroup2_available() -> bool {
+    let required = std::env::var_os("NODEWARDEN_VM_TESTS").is_some();
+    let ok = std::fs::read_to_string(Path::new(MOUNT).join("cgroup.controllers"))
+        .map(|c| ["cpu", "memory", "pids"].iter().all(|w| c.split_whitespace().any(|x| x == *w)))
+        .unwrap_or(false);
+    if !ok && required {
+        panic!("NODEWARDEN_VM_TESTS is set but {MOUNT} has no cgroup v2 with cpu, memory and pids");
+    }
+    if !ok {
+        eprintln!("skipped: no cgroup v2 with cpu, memory and pids at {MOUNT}");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A plain HTTP/1.1 GET; returns the status code and the body.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The value of a metric line that starts with `prefix` (name and labels).
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+}
+
+fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let line = text.lines().find(|l| l.starts_with(&format!("{key}:"))).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A daemon under test with its own cgroup root, config and port; killed and cleaned up when dropped.
+struct Daemon {
+    dir: tempfile::TempDir,
+    root: String,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    fn new(name: &str, extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = format!("/nwtest-d-{name}");
+        remove_tree(&Path::new(MOUNT).join(&root[1..]));
+        let port = free_port();
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {root}\n\
+             healthzPort: {port}\nsystemReserved:\n  memory: 64Mi\nkubeReserved:\n  memory: 16Mi\n\
+             authentication:\n  anonymous:\n    enabled: false\nnodewarden:\n  housekeepingInterval: 200ms\n{extra}"
+        );
+        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+        Daemon { dir, root, port, child: None }
+    }
+
+    fn cgroup(&self, rel: &str) -> PathBuf {
+        Path::new(MOUNT).join(&self.root[1..]).join(rel)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("log")).unwrap();
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(self.dir.path().join("config.yaml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    /// Waits for /readyz to answer 200.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some((200, _)) = get(self.port, "/readyz") {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("nodewarden exited with {status} before it was ready:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("nodewarden was not ready within 60 s:\n{}", self.log());
+    }
+
+    /// Sends SIGTERM and returns the exit code.
+    fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        panic!("nodewarden did not stop within 30 s of SIGTERM:\n{}", self.log());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        remove_tree(&Path::new(MOUNT).join(&self.root[1..]));
+    }
+}
+
+fn remove_tree(dir: &Path) {
+    if !dir.is_dir() {
+        return;
+    }
+    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    std::thread::sleep(Duration::from_millis(50));
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+#[test]
+fn serves_endpoints_and_enforces_allocatable() {
+    if !cgroup2_available() {
+        return;
+    }
+    let mut d = Daemon::new("serve", "");
+    d.start();
+    d.wait_ready();
+
+    let total = meminfo("MemTotal");
+    let limit: u64 = std::fs::read_to_string(d.cgroup("kubepods/memory.max")).unwrap().trim().parse().unwrap();
+    assert_eq!(limit, total - 80 * MIB, "kubepods memory.max = capacity − systemReserved − kubeReserved");
+
+    assert_eq!(get(d.port, "/healthz"), Some((200, "ok".into())));
+    let (status, body) = get(d.port, "/readyz").unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("[+]housekeeping ok") && body.contains("[+]cgroupfs ok"), "{body}");
+
+    let (status, text) = get(d.port, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    // The default hard threshold, and allocatable as admission sees it (the threshold subtracted as well).
+    assert_eq!(
+        metric(&text, "kubelet_eviction_stats{eviction_signal=\"memory.available\"}"),
+        Some((100 * MIB) as f64),
+        "{text}"
+    );
+    let alloc = metric(&text, "nodewarden_node_allocatable{resource=\"memory\",unit=\"byte\"}").unwrap();
+    assert_eq!(alloc, (total - 180 * MIB) as f64);
+    let enforced = metric(&text, "nodewarden_node_allocatable_enforced{resource=\"memory\",unit=\"byte\"}").unwrap();
+    assert_eq!(enforced, limit as f64);
+    // memory.available never exceeds the kernel's MemAvailable (read just before and after, as it moves).
+    let available = metric(&text, "nodewarden_eviction_signal_value{eviction_signal=\"memory.available\"}").unwrap();
+    let mem_available = (meminfo("MemAvailable") as f64)
+        .max(metric(&text, "nodewarden_node_memory_bytes{kind=\"mem_available\"}").unwrap());
+    assert!(available > 0.0 && available <= mem_available, "{available} > MemAvailable {mem_available}");
+    assert!(metric(&text, "nodewarden_eviction_signal_value{eviction_signal=\"pid.available\"}").unwrap() > 0.0);
+    assert!(text.contains("process_resident_memory_bytes"), "process metrics missing");
+
+    let (status, configz) = get(d.port, "/configz").unwrap();
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&configz).unwrap();
+    assert_eq!(v["kubeletconfig"]["cgroupRoot"], d.root.as_str());
+    assert_eq!(v["kubeletconfig"]["evictionHard"]["memory.available"], "100Mi");
+
+    assert!(d.log().contains("authentication"), "ignored kubelet fields are reported:\n{}", d.log());
+    assert_eq!(d.stop(), Some(0), "clean exit on SIGTERM:\n{}", d.log());
+    assert!(d.cgroup("kubepods").is_dir(), "the tree is left in place");
+}
+
+#[test]
+fn a_restart_adopts_running_pods_without_touching_them() {
+    if !cgroup2_available() {
+        return;
+    }
+    let mut d = Daemon::new("adopt", "");
+    d.start();
+    d.wait_ready();
+    assert_eq!(d.stop(), Some(0));
+
+    // A pod placed by an earlier run, with a process still running in its container cgroup.
+    let pod = d.cgroup("kubepods/besteffort/pod0f4e2c1a-aaaa-4bbb-8ccc-123456789abc");
+    std::fs::create_dir(&pod).unwrap();
+    std::fs::write(pod.join("cgroup.subtree_control"), "+memory +pids +cpu").unwrap();
+    std::fs::create_dir(pod.join("app")).unwrap();
+    let mut sleeper = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo $$ > {} && exec sleep 600", pod.join("app/cgroup.procs").display()))
+        .spawn()
+        .unwrap();
+
+    d.start();
+    d.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut pods = None;
+    while Instant::now() < deadline && pods != Some(1.0) {
+        pods = get(d.port, "/metrics").and_then(|(_, t)| metric(&t, "nodewarden_pods{qos_class=\"BestEffort\"}"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(pods, Some(1.0), "the existing pod was not adopted:\n{}", d.log());
+    assert!(d.log().contains("0f4e2c1a-aaaa-4bbb-8ccc-123456789abc"), "{}", d.log());
+    assert_eq!(d.stop(), Some(0));
+    assert!(sleeper.try_wait().unwrap().is_none(), "the pod's process must survive the daemon's restart");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}
+
+#[test]
+fn readyz_fails_when_the_kubepods_cgroup_is_gone() {
+    if !cgroup2_available() {
+        return;
+    }
+    let mut d = Daemon::new("readyz", "");
+    d.start();
+    d.wait_ready();
+    for rel in ["kubepods/burstable", "kubepods/besteffort", "kubepods"] {
+        std::fs::remove_dir(d.cgroup(rel)).unwrap();
+    }
+    let (status, body) = get(d.port, "/readyz").unwrap();
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("[-]cgroupfs failed"), "{body}");
+    assert!(body.contains("readyz check failed"), "{body}");
+    assert_eq!(get(d.port, "/healthz").map(|r| r.0), Some(200), "the process is still alive");
+}
+
+#[test]
+fn refuses_a_root_without_the_required_controllers() {
+    if !cgroup2_available() {
+        return;
+    }
+    // A parent that delegates only memory: cpu and pids are missing for the root below it.
+    let parent = Path::new(MOUNT).join("nwtest-d-noctl");
+    remove_tree(&parent);
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::write(parent.join("cgroup.subtree_control"), "+memory").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(&cfg, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: /nwtest-d-noctl/root\nhealthzPort: 0\n").unwrap();
+    let out = Command::new(BIN).args(["run", "--config"]).arg(&cfg).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("cpu, pids") && stderr.contains("deploy/vm"), "{stderr}");
+    assert!(!parent.join("root").exists(), "nothing is created when the start is refused");
+    remove_tree(&parent);
+}
+
+#[test]
+fn refuses_a_mount_that_is_not_cgroup2() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nnodewarden:\n  cgroupMount: {}\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN).args(["run", "--config"]).arg(&cfg).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is not a cgroup v2") && stderr.contains("deploy/vm"), "{stderr}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "only the config file: no half-made tree");
+}
+
+#[test]
+fn check_config_names_the_bad_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(&cfg, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionHard:\n  nodefs.available: 150%\n").unwrap();
+    let out = Command::new(BIN).arg("check-config").arg(&cfg).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("evictionHard.nodefs.available"), "{stderr}");
+    let run = Command::new(BIN).args(["run", "--config"]).arg(&cfg).output().unwrap();
+    assert_eq!(run.status.code(), Some(2));
+
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/config.yaml");
+    let out = Command::new(BIN).arg("check-config").arg(&example).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let effective = String::from_utf8_lossy(&out.stdout);
+    assert!(effective.contains("evictionPressureTransitionPeriod: 5m0s"), "{effective}");
+    assert!(effective.contains("maxPods: 110"), "{effective}");
+}
