@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nodewarden_eviction::signal_observations;
-use nodewarden_resources::{CgroupFs, HostPaths, ResourceManager, check_host};
+use nodewarden_resources::{CgroupFs, CgroupPath, HostPaths, ResourceManager, check_host};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -22,6 +22,9 @@ pub struct Shared {
     pub manager: Mutex<ResourceManager>,
     /// The metrics.
     pub metrics: Metrics,
+    /// A handle on cgroupfs and the kubepods cgroup for the readiness check, which must never wait for the
+    /// manager's lock: a pass stuck on a hung read would otherwise hang `/readyz` too.
+    probe: (CgroupFs, CgroupPath),
     last_pass: Mutex<Option<Instant>>,
     last_error: Mutex<Option<String>>,
 }
@@ -43,11 +46,8 @@ impl Shared {
             }
             None => Err("no pass completed yet".into()),
         };
-        let cgroupfs = {
-            let m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
-            let kubepods = m.tree().kubepods.clone();
-            m.cgroupfs().read(&kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string())
-        };
+        let (fs, kubepods) = &self.probe;
+        let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
         vec![("housekeeping", housekeeping), ("cgroupfs", cgroupfs)]
     }
 
@@ -137,7 +137,9 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     }
     let metrics = Metrics::new().context("cannot create metrics")?;
     metrics.set_allocatable(&alloc);
+    let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let shared = Arc::new(Shared {
+        probe,
         manager: Mutex::new(manager),
         metrics,
         last_pass: Mutex::new(None),
@@ -210,11 +212,66 @@ async fn wait_for_signal() -> std::io::Result<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config;
 
     #[test]
     fn ancestors_and_kernel_versions() {
         assert_eq!(existing_ancestor(Path::new("/definitely/not/here")), PathBuf::from("/"));
         assert!(kernel_at_least(2, 6));
         assert!(!kernel_at_least(999, 0));
+    }
+
+    /// A daemon state over a stand-in cgroupfs and /proc in a temporary directory.
+    fn shared(dir: &Path) -> Arc<Shared> {
+        for d in ["proc/sys/kernel", "sys/devices/system/cpu", "cg"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("proc/meminfo"), "MemTotal: 1048576 kB\nMemFree: 524288 kB\nMemAvailable: 500000 kB\n")
+            .unwrap();
+        std::fs::write(dir.join("proc/sys/kernel/pid_max"), "32768\n").unwrap();
+        std::fs::write(dir.join("proc/sys/kernel/threads-max"), "32768\n").unwrap();
+        std::fs::write(dir.join("proc/loadavg"), "0 0 0 1/10 1\n").unwrap();
+        std::fs::write(dir.join("sys/devices/system/cpu/online"), "0\n").unwrap();
+        let config = config::parse("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n").unwrap();
+        let fs = CgroupFs::emulated(dir.join("cg"), CgroupPath::root());
+        let host = HostPaths { proc: dir.join("proc"), sys: dir.join("sys"), nodefs: dir.into(), imagefs: dir.into() };
+        let mut manager = ResourceManager::new(fs, host, config.resources.clone()).unwrap();
+        manager.setup().unwrap();
+        Arc::new(Shared {
+            probe: (manager.cgroupfs().clone(), manager.tree().kubepods.clone()),
+            manager: Mutex::new(manager),
+            metrics: Metrics::new().unwrap(),
+            last_pass: Mutex::new(None),
+            last_error: Mutex::new(None),
+            config,
+        })
+    }
+
+    #[test]
+    fn readiness_never_waits_for_the_manager() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = shared(dir.path());
+        let _held = s.manager.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s2 = s.clone();
+        std::thread::spawn(move || tx.send(s2.readiness()).unwrap());
+        let checks = rx.recv_timeout(Duration::from_secs(5)).expect("readiness blocked on the manager's lock");
+        assert_eq!(checks[1], ("cgroupfs", Ok(())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readiness_goes_stale_when_passes_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = shared(dir.path());
+        assert_eq!(s.readiness()[0], ("housekeeping", Err("no pass completed yet".into())));
+        s.housekeeping_pass();
+        assert_eq!(s.readiness()[0], ("housekeeping", Ok(())));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        let (name, result) = &s.readiness()[0];
+        assert_eq!(*name, "housekeeping");
+        assert!(result.as_ref().is_err_and(|e| e.starts_with("last pass 4.0s ago")), "{result:?}");
+        // The kubepods cgroup disappearing fails the cgroupfs check.
+        std::fs::remove_file(dir.path().join("cg/kubepods/memory.max")).unwrap();
+        assert!(s.readiness()[1].1.is_err());
     }
 }

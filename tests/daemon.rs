@@ -2,6 +2,7 @@
 //! `deploy/vm` (NODEWARDEN_VM_TESTS=1 makes a missing cgroup v2 a failure there) and skip elsewhere; the refusal
 //! tests run anywhere.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![allow(clippy::disallowed_types)] // waits for a real process, in real time
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
