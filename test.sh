@@ -20,7 +20,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "unit tests (this host; tests that need cgroup v2 skip here and run in the VM below)"
 cargo test --workspace --locked
 
-step "real-kernel tests in the VM"
+step "build the daemon and the benchmark harness"
+cargo build --workspace --locked
+
+step "real-kernel tests in the VM, then a short run of the benchmark harness"
 # The integration test executables that need cgroup v2, built above; run in the guest at their host paths.
 mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
@@ -30,6 +33,10 @@ for line in sys.stdin:
         print(m["executable"])
 ')
 [ "${#exes[@]}" -eq 2 ] || { echo "expected the kernel and daemon test executables, found: ${exes[*]:-none}" >&2; exit 1; }
-NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c 'for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done' vm-tests "${exes[@]}"
+NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
+    for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
+    echo "-- benchmark harness (not a measurement: debug build, 10 pods, 1 s)"
+    target/debug/nodewarden-bench footprint --nodewarden target/debug/nodewarden --pods 10 --seconds 1 --runs 1 \
+        --out /tmp/footprint.md' vm-tests "${exes[@]}"
 echo
 echo "all checks passed"

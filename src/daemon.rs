@@ -232,6 +232,9 @@ mod tests {
         std::fs::write(dir.join("proc/sys/kernel/threads-max"), "32768\n").unwrap();
         std::fs::write(dir.join("proc/loadavg"), "0 0 0 1/10 1\n").unwrap();
         std::fs::write(dir.join("sys/devices/system/cpu/online"), "0\n").unwrap();
+        std::fs::create_dir_all(dir.join("cg/kubepods")).unwrap();
+        std::fs::write(dir.join("cg/kubepods/memory.current"), "0\n").unwrap();
+        std::fs::write(dir.join("cg/kubepods/memory.stat"), "inactive_file 0\n").unwrap();
         let config = config::parse("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n").unwrap();
         let fs = CgroupFs::emulated(dir.join("cg"), CgroupPath::root());
         let host = HostPaths { proc: dir.join("proc"), sys: dir.join("sys"), nodefs: dir.into(), imagefs: dir.into() };

@@ -1,8 +1,241 @@
-//! Benchmarks of nodewarden against its peers (the kernel OOM killer alone, earlyoom, a kubelet-like
-//! configuration), driven by stress-ng inside the test VM of `deploy/vm`.
+//! Benchmarks of nodewarden, run inside the VM of `deploy/vm` (they need cgroup v2 and root).
 //!
-//! The scenarios arrive with the eviction manager; until then this binary only says so.
+//! `footprint`: the daemon's resident memory, CPU use and observation-pass duration at steady state with N pods
+//! placed. The pods are placed through the resources library before the daemon starts, so the daemon adopts them
+//! and observes every one of them on each pass. Results are medians over several runs, written as a Markdown
+//! table.
 
-fn main() {
-    println!("nodewarden-bench: no scenarios yet (they arrive with the eviction manager)");
+#![allow(clippy::disallowed_types)] // benchmarks measure real time
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use nodewarden_resources::{
+    CgroupFs, CgroupPath, EvictionReserve, HostPaths, Reserved, ResourceConfig, ResourceManager,
+};
+
+#[derive(Parser)]
+#[command(name = "nodewarden-bench", about = "nodewarden benchmarks (run inside deploy/vm)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Resident memory, CPU and observation-pass time of the daemon with N pods placed.
+    Footprint {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// Pods to place before the daemon starts.
+        #[arg(long, default_value_t = 100)]
+        pods: usize,
+        /// Seconds of steady state sampled per run.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Runs; the table reports the median and the worst.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/footprint.md")]
+        out: PathBuf,
+    },
+}
+
+const ROOT: &str = "/nwbench";
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Footprint { nodewarden, pods, seconds, runs, out } => footprint(&nodewarden, pods, seconds, runs, &out),
+    }
+}
+
+struct Sample {
+    rss_mib: f64,
+    cpu_percent: f64,
+    pass_ms: f64,
+    pods_seen: f64,
+}
+
+fn footprint(bin: &Path, pods: usize, seconds: u64, runs: usize, out: &Path) -> Result<()> {
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let mut samples = Vec::new();
+    for run in 1..=runs {
+        let s = one_run(bin, pods, seconds).with_context(|| format!("run {run}"))?;
+        println!(
+            "run {run}: rss {:.1} MiB, cpu {:.3}% of one core, pass {:.2} ms, pods {}",
+            s.rss_mib, s.cpu_percent, s.pass_ms, s.pods_seen
+        );
+        samples.push(s);
+    }
+    let stat = |f: fn(&Sample) -> f64| {
+        let mut v: Vec<f64> = samples.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[v.len() - 1])
+    };
+    let (rss, rss_max) = stat(|s| s.rss_mib);
+    let (cpu, cpu_max) = stat(|s| s.cpu_percent);
+    let (pass, pass_max) = stat(|s| s.pass_ms);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let table = format!(
+        "# nodewarden footprint\n\n{pods} pods placed and adopted, housekeeping every 1 s, {seconds} s sampled per run, \
+         {runs} runs, kernel {}, {} CPUs. Median (worst). In the VM of deploy/vm the CPU is emulated (QEMU TCG), \
+         so CPU time and pass duration are upper bounds of what a real host shows.\n\n\
+         | resident memory | CPU (% of one core) | observation pass |\n|---|---|---|\n\
+         | {rss:.1} MiB ({rss_max:.1}) | {cpu:.3} ({cpu_max:.3}) | {pass:.2} ms ({pass_max:.2}) |\n",
+        kernel.trim(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    );
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(out, &table)?;
+    print!("\n{table}");
+    Ok(())
+}
+
+fn config(root: &CgroupPath) -> ResourceConfig {
+    ResourceConfig {
+        cgroup_root: root.clone(),
+        enforce_pods: true,
+        system_reserved: Reserved::default(),
+        kube_reserved: Reserved::default(),
+        eviction_reserve: EvictionReserve::default(),
+        max_pods: 110,
+        pod_pids_limit: None,
+        cpu_cfs_quota: true,
+        cpu_cfs_period_us: 100_000,
+        memory_qos: true,
+        memory_throttling_factor: 0.9,
+    }
+}
+
+fn place_pods(n: usize) -> Result<()> {
+    let root = CgroupPath::parse(ROOT)?;
+    let mut m =
+        ResourceManager::new(CgroupFs::new("/sys/fs/cgroup", root.clone()), HostPaths::default(), config(&root))?;
+    m.setup()?;
+    for i in 0..n {
+        let resources = match i % 3 {
+            0 => serde_json::json!({"limits": {"cpu": "10m", "memory": "4Mi"}}),
+            1 => serde_json::json!({"requests": {"cpu": "5m", "memory": "2Mi"}}),
+            _ => serde_json::json!({}),
+        };
+        let pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("bench-{i}"), "uid": format!("bench-{i:04}")},
+            "spec": {"containers": [{"name": "app", "resources": resources}]}
+        }))?;
+        m.place(&pod)?;
+    }
+    Ok(())
+}
+
+fn remove_tree(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/PID/stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let get = |i: usize| -> Result<u64> { Ok(fields.get(i).context("short /proc/PID/stat")?.parse()?) };
+    // After the command: state is field 0, utime field 11, stime field 12.
+    Ok(get(11)? + get(12)?)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
+    Ok(line.split_whitespace().nth(1).context("no VmRSS value")?.parse()?)
+}
+
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    raw.starts_with("HTTP/1.1 200").then(|| raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+}
+
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        remove_tree(&Path::new("/sys/fs/cgroup").join(&ROOT[1..]));
+    }
+}
+
+fn one_run(bin: &Path, pods: usize, seconds: u64) -> Result<Sample> {
+    remove_tree(&Path::new("/sys/fs/cgroup").join(&ROOT[1..]));
+    place_pods(pods)?;
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let dir = std::env::temp_dir().join(format!("nwbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let cfg = dir.join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\nhealthzPort: {port}\n"
+        ),
+    )?;
+    let child =
+        Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    let guard = Guard(child);
+    let pid = guard.0.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(port, "/readyz").is_none() {
+        if Instant::now() > deadline {
+            bail!("nodewarden was not ready within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Let start-up settle, then sample a steady-state window.
+    std::thread::sleep(Duration::from_secs(2));
+    let before = get(port, "/metrics").context("no metrics")?;
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
+    let after = get(port, "/metrics").context("no metrics")?;
+    let rss = rss_kib(pid)?;
+    let hz = 100.0; // USER_HZ on Linux
+    #[allow(clippy::cast_precision_loss)]
+    let cpu_percent = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
+    let sum = |t: &str| metric(t, "nodewarden_housekeeping_duration_seconds_sum").unwrap_or(0.0);
+    let count = |t: &str| metric(t, "nodewarden_housekeeping_duration_seconds_count").unwrap_or(0.0);
+    let passes = (count(&after) - count(&before)).max(1.0);
+    let pods_seen = ["Guaranteed", "Burstable", "BestEffort"]
+        .iter()
+        .filter_map(|q| metric(&after, &format!("nodewarden_pods{{qos_class=\"{q}\"}}")))
+        .sum::<f64>();
+    drop(guard);
+    let _ = std::fs::remove_dir_all(&dir);
+    #[allow(clippy::cast_precision_loss)]
+    Ok(Sample {
+        rss_mib: rss as f64 / 1024.0,
+        cpu_percent,
+        pass_ms: (sum(&after) - sum(&before)) / passes * 1000.0,
+        pods_seen,
+    })
 }

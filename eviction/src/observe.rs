@@ -19,15 +19,17 @@ pub struct SignalObservation {
 
 /// Computes every signal, by the kubelet's definitions:
 /// - `memory.available`: from [`Observations::memory`] (never above `MemAvailable`);
-/// - `allocatableMemory.available`: enforced allocatable memory − the pods' working set;
+/// - `allocatableMemory.available`: enforced allocatable memory − the kubepods tree's working set;
 /// - `nodefs.*`, `imagefs.*`: available bytes and free inodes of those file systems;
 /// - `pid.available`: the PID limit − the threads that exist.
 pub fn signal_observations(obs: &Observations, alloc: &Allocatable) -> BTreeMap<Signal, SignalObservation> {
-    let pods_ws: u64 = obs.pods.iter().map(|p| p.memory_working_set).sum();
     let o = |available, capacity| SignalObservation { available, capacity };
     BTreeMap::from([
         (Signal::MemoryAvailable, o(obs.memory.available, obs.memory.capacity)),
-        (Signal::AllocatableMemoryAvailable, o(alloc.enforced.memory.saturating_sub(pods_ws), alloc.enforced.memory)),
+        (
+            Signal::AllocatableMemoryAvailable,
+            o(alloc.enforced.memory.saturating_sub(obs.kubepods_working_set), alloc.enforced.memory),
+        ),
         (Signal::NodeFsAvailable, o(obs.nodefs.available_bytes, obs.nodefs.capacity_bytes)),
         (Signal::NodeFsInodesFree, o(obs.nodefs.inodes_free, obs.nodefs.inodes)),
         (Signal::ImageFsAvailable, o(obs.imagefs.available_bytes, obs.imagefs.capacity_bytes)),
@@ -46,7 +48,7 @@ impl Threshold {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodewarden_resources::{FsStats, NodeMemory, PidStats, PodUsage, Resources};
+    use nodewarden_resources::{FsStats, NodeMemory, PidStats, Resources};
 
     #[test]
     fn signals_follow_the_kubelet_definitions() {
@@ -55,10 +57,7 @@ mod tests {
             pids: PidStats { max: 100, running: 40, available: 60 },
             nodefs: FsStats { capacity_bytes: 10_000, available_bytes: 2_500, inodes: 500, inodes_free: 50 },
             imagefs: FsStats { capacity_bytes: 20_000, available_bytes: 1_000, inodes: 800, inodes_free: 700 },
-            pods: vec![
-                PodUsage { uid: "a".into(), memory_working_set: 150, pids: 3 },
-                PodUsage { uid: "b".into(), memory_working_set: 50, pids: 1 },
-            ],
+            kubepods_working_set: 200,
             ..Observations::default()
         };
         let alloc =

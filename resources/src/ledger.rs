@@ -11,7 +11,7 @@ use crate::cgroupfs::{CgroupFs, CgroupPath};
 use crate::error::{CgroupError, NameError};
 use crate::limits::{self, CgroupLimits, LimitSettings};
 use crate::names::validate_pod_uid;
-use crate::observe::{self, Observations};
+use crate::observe::{self, Observations, PodUsage};
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::tree::{self, Tree};
 
@@ -491,16 +491,23 @@ impl ResourceManager {
         })
     }
 
-    /// Reads the node signals and every placed pod's usage. A pod whose cgroup vanished during the pass is skipped.
+    /// Reads the node's signals and the kubepods tree's working set: a fixed number of reads, however many pods.
     pub fn observe(&self) -> Result<Observations, CgroupError> {
-        let mut obs = observe::observe_node(&self.host, &self.fs, &self.tree.kubepods)?;
-        for p in self.pods.values() {
-            match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
-                Ok(u) => obs.pods.push(u),
-                Err(e) => tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage"),
-            }
-        }
-        Ok(obs)
+        observe::observe_node(&self.host, &self.fs, &self.tree.kubepods)
+    }
+
+    /// Reads every placed pod's usage, for ranking. A pod whose cgroup vanished meanwhile is skipped.
+    pub fn pod_usage(&self) -> Vec<PodUsage> {
+        self.pods
+            .values()
+            .filter_map(|p| match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage");
+                    None
+                }
+            })
+            .collect()
     }
 }
 

@@ -59,7 +59,7 @@ pub struct PodUsage {
     pub pids: u64,
 }
 
-/// Everything observed in one pass.
+/// The node-level observations of one pass.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Observations {
     /// Node memory.
@@ -72,8 +72,9 @@ pub struct Observations {
     pub imagefs: FsStats,
     /// PSI averages.
     pub pressure: Pressure,
-    /// Per-pod usage; pods whose cgroup vanished during the pass are left out.
-    pub pods: Vec<PodUsage>,
+    /// The working set of the whole kubepods tree (`memory.current − inactive_file` of `kubepods`): every pod,
+    /// and any process placed there outside the ledger, in one read.
+    pub kubepods_working_set: u64,
 }
 
 /// Reads node memory from `/proc/meminfo`.
@@ -93,15 +94,24 @@ pub fn pid_stats(host: &HostPaths) -> Result<PidStats, CgroupError> {
     Ok(PidStats { max, running, available: max.saturating_sub(running) })
 }
 
-/// Reads the usage of a pod cgroup.
-pub fn pod_usage(fs: &CgroupFs, uid: &str, cg: &CgroupPath) -> Result<PodUsage, CgroupError> {
+/// A cgroup's memory working set: `memory.current − inactive_file`, floored at zero.
+pub fn working_set(fs: &CgroupFs, cg: &CgroupPath) -> Result<u64, CgroupError> {
     let current = fs.read_u64(cg, "memory.current")?;
     let inactive_file = fs.read_flat_keyed(cg, "memory.stat")?.get("inactive_file").copied().unwrap_or(0);
-    let pids = fs.read_u64(cg, "pids.current")?;
-    Ok(PodUsage { uid: uid.to_owned(), memory_working_set: current.saturating_sub(inactive_file), pids })
+    Ok(current.saturating_sub(inactive_file))
 }
 
-/// Reads the node-level signals and the pressure files. Per-pod usage is added by the caller, which knows the pods.
+/// Reads the usage of a pod cgroup.
+pub fn pod_usage(fs: &CgroupFs, uid: &str, cg: &CgroupPath) -> Result<PodUsage, CgroupError> {
+    Ok(PodUsage {
+        uid: uid.to_owned(),
+        memory_working_set: working_set(fs, cg)?,
+        pids: fs.read_u64(cg, "pids.current")?,
+    })
+}
+
+/// Reads the node-level signals, the kubepods tree's working set and the pressure files: a fixed number of reads
+/// however many pods there are. Per-pod usage is read separately, when ranking needs it.
 pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
     let psi = |name: &str| read_parsed(&host.proc.join("pressure").join(name), parse::parse_psi).ok();
     Ok(Observations {
@@ -115,7 +125,7 @@ pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> R
             io: psi("io"),
             kubepods_memory: fs.read_psi(kubepods, "memory.pressure").ok(),
         },
-        pods: Vec::new(),
+        kubepods_working_set: working_set(fs, kubepods)?,
     })
 }
 

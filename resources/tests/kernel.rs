@@ -273,3 +273,29 @@ fn refused_kernel_writes_are_errors_with_the_path() {
     assert!(fs.create(&outside).is_err());
     assert!(!Path::new(MOUNT).join("nwtest-outside").exists());
 }
+
+#[test]
+fn observations_see_what_pods_use() {
+    if !cgroup2_available() {
+        return;
+    }
+    let root = Root::new("observe");
+    let mut m = manager(&root);
+    m.place(&pod("w1", json!([{"name": "writer"}]))).unwrap();
+    let before = m.observe().unwrap();
+    // 32 MiB written to tmpfs stay charged to the writer's cgroup (as shmem) after it exits.
+    let file = format!("/dev/shm/nwtest-observe-{}", std::process::id());
+    let dir = root.dir().join("kubepods/besteffort/podw1/writer");
+    let status = spawn_in(&dir, &format!("dd if=/dev/zero of={file} bs=1M count=32 status=none")).wait().unwrap();
+    assert!(status.success());
+    let after = m.observe().unwrap();
+    let grown = after.kubepods_working_set.saturating_sub(before.kubepods_working_set);
+    let usage = m.pod_usage();
+    let _ = std::fs::remove_file(&file);
+    assert!(grown >= 30 * MIB, "kubepods working set grew by {grown} bytes only");
+    assert!(after.memory.available <= after.memory.mem_available);
+    assert!(after.pids.available > 0 && after.nodefs.capacity_bytes > 0);
+    assert!(after.pressure.memory.is_some(), "the VM kernel has PSI");
+    assert_eq!(usage.len(), 1);
+    assert!(usage[0].memory_working_set >= 30 * MIB, "pod working set {}", usage[0].memory_working_set);
+}

@@ -231,17 +231,23 @@ fn a_new_manager_adopts_existing_pods() {
 }
 
 #[test]
-fn observe_skips_vanished_pods() {
+fn observation_reads_kubepods_and_pod_usage_skips_vanished_pods() {
     let f = fixture();
     let mut m = manager(&f);
     m.place(&guaranteed("o", "10Mi")).unwrap();
+    std::fs::write(f.mount.join("nw/kubepods/memory.current"), "5000").unwrap();
+    std::fs::write(f.mount.join("nw/kubepods/memory.stat"), "anon 4000\ninactive_file 1000\n").unwrap();
     std::fs::write(f.mount.join("nw/kubepods/podo/memory.current"), "1000").unwrap();
     std::fs::write(f.mount.join("nw/kubepods/podo/memory.stat"), "inactive_file 100\n").unwrap();
     std::fs::write(f.mount.join("nw/kubepods/podo/pids.current"), "2").unwrap();
     let obs = m.observe().unwrap();
-    assert_eq!(obs.pods.len(), 1);
-    assert_eq!(obs.pods[0].memory_working_set, 900);
+    assert_eq!(obs.kubepods_working_set, 4000);
     assert_eq!(obs.memory.available, 524_288 * 1024, "the kubelet view (MemFree) is below MemAvailable here");
+    let usage = m.pod_usage();
+    assert_eq!(usage.len(), 1);
+    assert_eq!(usage[0].memory_working_set, 900);
     std::fs::remove_file(f.mount.join("nw/kubepods/podo/memory.current")).unwrap();
-    assert!(m.observe().unwrap().pods.is_empty());
+    assert!(m.pod_usage().is_empty());
+    std::fs::remove_file(f.mount.join("nw/kubepods/memory.current")).unwrap();
+    assert!(m.observe().is_err(), "an unreadable kubepods cgroup fails the pass");
 }
