@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nodewarden_resources::{CgroupFs, CgroupPath};
+
 const MOUNT: &str = "/sys/fs/cgroup";
 const MIB: u64 = 1 << 20;
 const BIN: &str = env!("CARGO_BIN_EXE_nodewarden");
@@ -67,7 +69,7 @@ impl Daemon {
     fn new(name: &str, extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = format!("/nwtest-d-{name}");
-        remove_tree(&Path::new(MOUNT).join(&root[1..]));
+        remove_tree(&CgroupPath::parse(&root).unwrap());
         let port = free_port();
         let config = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {root}\n\
@@ -135,24 +137,20 @@ impl Drop for Daemon {
             let _ = c.kill();
             let _ = c.wait();
         }
-        remove_tree(&Path::new(MOUNT).join(&self.root[1..]));
+        remove_tree(&CgroupPath::parse(&self.root).unwrap());
     }
 }
 
-fn remove_tree(dir: &Path) {
-    if !dir.is_dir() {
-        return;
-    }
-    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
-    std::thread::sleep(Duration::from_millis(50));
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_tree(&e.path());
-            }
+/// Kills whatever runs in a cgroup tree and removes it, retrying while the processes die.
+fn remove_tree(cg: &CgroupPath) {
+    let fs = CgroupFs::new(MOUNT, CgroupPath::root());
+    let _ = fs.kill(cg);
+    for _ in 0..50 {
+        if fs.remove_tree(cg).is_ok() {
+            return;
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = std::fs::remove_dir(dir);
 }
 
 #[test]
@@ -265,8 +263,9 @@ fn refuses_a_root_without_the_required_controllers() {
         return;
     }
     // A parent that delegates only memory: cpu and pids are missing for the root below it.
+    let parent_cg = CgroupPath::parse("/nwtest-d-noctl").unwrap();
     let parent = Path::new(MOUNT).join("nwtest-d-noctl");
-    remove_tree(&parent);
+    remove_tree(&parent_cg);
     std::fs::create_dir(&parent).unwrap();
     std::fs::write(parent.join("cgroup.subtree_control"), "+memory").unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -277,7 +276,7 @@ fn refuses_a_root_without_the_required_controllers() {
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("cpu, pids") && stderr.contains("deploy/vm"), "{stderr}");
     assert!(!parent.join("root").exists(), "nothing is created when the start is refused");
-    remove_tree(&parent);
+    remove_tree(&parent_cg);
 }
 
 #[test]

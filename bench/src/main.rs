@@ -118,8 +118,12 @@ fn config(root: &CgroupPath) -> ResourceConfig {
     }
 }
 
+fn root() -> CgroupPath {
+    CgroupPath::parse(ROOT).unwrap_or_else(|_| CgroupPath::root())
+}
+
 fn place_pods(n: usize) -> Result<()> {
-    let root = CgroupPath::parse(ROOT)?;
+    let root = root();
     let mut m =
         ResourceManager::new(CgroupFs::new("/sys/fs/cgroup", root.clone()), HostPaths::default(), config(&root))?;
     m.setup()?;
@@ -138,15 +142,16 @@ fn place_pods(n: usize) -> Result<()> {
     Ok(())
 }
 
-fn remove_tree(dir: &Path) {
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_tree(&e.path());
-            }
+/// Kills whatever runs in a cgroup tree and removes it, retrying while the processes die.
+fn remove_tree(cg: &CgroupPath) {
+    let fs = CgroupFs::new("/sys/fs/cgroup", CgroupPath::root());
+    let _ = fs.kill(cg);
+    for _ in 0..50 {
+        if fs.remove_tree(cg).is_ok() {
+            return;
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = std::fs::remove_dir(dir);
 }
 
 /// utime + stime of a process, in clock ticks.
@@ -183,12 +188,12 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        remove_tree(&Path::new("/sys/fs/cgroup").join(&ROOT[1..]));
+        remove_tree(&root());
     }
 }
 
 fn one_run(bin: &Path, pods: usize, seconds: u64) -> Result<Sample> {
-    remove_tree(&Path::new("/sys/fs/cgroup").join(&ROOT[1..]));
+    remove_tree(&root());
     place_pods(pods)?;
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let dir = std::env::temp_dir().join(format!("nwbench-{}", std::process::id()));

@@ -209,6 +209,28 @@ impl CgroupFs {
         Ok(out)
     }
 
+    /// A cgroup and every cgroup below it, children before their parents (the order in which they can be
+    /// removed). Empty when the cgroup does not exist.
+    pub fn subtree(&self, cg: &CgroupPath) -> Result<Vec<CgroupPath>, CgroupError> {
+        if !self.exists(cg) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for name in self.children(cg)? {
+            out.extend(self.subtree(&cg.child(&name)?)?);
+        }
+        out.push(cg.clone());
+        Ok(out)
+    }
+
+    /// Removes a cgroup and every cgroup below it, children first. Fails (EBUSY) while any of them holds a process.
+    pub fn remove_tree(&self, cg: &CgroupPath) -> Result<(), CgroupError> {
+        for c in self.subtree(cg)? {
+            self.remove(&c)?;
+        }
+        Ok(())
+    }
+
     /// The controllers available in a cgroup (`cgroup.controllers`).
     pub fn controllers(&self, cg: &CgroupPath) -> Result<Vec<String>, IoError> {
         Ok(self.read(cg, "cgroup.controllers")?.split_whitespace().map(str::to_owned).collect())
@@ -328,6 +350,19 @@ mod tests {
         assert!(msg.contains("x/memory.max") && msg.contains("lots"), "{msg}");
         let missing = fs.read_u64(&cg, "pids.current").unwrap_err();
         assert!(matches!(missing, CgroupError::Io(ref e) if e.is_not_found() && e.op == Op::Read), "{missing}");
+    }
+
+    #[test]
+    fn subtrees_list_children_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CgroupFs::emulated(dir.path(), CgroupPath::root());
+        let p = CgroupPath::parse("/p").unwrap();
+        for path in ["/p", "/p/a", "/p/a/x", "/p/b"] {
+            fs.create(&CgroupPath::parse(path).unwrap()).unwrap();
+        }
+        let names: Vec<String> = fs.subtree(&p).unwrap().iter().map(|c| c.to_string()).collect();
+        assert_eq!(names, ["/p/a/x", "/p/a", "/p/b", "/p"]);
+        assert!(fs.subtree(&CgroupPath::parse("/gone").unwrap()).unwrap().is_empty());
     }
 
     #[test]

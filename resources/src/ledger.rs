@@ -367,33 +367,23 @@ impl ResourceManager {
         self.place(pod)
     }
 
-    /// Removes a pod's cgroups once its processes are gone and drops it from the ledger. A pod whose cgroups still
+    /// Removes a pod's cgroups (and any cgroup below them) once its processes are gone and drops it from the
+    /// ledger. A pod whose cgroups still
     /// hold processes is reported with their PIDs and kept, never leaked.
     pub fn release(&mut self, uid: &str) -> Result<(), PlaceError> {
         let p = self.pods.get(uid).ok_or_else(|| PlaceError::NotPlaced(uid.to_owned()))?;
         let cg_err = |source: CgroupError| PlaceError::Cgroup { uid: uid.to_owned(), source };
+        // Every cgroup below the pod, including ones a runtime made there (containerd nests sandbox and container
+        // cgroups under the pod), children first.
+        let all = self.fs.subtree(&p.cgroup).map_err(cg_err)?;
         let mut pids = Vec::new();
-        let mut leaves = self.fs.children(&p.cgroup).unwrap_or_default();
-        leaves.retain(|n| p.containers.iter().all(|c| c.name != *n));
-        let extra: Vec<CgroupPath> = leaves.iter().filter_map(|n| p.cgroup.child(n).ok()).collect();
-        let all: Vec<CgroupPath> = p
-            .containers
-            .iter()
-            .map(|c| c.cgroup.clone())
-            .chain(extra)
-            .chain(std::iter::once(p.cgroup.clone()))
-            .collect();
         for cg in &all {
-            if self.fs.exists(cg) {
-                pids.extend(self.fs.read_procs(cg).map_err(cg_err)?);
-            }
+            pids.extend(self.fs.read_procs(cg).map_err(cg_err)?);
         }
         if !pids.is_empty() {
             return Err(PlaceError::Busy { uid: uid.to_owned(), pids });
         }
-        for cg in &all {
-            self.fs.remove(cg).map_err(|e| cg_err(e.into()))?;
-        }
+        self.fs.remove_tree(&p.cgroup).map_err(cg_err)?;
         self.pods.remove(uid);
         self.refresh_qos_parents();
         Ok(())

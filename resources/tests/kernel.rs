@@ -39,7 +39,7 @@ struct Root {
 impl Root {
     fn new(name: &str) -> Self {
         let path = CgroupPath::parse(&format!("/nwtest-{name}")).unwrap();
-        remove_tree(&Path::new(MOUNT).join(&path.as_str()[1..]));
+        remove_tree(&path);
         Root { path }
     }
 
@@ -55,29 +55,20 @@ impl Root {
 
 impl Drop for Root {
     fn drop(&mut self) {
-        remove_tree(&self.dir());
+        remove_tree(&self.path);
     }
 }
 
-fn remove_tree(dir: &Path) {
-    if !dir.exists() {
-        return;
-    }
-    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+/// Kills whatever runs in a cgroup tree and removes it, retrying while the processes die.
+fn remove_tree(cg: &CgroupPath) {
+    let fs = CgroupFs::new(MOUNT, CgroupPath::root());
+    let _ = fs.kill(cg);
     for _ in 0..50 {
-        if std::fs::read_to_string(dir.join("cgroup.procs")).map(|p| p.trim().is_empty()).unwrap_or(true) {
-            break;
+        if fs.remove_tree(cg).is_ok() {
+            return;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }
 
 fn config(root: &Root) -> ResourceConfig {

@@ -162,6 +162,11 @@ fn release_removes_cgroups_and_refuses_while_busy() {
     assert!(matches!(err, PlaceError::Busy { ref pids, .. } if pids == &[4242]), "{err}");
     assert!(m.placement("r1").is_some(), "a busy pod stays in the ledger");
     std::fs::write(f.mount.join("nw/kubepods/podr1/app/cgroup.procs"), "").unwrap();
+    // A runtime's own nested cgroups below the pod are removed with it; a process there keeps the pod busy.
+    std::fs::create_dir_all(f.mount.join("nw/kubepods/podr1/sandbox/inner")).unwrap();
+    std::fs::write(f.mount.join("nw/kubepods/podr1/sandbox/inner/cgroup.procs"), "77\n").unwrap();
+    assert!(matches!(m.release("r1"), Err(PlaceError::Busy { ref pids, .. }) if pids == &[77]));
+    std::fs::write(f.mount.join("nw/kubepods/podr1/sandbox/inner/cgroup.procs"), "").unwrap();
     m.release("r1").unwrap();
     assert!(!f.mount.join("nw/kubepods/podr1").exists());
     assert!(matches!(m.release("r1"), Err(PlaceError::NotPlaced(_))));
