@@ -89,6 +89,9 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
     }
 }
 
+/// How long shutdown waits for open HTTP connections.
+const SERVER_DRAIN: Duration = Duration::from_secs(5);
+
 /// Why the daemon stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -168,11 +171,16 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
     let _ = drain_tx.send(true);
     let _ = housekeeping.await;
-    if let Some(server) = server {
-        match server.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server stopped with an error"),
-            Err(e) => tracing::warn!(error = %e, "HTTP server task failed"),
+    if let Some(mut server) = server {
+        // Open connections get a moment to finish; a client that holds one open does not hold up the exit.
+        match tokio::time::timeout(SERVER_DRAIN, &mut server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server stopped with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+            Err(_) => {
+                tracing::warn!("HTTP connections still open after {SERVER_DRAIN:?}; closing them");
+                server.abort();
+            }
         }
     }
     Ok(())

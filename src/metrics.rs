@@ -129,13 +129,18 @@ impl Metrics {
         }
     }
 
-    /// Sets the threshold gauges from the thresholds in force and the signals' capacities.
+    /// Sets the threshold gauges from the thresholds in force and the signals' capacities. Series are updated in
+    /// place (a signal without a hard threshold loses its series), so a scrape never sees them missing.
     pub fn set_thresholds(&self, t: &Thresholds, signals: &BTreeMap<Signal, SignalObservation>) {
-        self.eviction_stats.reset();
-        for th in &t.hard {
-            if let Some(o) = signals.get(&th.signal) {
-                #[allow(clippy::cast_precision_loss)]
-                self.eviction_stats.with_label_values(&[th.signal.as_str()]).set(th.resolve(o.capacity) as f64);
+        for signal in Signal::ALL {
+            match (t.hard_for(signal), signals.get(&signal)) {
+                (Some(th), Some(o)) => {
+                    #[allow(clippy::cast_precision_loss)]
+                    self.eviction_stats.with_label_values(&[signal.as_str()]).set(th.resolve(o.capacity) as f64);
+                }
+                _ => {
+                    let _ = self.eviction_stats.remove_label_values(&[signal.as_str()]);
+                }
             }
         }
     }

@@ -317,3 +317,22 @@ fn check_config_names_the_bad_field() {
     assert!(effective.contains("evictionPressureTransitionPeriod: 5m0s"), "{effective}");
     assert!(effective.contains("maxPods: 110"), "{effective}");
 }
+
+#[test]
+fn sigterm_is_not_held_up_by_an_open_connection() {
+    if !cgroup2_available() {
+        return;
+    }
+    let mut d = Daemon::new("drain", "");
+    d.start();
+    d.wait_ready();
+    // A client that sent half a request and then went quiet.
+    let mut idle = TcpStream::connect(("127.0.0.1", d.port)).unwrap();
+    idle.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    assert_eq!(d.stop(), Some(0), "{}", d.log());
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "shutdown took {took:?}");
+    drop(idle);
+}
