@@ -139,7 +139,7 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
         tracing::info!(pod_uid = %uid, "adopted existing pod cgroup");
     }
     let metrics = Metrics::new().context("cannot create metrics")?;
-    metrics.set_allocatable(&alloc);
+    metrics.set_allocatable(&alloc, config.resources.max_pods);
     let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let shared = Arc::new(Shared {
         probe,

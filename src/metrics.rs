@@ -37,8 +37,8 @@ fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<Ga
     Ok(g)
 }
 
-const RESOURCES: [(&str, &str); 4] =
-    [("cpu", "core"), ("memory", "byte"), ("pid", "integer"), ("ephemeral_storage", "byte")];
+const RESOURCES: [(&str, &str); 5] =
+    [("cpu", "core"), ("memory", "byte"), ("pid", "integer"), ("ephemeral_storage", "byte"), ("pods", "integer")];
 
 impl Metrics {
     /// Registers every metric in a fresh registry, with the process metrics (`process_*`).
@@ -115,14 +115,20 @@ impl Metrics {
         })
     }
 
-    /// Sets the capacity and allocatable gauges.
-    pub fn set_allocatable(&self, a: &Allocatable) {
+    /// Sets the capacity and allocatable gauges; `pods` (maxPods) is reported for all three, as the kubelet
+    /// reports it in the node's capacity and allocatable.
+    pub fn set_allocatable(&self, a: &Allocatable, max_pods: u32) {
         for (gauge, res) in
             [(&self.capacity, &a.capacity), (&self.allocatable, &a.reported), (&self.allocatable_enforced, &a.enforced)]
         {
             #[allow(clippy::cast_precision_loss)]
-            let values =
-                [res.cpu_millis as f64 / 1000.0, res.memory as f64, res.pids as f64, res.ephemeral_storage as f64];
+            let values = [
+                res.cpu_millis as f64 / 1000.0,
+                res.memory as f64,
+                res.pids as f64,
+                res.ephemeral_storage as f64,
+                f64::from(max_pods),
+            ];
             for ((name, unit), v) in RESOURCES.iter().zip(values) {
                 gauge.with_label_values(&[name, unit]).set(v);
             }
@@ -221,7 +227,7 @@ mod tests {
             capacity: Resources { cpu_millis: 2000, memory: 1 << 30, pids: 100, ephemeral_storage: 10 },
             ..Allocatable::default()
         };
-        m.set_allocatable(&alloc);
+        m.set_allocatable(&alloc, 110);
         let signals =
             BTreeMap::from([(Signal::MemoryAvailable, SignalObservation { available: 5, capacity: 1 << 30 })]);
         let t = Thresholds {
@@ -238,6 +244,7 @@ mod tests {
         let text = m.render().unwrap();
         assert!(text.contains("kubelet_eviction_stats{eviction_signal=\"memory.available\"} 536870912"), "{text}");
         assert!(text.contains("nodewarden_node_capacity{resource=\"cpu\",unit=\"core\"} 2"), "{text}");
+        assert!(text.contains("nodewarden_node_allocatable{resource=\"pods\",unit=\"integer\"} 110"), "{text}");
         assert!(text.contains("nodewarden_eviction_signal_value{eviction_signal=\"memory.available\"} 5"), "{text}");
         assert!(text.contains("# TYPE nodewarden_housekeeping_duration_seconds histogram"), "{text}");
     }

@@ -5,6 +5,13 @@
 //! `update` and `release` pods; eviction reads [`Observations`] and asks for pods to be killed. Every path is built
 //! from checked names below an injectable mount, so the whole crate runs against a temporary directory in tests
 //! and against the real kernel in the VM of `deploy/vm`.
+//!
+//! Two crates were considered and not used. cgroups-rs 0.5: its v2 hierarchy hard-codes the `/sys/fs/cgroup`
+//! mount (no temporary-directory tests), it has no PSI and no `memory.events`, its v2 OOM notifier reads the
+//! v1-only `memory.oom_control`, and it pulls in zbus with a second async runtime; the file I/O nodewarden needs
+//! is [`CgroupFs`]. procfs-core's `Meminfo` requires a dozen fields nodewarden does not read and reports a missing
+//! one as an internal error of the crate, so `/proc/meminfo` and PSI files are parsed here ([`parse_meminfo`],
+//! [`parse_psi`]), with the same never-panic parsers as the cgroup files.
 
 mod allocatable;
 mod capacity;
