@@ -7,8 +7,12 @@ export CARGO_TERM_COLOR=never
 
 step() { printf '\n== %s\n' "$*"; }
 
-if ! command -v python3 >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 >/dev/null
+# python3 reads cargo's JSON below; promtool (Debian's prometheus package) checks /metrics in the VM tests.
+missing=()
+command -v python3 >/dev/null || missing+=(python3)
+command -v promtool >/dev/null || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 step "cargo fmt --check"

@@ -153,6 +153,29 @@ fn remove_tree(cg: &CgroupPath) {
     }
 }
 
+/// `promtool check metrics` (Debian's prometheus package) must accept the exposition: format and naming lints.
+/// Required in the VM run, where the test command has installed it; skipped elsewhere when it is missing.
+fn promtool_check(text: &str) {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) if std::env::var_os("NODEWARDEN_VM_TESTS").is_none() => {
+            eprintln!("skipped promtool check: {e}");
+            return;
+        }
+        Err(e) => panic!("promtool is needed for this test: {e}"),
+    };
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && report.trim().is_empty(), "promtool check metrics:\n{report}");
+}
+
 #[test]
 fn serves_endpoints_and_enforces_allocatable() {
     if !cgroup2_available() {
@@ -190,6 +213,7 @@ fn serves_endpoints_and_enforces_allocatable() {
     assert!(available > 0.0 && available <= mem_available, "{available} > MemAvailable {mem_available}");
     assert!(metric(&text, "nodewarden_eviction_signal_value{eviction_signal=\"pid.available\"}").unwrap() > 0.0);
     assert!(text.contains("process_resident_memory_bytes"), "process metrics missing");
+    promtool_check(&text);
 
     let (status, configz) = get(d.port, "/configz").unwrap();
     assert_eq!(status, 200);
