@@ -2,7 +2,7 @@
 //! (cpu shares and their cgroup v2 weight, CFS quota, `memory.max`, Memory QoS' `memory.min`/`memory.high`, and
 //! `oom_score_adj`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -95,26 +95,25 @@ impl ContainerResources {
     fn from_container(c: &Container) -> Result<Self, PodSpecError> {
         validate_container_name(&c.name)?;
         let res = c.resources.as_ref();
-        let get = |kind: &str, key: &str, cpu: bool| -> Result<Option<u64>, PodSpecError> {
-            let map = match kind {
-                "requests" => res.and_then(|r| r.requests.as_ref()),
-                _ => res.and_then(|r| r.limits.as_ref()),
-            };
+        let requests = res.and_then(|r| r.requests.as_ref());
+        let limits = res.and_then(|r| r.limits.as_ref());
+        // One quantity of `resources.<kind>.<key>`; cpu in millicores, memory in bytes.
+        let get = |kind: &str, map: Option<&BTreeMap<String, K8sQuantity>>, key: &str| {
             let Some(K8sQuantity(s)) = map.and_then(|m| m.get(key)) else { return Ok(None) };
-            let parsed = if cpu { parse_millicores(s) } else { parse_non_negative(s) };
+            let parsed = if key == "cpu" { parse_millicores(s) } else { parse_non_negative(s) };
             parsed.map(Some).map_err(|error| PodSpecError::Quantity {
                 container: c.name.clone(),
                 field: format!("resources.{kind}.{key}"),
                 error,
             })
         };
-        let cpu_limit = get("limits", "cpu", true)?;
-        let memory_limit = get("limits", "memory", false)?;
+        let cpu_limit = get("limits", limits, "cpu")?;
+        let memory_limit = get("limits", limits, "memory")?;
         Ok(Self {
             name: c.name.clone(),
-            cpu_request: get("requests", "cpu", true)?.or(cpu_limit),
+            cpu_request: get("requests", requests, "cpu")?.or(cpu_limit),
             cpu_limit,
-            memory_request: get("requests", "memory", false)?.or(memory_limit),
+            memory_request: get("requests", requests, "memory")?.or(memory_limit),
             memory_limit,
         })
     }
