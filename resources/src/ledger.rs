@@ -368,8 +368,7 @@ impl ResourceManager {
     }
 
     /// Removes a pod's cgroups (and any cgroup below them) once its processes are gone and drops it from the
-    /// ledger. A pod whose cgroups still
-    /// hold processes is reported with their PIDs and kept, never leaked.
+    /// ledger. A pod whose cgroups still hold processes is reported with their PIDs and kept, never leaked.
     pub fn release(&mut self, uid: &str) -> Result<(), PlaceError> {
         let p = self.pods.get(uid).ok_or_else(|| PlaceError::NotPlaced(uid.to_owned()))?;
         let cg_err = |source: CgroupError| PlaceError::Cgroup { uid: uid.to_owned(), source };
@@ -383,7 +382,10 @@ impl ResourceManager {
         if !pids.is_empty() {
             return Err(PlaceError::Busy { uid: uid.to_owned(), pids });
         }
-        self.fs.remove_tree(&p.cgroup).map_err(cg_err)?;
+        // `all` lists children before parents: the order in which cgroups can be removed.
+        for cg in &all {
+            self.fs.remove(cg).map_err(|e| cg_err(e.into()))?;
+        }
         self.pods.remove(uid);
         self.refresh_qos_parents();
         Ok(())
