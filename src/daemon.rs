@@ -51,7 +51,7 @@ impl Shared {
         vec![("housekeeping", housekeeping), ("cgroupfs", cgroupfs)]
     }
 
-    /// One observation pass: read the node and the pods, update the metrics.
+    /// One observation pass: read the node-level signals (a fixed number of reads), update the metrics.
     fn housekeeping_pass(&self) {
         let start = Instant::now();
         let m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);

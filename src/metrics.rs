@@ -142,7 +142,7 @@ impl Metrics {
             match (t.hard_for(signal), signals.get(&signal)) {
                 (Some(th), Some(o)) => {
                     #[allow(clippy::cast_precision_loss)]
-                    self.eviction_stats.with_label_values(&[signal.as_str()]).set(th.resolve(o.capacity) as f64);
+                    self.eviction_stats.with_label_values(&[signal.as_str()]).set(th.amount.resolve(o.capacity) as f64);
                 }
                 _ => {
                     let _ = self.eviction_stats.remove_label_values(&[signal.as_str()]);

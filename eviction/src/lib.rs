@@ -11,4 +11,4 @@ mod threshold;
 
 pub use observe::{SignalObservation, signal_observations};
 pub use signal::Signal;
-pub use threshold::{Threshold, ThresholdError, Thresholds, default_hard_thresholds, parse_amounts, parse_signal_keys};
+pub use threshold::{Threshold, ThresholdError, Thresholds, default_hard_thresholds};

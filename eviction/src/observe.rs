@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use nodewarden_resources::{Allocatable, Observations};
 
 use crate::signal::Signal;
-use crate::threshold::Threshold;
 
 /// One signal's observed value and the capacity it is a part of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -36,13 +35,6 @@ pub fn signal_observations(obs: &Observations, alloc: &Allocatable) -> BTreeMap<
         (Signal::ImageFsInodesFree, o(obs.imagefs.inodes_free, obs.imagefs.inodes)),
         (Signal::PidAvailable, o(obs.pids.available, obs.pids.max)),
     ])
-}
-
-impl Threshold {
-    /// The threshold in the signal's unit, for a signal of the given capacity.
-    pub fn resolve(&self, capacity: u64) -> u64 {
-        self.amount.resolve(capacity)
-    }
 }
 
 #[cfg(test)]

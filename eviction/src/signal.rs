@@ -46,11 +46,6 @@ impl Signal {
             Signal::PidAvailable => "pid.available",
         }
     }
-
-    /// True for signals counted in inodes or PIDs rather than bytes.
-    pub fn is_count(self) -> bool {
-        matches!(self, Signal::NodeFsInodesFree | Signal::ImageFsInodesFree | Signal::PidAvailable)
-    }
 }
 
 impl fmt::Display for Signal {

@@ -60,7 +60,10 @@ pub fn default_hard_thresholds() -> BTreeMap<String, String> {
 
 /// Parses an eviction map (`{"memory.available": "100Mi"}`) of the config field `field`. Zero amounts (`0`, `0%`)
 /// disable a signal, as in the kubelet, and are left out.
-pub fn parse_amounts(field: &str, map: &BTreeMap<String, String>) -> Result<BTreeMap<Signal, Amount>, ThresholdError> {
+pub(crate) fn parse_amounts(
+    field: &str,
+    map: &BTreeMap<String, String>,
+) -> Result<BTreeMap<Signal, Amount>, ThresholdError> {
     let mut out = BTreeMap::new();
     for (key, value) in map {
         let name = format!("{field}.{key}");
@@ -74,7 +77,7 @@ pub fn parse_amounts(field: &str, map: &BTreeMap<String, String>) -> Result<BTre
 }
 
 /// Parses the signal keys of a per-signal map whose values are already typed (`evictionSoftGracePeriod`).
-pub fn parse_signal_keys<T: Clone>(
+pub(crate) fn parse_signal_keys<T: Clone>(
     field: &str,
     map: &BTreeMap<String, T>,
 ) -> Result<BTreeMap<Signal, T>, ThresholdError> {

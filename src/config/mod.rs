@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nodewarden_eviction::{Thresholds, parse_signal_keys};
+use nodewarden_eviction::Thresholds;
 use nodewarden_resources::{
     CgroupPath, EvictionReserve, Reserved, ResourceConfig, parse_millicores, parse_non_negative,
 };
@@ -257,7 +257,6 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         .iter()
         .map(|(k, v)| duration_field(&format!("evictionSoftGracePeriod.{k}"), v).map(|d| (k.clone(), d)))
         .collect::<Result<_, _>>()?;
-    parse_signal_keys("evictionSoftGracePeriod", &grace).map_err(|e| ConfigError::field(e.field, e.reason))?;
     let thresholds = Thresholds::from_config(
         &text_map(required(&c.eviction_hard, "evictionHard")?),
         &text_map(required(&c.eviction_soft, "evictionSoft")?),
