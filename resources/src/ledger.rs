@@ -1,7 +1,7 @@
 //! The ledger of placements: admission, placement of pods in the kubepods tree with their limits, updates,
 //! release, and adoption of the pods whose cgroups exist when nodewarden starts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -172,6 +172,7 @@ pub struct ResourceManager {
     capacity: Capacity,
     allocatable: Allocatable,
     pods: BTreeMap<String, Placement>,
+    terminating: BTreeSet<String>,
 }
 
 fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
@@ -191,7 +192,7 @@ impl ResourceManager {
         let capacity = read_capacity(&host, &fs, &config.cgroup_root)?;
         let allocatable =
             allocatable::compute(&capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
-        Ok(Self { fs, host, config, tree, capacity, allocatable, pods: BTreeMap::new() })
+        Ok(Self { fs, host, config, tree, capacity, allocatable, pods: BTreeMap::new(), terminating: BTreeSet::new() })
     }
 
     /// Creates the kubepods tree with allocatable enforced and adopts the pod cgroups that exist. Returns the
@@ -254,12 +255,21 @@ impl ResourceManager {
         }
     }
 
+    /// Marks a placed pod as being terminated: admission no longer counts it, as the kubelet does not count pods
+    /// whose termination was requested, so that a replacement can be admitted while the old pod winds down.
+    pub fn set_terminating(&mut self, uid: &str) {
+        if self.pods.contains_key(uid) {
+            self.terminating.insert(uid.to_owned());
+        }
+    }
+
     /// Decides whether a pod fits: `maxPods`, then allocatable CPU and memory against the requests of the pods
-    /// placed. A pod already placed is admitted again (re-admission after a restart or an update).
+    /// placed and not terminating. A pod already placed is admitted again (re-admission after a restart or an
+    /// update).
     pub fn admit(&self, pod: &Pod) -> Result<PodResources, AdmitError> {
         let uid = pod_uid(pod)?;
         let res = PodResources::from_pod(pod)?;
-        let others = || self.pods.values().filter(|p| p.uid != uid);
+        let others = || self.pods.values().filter(|p| p.uid != uid && !self.terminating.contains(&p.uid));
         let count = others().count();
         if count >= self.config.max_pods as usize {
             return Err(AdmitError::TooManyPods { used: count, max: self.config.max_pods });
@@ -387,6 +397,7 @@ impl ResourceManager {
             self.fs.remove(cg).map_err(|e| cg_err(e.into()))?;
         }
         self.pods.remove(uid);
+        self.terminating.remove(uid);
         self.refresh_qos_parents();
         Ok(())
     }

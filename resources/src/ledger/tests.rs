@@ -137,6 +137,12 @@ fn admission_refuses_with_kubelet_reasons() {
     assert!(matches!(err, PlaceError::Admit(ref a) if a.reason() == "OutOfpods"), "{err}");
     let cpu = m.admit(&pod("f", json!([{"name": "x", "resources": {"requests": {"cpu": "3"}}}])));
     assert!(matches!(cpu, Err(AdmitError::TooManyPods { .. })));
+    // A pod being terminated no longer counts, so its replacement fits.
+    m.set_terminating("a");
+    m.set_terminating("c");
+    m.place(&guaranteed("b", "200Mi")).unwrap();
+    m.release("a").unwrap();
+    assert!(m.admit(&guaranteed("a2", "500Mi")).is_ok(), "released pods are not counted");
 }
 
 #[test]
