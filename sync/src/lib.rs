@@ -1,5 +1,38 @@
-//! Pod lifecycle for nodewarden: pod sources (static manifests, later an apiserver), per-pod workers, the syncPod
-//! steps and the runtimes that carry them out.
+//! Pod lifecycle for nodewarden: pod sources (the static pod directory; an apiserver source can follow), one worker
+//! per pod running the kubelet's syncPod steps, the restart policy with the crash-loop back-off, probes, graceful
+//! termination, pod status, and the runtimes that carry it out (the embedded process runtime here).
 //!
-//! Empty until the pod sync work lands; the crate exists so that the workspace has its final shape and the
-//! dependency direction (sync depends on resources, never the reverse) is fixed from the start.
+//! Pod sync is a client of `nodewarden-resources`: it asks for admission and placement and never writes cgroupfs
+//! itself (a container process joins its cgroup through the resources crate, see [`container_exec`]).
+
+mod backoff;
+mod manager;
+mod manifest;
+mod metrics;
+mod probe;
+mod process;
+mod runtime;
+mod source;
+mod spec;
+mod state;
+mod status;
+mod store;
+mod volumes;
+mod worker;
+
+pub use manager::{ORPHAN_GRACE, PodManager, STUCK_AFTER, TICK, TerminateError};
+pub use manifest::{
+    CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, MAX_MANIFEST_BYTES, ManifestError, parse_static_pod,
+    read_manifest,
+};
+pub use metrics::SyncMetrics;
+pub use process::{ExecRequest, ProcessRuntime, START_FAILED, container_exec};
+pub use runtime::{ContainerSpec, ExecOutput, ExitInfo, Mount, Runtime, RuntimeError, SIGKILL, SIGTERM, Started};
+pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
+pub use store::{MANIFEST_ANNOTATION, StatusStore};
+pub use worker::SyncSettings;
+
+/// Resolves once the drain signal is given (or its sender is gone).
+pub(crate) async fn drained(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|d| *d).await.map(|_| ());
+}

@@ -1,0 +1,265 @@
+//! The pod manager: turns source snapshots into pod workers (one per UID), terminates the pods a source no longer
+//! has, cleans up pods adopted from an earlier daemon that no source has, and is the eviction manager's way to
+//! terminate a pod.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nodewarden_resources::ResourceManager;
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::metrics::SyncMetrics;
+use crate::runtime::Runtime;
+use crate::source::SourceSnapshot;
+use crate::store::StatusStore;
+use crate::volumes;
+use crate::worker::{Ctx, Msg, Reason, SyncSettings, Worker};
+
+/// How many messages wait for a worker; more are dropped, since a worker always acts on the latest spec.
+const WORKER_QUEUE: usize = 8;
+/// The manager loop's period, which `/readyz` checks.
+pub const TICK: Duration = Duration::from_secs(1);
+/// A sync pass running longer than this makes `/readyz` fail: a runtime call is stuck.
+pub const STUCK_AFTER: Duration = Duration::from_secs(60);
+/// The grace period of pods found at start that no source has (their spec, and so their own grace, is unknown).
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(30);
+
+struct Handle {
+    tx: mpsc::Sender<Msg>,
+    task: tokio::task::JoinHandle<()>,
+    busy: Arc<Mutex<Option<Instant>>>,
+    name: String,
+    source: &'static str,
+}
+
+/// Why a pod could not be terminated on request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TerminateError {
+    /// No worker has that pod.
+    #[error("pod {0} is not known")]
+    UnknownPod(String),
+    /// The worker ended before confirming.
+    #[error("pod {0}'s worker stopped before the pod was terminated")]
+    WorkerGone(String),
+}
+
+/// The pod manager.
+pub struct PodManager<R: Runtime> {
+    ctx: Arc<Ctx<R>>,
+    workers: Mutex<HashMap<String, Handle>>,
+    name_locks: Mutex<HashMap<String, Arc<Semaphore>>>,
+    last_tick: Mutex<Option<Instant>>,
+}
+
+impl<R: Runtime> std::fmt::Debug for PodManager<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodManager").finish_non_exhaustive()
+    }
+}
+
+impl<R: Runtime> PodManager<R> {
+    /// A manager over the resource manager and a runtime.
+    pub fn new(
+        resources: Arc<Mutex<ResourceManager>>,
+        runtime: Arc<R>,
+        settings: SyncSettings,
+        metrics: SyncMetrics,
+    ) -> Arc<Self> {
+        let ctx = Arc::new(Ctx { resources, runtime, settings, store: Arc::new(StatusStore::default()), metrics });
+        Arc::new(Self {
+            ctx,
+            workers: Mutex::new(HashMap::new()),
+            name_locks: Mutex::new(HashMap::new()),
+            last_tick: Mutex::new(None),
+        })
+    }
+
+    /// The status store (`/pods`).
+    pub fn store(&self) -> Arc<StatusStore> {
+        self.ctx.store.clone()
+    }
+
+    fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
+        self.workers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs until drained: applies snapshots from the sources and ticks. On drain the workers stop; containers
+    /// keep running for the next daemon to adopt.
+    pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<SourceSnapshot>, mut drain: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut first = BTreeSet::new();
+        let mut open = true;
+        loop {
+            tokio::select! {
+                snap = rx.recv(), if open => match snap {
+                    Some(s) => {
+                        let initial = first.insert(s.source);
+                        self.apply(s, initial);
+                    }
+                    // No source (no staticPodPath), or every source ended: the workers go on.
+                    None => open = false,
+                },
+                _ = tick.tick() => self.tick(),
+                () = crate::drained(&mut drain) => break,
+            }
+        }
+        for (_, h) in self.workers().drain() {
+            h.task.abort();
+        }
+    }
+
+    fn tick(&self) {
+        *self.last_tick.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        self.workers().retain(|_, h| !h.task.is_finished());
+        self.name_locks.lock().unwrap_or_else(PoisonError::into_inner).retain(|_, s| Arc::strong_count(s) > 1);
+        let (pods, containers) = self.ctx.store.counts();
+        self.ctx.metrics.running_pods.set(pods);
+        for (state, n) in containers {
+            self.ctx.metrics.running_containers.with_label_values(&[state]).set(n);
+        }
+    }
+
+    /// Applies a source's snapshot: new UIDs get a worker, known ones the latest spec, and UIDs the source no
+    /// longer has are terminated. On a source's first snapshot, pods adopted at start that no source has are
+    /// terminated too.
+    fn apply(&self, snap: SourceSnapshot, initial: bool) {
+        self.ctx.metrics.invalid_manifests.set(i64::try_from(snap.invalid.len()).unwrap_or(i64::MAX));
+        self.ctx.store.set_invalid(snap.invalid);
+        let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let mut workers = self.workers();
+        workers.retain(|_, h| !h.task.is_finished());
+        for (uid, h) in workers.iter().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
+            tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
+            if h.tx.try_send(Msg::Terminate { grace: None, reason: Reason::Deleted, done: None }).is_err() {
+                tracing::warn!(pod_uid = %uid, "worker queue full; the pod will be terminated on the next change");
+            }
+        }
+        for pod in snap.pods {
+            let Some(uid) = pod.metadata.uid.clone() else { continue };
+            if let Some(h) = workers.get(&uid) {
+                let _ = h.tx.try_send(Msg::Update(Box::new(pod)));
+                continue;
+            }
+            let name = format!(
+                "{}/{}",
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.name.as_deref().unwrap_or_default()
+            );
+            let lock = self
+                .name_locks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(name.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+                .clone();
+            let (tx, rx) = mpsc::channel(WORKER_QUEUE);
+            let (events_tx, events_rx) = mpsc::unbounded_channel();
+            let busy = Arc::new(Mutex::new(None));
+            let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock);
+            let task = tokio::spawn(worker.run(rx, events_rx));
+            workers.insert(uid, Handle { tx, task, busy, name, source: snap.source });
+        }
+        drop(workers);
+        if initial {
+            self.clean_orphans(&wanted);
+        }
+    }
+
+    /// Terminates the pods found at start (cgroups from an earlier daemon) that the source does not have, and
+    /// removes the directories of pods that are gone.
+    fn clean_orphans(&self, wanted: &BTreeSet<String>) {
+        let orphans: Vec<String> = {
+            let r = self.ctx.resources.lock().unwrap_or_else(PoisonError::into_inner);
+            r.placements().map(|p| p.uid.clone()).filter(|u| !wanted.contains(u)).collect()
+        };
+        for uid in &orphans {
+            tracing::info!(pod_uid = %uid, "pod cgroup from an earlier run has no manifest; terminating it");
+            tokio::spawn(terminate_orphan(self.ctx.resources.clone(), uid.clone(), self.ctx.settings.root_dir.clone()));
+        }
+        if let Ok(entries) = std::fs::read_dir(self.ctx.settings.root_dir.join("pods")) {
+            for e in entries.flatten() {
+                let uid = e.file_name().to_string_lossy().into_owned();
+                if !wanted.contains(&uid)
+                    && !orphans.contains(&uid)
+                    && let Err(e) = volumes::remove_pod_dir(&self.ctx.settings.root_dir, &uid)
+                {
+                    tracing::warn!(pod_uid = %uid, error = %e, "cannot remove a stale pod directory");
+                }
+            }
+        }
+    }
+
+    /// Terminates a pod with a grace period and marks it `Failed`, reason `Evicted`, with `message`: SIGTERM to
+    /// its containers, then `cgroup.kill` on the pod cgroup once the grace period is over. Resolves when the pod's
+    /// processes are gone. A static pod stays evicted until its manifest changes.
+    pub async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<(), TerminateError> {
+        let (done_tx, done_rx) = oneshot::channel();
+        let tx = self.workers().get(uid).map(|h| h.tx.clone()).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
+        let msg = Msg::Terminate { grace: Some(grace), reason: Reason::Evicted(message), done: Some(done_tx) };
+        tx.send(msg).await.map_err(|_| TerminateError::WorkerGone(uid.into()))?;
+        done_rx.await.map_err(|_| TerminateError::WorkerGone(uid.into()))
+    }
+
+    /// `Ok` when the manager loop ticked recently and no pod sync has been stuck in a runtime call.
+    pub fn readiness(&self) -> Result<(), String> {
+        let stale = TICK * 5;
+        match *self.last_tick.lock().unwrap_or_else(PoisonError::into_inner) {
+            None => return Err("the pod sync loop has not run yet".into()),
+            Some(t) if t.elapsed() > stale => {
+                return Err(format!("the pod sync loop last ran {:.1}s ago", t.elapsed().as_secs_f64()));
+            }
+            Some(_) => {}
+        }
+        for h in self.workers().values() {
+            if let Some(since) = *h.busy.lock().unwrap_or_else(PoisonError::into_inner)
+                && since.elapsed() > STUCK_AFTER
+            {
+                return Err(format!(
+                    "the sync of pod {} has been running for {:.0}s",
+                    h.name,
+                    since.elapsed().as_secs_f64()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// SIGTERM to every process of a pod nobody has any more, `cgroup.kill` after [`ORPHAN_GRACE`], then release.
+async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, root: std::path::PathBuf) {
+    let procs = |r: &ResourceManager| -> Vec<u32> {
+        let Some(p) = r.placement(&uid) else { return Vec::new() };
+        let fs = r.cgroupfs();
+        fs.subtree(&p.cgroup)
+            .map(|cgs| cgs.iter().flat_map(|cg| fs.read_procs(cg).unwrap_or_default()).collect())
+            .unwrap_or_default()
+    };
+    let lock = || resources.lock().unwrap_or_else(PoisonError::into_inner);
+    lock().set_terminating(&uid);
+    for pid in procs(&lock()) {
+        if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+            let _ = kill_process(pid, Signal::TERM);
+        }
+    }
+    let deadline = Instant::now() + ORPHAN_GRACE;
+    while Instant::now() < deadline && !procs(&lock()).is_empty() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Err(e) = lock().kill(&uid) {
+        tracing::warn!(pod_uid = %uid, error = %e, "cgroup.kill failed");
+    }
+    for _ in 0..100 {
+        let released = lock().release(&uid);
+        match released {
+            Ok(()) | Err(nodewarden_resources::PlaceError::NotPlaced(_)) => break,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    if let Err(e) = volumes::remove_pod_dir(&root, &uid) {
+        tracing::warn!(pod_uid = %uid, error = %e, "cannot remove the pod's directory");
+    }
+}

@@ -1,0 +1,312 @@
+//! The embedded process runtime: each container is a host process started directly in its container cgroup, with
+//! stdout and stderr written to the container's log file. The log file descriptors belong to the process, not to
+//! nodewarden, so containers keep running and logging while the daemon restarts; the next daemon adopts them from
+//! their cgroups.
+
+mod exec;
+mod sys;
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use nodewarden_resources::{CgroupFs, CgroupPath};
+use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+pub use exec::{ExecRequest, START_FAILED, container_exec};
+
+use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, Started, exit_reason};
+
+/// How long `start` waits for a new process to join its container cgroup.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most output an exec probe keeps.
+const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
+
+struct Entry {
+    pidfd: Option<OwnedFd>,
+    exit: watch::Receiver<Option<ExitInfo>>,
+}
+
+/// The process runtime.
+pub struct ProcessRuntime {
+    helper: PathBuf,
+    fs: CgroupFs,
+    containers: Arc<Mutex<HashMap<String, Entry>>>,
+}
+
+impl std::fmt::Debug for ProcessRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessRuntime").field("helper", &self.helper).finish_non_exhaustive()
+    }
+}
+
+fn container_id(spec: &ContainerSpec) -> String {
+    format!("{}_{}_{}", spec.pod_uid, spec.name, spec.attempt)
+}
+
+impl ProcessRuntime {
+    /// A runtime that starts containers through `helper` (the nodewarden binary, whose `container-exec` command
+    /// calls [`container_exec`]), in cgroups of `fs`, which reads `memory.events` for OOM kills.
+    pub fn new(helper: impl Into<PathBuf>, fs: CgroupFs) -> Self {
+        Self { helper: helper.into(), fs, containers: Arc::new(Mutex::new(HashMap::new())) }
+    }
+
+    fn request(&self, spec: &ContainerSpec, argv: &[String], error_file: Option<PathBuf>) -> ExecRequest {
+        ExecRequest {
+            cgroup_mount: self.fs.mount().to_path_buf(),
+            cgroup_root: self.fs.scope().as_str().to_owned(),
+            cgroup: spec.cgroup.as_str().to_owned(),
+            oom_score_adj: spec.oom_score_adj,
+            argv: argv.to_vec(),
+            env: spec.env.clone(),
+            working_dir: spec.working_dir.clone(),
+            user: spec.user,
+            group: spec.group,
+            mounts: spec.mounts.clone(),
+            error_file,
+        }
+    }
+
+    fn command(&self, req: &ExecRequest) -> Result<tokio::process::Command, RuntimeError> {
+        let json = serde_json::to_string(req).map_err(|e| RuntimeError::Other(e.to_string()))?;
+        let mut cmd = tokio::process::Command::new(&self.helper);
+        cmd.arg("container-exec").arg(json).stdin(Stdio::null());
+        Ok(cmd)
+    }
+
+    fn oom_kills(&self, cg: &CgroupPath) -> u64 {
+        self.fs.read_flat_keyed(cg, "memory.events").ok().and_then(|m| m.get("oom_kill").copied()).unwrap_or(0)
+    }
+
+    fn insert(&self, id: &str, pid: u32, exit: watch::Receiver<Option<ExitInfo>>) {
+        let pidfd =
+            Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        self.containers.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), Entry { pidfd, exit });
+    }
+}
+
+fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| RuntimeError::Start(format!("{}: {e}", dir.display())))?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| RuntimeError::Start(format!("cannot open the log file {}: {e}", path.display())))
+}
+
+/// The exit code and signal of a wait status.
+fn decode(status: std::process::ExitStatus) -> (i32, Option<i32>) {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => (c, None),
+        (None, Some(s)) => (128 + s, Some(s)),
+        (None, None) => (START_FAILED, None),
+    }
+}
+
+impl Runtime for ProcessRuntime {
+    fn scheme(&self) -> &'static str {
+        "process"
+    }
+
+    async fn run_sandbox(&self, _pod_uid: &str) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
+        if spec.argv.is_empty() {
+            return Err(RuntimeError::Config(
+                "the process runtime needs a command: it does not read images, so there is no entrypoint".into(),
+            ));
+        }
+        let log = open_log(&spec.log_path)?;
+        let err_log = log.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
+        let error_file = spec.log_path.with_extension("start-error");
+        let _ = std::fs::remove_file(&error_file);
+        let oom_before = self.oom_kills(&spec.cgroup);
+        let req = self.request(spec, &spec.argv, Some(error_file.clone()));
+        let mut child = self
+            .command(&req)?
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err_log))
+            .spawn()
+            .map_err(|e| RuntimeError::Start(format!("cannot start {}: {e}", self.helper.display())))?;
+        let pid = child.id().ok_or_else(|| RuntimeError::Start("the process exited at once".into()))?;
+        // Started means running in its cgroup, as a runtime reports a container started once its process runs
+        // in the container: wait until the entry point has joined (or has failed and exited).
+        let deadline = tokio::time::Instant::now() + JOIN_TIMEOUT;
+        while !self.fs.read_procs(&spec.cgroup).is_ok_and(|p| p.contains(&pid))
+            && matches!(child.try_wait(), Ok(None))
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let started_at = Timestamp::now();
+        let id = container_id(spec);
+        let (tx, rx) = watch::channel(None);
+        self.insert(&id, pid, rx);
+        let fs = self.fs.clone();
+        let cgroup = spec.cgroup.clone();
+        tokio::spawn(async move {
+            let (exit_code, signal) = match child.wait().await {
+                Ok(status) => decode(status),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot wait for a container process");
+                    (START_FAILED, None)
+                }
+            };
+            let start_error = std::fs::read_to_string(&error_file).ok();
+            let oom = fs.read_flat_keyed(&cgroup, "memory.events").ok().and_then(|m| m.get("oom_kill").copied());
+            let oom_killed = oom.is_some_and(|n| n > oom_before);
+            let (reason, message) = match start_error {
+                Some(msg) => ("StartError".to_owned(), Some(msg)),
+                None => (exit_reason(exit_code, oom_killed).to_owned(), None),
+            };
+            let _ = tx.send(Some(ExitInfo {
+                exit_code,
+                signal,
+                reason,
+                message,
+                started_at,
+                finished_at: Timestamp::now(),
+            }));
+        });
+        Ok(Started { id, pid, started_at })
+    }
+
+    async fn adopt(&self, spec: &ContainerSpec, pid_hint: Option<u32>) -> Option<Started> {
+        let procs = self.fs.read_procs(&spec.cgroup).ok()?;
+        let pid = match pid_hint {
+            Some(p) if procs.contains(&p) => p,
+            _ => procs.iter().copied().min()?,
+        };
+        let id = container_id(spec);
+        let (tx, rx) = watch::channel(None);
+        self.insert(&id, pid, rx);
+        let pidfd = {
+            let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
+            map.get(&id).and_then(|e| e.pidfd.as_ref().and_then(|fd| fd.try_clone().ok()))
+        };
+        let Some(pidfd) = pidfd else {
+            // The process is gone already.
+            self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+            return None;
+        };
+        let started_at = Timestamp::now();
+        let fs = self.fs.clone();
+        let cgroup = spec.cgroup.clone();
+        let oom_before = self.oom_kills(&spec.cgroup);
+        tokio::spawn(async move {
+            // Not a child of this daemon, so its exit status is not ours to collect: a pidfd tells when it ended.
+            if let Err(e) = sys::pidfd_exited(pidfd).await {
+                tracing::warn!(error = %e, "cannot watch an adopted container; treating it as exited");
+            }
+            let oom = fs.read_flat_keyed(&cgroup, "memory.events").ok().and_then(|m| m.get("oom_kill").copied());
+            let (exit_code, reason, message) = if oom.is_some_and(|n| n > oom_before) {
+                (137, "OOMKilled", None)
+            } else {
+                (
+                    137,
+                    "ContainerStatusUnknown",
+                    Some("the container was adopted after a nodewarden restart and its exit code is unknown".into()),
+                )
+            };
+            let _ = tx.send(Some(ExitInfo {
+                exit_code,
+                signal: None,
+                reason: reason.into(),
+                message,
+                started_at,
+                finished_at: Timestamp::now(),
+            }));
+        });
+        Some(Started { id, pid, started_at })
+    }
+
+    async fn wait(&self, id: &str) -> ExitInfo {
+        let rx = self.containers.lock().unwrap_or_else(PoisonError::into_inner).get(id).map(|e| e.exit.clone());
+        let unknown = || ExitInfo {
+            exit_code: 137,
+            signal: None,
+            reason: "ContainerStatusUnknown".into(),
+            message: Some(format!("container {id} is not known to the runtime")),
+            started_at: Timestamp::now(),
+            finished_at: Timestamp::now(),
+        };
+        let Some(mut rx) = rx else { return unknown() };
+        match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.clone().unwrap_or_else(unknown),
+            Err(_) => unknown(),
+        }
+    }
+
+    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
+        let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.get(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        if entry.exit.borrow().is_some() {
+            return Ok(());
+        }
+        let sig = Signal::from_named_raw(signal).ok_or_else(|| RuntimeError::Other(format!("signal {signal}")))?;
+        let fd = entry.pidfd.as_ref().ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        match pidfd_send_signal(fd, sig) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+            Err(e) => Err(RuntimeError::Other(format!("cannot signal container {id}: {e}"))),
+        }
+    }
+
+    async fn exec(&self, spec: &ContainerSpec, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+        if argv.is_empty() {
+            return Err(RuntimeError::Config("exec: no command".into()));
+        }
+        let req = self.request(spec, argv, None);
+        let mut child = self
+            .command(&req)?
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| RuntimeError::Start(format!("cannot start {}: {e}", self.helper.display())))?;
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        let run = async {
+            let mut out = Vec::new();
+            let mut err = Vec::new();
+            let read_out = async {
+                if let Some(s) = stdout.as_mut() {
+                    let _ = s.take(EXEC_OUTPUT_LIMIT as u64).read_to_end(&mut out).await;
+                }
+            };
+            let read_err = async {
+                if let Some(s) = stderr.as_mut() {
+                    let _ = s.take(EXEC_OUTPUT_LIMIT as u64).read_to_end(&mut err).await;
+                }
+            };
+            tokio::join!(read_out, read_err);
+            let status = child.wait().await;
+            out.extend_from_slice(&err);
+            (status, out)
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok((Ok(status), out)) => {
+                let mut output = String::from_utf8_lossy(&out).into_owned();
+                output.truncate(EXEC_OUTPUT_LIMIT);
+                Ok(ExecOutput { exit_code: Some(decode(status).0), output })
+            }
+            Ok((Err(e), _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
+            Err(_) => Ok(ExecOutput { exit_code: None, output: format!("command timed out after {timeout:?}") }),
+        }
+    }
+
+    fn remove(&self, id: &str) {
+        self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+    }
+}

@@ -1,0 +1,223 @@
+//! Turns a pod's container into what a runtime starts: the command with `$(VAR)` references expanded, the
+//! environment (values and the downward API's pod fields), the user, the volume mounts and the log path, laid out
+//! as the kubelet lays out `/var/log/pods`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use nodewarden_resources::ContainerPlacement;
+
+use crate::probe::POD_IP;
+use crate::runtime::{ContainerSpec, Mount};
+use crate::volumes::PreparedVolume;
+
+/// The `PATH` a container gets when its spec sets none (the process runtime has no image to take one from).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The directory of one container's logs: `<logDir>/<namespace>_<name>_<uid>/<container>`.
+pub fn log_dir(root: &Path, pod: &Pod, container: &str) -> PathBuf {
+    root.join(pod_log_dir_name(pod)).join(container)
+}
+
+/// `<namespace>_<name>_<uid>`.
+pub fn pod_log_dir_name(pod: &Pod) -> String {
+    let m = &pod.metadata;
+    format!(
+        "{}_{}_{}",
+        m.namespace.as_deref().unwrap_or("default"),
+        m.name.as_deref().unwrap_or_default(),
+        m.uid.as_deref().unwrap_or_default()
+    )
+}
+
+/// Expands `$(NAME)` from `vars`; `$$` escapes a `$`; unknown references are kept as written, as Kubernetes does.
+pub fn expand(s: &str, vars: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match vars.get(name) {
+                Some(v) => out.push_str(v),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
+    let m = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    Ok(match path {
+        "metadata.name" => m.name.clone().unwrap_or_default(),
+        "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => m.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+        "status.podIP" | "status.hostIP" => POD_IP.to_owned(),
+        other => {
+            if let Some(key) = other.strip_prefix("metadata.labels['").and_then(|k| k.strip_suffix("']")) {
+                m.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default()
+            } else if let Some(key) = other.strip_prefix("metadata.annotations['").and_then(|k| k.strip_suffix("']")) {
+                m.annotations.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default()
+            } else {
+                return Err(format!("fieldRef {other:?} is not supported"));
+            }
+        }
+    })
+}
+
+/// Builds a container's runtime spec. Errors are the kubelet's `CreateContainerConfigError` messages.
+pub fn container_spec(
+    pod: &Pod,
+    c: &Container,
+    placement: &ContainerPlacement,
+    volumes: &[PreparedVolume],
+    log_root: &Path,
+    attempt: u32,
+) -> Result<ContainerSpec, String> {
+    let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
+    let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(h) = pod.metadata.name.as_deref() {
+        env.push(("HOSTNAME".into(), h.to_owned()));
+    }
+    if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err("envFrom is not supported by nodewarden (no ConfigMaps or Secrets)".into());
+    }
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (_, Some(from)) => match &from.field_ref {
+                Some(f) => field_ref(pod, &f.field_path)?,
+                None => return Err(format!("env {}: only value and fieldRef are supported", e.name)),
+            },
+            (Some(v), None) => expand(v, &vars),
+            (None, None) => String::new(),
+        };
+        vars.insert(e.name.clone(), value.clone());
+        env.retain(|(k, _)| *k != e.name);
+        env.push((e.name.clone(), value));
+    }
+    let argv: Vec<String> =
+        c.command.iter().flatten().chain(c.args.iter().flatten()).map(|a| expand(a, &vars)).collect();
+    if c.command.as_ref().is_none_or(Vec::is_empty) {
+        return Err("the process runtime needs a command: it does not read images, so there is no entrypoint".into());
+    }
+    let pod_sc = spec.security_context.as_ref();
+    let sc = c.security_context.as_ref();
+    let as_u32 = |v: Option<i64>, what: &str| -> Result<Option<u32>, String> {
+        v.map(|v| u32::try_from(v).map_err(|_| format!("{what} {v} is out of range"))).transpose()
+    };
+    let user = as_u32(sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user)), "runAsUser")?;
+    let group = as_u32(sc.and_then(|s| s.run_as_group).or(pod_sc.and_then(|s| s.run_as_group)), "runAsGroup")?;
+    let non_root = sc.and_then(|s| s.run_as_non_root).or(pod_sc.and_then(|s| s.run_as_non_root)).unwrap_or(false);
+    if non_root && user.is_none_or(|u| u == 0) {
+        return Err("container has runAsNonRoot and would run as root (set runAsUser)".into());
+    }
+    let mut mounts = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let v = volumes.iter().find(|v| v.name == m.name).ok_or_else(|| format!("volume {} is not ready", m.name))?;
+        let source = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            Some(sub) if sub.split('/').any(|p| p == "..") || sub.starts_with('/') => {
+                return Err(format!("subPath {sub:?} must be a relative path without '..'"));
+            }
+            Some(sub) => v.path.join(sub),
+            None => v.path.clone(),
+        };
+        mounts.push(Mount { source, target: PathBuf::from(&m.mount_path), read_only: m.read_only.unwrap_or(false) });
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    Ok(ContainerSpec {
+        log_path: log_dir(log_root, pod, &c.name).join(format!("{attempt}.log")),
+        pod_uid: uid,
+        name: c.name.clone(),
+        attempt,
+        image: c.image.clone().unwrap_or_default(),
+        argv,
+        env,
+        working_dir: PathBuf::from(c.working_dir.as_deref().filter(|w| !w.is_empty()).unwrap_or("/")),
+        user,
+        group,
+        cgroup: placement.cgroup.clone(),
+        oom_score_adj: placement.oom_score_adj,
+        mounts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_references_like_kubernetes() {
+        let vars: BTreeMap<String, String> = [("A".to_owned(), "1".to_owned())].into();
+        assert_eq!(expand("x$(A)y", &vars), "x1y");
+        assert_eq!(expand("$(B)", &vars), "$(B)");
+        assert_eq!(expand("$$(A)", &vars), "$(A)");
+        assert_eq!(expand("cost $5 $(A", &vars), "cost $5 $(A");
+    }
+
+    #[test]
+    fn builds_a_container_spec() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-n", "namespace": "default", "uid": "u1"},
+            "spec": {
+                "securityContext": {"runAsUser": 1000},
+                "containers": [{
+                    "name": "app", "image": "busybox",
+                    "command": ["sh", "-c"], "args": ["echo $(GREETING) $(POD)"],
+                    "env": [
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "GREETING", "value": "hi-$(POD)"}
+                    ],
+                    "securityContext": {"runAsGroup": 1000},
+                    "volumeMounts": [{"name": "data", "mountPath": "/mnt", "readOnly": true}]
+                }]
+            }
+        }))
+        .unwrap();
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        let placement = ContainerPlacement {
+            name: "app".into(),
+            cgroup: nodewarden_resources::CgroupPath::parse("/kubepods/podu1/app").unwrap(),
+            limits: nodewarden_resources::CgroupLimits {
+                memory_max: nodewarden_resources::Limit::Max,
+                memory_min: None,
+                memory_high: None,
+                pids_max: nodewarden_resources::Limit::Max,
+                cpu_weight: 100,
+                cpu_max: nodewarden_resources::CpuMax { quota: None, period: 100_000 },
+            },
+            oom_score_adj: 1000,
+        };
+        let vols = [PreparedVolume { name: "data".into(), path: "/var/lib/x".into() }];
+        let s = container_spec(&pod, c, &placement, &vols, Path::new("/var/log/pods"), 2).unwrap();
+        assert_eq!(s.argv, ["sh", "-c", "echo hi-web-n web-n"]);
+        assert_eq!(s.log_path, Path::new("/var/log/pods/default_web-n_u1/app/2.log"));
+        assert_eq!((s.user, s.group), (Some(1000), Some(1000)));
+        assert_eq!(s.mounts, [Mount { source: "/var/lib/x".into(), target: "/mnt".into(), read_only: true }]);
+        assert!(s.env.contains(&("PATH".into(), DEFAULT_PATH.into())));
+
+        let mut no_cmd = c.clone();
+        no_cmd.command = None;
+        assert!(container_spec(&pod, &no_cmd, &placement, &vols, Path::new("/l"), 0).unwrap_err().contains("command"));
+    }
+}

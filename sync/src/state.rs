@@ -1,0 +1,79 @@
+//! What a pod worker keeps on disk so that a restarted daemon loses no status: each container's restart count,
+//! main process, start time and last exit. Written atomically beside the pod's volumes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use jiff::Timestamp;
+
+use crate::runtime::ExitInfo;
+use crate::volumes::pod_dir;
+
+/// One container's saved state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedContainer {
+    /// Restarts so far.
+    pub restarts: u32,
+    /// The main process while it runs.
+    pub pid: Option<u32>,
+    /// When the current or last run started.
+    pub started_at: Option<Timestamp>,
+    /// The last exit.
+    pub last: Option<ExitInfo>,
+}
+
+/// A pod's saved state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedPod {
+    /// By container name.
+    pub containers: BTreeMap<String, SavedContainer>,
+    /// When the pod was first started.
+    pub start_time: Option<Timestamp>,
+    /// Set once the pod is over (evicted, failed or succeeded): its phase, reason and message. A restarted daemon
+    /// keeps it that way instead of running the pod again.
+    pub terminal: Option<(String, Option<String>, Option<String>)>,
+}
+
+fn path(root: &Path, uid: &str) -> PathBuf {
+    pod_dir(root, uid).join("nodewarden-state.json")
+}
+
+/// Loads a pod's state; a missing or unreadable file gives an empty state (logged when unreadable).
+pub fn load(root: &Path, uid: &str) -> SavedPod {
+    let p = path(root, uid);
+    match std::fs::read(&p) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            tracing::warn!(file = %p.display(), error = %e, "ignoring an unreadable pod state file");
+            SavedPod::default()
+        }),
+        Err(_) => SavedPod::default(),
+    }
+}
+
+/// Saves a pod's state (write to a temporary file, then rename).
+pub fn save(root: &Path, uid: &str, state: &SavedPod) -> Result<(), String> {
+    let p = path(root, uid);
+    let dir = p.parent().ok_or("no parent")?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tmp = p.with_extension("json.tmp");
+    let bytes = serde_json::to_vec(state).map_err(|e| e.to_string())?;
+    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_tolerates_garbage() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load(dir.path(), "u"), SavedPod::default());
+        let mut s = SavedPod::default();
+        s.containers.insert("app".into(), SavedContainer { restarts: 3, pid: Some(42), ..Default::default() });
+        save(dir.path(), "u", &s).unwrap();
+        assert_eq!(load(dir.path(), "u"), s);
+        std::fs::write(path(dir.path(), "u"), "{").unwrap();
+        assert_eq!(load(dir.path(), "u"), SavedPod::default());
+    }
+}

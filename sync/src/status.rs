@@ -1,0 +1,144 @@
+//! Pod status as the kubelet reports it: the phase from the containers' states and the restart policy, the pod
+//! conditions, and the container states with their reasons.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::runtime::ExitInfo;
+
+/// A container's state, as the phase needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// Running.
+    Running,
+    /// Waiting to start; `restarted` when it ran before (the kubelet counts those as stopped).
+    Waiting {
+        /// It has a last termination state.
+        restarted: bool,
+    },
+    /// Ended and not restarting; `ok` when it exited 0.
+    Terminated {
+        /// Exit code 0.
+        ok: bool,
+    },
+}
+
+/// The pod's restart policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestartPolicy {
+    /// `Always` (the default).
+    #[default]
+    Always,
+    /// `OnFailure`.
+    OnFailure,
+    /// `Never`.
+    Never,
+}
+
+impl RestartPolicy {
+    /// Reads `spec.restartPolicy`.
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            Some("OnFailure") => Self::OnFailure,
+            Some("Never") => Self::Never,
+            _ => Self::Always,
+        }
+    }
+
+    /// Whether a container that exited with `exit_code` is started again.
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            Self::Always => true,
+            Self::OnFailure => exit_code != 0,
+            Self::Never => false,
+        }
+    }
+}
+
+/// The pod phase from its app containers, following the kubelet: `Pending` while initialising or while a
+/// container has never run; `Running` while one runs or will be restarted; `Succeeded` or `Failed` once all have
+/// ended for good.
+pub fn pod_phase(policy: RestartPolicy, initializing: bool, containers: &[Observed]) -> &'static str {
+    if initializing {
+        return "Pending";
+    }
+    let running = containers.iter().filter(|c| **c == Observed::Running).count();
+    let waiting = containers.iter().filter(|c| **c == Observed::Waiting { restarted: false }).count();
+    let stopped = containers.len() - running - waiting;
+    let failed = containers.iter().filter(|c| **c == Observed::Terminated { ok: false }).count();
+    let restarting = containers.contains(&Observed::Waiting { restarted: true });
+    if running > 0 {
+        return "Running";
+    }
+    if waiting > 0 || containers.is_empty() {
+        return "Pending";
+    }
+    debug_assert_eq!(stopped, containers.len());
+    match policy {
+        RestartPolicy::Always => "Running",
+        _ if restarting => "Running",
+        RestartPolicy::OnFailure if failed > 0 => "Running",
+        _ if failed == 0 => "Succeeded",
+        _ => "Failed",
+    }
+}
+
+/// A pod condition.
+pub fn condition(kind: &str, ok: bool, since: Timestamp, reason: Option<&str>) -> PodCondition {
+    PodCondition {
+        type_: kind.to_owned(),
+        status: if ok { "True" } else { "False" }.to_owned(),
+        last_transition_time: Some(Time(since)),
+        reason: reason.map(str::to_owned),
+        ..PodCondition::default()
+    }
+}
+
+/// A terminated container state.
+pub fn terminated(info: &ExitInfo, container_id: &str) -> ContainerStateTerminated {
+    ContainerStateTerminated {
+        container_id: Some(container_id.to_owned()),
+        exit_code: info.exit_code,
+        signal: info.signal,
+        reason: Some(info.reason.clone()),
+        message: info.message.clone(),
+        started_at: Some(Time(info.started_at)),
+        finished_at: Some(Time(info.finished_at)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Observed::*;
+    use RestartPolicy::*;
+
+    #[test]
+    fn phases_follow_the_kubelet() {
+        let cases: &[(RestartPolicy, bool, &[Observed], &str)] = &[
+            (Always, true, &[Waiting { restarted: false }], "Pending"),
+            (Always, false, &[Waiting { restarted: false }], "Pending"),
+            (Always, false, &[Running, Waiting { restarted: false }], "Running"),
+            (Always, false, &[Waiting { restarted: true }], "Running"),
+            (Always, false, &[Terminated { ok: true }], "Running"),
+            (OnFailure, false, &[Terminated { ok: true }], "Succeeded"),
+            (OnFailure, false, &[Waiting { restarted: true }], "Running"),
+            (Never, false, &[Terminated { ok: true }, Terminated { ok: true }], "Succeeded"),
+            (Never, false, &[Terminated { ok: true }, Terminated { ok: false }], "Failed"),
+            (Never, false, &[Running, Terminated { ok: false }], "Running"),
+        ];
+        for (policy, init, cs, want) in cases {
+            assert_eq!(pod_phase(*policy, *init, cs), *want, "{policy:?} {init} {cs:?}");
+        }
+    }
+
+    #[test]
+    fn restart_policies() {
+        assert!(Always.restarts(0) && Always.restarts(1));
+        assert!(!OnFailure.restarts(0) && OnFailure.restarts(137));
+        assert!(!Never.restarts(1));
+        assert_eq!(RestartPolicy::parse(None), Always);
+        assert_eq!(RestartPolicy::parse(Some("Never")), Never);
+    }
+}

@@ -1,0 +1,103 @@
+//! The status store: every pod with its latest status, as the workers publish them, plus the manifests that were
+//! refused. `/pods` serves it as a `v1.PodList`.
+
+use std::collections::BTreeMap;
+use std::sync::{PoisonError, RwLock};
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::manifest::CONFIG_SOURCE_ANNOTATION;
+use crate::source::{InvalidManifest, manifest_name};
+
+/// The annotation that names the manifest file of a refused manifest's `/pods` entry.
+pub const MANIFEST_ANNOTATION: &str = "nodewarden.io/manifest";
+
+/// Pods and their status.
+#[derive(Debug, Default)]
+pub struct StatusStore {
+    pods: RwLock<BTreeMap<String, Pod>>,
+    invalid: RwLock<Vec<InvalidManifest>>,
+}
+
+impl StatusStore {
+    /// Sets a pod's latest state.
+    pub fn set(&self, uid: &str, pod: Pod) {
+        self.pods.write().unwrap_or_else(PoisonError::into_inner).insert(uid.to_owned(), pod);
+    }
+
+    /// Forgets a pod.
+    pub fn remove(&self, uid: &str) {
+        self.pods.write().unwrap_or_else(PoisonError::into_inner).remove(uid);
+    }
+
+    /// One pod.
+    pub fn get(&self, uid: &str) -> Option<Pod> {
+        self.pods.read().unwrap_or_else(PoisonError::into_inner).get(uid).cloned()
+    }
+
+    /// Replaces the list of refused manifests.
+    pub fn set_invalid(&self, invalid: Vec<InvalidManifest>) {
+        *self.invalid.write().unwrap_or_else(PoisonError::into_inner) = invalid;
+    }
+
+    /// Counts pods by phase and containers by state (`running`, `exited`, `created`), for the gauges.
+    pub fn counts(&self) -> (i64, BTreeMap<&'static str, i64>) {
+        let pods = self.pods.read().unwrap_or_else(PoisonError::into_inner);
+        let mut running_pods = 0;
+        let mut containers: BTreeMap<&'static str, i64> = [("running", 0), ("exited", 0), ("created", 0)].into();
+        for p in pods.values() {
+            let Some(s) = &p.status else { continue };
+            if s.phase.as_deref() == Some("Running") {
+                running_pods += 1;
+            }
+            for c in s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()) {
+                let state = c.state.as_ref();
+                let key = if state.is_some_and(|s| s.running.is_some()) {
+                    "running"
+                } else if state.is_some_and(|s| s.terminated.is_some()) || c.last_state.is_some() {
+                    "exited"
+                } else {
+                    "created"
+                };
+                *containers.entry(key).or_default() += 1;
+            }
+        }
+        (running_pods, containers)
+    }
+
+    /// Every pod, and an entry per refused manifest (phase `Failed`, reason `InvalidManifest`), as a `v1.PodList`.
+    pub fn pod_list(&self) -> serde_json::Value {
+        let mut items: Vec<serde_json::Value> = self
+            .pods
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter_map(|p| serde_json::to_value(p).ok())
+            .collect();
+        for m in self.invalid.read().unwrap_or_else(PoisonError::into_inner).iter() {
+            let pod = Pod {
+                metadata: ObjectMeta {
+                    name: Some(manifest_name(&m.path)),
+                    annotations: Some(
+                        [
+                            (CONFIG_SOURCE_ANNOTATION.to_owned(), "file".to_owned()),
+                            (MANIFEST_ANNOTATION.to_owned(), m.path.display().to_string()),
+                        ]
+                        .into(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+                status: Some(PodStatus {
+                    phase: Some("Failed".into()),
+                    reason: Some("InvalidManifest".into()),
+                    message: Some(m.error.to_string()),
+                    ..PodStatus::default()
+                }),
+            };
+            items.extend(serde_json::to_value(&pod).ok());
+        }
+        serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+    }
+}

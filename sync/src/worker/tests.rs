@@ -1,0 +1,385 @@
+//! Pod workers against a scripted runtime over a stand-in cgroupfs, with time paused: restart policies and the
+//! crash-loop back-off, init containers, probes, termination, eviction and admission.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_resources::{
+    Amount, CgroupFs, CgroupPath, EvictionReserve, HostPaths, Reserved, ResourceConfig, ResourceManager,
+};
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::manager::PodManager;
+use crate::metrics::SyncMetrics;
+use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SIGKILL, SIGTERM, Started};
+use crate::source::SourceSnapshot;
+use crate::worker::SyncSettings;
+
+/// Containers by ID: name and exit.
+type Running = HashMap<String, (String, watch::Sender<Option<ExitInfo>>)>;
+
+/// A runtime whose containers run until the test (or a signal) ends them.
+#[derive(Default)]
+struct Fake {
+    next: Mutex<u32>,
+    started: Mutex<Vec<(Instant, ContainerSpec)>>,
+    running: Mutex<Running>,
+    signals: Mutex<Vec<(String, i32)>>,
+    /// Containers (by name) that ignore SIGTERM.
+    stubborn: Mutex<Vec<String>>,
+    /// Exec commands (argv[0]) that fail.
+    failing: Mutex<Vec<String>>,
+    execs: Mutex<Vec<Vec<String>>>,
+}
+
+fn exit(code: i32) -> ExitInfo {
+    ExitInfo {
+        exit_code: code,
+        signal: None,
+        reason: crate::runtime::exit_reason(code, false).into(),
+        message: None,
+        started_at: Timestamp::UNIX_EPOCH,
+        finished_at: Timestamp::UNIX_EPOCH,
+    }
+}
+
+impl Fake {
+    fn finish(&self, name: &str, code: i32) {
+        let running = self.running.lock().unwrap();
+        let (_, tx) = running
+            .values()
+            .find(|(n, tx)| n == name && tx.borrow().is_none())
+            .unwrap_or_else(|| panic!("{name} is not running"));
+        tx.send_replace(Some(exit(code)));
+    }
+
+    fn starts(&self, name: &str) -> Vec<Instant> {
+        self.started.lock().unwrap().iter().filter(|(_, s)| s.name == name).map(|(t, _)| *t).collect()
+    }
+
+    fn is_running(&self, name: &str) -> bool {
+        self.running.lock().unwrap().values().any(|(n, tx)| n == name && tx.borrow().is_none())
+    }
+}
+
+impl Runtime for Fake {
+    fn scheme(&self) -> &'static str {
+        "fake"
+    }
+
+    async fn run_sandbox(&self, _pod_uid: &str) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
+        let mut n = self.next.lock().unwrap();
+        *n += 1;
+        let id = format!("c{n}");
+        self.started.lock().unwrap().push((Instant::now(), spec.clone()));
+        self.running.lock().unwrap().insert(id.clone(), (spec.name.clone(), watch::channel(None).0));
+        Ok(Started { id, pid: 1000 + *n, started_at: Timestamp::UNIX_EPOCH })
+    }
+
+    async fn adopt(&self, _spec: &ContainerSpec, _pid: Option<u32>) -> Option<Started> {
+        None
+    }
+
+    async fn wait(&self, id: &str) -> ExitInfo {
+        let mut rx = self.running.lock().unwrap()[id].1.subscribe();
+        let v = rx.wait_for(Option::is_some).await.unwrap().clone();
+        v.unwrap()
+    }
+
+    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
+        self.signals.lock().unwrap().push((id.to_owned(), signal));
+        let running = self.running.lock().unwrap();
+        let (name, tx) = &running[id];
+        if signal == SIGKILL || !self.stubborn.lock().unwrap().contains(name) {
+            tx.send_if_modified(|v| v.is_none() && v.replace(exit(128 + signal)).is_none());
+        }
+        Ok(())
+    }
+
+    async fn exec(&self, _spec: &ContainerSpec, argv: &[String], _t: Duration) -> Result<ExecOutput, RuntimeError> {
+        self.execs.lock().unwrap().push(argv.to_vec());
+        let fails = self.failing.lock().unwrap().contains(&argv[0]);
+        Ok(ExecOutput { exit_code: Some(i32::from(fails)), output: String::new() })
+    }
+
+    fn remove(&self, _id: &str) {}
+}
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    cg: std::path::PathBuf,
+    fake: Arc<Fake>,
+    manager: Arc<PodManager<Fake>>,
+    tx: mpsc::Sender<SourceSnapshot>,
+    _drain: watch::Sender<bool>,
+}
+
+fn harness() -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    for d in ["proc/sys/kernel", "sys/devices/system/cpu", "cg"] {
+        std::fs::create_dir_all(p.join(d)).unwrap();
+    }
+    std::fs::write(p.join("proc/meminfo"), "MemTotal: 1048576 kB\nMemFree: 524288 kB\nMemAvailable: 600000 kB\n")
+        .unwrap();
+    std::fs::write(p.join("proc/sys/kernel/pid_max"), "32768\n").unwrap();
+    std::fs::write(p.join("proc/sys/kernel/threads-max"), "100000\n").unwrap();
+    std::fs::write(p.join("proc/loadavg"), "0 0 0 1/100 5\n").unwrap();
+    std::fs::write(p.join("sys/devices/system/cpu/online"), "0-1\n").unwrap();
+    let host = HostPaths { proc: p.join("proc"), sys: p.join("sys"), nodefs: p.into(), imagefs: p.into() };
+    let config = ResourceConfig {
+        cgroup_root: CgroupPath::parse("/nw").unwrap(),
+        enforce_pods: true,
+        system_reserved: Reserved::default(),
+        kube_reserved: Reserved::default(),
+        eviction_reserve: EvictionReserve {
+            memory_available: Some(Amount::Quantity(100 << 20)),
+            nodefs_available: None,
+        },
+        max_pods: 10,
+        pod_pids_limit: None,
+        cpu_cfs_quota: true,
+        cpu_cfs_period_us: 100_000,
+        memory_qos: false,
+        memory_throttling_factor: 0.9,
+    };
+    let fs = CgroupFs::emulated(p.join("cg"), CgroupPath::parse("/nw").unwrap());
+    let mut rm = ResourceManager::new(fs, host, config).unwrap();
+    rm.setup().unwrap();
+    let fake = Arc::new(Fake::default());
+    let settings = SyncSettings { root_dir: p.join("root"), log_dir: p.join("logs"), node_name: "n".into() };
+    let metrics = SyncMetrics::new(&prometheus::Registry::new()).unwrap();
+    let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics);
+    let (tx, rx) = mpsc::channel(4);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    tokio::spawn(manager.clone().run(rx, drain_rx));
+    Harness { cg: p.join("cg/nw/kubepods"), _dir: dir, fake, manager, tx, _drain: drain_tx }
+}
+
+fn pod(uid: &str, spec: serde_json::Value) -> Pod {
+    serde_json::from_value(
+        json!({"metadata": {"name": format!("p-{uid}"), "namespace": "default", "uid": uid}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn app(name: &str) -> serde_json::Value {
+    json!({"name": name, "image": "busybox", "command": ["sleep", "infinity"]})
+}
+
+impl Harness {
+    async fn set(&self, pods: Vec<Pod>) {
+        self.tx.send(SourceSnapshot { source: "file", pods, invalid: vec![] }).await.unwrap();
+    }
+
+    /// Waits (in paused time) until the pod's status satisfies `f`.
+    async fn until(&self, uid: &str, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        for _ in 0..2000 {
+            if let Some(p) = self.manager.store().get(uid) {
+                let v = serde_json::to_value(&p).unwrap();
+                if f(&v) {
+                    return v;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{uid}: never {what}: {:#}", serde_json::to_value(self.manager.store().get(uid)).unwrap());
+    }
+}
+
+fn phase(v: &serde_json::Value) -> &str {
+    v["status"]["phase"].as_str().unwrap_or_default()
+}
+
+fn container<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["status"]["containerStatuses"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn crash_loop_back_off_doubles_from_ten_seconds() {
+    let h = harness();
+    h.set(vec![pod("u1", json!({"containers": [app("app")]}))]).await;
+    h.until("u1", "runs", |v| phase(v) == "Running").await;
+    for _ in 0..4 {
+        let n = h.fake.starts("app").len();
+        h.fake.finish("app", 1);
+        while h.fake.starts("app").len() == n {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let starts = h.fake.starts("app");
+    let gaps: Vec<u64> = starts.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    assert_eq!(gaps, [0, 10, 20, 40], "restart delays");
+    h.fake.finish("app", 2);
+    let v =
+        h.until("u1", "backs off", |v| container(v, "app")["state"]["waiting"]["reason"] == "CrashLoopBackOff").await;
+    let c = container(&v, "app");
+    assert_eq!(c["restartCount"], 4);
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 2);
+    assert!(
+        c["state"]["waiting"]["message"].as_str().unwrap().starts_with("back-off 80s restarting failed container=app")
+    );
+    assert_eq!(phase(&v), "Running", "a restarting pod is Running, as the kubelet reports it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn init_containers_run_in_order_before_the_app() {
+    let h = harness();
+    let spec = json!({"restartPolicy": "OnFailure", "initContainers": [app("first"), app("second")], "containers": [app("app")]});
+    h.set(vec![pod("u2", spec)]).await;
+    let v = h.until("u2", "runs first", |v| phase(v) == "Pending").await;
+    assert_eq!(container(&v, "app")["state"]["waiting"]["reason"], "PodInitializing");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(h.fake.is_running("first") && h.fake.starts("second").is_empty() && h.fake.starts("app").is_empty());
+    // A failed init container is restarted (OnFailure), then the next one runs.
+    h.fake.finish("first", 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.fake.starts("first").len(), 2);
+    h.fake.finish("first", 0);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(h.fake.is_running("second") && h.fake.starts("app").is_empty());
+    h.fake.finish("second", 0);
+    let v = h.until("u2", "runs the app", |v| phase(v) == "Running").await;
+    assert_eq!(v["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"], "Completed");
+    // OnFailure: a clean exit of the only app container ends the pod, and its cgroup is released.
+    h.fake.finish("app", 0);
+    h.until("u2", "succeeds", |v| phase(v) == "Succeeded").await;
+    assert!(!h.cg.join("burstable/podu2").exists() && !h.cg.join("besteffort/podu2").exists());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_init_container_fails_a_never_pod() {
+    let h = harness();
+    h.set(vec![pod(
+        "u3",
+        json!({"restartPolicy": "Never", "initContainers": [app("init")], "containers": [app("app")]}),
+    )])
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.fake.finish("init", 3);
+    let v = h.until("u3", "fails", |v| phase(v) == "Failed").await;
+    assert!(v["status"]["message"].as_str().unwrap().contains("init container init failed with exit code 3"));
+    assert!(h.fake.starts("app").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn probes_drive_readiness_and_restarts() {
+    let h = harness();
+    let mut c = app("web");
+    c["readinessProbe"] = json!({"exec": {"command": ["ready"]}, "periodSeconds": 1});
+    c["livenessProbe"] = json!({"exec": {"command": ["alive"]}, "periodSeconds": 1, "failureThreshold": 2});
+    h.set(vec![pod("u4", json!({"terminationGracePeriodSeconds": 5, "containers": [c]}))]).await;
+    let v = h.until("u4", "is ready", |v| container(v, "web")["ready"] == true).await;
+    let ready = v["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    assert_eq!(ready["status"], "True");
+    // Readiness failing (3 times by default) takes the pod out of Ready.
+    h.fake.failing.lock().unwrap().push("ready".into());
+    h.until("u4", "is unready", |v| container(v, "web")["ready"] == false).await;
+    // Liveness failing twice restarts the container: SIGTERM, and the container exits.
+    h.fake.failing.lock().unwrap().push("alive".into());
+    let v = h.until("u4", "restarts", |v| container(v, "web")["restartCount"] == 1).await;
+    assert_eq!(container(&v, "web")["lastState"]["terminated"]["exitCode"], 128 + SIGTERM);
+    assert!(h.fake.signals.lock().unwrap().iter().any(|(_, s)| *s == SIGTERM));
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletion_terminates_within_the_grace_period() {
+    let h = harness();
+    h.set(vec![pod("u5", json!({"terminationGracePeriodSeconds": 7, "containers": [app("a"), app("stubborn")]}))])
+        .await;
+    h.until("u5", "runs", |v| phase(v) == "Running").await;
+    h.fake.stubborn.lock().unwrap().push("stubborn".into());
+    let t0 = Instant::now();
+    h.set(vec![]).await;
+    while h.manager.store().get("u5").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_secs(7) && took < Duration::from_secs(8), "took {took:?}");
+    assert!(!h.fake.is_running("a"));
+    assert!(!h.cg.join("besteffort/podu5").exists(), "cgroup released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_leaves_a_failed_evicted_pod() {
+    let h = harness();
+    h.set(vec![pod("u6", json!({"containers": [app("hog")]}))]).await;
+    h.until("u6", "runs", |v| phase(v) == "Running").await;
+    let msg = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi.";
+    h.manager.evict("u6", Duration::from_secs(1), msg.into()).await.unwrap();
+    let v = h.until("u6", "is evicted", |v| phase(v) == "Failed").await;
+    assert_eq!(v["status"]["reason"], "Evicted");
+    assert_eq!(v["status"]["message"], msg);
+    assert_eq!(container(&v, "hog")["state"]["terminated"]["exitCode"], 128 + SIGTERM);
+    assert!(!h.cg.join("besteffort/podu6").exists());
+    // It stays evicted while its manifest is unchanged.
+    h.set(vec![pod("u6", json!({"containers": [app("hog")]}))]).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(h.fake.starts("hog").len(), 1);
+    assert_eq!(
+        h.manager.evict("nope", Duration::ZERO, String::new()).await,
+        Err(crate::TerminateError::UnknownPod("nope".into()))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn admission_refusal_fails_the_pod_with_the_kubelets_reason() {
+    let h = harness();
+    let mut big = app("big");
+    big["resources"] = json!({"requests": {"memory": "2Gi"}});
+    h.set(vec![pod("u7", json!({"containers": [big]}))]).await;
+    let v = h.until("u7", "is refused", |v| phase(v) == "Failed").await;
+    assert_eq!(v["status"]["reason"], "OutOfmemory");
+    assert!(h.fake.starts("big").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn config_errors_wait_and_retry() {
+    let h = harness();
+    let bad = json!({"name": "bad", "image": "busybox"});
+    h.set(vec![pod("u8", json!({"containers": [bad]}))]).await;
+    let v = h.until("u8", "waits", |v| !container(v, "bad")["state"]["waiting"]["reason"].is_null()).await;
+    assert_eq!(container(&v, "bad")["state"]["waiting"]["reason"], "CreateContainerConfigError");
+    assert!(container(&v, "bad")["state"]["waiting"]["message"].as_str().unwrap().contains("needs a command"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replacement_waits_for_the_old_pod_of_its_name_then_starts() {
+    let h = harness();
+    let named = |uid: &str| {
+        let mut p = pod(uid, json!({"terminationGracePeriodSeconds": 3, "containers": [app("app")]}));
+        p.metadata.name = Some("same".into());
+        p
+    };
+    h.set(vec![named("old")]).await;
+    h.until("old", "runs", |v| phase(v) == "Running").await;
+    h.fake.stubborn.lock().unwrap().push("app".into());
+    // The edit: the new UID replaces the old one. Snapshots repeat while the old one terminates.
+    h.set(vec![named("new")]).await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        h.set(vec![named("new")]).await;
+    }
+    assert_eq!(h.fake.starts("app").len(), 1, "the new pod waits while the old one terminates");
+    h.fake.stubborn.lock().unwrap().clear();
+    h.until("new", "runs", |v| phase(v) == "Running").await;
+    assert!(h.manager.store().get("old").is_none());
+    assert_eq!(h.fake.starts("app").len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_sources_the_loop_keeps_ticking() {
+    let h = harness();
+    drop(h.tx);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(h.manager.readiness(), Ok(()));
+}
