@@ -33,10 +33,10 @@ mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=js
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon", "pods"):
         print(m["executable"])
 ')
-[ "${#exes[@]}" -eq 2 ] || { echo "expected the kernel and daemon test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+[ "${#exes[@]}" -eq 3 ] || { echo "expected the kernel, daemon and pods test executables, found: ${exes[*]:-none}" >&2; exit 1; }
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
     echo "-- benchmark harness (not a measurement: debug build, 10 pods, 1 s)"

@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use nodewarden_eviction::signal_observations;
 use nodewarden_resources::{CgroupFs, CgroupPath, HostPaths, ResourceManager, check_host};
-use tokio::sync::watch;
+use nodewarden_sync::{PodManager, PodSource, ProcessRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::config::Config;
@@ -19,7 +20,11 @@ pub struct Shared {
     /// The configuration in force.
     pub config: Config,
     /// The resource manager, the only writer of cgroupfs.
-    pub manager: Mutex<ResourceManager>,
+    pub manager: Arc<Mutex<ResourceManager>>,
+    /// Pod sync; `None` when no runtime is available.
+    pods: Option<Arc<PodManager<ProcessRuntime>>>,
+    /// Pods and their status (`/pods`).
+    pub store: Arc<StatusStore>,
     /// The metrics.
     pub metrics: Metrics,
     /// A handle on cgroupfs and the kubepods cgroup for the readiness check, which must never wait for the
@@ -48,7 +53,11 @@ impl Shared {
         };
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
-        vec![("housekeeping", housekeeping), ("cgroupfs", cgroupfs)]
+        let (podsync, runtime) = match &self.pods {
+            Some(p) => (p.readiness(), Ok(())),
+            None => (Ok(()), Err(NO_CRI.to_owned())),
+        };
+        vec![("housekeeping", housekeeping), ("cgroupfs", cgroupfs), ("podsync", podsync), ("runtime", runtime)]
     }
 
     /// One observation pass: read the node-level signals (a fixed number of reads), update the metrics.
@@ -88,6 +97,9 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
         _ => false,
     }
 }
+
+/// Why no pods run when `containerRuntimeEndpoint` is set.
+const NO_CRI: &str = "containerRuntimeEndpoint is set, but this nodewarden has no CRI client yet; no pods are run";
 
 /// How long shutdown waits for open HTTP connections.
 const SERVER_DRAIN: Duration = Duration::from_secs(5);
@@ -141,23 +153,50 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     let metrics = Metrics::new().context("cannot create metrics")?;
     metrics.set_allocatable(&alloc, config.resources.max_pods);
     let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
+    let fs = manager.cgroupfs().clone();
+    let manager = Arc::new(Mutex::new(manager));
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let pods = if config.container_runtime_endpoint.is_some() {
+        tracing::error!("{NO_CRI}");
+        None
+    } else {
+        let helper = std::env::current_exe().context("cannot find nodewarden's own executable")?;
+        let settings = SyncSettings {
+            root_dir: config.root_dir.clone(),
+            log_dir: config.pod_logs_dir.clone(),
+            node_name: config.node_name.clone(),
+        };
+        let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
+        let pods = PodManager::new(manager.clone(), Arc::new(ProcessRuntime::new(helper, fs)), settings, sync_metrics);
+        let (tx, rx) = mpsc::channel(4);
+        if let Some(dir) = &config.static_pod_path {
+            tracing::info!(dir = %dir.display(), "watching static pod manifests");
+            let source = StaticPodSource::new(dir, &config.node_name, config.file_check_frequency);
+            tasks.push(tokio::spawn(source.run(tx, drain_rx.clone())));
+        }
+        tasks.push(tokio::spawn(pods.clone().run(rx, drain_rx.clone())));
+        Some(pods)
+    };
+    let store = pods.as_ref().map_or_else(|| Arc::new(StatusStore::default()), |p| p.store());
     let shared = Arc::new(Shared {
         probe,
-        manager: Mutex::new(manager),
+        manager,
+        pods,
+        store,
         metrics,
         last_pass: Mutex::new(None),
         last_error: Mutex::new(None),
         config,
     });
 
-    let (drain_tx, drain_rx) = watch::channel(false);
     let housekeeping = tokio::spawn(housekeeping_loop(shared.clone(), drain_rx.clone()));
     let server = match shared.config.healthz {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} (healthzBindAddress:healthzPort)"))?;
-            tracing::info!(%addr, "serving /healthz /readyz /metrics /configz");
+            tracing::info!(%addr, "serving /healthz /readyz /metrics /pods /configz");
             let mut rx = drain_rx.clone();
             let app = crate::http::router(shared.clone());
             Some(tokio::spawn(async move {
@@ -171,6 +210,9 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
     let _ = drain_tx.send(true);
     let _ = housekeeping.await;
+    for t in tasks {
+        let _ = t.await;
+    }
     if let Some(mut server) = server {
         // Open connections get a moment to finish; a client that holds one open does not hold up the exit.
         match tokio::time::timeout(SERVER_DRAIN, &mut server).await {
@@ -250,7 +292,9 @@ mod tests {
         manager.setup().unwrap();
         Arc::new(Shared {
             probe: (manager.cgroupfs().clone(), manager.tree().kubepods.clone()),
-            manager: Mutex::new(manager),
+            manager: Arc::new(Mutex::new(manager)),
+            pods: None,
+            store: Arc::new(StatusStore::default()),
             metrics: Metrics::new().unwrap(),
             last_pass: Mutex::new(None),
             last_error: Mutex::new(None),

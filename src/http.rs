@@ -1,4 +1,5 @@
-//! The read-only HTTP endpoints on `healthzBindAddress:healthzPort`: `/healthz`, `/readyz`, `/metrics`, `/configz`.
+//! The read-only HTTP endpoints on `healthzBindAddress:healthzPort`: `/healthz`, `/readyz`, `/metrics`, `/pods`,
+//! `/configz`.
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/configz", get(configz))
+        .route("/pods", get(pods))
         .with_state(shared)
 }
 
@@ -55,6 +57,11 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot render metrics: {e}\n")).into_response(),
     }
+}
+
+/// Every pod with its status as a `v1.PodList`, plus an entry per refused manifest, as the kubelet's `/pods`.
+async fn pods(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(shared.store.pod_list()).into_response()
 }
 
 /// The effective configuration, as the kubelet serves it: `{"kubeletconfig": {...}}`.

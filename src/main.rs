@@ -56,6 +56,12 @@ enum Command {
         /// The config file.
         path: PathBuf,
     },
+    /// The first step of a container process started by the process runtime (internal).
+    #[command(hide = true)]
+    ContainerExec {
+        /// The request, as JSON.
+        request: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -63,6 +69,11 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig { path } => check_config(&path).into(),
         Command::Run { config } => run(&config).into(),
+        Command::ContainerExec { request } => {
+            // Returns only when the container's command could not be started.
+            let code = nodewarden_sync::container_exec(&request);
+            ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
+        }
     }
 }
 

@@ -204,6 +204,11 @@ impl Metrics {
         }
     }
 
+    /// The registry, for the metrics other crates register (pod sync).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> Result<String, prometheus::Error> {
         let mut buf = Vec::new();

@@ -6,7 +6,6 @@
 pub const IGNORED: &[&str] = &[
     "enableServer",
     "syncFrequency",
-    "fileCheckFrequency",
     "httpCheckFrequency",
     "staticPodURL",
     "staticPodURLHeader",

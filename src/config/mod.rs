@@ -93,6 +93,14 @@ pub struct Config {
     pub housekeeping_interval: Duration,
     /// Treat every static pod as critical, as the kubelet does.
     pub static_pods_critical: bool,
+    /// `fileCheckFrequency`.
+    pub file_check_frequency: Duration,
+    /// `podLogsDir`.
+    pub pod_logs_dir: PathBuf,
+    /// `nodewarden.rootDir`.
+    pub root_dir: PathBuf,
+    /// `nodewarden.nodeName`.
+    pub node_name: String,
 }
 
 /// Reads and validates a config file.
@@ -299,6 +307,31 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     if housekeeping_interval < Duration::from_millis(10) {
         return Err(ConfigError::field("nodewarden.housekeepingInterval", "must be at least 10ms"));
     }
+    // As in the kubelet, zero (kubeadm writes `0s`) means the default.
+    let file_check_frequency =
+        match duration_field("fileCheckFrequency", required(&c.file_check_frequency, "fileCheckFrequency")?)? {
+            d if d.is_zero() => Duration::from_secs(20),
+            d if d < Duration::from_secs(1) => {
+                return Err(ConfigError::field("fileCheckFrequency", "must be at least 1s"));
+            }
+            d => d,
+        };
+    let absolute = |field: &str, v: &str| -> Result<PathBuf, ConfigError> {
+        if v.starts_with('/') {
+            Ok(PathBuf::from(v))
+        } else {
+            Err(ConfigError::field(field, "must be an absolute path"))
+        }
+    };
+    let pod_logs_dir = absolute("podLogsDir", required(&c.pod_logs_dir, "podLogsDir")?)?;
+    let root_dir = absolute("nodewarden.rootDir", required(&nw.root_dir, "nodewarden.rootDir")?)?;
+    let node_name = required(&nw.node_name, "nodewarden.nodeName")?.clone();
+    if node_name.is_empty()
+        || node_name.len() > 63
+        || !node_name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return Err(ConfigError::field("nodewarden.nodeName", format!("{node_name:?} is not a valid node name")));
+    }
     let eviction_reserve = EvictionReserve {
         memory_available: thresholds.hard_for(nodewarden_eviction::Signal::MemoryAvailable).map(|t| t.amount),
         nodefs_available: thresholds.hard_for(nodewarden_eviction::Signal::NodeFsAvailable).map(|t| t.amount),
@@ -332,6 +365,10 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         imagefs_path: PathBuf::from(required(&nw.imagefs_path, "nodewarden.imagefsPath")?),
         housekeeping_interval,
         static_pods_critical: *required(&nw.static_pods_critical, "nodewarden.staticPodsCritical")?,
+        file_check_frequency,
+        pod_logs_dir,
+        root_dir,
+        node_name,
         effective: c,
     })
 }

@@ -41,6 +41,9 @@ pub struct KubeletConfiguration {
     pub kind: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub static_pod_path: Option<String>,
+    /// `fileCheckFrequency`: how often the static pod directory is rescanned besides inotify events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_check_frequency: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_logs_dir: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,6 +122,12 @@ pub struct NodewardenSettings {
     /// comes from the pod's priority.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub static_pods_critical: Option<bool>,
+    /// Where pod volumes and pod state live (the kubelet's `--root-dir`). Default `/var/lib/nodewarden`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root_dir: Option<String>,
+    /// The node name, appended to static pod names. Default: the host name (the kubelet's default too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
 }
 
 /// The top-level fields of [`KubeletConfiguration`], in their YAML spelling.
@@ -126,6 +135,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "apiVersion",
     "kind",
     "staticPodPath",
+    "fileCheckFrequency",
     "podLogsDir",
     "containerRuntimeEndpoint",
     "serializeImagePulls",
@@ -168,6 +178,7 @@ impl KubeletConfiguration {
         or(&mut self.pod_logs_dir, "/var/log/pods".into());
         or(&mut self.container_runtime_endpoint, String::new());
         or(&mut self.static_pod_path, String::new());
+        or(&mut self.file_check_frequency, "20s".into());
         or(&mut self.serialize_image_pulls, true);
         or(&mut self.healthz_bind_address, "127.0.0.1".into());
         or(&mut self.healthz_port, 10248);
@@ -208,6 +219,10 @@ impl KubeletConfiguration {
         or(&mut nw.imagefs_path, "/var/lib/containerd".into());
         or(&mut nw.housekeeping_interval, "1s".into());
         or(&mut nw.static_pods_critical, false);
+        or(&mut nw.root_dir, "/var/lib/nodewarden".into());
+        if nw.node_name.as_deref().is_none_or(str::is_empty) {
+            nw.node_name = Some(rustix::system::uname().nodename().to_string_lossy().to_lowercase());
+        }
         self.nodewarden = Some(nw);
         self
     }

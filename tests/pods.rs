@@ -1,0 +1,351 @@
+//! Static pods end to end with the real kernel (inside the VM of `deploy/vm`; skipped where cgroup v2 is missing):
+//! manifests start, edits replace pods, deletions terminate them, the crash-loop back-off, liveness restarts,
+//! OOMKilled, adoption after `kill -9` of the daemon, volumes and users, bad manifests, and 100 pods.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// A daemon with a static pod directory, a log directory and a root directory of its own.
+struct Node {
+    d: Daemon,
+    manifests: PathBuf,
+    logs: PathBuf,
+    root: PathBuf,
+}
+
+fn node(name: &str) -> Node {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let (manifests, logs, root) = (dir.join("manifests"), dir.join("logs"), dir.join("root"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    let extra = format!(
+        "  rootDir: {}\n  nodeName: vm\nstaticPodPath: {}\npodLogsDir: {}\n",
+        root.display(),
+        manifests.display(),
+        logs.display()
+    );
+    let mut d = Daemon::new(name, &extra);
+    d.start();
+    d.wait_ready();
+    Node { d, manifests, logs, root }
+}
+
+fn pod_yaml(name: &str, body: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n{body}")
+}
+
+impl Node {
+    fn pods(&self) -> Vec<Value> {
+        let (status, body) = get(self.d.port, "/pods").unwrap();
+        assert_eq!(status, 200);
+        let list: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(list["kind"], "PodList");
+        list["items"].as_array().unwrap().clone()
+    }
+
+    fn pod(&self, name: &str) -> Option<Value> {
+        let full = format!("{name}-vm");
+        self.pods().into_iter().find(|p| p["metadata"]["name"] == full.as_str())
+    }
+
+    /// Waits until pod `name` satisfies `f`; returns it.
+    fn wait_pod(&self, name: &str, secs: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Some(p) = self.pod(name).filter(|p| f(p)) {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("pod {name} never {what} within {secs}s: {:#?}\n{}", self.pod(name), self.d.log());
+    }
+
+    fn write(&self, file: &str, text: &str) {
+        // Written beside and renamed into place, as config management does.
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.manifests.join(file)).unwrap();
+    }
+
+    fn pod_cgroup(&self, p: &Value) -> PathBuf {
+        let uid = p["metadata"]["uid"].as_str().unwrap();
+        let qos = match p["status"]["qosClass"].as_str().unwrap() {
+            "Guaranteed" => String::new(),
+            q => format!("{}/", q.to_lowercase()),
+        };
+        self.d.cgroup(&format!("kubepods/{qos}pod{uid}"))
+    }
+}
+
+fn phase(p: &Value) -> &str {
+    p["status"]["phase"].as_str().unwrap_or_default()
+}
+
+fn container<'a>(p: &'a Value, name: &str) -> &'a Value {
+    p["status"]["containerStatuses"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap()
+}
+
+fn procs(cg: &Path) -> Vec<u32> {
+    std::fs::read_to_string(cg.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect()
+}
+
+const SLEEPER: &str =
+    "  containers:\n  - name: app\n    image: busybox\n    command: [sh, -c, 'echo started; exec sleep 1000']\n";
+
+#[test]
+fn manifests_start_edits_replace_and_deletions_terminate() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("lifecycle");
+    let limits = "    resources:\n      limits: {cpu: 100m, memory: 32Mi}\n";
+    let t0 = Instant::now();
+    n.write("web.yaml", &pod_yaml("web", &format!("{SLEEPER}{limits}")));
+    let p = n.wait_pod("web", 10, "ran", |p| phase(p) == "Running");
+    eprintln!("manifest write to Running: {:?}", t0.elapsed());
+    assert_eq!(p["status"]["qosClass"], "Guaranteed");
+    let cg = n.pod_cgroup(&p);
+    assert_eq!(std::fs::read_to_string(cg.join("app/memory.max")).unwrap().trim(), (32 * MIB).to_string());
+    let pids = procs(&cg.join("app"));
+    assert_eq!(pids.len(), 1, "the container's process runs in its own cgroup");
+    let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", pids[0])).unwrap();
+    assert_eq!(adj.trim(), "-997", "Guaranteed containers get the kubelet's oom_score_adj");
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    let log = n.logs.join(format!("default_web-vm_{uid}/app/0.log"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_to_string(&log).unwrap_or_default() != "started\n" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "started\n");
+
+    // An edit is a new pod that replaces the old one.
+    n.write("web.yaml", &pod_yaml("web", &format!("{SLEEPER}{}", limits.replace("32Mi", "48Mi"))));
+    let p2 = n.wait_pod("web", 10, "was replaced", |p| p["metadata"]["uid"] != uid.as_str() && phase(p) == "Running");
+    let cg2 = n.pod_cgroup(&p2);
+    assert_eq!(std::fs::read_to_string(cg2.join("app/memory.max")).unwrap().trim(), (48 * MIB).to_string());
+    assert!(!cg.exists(), "the old pod's cgroup is gone");
+    assert_eq!(n.pods().len(), 1);
+
+    // Deletion terminates within the grace period, even a container that ignores SIGTERM.
+    let stubborn = "  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: busybox\n    \
+                    command: [sh, -c, 'trap \"\" TERM; while true; do sleep 0.1; done']\n";
+    n.write("stubborn.yaml", &pod_yaml("stubborn", stubborn));
+    let s = n.wait_pod("stubborn", 10, "ran", |p| phase(p) == "Running");
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    std::fs::remove_file(n.manifests.join("stubborn.yaml")).unwrap();
+    while n.pod("stubborn").is_some() {
+        assert!(t.elapsed() < Duration::from_secs(10), "not terminated within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = t.elapsed();
+    assert!(took >= Duration::from_secs(2), "the grace period was not honoured: {took:?}");
+    assert!(!n.pod_cgroup(&s).exists());
+    eprintln!("deletion with a 2 s grace period took {took:?}");
+}
+
+#[test]
+fn crash_loop_back_off_and_oom_killed() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("crash");
+    n.write(
+        "crash.yaml",
+        &pod_yaml("crash", "  containers:\n  - name: app\n    image: busybox\n    command: [sh, -c, 'exit 3']\n"),
+    );
+    let oom = "  restartPolicy: Never\n  containers:\n  - name: hog\n    image: busybox\n    \
+               command: [dd, if=/dev/zero, of=/dev/null, bs=64M, count=1]\n    resources:\n      limits: {memory: 16Mi}\n";
+    n.write("oom.yaml", &pod_yaml("oom", oom));
+    let p = n.wait_pod("oom", 20, "failed", |p| phase(p) == "Failed");
+    let t = &container(&p, "hog")["state"]["terminated"];
+    assert_eq!(t["reason"], "OOMKilled", "{p:#}");
+    assert_eq!(t["exitCode"], 137);
+
+    let first = n.wait_pod("crash", 10, "restarted once", |p| container(p, "app")["restartCount"] == 1);
+    let t1 = Instant::now();
+    assert_eq!(container(&first, "app")["lastState"]["terminated"]["exitCode"], 3);
+    let backoff = n.wait_pod("crash", 10, "backed off", |p| {
+        container(p, "app")["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    });
+    assert_eq!(phase(&backoff), "Running");
+    n.wait_pod("crash", 20, "restarted twice", |p| container(p, "app")["restartCount"] == 2);
+    let gap = t1.elapsed();
+    assert!(gap >= Duration::from_secs(9), "the second restart came after {gap:?}, not ~10 s");
+    eprintln!("first restart immediate, second after {gap:?}");
+}
+
+#[test]
+fn a_failing_liveness_probe_restarts_the_container() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("probe");
+    let flag = n.root.parent().unwrap().join("alive");
+    std::fs::write(&flag, "").unwrap();
+    let body = format!(
+        "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '1000']\n    livenessProbe:\n      \
+         exec:\n        command: [test, -f, {}]\n      periodSeconds: 1\n      failureThreshold: 1\n    \
+         readinessProbe:\n      exec:\n        command: ['true']\n      periodSeconds: 1\n",
+        flag.display()
+    );
+    n.write("probe.yaml", &pod_yaml("probe", &body));
+    let p = n.wait_pod("probe", 15, "became ready", |p| container(p, "app")["ready"] == true);
+    let ready = p["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    assert_eq!(ready["status"], "True");
+    std::fs::remove_file(&flag).unwrap();
+    let p = n.wait_pod("probe", 15, "restarted", |p| container(p, "app")["restartCount"] == 1);
+    assert_eq!(container(&p, "app")["lastState"]["terminated"]["exitCode"], 143, "SIGTERM ends sleep");
+}
+
+#[test]
+fn a_kill_9_of_the_daemon_loses_no_pod() {
+    if !cgroup2_available() {
+        return;
+    }
+    let mut n = node("adopt");
+    n.write("keep.yaml", &pod_yaml("keep", SLEEPER));
+    let p = n.wait_pod("keep", 10, "ran", |p| phase(p) == "Running");
+    let cg = n.pod_cgroup(&p).join("app");
+    let before = procs(&cg);
+    let started = container(&p, "app")["state"]["running"]["startedAt"].clone();
+    let mut child = n.d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    n.d.start();
+    n.d.wait_ready();
+    let p = n.wait_pod("keep", 10, "was adopted", |p| phase(p) == "Running" && container(p, "app")["ready"] == true);
+    assert_eq!(procs(&cg), before, "the same process, no duplicate");
+    assert_eq!(container(&p, "app")["restartCount"], 0);
+    assert_eq!(container(&p, "app")["state"]["running"]["startedAt"], started, "the start time survived");
+    // The adopted container is still watched: when it dies, it is restarted.
+    Command::new("kill").arg("-9").arg(before[0].to_string()).status().unwrap();
+    let p = n.wait_pod("keep", 10, "restarted", |p| container(p, "app")["restartCount"] == 1 && phase(p) == "Running");
+    assert_ne!(procs(&cg), before);
+    assert!(container(&p, "app")["lastState"]["terminated"]["reason"].is_string());
+}
+
+#[test]
+fn volumes_users_and_bad_manifests() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("volumes");
+    let target = n.root.parent().unwrap().join("mnt");
+    std::fs::create_dir_all(&target).unwrap();
+    let body = format!(
+        "  restartPolicy: Never\n  securityContext:\n    runAsUser: 65534\n    runAsGroup: 65534\n  containers:\n  \
+         - name: app\n    image: busybox\n    command: [sh, -c, 'id -u; echo hi > {t}/f && grep {t} /proc/self/mounts']\n    \
+         volumeMounts:\n    - name: cache\n      mountPath: {t}\n  volumes:\n  - name: cache\n    emptyDir:\n      \
+         medium: Memory\n      sizeLimit: 8Mi\n",
+        t = target.display()
+    );
+    n.write("vol.yaml", &pod_yaml("vol", &body));
+    for (file, text) in [
+        ("notyaml.yaml", "{ this is: [not yaml"),
+        ("deploy.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n"),
+        ("dup.yaml", &pod_yaml("dup", "  containers:\n  - {name: a, image: b}\n  - {name: a, image: b}\n")),
+        (
+            "escape.yaml",
+            &pod_yaml("esc", "  containers:\n  - {name: a, image: b}\n")
+                .replace("  name: esc\n", "  name: esc\n  uid: ../../x\n"),
+        ),
+        (
+            "quantity.yaml",
+            &pod_yaml("q", "  containers:\n  - {name: a, image: b, resources: {limits: {memory: lots}}}\n"),
+        ),
+    ] {
+        n.write(file, text);
+    }
+    let huge = std::fs::File::create(n.manifests.join("huge.yaml")).unwrap();
+    huge.set_len(2 * MIB).unwrap();
+    let p = n.wait_pod("vol", 15, "succeeded", |p| phase(p) == "Succeeded");
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let log = std::fs::read_to_string(n.logs.join(format!("default_vol-vm_{uid}/app/0.log"))).unwrap();
+    assert!(log.starts_with("65534\n"), "runAsUser: {log}");
+    assert!(log.contains("tmpfs"), "the memory emptyDir is a tmpfs mounted for the container: {log}");
+    assert!(!target.join("f").exists(), "the mount is private to the container");
+    assert!(!n.root.join("pods").join(uid).join("volumes").exists(), "a finished pod's volumes are removed");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let bad = loop {
+        let bad: Vec<Value> = n.pods().into_iter().filter(|p| p["status"]["reason"] == "InvalidManifest").collect();
+        if bad.len() == 6 || Instant::now() > deadline {
+            break bad;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let reasons: Vec<String> = bad
+        .iter()
+        .map(|p| format!("{}: {}", p["metadata"]["name"].as_str().unwrap(), p["status"]["message"].as_str().unwrap()))
+        .collect();
+    assert_eq!(reasons.len(), 6, "{reasons:#?}");
+    for want in [
+        "notyaml.yaml: not valid YAML",
+        "deploy.yaml: not a Pod",
+        "dup.yaml: spec.containers[a].name: duplicate container name",
+        "escape.yaml: metadata.uid",
+        "quantity.yaml: spec",
+        "huge.yaml: the manifest is 2097152 bytes",
+    ] {
+        assert!(reasons.iter().any(|r| r.starts_with(want)), "no {want:?} in {reasons:#?}");
+    }
+    let (_, metrics) = get(n.d.port, "/metrics").unwrap();
+    assert!(metrics.contains("nodewarden_static_pod_manifest_errors 6"), "{metrics}");
+}
+
+#[test]
+fn a_hundred_static_pods_run() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("hundred");
+    let t0 = Instant::now();
+    for i in 0..100 {
+        n.write(
+            &format!("p{i}.yaml"),
+            &pod_yaml(
+                &format!("p{i}"),
+                "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '1000']\n",
+            ),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pods = n.pods();
+        let running = pods.iter().filter(|p| phase(p) == "Running").count();
+        if running == 100 {
+            break;
+        }
+        let others: Vec<String> = pods
+            .iter()
+            .filter(|p| phase(p) != "Running")
+            .map(|p| format!("{} {}", p["metadata"]["name"], p["status"]))
+            .collect();
+        assert!(Instant::now() < deadline, "only {running} of 100 pods running: {others:#?}\n{}", n.d.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("100 pods from manifest writes to Running: {:?}", t0.elapsed());
+    let pods = std::fs::read_dir(n.d.cgroup("kubepods/besteffort")).unwrap().flatten();
+    assert_eq!(pods.filter(|e| e.file_name().to_string_lossy().starts_with("pod")).count(), 100);
+    // The gauges follow within a tick of the pod manager.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut metrics = String::new();
+    while !metrics.contains("kubelet_running_pods 100") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        metrics = get(n.d.port, "/metrics").unwrap().1;
+    }
+    assert!(metrics.contains("kubelet_running_pods 100"), "{metrics}");
+    assert!(metrics.contains("kubelet_running_containers{container_state=\"running\"} 100"), "{metrics}");
+}
