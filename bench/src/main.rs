@@ -4,8 +4,12 @@
 //! placed. The pods are placed through the resources library before the daemon starts, so the daemon adopts them
 //! and observes every one of them on each pass. Results are medians over several runs, written as a Markdown
 //! table.
+//!
+//! `pods`: pod sync through static manifests with the process runtime (see `pods.rs`).
 
 #![allow(clippy::disallowed_types)] // benchmarks measure real time
+
+mod pods;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -46,6 +50,27 @@ enum Cmd {
         #[arg(long, default_value = "results/footprint.md")]
         out: PathBuf,
     },
+    /// Pod start, manifest edit and steady-state probe cost through static manifests.
+    Pods {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// Pods per scenario.
+        #[arg(long, default_value_t = 100)]
+        pods: usize,
+        /// Seconds of steady state sampled per run.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Runs.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Manifest edits per run.
+        #[arg(long, default_value_t = 10)]
+        edits: usize,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/pods.md")]
+        out: PathBuf,
+    },
 }
 
 const ROOT: &str = "/nwbench";
@@ -53,6 +78,9 @@ const ROOT: &str = "/nwbench";
 fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Footprint { nodewarden, pods, seconds, runs, out } => footprint(&nodewarden, pods, seconds, runs, &out),
+        Cmd::Pods { nodewarden, pods, seconds, runs, edits, out } => {
+            pods::run(&nodewarden, pods, seconds, runs, edits, &out)
+        }
     }
 }
 

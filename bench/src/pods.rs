@@ -1,0 +1,207 @@
+//! `pods`: pod sync through static manifests with the process runtime.
+//!
+//! - start: N manifests written at once → all N pods `Running` in `/pods`;
+//! - edit: a manifest's memory limit changed → the replacement pod's cgroup shows the new `memory.max`;
+//! - steady: N pods, each a busybox httpd with an HTTP readiness probe every 10 s: the daemon's CPU and RSS.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{Guard, ROOT, cpu_ticks, get, remove_tree, root, rss_kib};
+
+struct Run {
+    start_s: f64,
+    edit_ms: Vec<f64>,
+    cpu_percent: f64,
+    rss_mib: f64,
+}
+
+fn manifest(name: &str, memory: &str, probe_port: Option<u16>) -> String {
+    let command = match probe_port {
+        Some(p) => format!("[busybox, httpd, -f, -p, '127.0.0.1:{p}', -h, /tmp]"),
+        None => "[sleep, '100000']".to_owned(),
+    };
+    let probe = probe_port
+        .map(|p| format!("    readinessProbe:\n      httpGet: {{path: /, port: {p}}}\n      periodSeconds: 10\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  \
+         - name: app\n    image: busybox\n    command: {command}\n    resources:\n      limits: {{memory: {memory}}}\n{probe}"
+    )
+}
+
+fn write(dir: &Path, file: &str, text: &str) -> Result<()> {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, dir.join(file))?;
+    Ok(())
+}
+
+fn pods(port: u16) -> Vec<serde_json::Value> {
+    get(port, "/pods")
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["items"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn count(port: u16, f: impl Fn(&serde_json::Value) -> bool) -> usize {
+    pods(port).iter().filter(|p| f(p)).count()
+}
+
+fn running(p: &serde_json::Value) -> bool {
+    p["status"]["phase"] == "Running"
+}
+
+fn ready(p: &serde_json::Value) -> bool {
+    p["status"]["containerStatuses"][0]["ready"] == true
+}
+
+fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+fn clear(dir: &Path, port: u16) -> Result<()> {
+    for e in std::fs::read_dir(dir)?.flatten() {
+        std::fs::remove_file(e.path())?;
+    }
+    wait("removal of every pod", 120, || pods(port).is_empty())
+}
+
+fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
+    remove_tree(&root());
+    let dir = std::env::temp_dir().join(format!("nwbench-pods-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let cfg = dir.join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\nhealthzPort: {port}\n\
+             staticPodPath: {}\npodLogsDir: {}\nnodewarden:\n  rootDir: {}\n  nodeName: bench\n",
+            manifests.display(),
+            dir.join("logs").display(),
+            dir.join("root").display()
+        ),
+    )?;
+    let child =
+        Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    let guard = Guard(child);
+    let pid = guard.0.id();
+    wait("readiness", 60, || get(port, "/readyz").is_some())?;
+
+    // start: N manifests written at once.
+    let t0 = Instant::now();
+    for i in 0..n {
+        write(&manifests, &format!("p{i}.yaml"), &manifest(&format!("p{i}"), "64Mi", None))?;
+    }
+    wait("all pods running", 300, || count(port, running) == n)?;
+    let start_s = t0.elapsed().as_secs_f64();
+    clear(&manifests, port)?;
+
+    // edit: the replacement's cgroup carries the new limit.
+    let mut edit_ms = Vec::new();
+    write(&manifests, "e.yaml", &manifest("e", "64Mi", None))?;
+    wait("the edited pod running", 60, || count(port, running) == 1)?;
+    for k in 0..edits {
+        let limit = 65 + k;
+        let want = (limit << 20).to_string();
+        let burstable = PathBuf::from("/sys/fs/cgroup").join(&ROOT[1..]).join("kubepods/burstable");
+        let t = Instant::now();
+        write(&manifests, "e.yaml", &manifest("e", &format!("{limit}Mi"), None))?;
+        wait("the new limit", 30, || {
+            std::fs::read_dir(&burstable)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| std::fs::read_to_string(e.path().join("memory.max")).is_ok_and(|v| v.trim() == want))
+        })?;
+        #[allow(clippy::cast_precision_loss)]
+        edit_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        wait("the edited pod running", 60, || count(port, running) == 1)?;
+    }
+    clear(&manifests, port)?;
+
+    // steady: N pods with HTTP readiness probes every 10 s.
+    for i in 0..n {
+        let p = u16::try_from(20000 + i).context("too many pods")?;
+        write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), "64Mi", Some(p)))?;
+    }
+    wait("all pods ready", 300, || count(port, ready) == n)?;
+    std::thread::sleep(Duration::from_secs(5));
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
+    let rss = rss_kib(pid)?;
+    clear(&manifests, port)?;
+    drop(guard);
+    let _ = std::fs::remove_dir_all(&dir);
+    #[allow(clippy::cast_precision_loss)]
+    Ok(Run {
+        start_s,
+        edit_ms,
+        cpu_percent: (c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0,
+        rss_mib: rss as f64 / 1024.0,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn worst(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
+}
+
+/// Runs the pod sync benchmark and writes a Markdown table.
+pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &Path) -> Result<()> {
+    let mut results = Vec::new();
+    for r in 0..runs {
+        let run = one_run(bin, n, seconds, edits).with_context(|| format!("run {}", r + 1))?;
+        eprintln!(
+            "run {}: start {:.2} s, edit median {:.1} ms, cpu {:.2} %, rss {:.1} MiB",
+            r + 1,
+            run.start_s,
+            median(run.edit_ms.clone()),
+            run.cpu_percent,
+            run.rss_mib
+        );
+        results.push(run);
+    }
+    let start: Vec<f64> = results.iter().map(|r| r.start_s).collect();
+    let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
+    let cpu: Vec<f64> = results.iter().map(|r| r.cpu_percent).collect();
+    let rss: Vec<f64> = results.iter().map(|r| r.rss_mib).collect();
+    let table = format!(
+        "# Pod sync (process runtime)\n\n{runs} runs, {n} pods, {edits} edits per run, {seconds} s steady-state window; \
+         1 GiB guest, 2 emulated vCPUs (TCG). Median (worst).\n\n\
+         | measure | target | median | worst |\n|---|---|---|---|\n\
+         | {n} manifests written → all Running | < 2 s | {:.2} s | {:.2} s |\n\
+         | manifest edit → new memory.max in the replacement's cgroup | < 100 ms | {:.1} ms | {:.1} ms |\n\
+         | daemon CPU, {n} pods with HTTP readiness probes every 10 s | < 1 % | {:.2} % | {:.2} % |\n\
+         | daemon RSS, same | | {:.1} MiB | {:.1} MiB |\n",
+        median(start.clone()),
+        worst(&start),
+        median(edit.clone()),
+        worst(&edit),
+        median(cpu.clone()),
+        worst(&cpu),
+        median(rss.clone()),
+        worst(&rss),
+    );
+    std::fs::write(out, &table)?;
+    print!("{table}");
+    Ok(())
+}
