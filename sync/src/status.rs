@@ -85,12 +85,11 @@ pub fn pod_phase(policy: RestartPolicy, initializing: bool, containers: &[Observ
 }
 
 /// A pod condition.
-pub fn condition(kind: &str, ok: bool, since: Timestamp, reason: Option<&str>) -> PodCondition {
+pub fn condition(kind: &str, ok: bool, since: Timestamp) -> PodCondition {
     PodCondition {
         type_: kind.to_owned(),
         status: if ok { "True" } else { "False" }.to_owned(),
         last_transition_time: Some(Time(since)),
-        reason: reason.map(str::to_owned),
         ..PodCondition::default()
     }
 }

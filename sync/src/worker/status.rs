@@ -86,7 +86,7 @@ impl<R: Runtime> Worker<R> {
         if entry.0 != ok {
             *entry = (ok, now);
         }
-        condition(kind, ok, entry.1, None)
+        condition(kind, ok, entry.1)
     }
 
     /// Publishes the pod with its current status.

@@ -34,7 +34,6 @@ struct Fake {
     stubborn: Mutex<Vec<String>>,
     /// Exec commands (argv[0]) that fail.
     failing: Mutex<Vec<String>>,
-    execs: Mutex<Vec<Vec<String>>>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -106,7 +105,6 @@ impl Runtime for Fake {
     }
 
     async fn exec(&self, _spec: &ContainerSpec, argv: &[String], _t: Duration) -> Result<ExecOutput, RuntimeError> {
-        self.execs.lock().unwrap().push(argv.to_vec());
         let fails = self.failing.lock().unwrap().contains(&argv[0]);
         Ok(ExecOutput { exit_code: Some(i32::from(fails)), output: String::new() })
     }
