@@ -19,7 +19,8 @@ struct Run {
     rss_mib: f64,
 }
 
-fn manifest(name: &str, memory: &str, probe_port: Option<u16>) -> String {
+/// A pod manifest; `memory` sets a memory limit (which is also the request, so only a few such pods fit).
+fn manifest(name: &str, memory: Option<&str>, probe_port: Option<u16>) -> String {
     let command = match probe_port {
         Some(p) => format!("[busybox, httpd, -f, -p, '127.0.0.1:{p}', -h, /tmp]"),
         None => "[sleep, '100000']".to_owned(),
@@ -27,9 +28,10 @@ fn manifest(name: &str, memory: &str, probe_port: Option<u16>) -> String {
     let probe = probe_port
         .map(|p| format!("    readinessProbe:\n      httpGet: {{path: /, port: {p}}}\n      periodSeconds: 10\n"))
         .unwrap_or_default();
+    let resources = memory.map(|m| format!("    resources:\n      limits: {{memory: {m}}}\n")).unwrap_or_default();
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 5\n  containers:\n  \
-         - name: app\n    image: busybox\n    command: {command}\n    resources:\n      limits: {{memory: {memory}}}\n{probe}"
+         - name: app\n    image: busybox\n    command: {command}\n{resources}{probe}"
     )
 }
 
@@ -104,7 +106,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
     // start: N manifests written at once.
     let t0 = Instant::now();
     for i in 0..n {
-        write(&manifests, &format!("p{i}.yaml"), &manifest(&format!("p{i}"), "64Mi", None))?;
+        write(&manifests, &format!("p{i}.yaml"), &manifest(&format!("p{i}"), None, None))?;
     }
     wait("all pods running", 300, || count(port, running) == n)?;
     let start_s = t0.elapsed().as_secs_f64();
@@ -112,14 +114,14 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
 
     // edit: the replacement's cgroup carries the new limit.
     let mut edit_ms = Vec::new();
-    write(&manifests, "e.yaml", &manifest("e", "64Mi", None))?;
+    write(&manifests, "e.yaml", &manifest("e", Some("64Mi"), None))?;
     wait("the edited pod running", 60, || count(port, running) == 1)?;
     for k in 0..edits {
         let limit = 65 + k;
         let want = (limit << 20).to_string();
         let burstable = PathBuf::from("/sys/fs/cgroup").join(&ROOT[1..]).join("kubepods/burstable");
         let t = Instant::now();
-        write(&manifests, "e.yaml", &manifest("e", &format!("{limit}Mi"), None))?;
+        write(&manifests, "e.yaml", &manifest("e", Some(&format!("{limit}Mi")), None))?;
         wait("the new limit", 30, || {
             std::fs::read_dir(&burstable)
                 .into_iter()
@@ -136,7 +138,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
     // steady: N pods with HTTP readiness probes every 10 s.
     for i in 0..n {
         let p = u16::try_from(20000 + i).context("too many pods")?;
-        write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), "64Mi", Some(p)))?;
+        write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), None, Some(p)))?;
     }
     wait("all pods ready", 300, || count(port, ready) == n)?;
     std::thread::sleep(Duration::from_secs(5));
