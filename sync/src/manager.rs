@@ -16,7 +16,7 @@ use crate::runtime::Runtime;
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
 use crate::volumes;
-use crate::worker::{Ctx, Msg, Reason, SyncSettings, Worker};
+use crate::worker::{Ctx, Msg, Reason, SyncSettings, Worker, kill_and_release};
 
 /// How many messages wait for a worker; more are dropped, since a worker always acts on the latest spec.
 const WORKER_QUEUE: usize = 8;
@@ -249,16 +249,7 @@ async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, r
     while Instant::now() < deadline && !procs(&lock()).is_empty() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    if let Err(e) = lock().kill(&uid) {
-        tracing::warn!(pod_uid = %uid, error = %e, "cgroup.kill failed");
-    }
-    for _ in 0..100 {
-        let released = lock().release(&uid);
-        match released {
-            Ok(()) | Err(nodewarden_resources::PlaceError::NotPlaced(_)) => break,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
+    kill_and_release(&resources, &uid).await;
     if let Err(e) = volumes::remove_pod_dir(&root, &uid) {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot remove the pod's directory");
     }

@@ -7,6 +7,8 @@ mod containers;
 mod status;
 mod terminate;
 
+pub(crate) use terminate::kill_and_release;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -1,8 +1,10 @@
 //! Ending a pod: graceful termination (preStop hooks, SIGTERM, the grace period, then `cgroup.kill` on the pod
 //! cgroup) and the clean-up that follows: the cgroups released, the volumes unmounted and removed.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use nodewarden_resources::{PlaceError, ResourceManager};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -88,26 +90,8 @@ impl<R: Runtime> Worker<R> {
     /// Kills whatever is left in the pod cgroup, releases the cgroups, and removes the pod's volumes (and, when
     /// deleted, its logs).
     async fn clean_up(&mut self, deleted: bool) {
-        if self.placement.is_some() {
-            let kill = self.ctx.resources().kill(&self.uid);
-            if let Err(e) = kill {
-                tracing::warn!(pod = %self.full_name(), error = %e, "cgroup.kill failed");
-            }
-            let until = Instant::now() + KILL_WAIT;
-            loop {
-                let released = self.ctx.resources().release(&self.uid);
-                match released {
-                    Ok(()) | Err(nodewarden_resources::PlaceError::NotPlaced(_)) => {
-                        self.placement = None;
-                        break;
-                    }
-                    Err(e) if Instant::now() >= until => {
-                        tracing::warn!(pod = %self.full_name(), error = %e, "cannot release the pod's cgroups yet");
-                        break;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
+        if self.placement.is_some() && kill_and_release(&self.ctx.resources, &self.uid).await {
+            self.placement = None;
         }
         // Whatever the containers left: their exits were seen or they were killed with the cgroup.
         for c in &mut self.containers {
@@ -148,5 +132,27 @@ impl<R: Runtime> Worker<R> {
     /// Lets the next pod of the same name start.
     pub(super) fn release_name(&mut self) {
         self.permit = None;
+    }
+}
+
+/// Kills whatever is left in a pod's cgroup (`cgroup.kill`) and releases its cgroups, retrying while the killed
+/// processes exit, for at most [`KILL_WAIT`]. Returns true once the pod is no longer placed.
+pub(crate) async fn kill_and_release(resources: &Mutex<ResourceManager>, uid: &str) -> bool {
+    let lock = || resources.lock().unwrap_or_else(PoisonError::into_inner);
+    let kill = lock().kill(uid);
+    if let Err(e) = kill {
+        tracing::warn!(pod_uid = %uid, error = %e, "cgroup.kill failed");
+    }
+    let until = Instant::now() + KILL_WAIT;
+    loop {
+        let released = lock().release(uid);
+        match released {
+            Ok(()) | Err(PlaceError::NotPlaced(_)) => return true,
+            Err(e) if Instant::now() >= until => {
+                tracing::warn!(pod_uid = %uid, error = %e, "cannot release the pod's cgroups yet");
+                return false;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
     }
 }
