@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use nodewarden_resources::{
-    CgroupFs, CgroupPath, EvictionReserve, HostPaths, Reserved, ResourceConfig, ResourceManager,
-};
+use nodewarden_resources::{CgroupFs, CgroupPath, HostPaths, ResourceConfig, ResourceManager};
 
 #[derive(Parser)]
 #[command(name = "nodewarden-bench", about = "nodewarden benchmarks (run inside deploy/vm)")]
@@ -131,19 +129,7 @@ fn footprint(bin: &Path, pods: usize, seconds: u64, runs: usize, out: &Path) -> 
 }
 
 fn config(root: &CgroupPath) -> ResourceConfig {
-    ResourceConfig {
-        cgroup_root: root.clone(),
-        enforce_pods: true,
-        system_reserved: Reserved::default(),
-        kube_reserved: Reserved::default(),
-        eviction_reserve: EvictionReserve::default(),
-        max_pods: 110,
-        pod_pids_limit: None,
-        cpu_cfs_quota: true,
-        cpu_cfs_period_us: 100_000,
-        memory_qos: true,
-        memory_throttling_factor: 0.9,
-    }
+    ResourceConfig { memory_qos: true, ..ResourceConfig::new(root.clone()) }
 }
 
 fn root() -> CgroupPath {

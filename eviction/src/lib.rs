@@ -1,14 +1,29 @@
-//! nodewarden's eviction policy: the kubelet's eviction signals and thresholds (hard and soft, quantities or
-//! percentages, grace periods, minimum reclaim), parsed and validated with messages that name the config field,
-//! and the observed value of each signal.
+//! nodewarden's eviction manager: the kubelet's eviction signals and thresholds (hard and soft, quantities or
+//! percentages, grace periods, minimum reclaim, the pressure transition period), node conditions, the kubelet's
+//! rankings, and a loop that evicts through an [`Evictor`] as soon as a threshold is crossed.
 //!
-//! Policy is pure functions of observations and configuration; the eviction loop that acts on it is built on
-//! these types.
+//! The policy ([`PressureState`], [`rank`], [`select`], [`next_poll`]) is pure functions of observations,
+//! settings and an injected time; [`EvictionManager`] is the loop that reads observations and acts on them.
 
+mod manager;
+mod metrics;
 mod observe;
+mod pressure;
+mod rank;
 mod signal;
+mod status;
 mod threshold;
+mod wake;
 
+pub use manager::{
+    EvictionManager, EvictionSettings, Evictor, HARD_EVICTION_GRACE, PassHook, eviction_message, grace_period,
+    next_poll, select,
+};
+pub use metrics::EvictionMetrics;
 pub use observe::{SignalObservation, signal_observations};
+pub use pressure::{Breach, Condition, Evaluation, PressureState};
+pub use rank::{Candidate, rank};
 pub use signal::Signal;
+pub use status::{EvictionRecord, EvictionStatus, HISTORY, Ranked};
 pub use threshold::{Threshold, ThresholdError, Thresholds, default_hard_thresholds};
+pub use wake::{PSI_TRIGGER, Wake, WakeThread, start as start_wakeups};

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// An eviction signal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Signal {
     /// `memory.available`: node memory capacity − working set (never above `MemAvailable` here).
     MemoryAvailable,
@@ -45,6 +45,12 @@ impl Signal {
             Signal::ImageFsInodesFree => "imagefs.inodesFree",
             Signal::PidAvailable => "pid.available",
         }
+    }
+}
+
+impl serde::Serialize for Signal {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 

@@ -158,6 +158,17 @@ impl CgroupFs {
         f.write_all(value.as_bytes()).map_err(|e| IoError::new(Op::Write, path, e))
     }
 
+    /// Registers a PSI trigger (`some 100000 1000000`: 100 ms of stall within 1 s) on a pressure file such as
+    /// `memory.pressure`, and returns the open file: the kernel signals `POLLPRI` on it each time the trigger fires,
+    /// for as long as it stays open.
+    pub fn psi_trigger(&self, cg: &CgroupPath, name: &str, trigger: &str) -> Result<fs::File, IoError> {
+        let path = self.file(cg, name);
+        if !cg.is_within(&self.scope) {
+            return Err(out_of_scope(path));
+        }
+        open_psi_trigger(&path, trigger)
+    }
+
     /// Creates the cgroup (its parent must exist). Creating one that exists is not an error.
     pub fn create(&self, cg: &CgroupPath) -> Result<(), IoError> {
         let path = self.dir(cg);
@@ -303,6 +314,15 @@ impl CgroupFs {
     fn parse_error(&self, cg: &CgroupPath, name: &str, reason: String) -> CgroupError {
         CgroupError::Parse(ParseError { path: self.file(cg, name), reason })
     }
+}
+
+/// Registers a PSI trigger on a pressure file (`/proc/pressure/memory` or a cgroup's) and returns the open file,
+/// which the kernel marks with `POLLPRI` whenever the trigger fires.
+pub fn open_psi_trigger(path: &Path, trigger: &str) -> Result<fs::File, IoError> {
+    let mut f =
+        fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| IoError::new(Op::Write, path, e))?;
+    f.write_all(trigger.as_bytes()).map_err(|e| IoError::new(Op::Write, path, e))?;
+    Ok(f)
 }
 
 #[cfg(test)]

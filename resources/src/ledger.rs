@@ -12,6 +12,7 @@ use crate::error::{CgroupError, NameError};
 use crate::limits::{self, CgroupLimits, LimitSettings};
 use crate::names::validate_pod_uid;
 use crate::observe::{self, Observations, PodUsage};
+use crate::priority::{NodePressure, is_critical};
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::tree::{self, Tree};
 
@@ -40,6 +41,29 @@ pub struct ResourceConfig {
     pub memory_qos: bool,
     /// `memoryThrottlingFactor`.
     pub memory_throttling_factor: f64,
+    /// Treat every static pod as critical (the kubelet's rule) for admission under pressure.
+    pub static_pods_critical: bool,
+}
+
+impl ResourceConfig {
+    /// The kubelet's defaults below `cgroup_root`: allocatable enforced on pods, nothing reserved, 110 pods, no
+    /// pod PID limit, CFS quota with a 100 ms period, Memory QoS off.
+    pub fn new(cgroup_root: CgroupPath) -> Self {
+        Self {
+            cgroup_root,
+            enforce_pods: true,
+            system_reserved: Reserved::default(),
+            kube_reserved: Reserved::default(),
+            eviction_reserve: EvictionReserve::default(),
+            max_pods: 110,
+            pod_pids_limit: None,
+            cpu_cfs_quota: true,
+            cpu_cfs_period_us: 100_000,
+            memory_qos: false,
+            memory_throttling_factor: 0.9,
+            static_pods_critical: false,
+        }
+    }
 }
 
 /// One container's cgroup.
@@ -110,6 +134,9 @@ pub enum AdmitError {
     /// The pod UID is unusable.
     #[error("invalid pod UID: {0}")]
     Uid(#[from] NameError),
+    /// The node is under pressure and the pod may not start now (the kubelet's message).
+    #[error("{0}")]
+    NodePressure(String),
 }
 
 impl AdmitError {
@@ -120,6 +147,7 @@ impl AdmitError {
             AdmitError::Insufficient { resource: "cpu", .. } => "OutOfcpu",
             AdmitError::Insufficient { .. } => "OutOfmemory",
             AdmitError::Spec(_) | AdmitError::Uid(_) => "InvalidPod",
+            AdmitError::NodePressure(_) => "Evicted",
         }
     }
 }
@@ -173,6 +201,7 @@ pub struct ResourceManager {
     allocatable: Allocatable,
     pods: BTreeMap<String, Placement>,
     terminating: BTreeSet<String>,
+    pressure: NodePressure,
 }
 
 fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
@@ -192,7 +221,17 @@ impl ResourceManager {
         let capacity = read_capacity(&host, &fs, &config.cgroup_root)?;
         let allocatable =
             allocatable::compute(&capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
-        Ok(Self { fs, host, config, tree, capacity, allocatable, pods: BTreeMap::new(), terminating: BTreeSet::new() })
+        Ok(Self {
+            fs,
+            host,
+            config,
+            tree,
+            capacity,
+            allocatable,
+            pods: BTreeMap::new(),
+            terminating: BTreeSet::new(),
+            pressure: NodePressure::default(),
+        })
     }
 
     /// Creates the kubepods tree with allocatable enforced and adopts the pod cgroups that exist. Returns the
@@ -263,12 +302,50 @@ impl ResourceManager {
         }
     }
 
-    /// Decides whether a pod fits: `maxPods`, then allocatable CPU and memory against the requests of the pods
+    /// Moves the daemon itself (process `pid`) into its own cgroup `<cgroupRoot>/<name>`, beside kubepods, with
+    /// `memory.min` protecting `memory_min` bytes of it from reclaim. Returns the cgroup.
+    pub fn place_daemon(&self, name: &str, pid: u32, memory_min: u64) -> Result<CgroupPath, CgroupError> {
+        let cg = self.tree.root.child(name)?;
+        self.fs.create(&cg)?;
+        self.fs.write(&cg, "memory.min", &memory_min.to_string())?;
+        self.fs.add_proc(&cg, pid)?;
+        Ok(cg)
+    }
+
+    /// Sets the node conditions that admission under pressure follows (the eviction manager's decision).
+    pub fn set_pressure(&mut self, pressure: NodePressure) {
+        self.pressure = pressure;
+    }
+
+    /// The node conditions admission follows.
+    pub fn pressure(&self) -> NodePressure {
+        self.pressure
+    }
+
+    /// Applies a reloaded configuration: reserved resources, the hard eviction thresholds that allocatable
+    /// subtracts, `maxPods` and `podPidsLimit` (for pods placed from now on). Allocatable is computed again and
+    /// the kubepods limits rewritten. The cgroup root and driver settings cannot change here.
+    pub fn reconfigure(&mut self, config: ResourceConfig) -> Result<(), CgroupError> {
+        let allocatable =
+            allocatable::compute(&self.capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
+        if allocatable != self.allocatable || config.enforce_pods != self.config.enforce_pods {
+            tree::ensure(&self.fs, &self.tree, &allocatable.enforced, &allocatable.capacity, config.enforce_pods)?;
+        }
+        self.allocatable = allocatable;
+        self.config = ResourceConfig { cgroup_root: self.config.cgroup_root.clone(), ..config };
+        Ok(())
+    }
+
+    /// Decides whether a pod fits: the node's pressure conditions (for pods not placed yet), `maxPods`, then allocatable CPU and memory against the requests of the pods
     /// placed and not terminating. A pod already placed is admitted again (re-admission after a restart or an
     /// update).
     pub fn admit(&self, pod: &Pod) -> Result<PodResources, AdmitError> {
         let uid = pod_uid(pod)?;
         let res = PodResources::from_pod(pod)?;
+        if !self.pods.contains_key(&uid) {
+            let critical = is_critical(pod, self.config.static_pods_critical);
+            self.pressure.admit(res.qos_class(), critical).map_err(AdmitError::NodePressure)?;
+        }
         let others = || self.pods.values().filter(|p| p.uid != uid && !self.terminating.contains(&p.uid));
         let count = others().count();
         if count >= self.config.max_pods as usize {

@@ -23,13 +23,16 @@ mod limits;
 mod names;
 mod observe;
 mod parse;
+mod priority;
 mod qos;
 mod quantity;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tree;
 
 pub use allocatable::{Allocatable, EvictionReserve, Reserved, Resources, compute as compute_allocatable};
 pub use capacity::{Capacity, FsStats, HostPaths, fs_stats, read_capacity, read_meminfo};
-pub use cgroupfs::{CgroupFs, CgroupPath};
+pub use cgroupfs::{CgroupFs, CgroupPath, open_psi_trigger};
 pub use error::{CgroupError, IoError, NameError, Op, ParseError};
 pub use host::{HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host};
 pub use ledger::{AdmitError, ContainerPlacement, PlaceError, Placement, ResourceConfig, ResourceManager};
@@ -39,6 +42,9 @@ pub use observe::{NodeMemory, Observations, PidStats, PodUsage, Pressure, node_m
 pub use parse::{
     CpuMax, Limit, Meminfo, NestedKeyed, Psi, PsiLine, parse_cpu_list_count, parse_cpu_max, parse_flat_keyed,
     parse_limit, parse_loadavg_threads, parse_meminfo, parse_nested_keyed, parse_psi, parse_u64,
+};
+pub use priority::{
+    CONFIG_SOURCE_ANNOTATION, NodePressure, SYSTEM_CRITICAL_PRIORITY, is_critical, is_static_pod, pod_priority,
 };
 pub use qos::{
     BEST_EFFORT_OOM_SCORE_ADJ, ContainerResources, DEFAULT_CFS_PERIOD_US, GUARANTEED_OOM_SCORE_ADJ, PodResources,

@@ -84,6 +84,7 @@ fn config(root: &Root) -> ResourceConfig {
         cpu_cfs_period_us: 100_000,
         memory_qos: true,
         memory_throttling_factor: 0.9,
+        static_pods_critical: false,
     }
 }
 

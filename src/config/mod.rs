@@ -348,6 +348,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         cpu_cfs_period_us: u64::try_from(period.as_micros()).unwrap_or(nodewarden_resources::DEFAULT_CFS_PERIOD_US),
         memory_qos,
         memory_throttling_factor: factor,
+        static_pods_critical: *required(&nw.static_pods_critical, "nodewarden.staticPodsCritical")?,
     };
     Ok(Config {
         ignored: Vec::new(),

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_resources::{
-    Amount, CgroupFs, CgroupPath, EvictionReserve, HostPaths, Reserved, ResourceConfig, ResourceManager,
-};
+use nodewarden_resources::{Amount, CgroupFs, CgroupPath, EvictionReserve, HostPaths, ResourceConfig, ResourceManager};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -135,20 +133,12 @@ fn harness() -> Harness {
     std::fs::write(p.join("sys/devices/system/cpu/online"), "0-1\n").unwrap();
     let host = HostPaths { proc: p.join("proc"), sys: p.join("sys"), nodefs: p.into(), imagefs: p.into() };
     let config = ResourceConfig {
-        cgroup_root: CgroupPath::parse("/nw").unwrap(),
-        enforce_pods: true,
-        system_reserved: Reserved::default(),
-        kube_reserved: Reserved::default(),
         eviction_reserve: EvictionReserve {
             memory_available: Some(Amount::Quantity(100 << 20)),
             nodefs_available: None,
         },
         max_pods: 10,
-        pod_pids_limit: None,
-        cpu_cfs_quota: true,
-        cpu_cfs_period_us: 100_000,
-        memory_qos: false,
-        memory_throttling_factor: 0.9,
+        ..ResourceConfig::new(CgroupPath::parse("/nw").unwrap())
     };
     let fs = CgroupFs::emulated(p.join("cg"), CgroupPath::parse("/nw").unwrap());
     let mut rm = ResourceManager::new(fs, host, config).unwrap();

@@ -1,0 +1,434 @@
+//! The eviction loop. Each pass reads fresh observations, evaluates the thresholds, publishes the node
+//! conditions to admission, and evicts as many pods as it takes to bring a crossed signal back above its
+//! threshold + minimum reclaim, counting what pods already being evicted will give back.
+//!
+//! A pass runs when the poll period runs out (shorter as headroom above the thresholds shrinks, between the
+//! configured bounds), when a pressure event arrives (PSI trigger, `memory.events`), when the configuration
+//! changes, and when an eviction finishes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_resources::{
+    NodePressure, Observations, PodResources, ResourceManager, is_critical, parse_non_negative, pod_priority,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::metrics::EvictionMetrics;
+use crate::observe::{SignalObservation, signal_observations};
+use crate::pressure::{Breach, Condition, Evaluation, PressureState};
+use crate::rank::{Candidate, rank};
+use crate::signal::Signal;
+use crate::status::{EvictionRecord, EvictionStatus, Ranked};
+use crate::threshold::Thresholds;
+use crate::wake::Wake;
+
+/// The grace period of an eviction for a hard threshold (the kubelet's).
+pub const HARD_EVICTION_GRACE: Duration = Duration::from_secs(1);
+
+/// The eviction settings in force; replaced as a whole on a config reload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvictionSettings {
+    /// `evictionHard` and `evictionSoft`.
+    pub thresholds: Thresholds,
+    /// `evictionPressureTransitionPeriod`.
+    pub transition_period: Duration,
+    /// `evictionMaxPodGracePeriod`.
+    pub max_pod_grace_period: Duration,
+    /// Every static pod is critical (the kubelet's rule).
+    pub static_pods_critical: bool,
+    /// The shortest poll period, used when headroom is nearly gone.
+    pub poll_min: Duration,
+    /// The longest poll period, used when headroom is ample.
+    pub poll_max: Duration,
+}
+
+/// Carries out evictions; pod sync implements it.
+pub trait Evictor: Send + Sync + 'static {
+    /// The pods that run now and are not terminating.
+    fn pods(&self) -> Vec<Pod>;
+
+    /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
+    fn disk_usage(&self, uid: &str) -> u64;
+
+    /// Evicts a pod with the given grace period; the pod ends `Failed` with reason `Evicted` and the message.
+    /// Resolves once SIGTERM has been sent to its containers, with a receiver that resolves once the pod has
+    /// terminated.
+    fn evict(
+        &self,
+        uid: &str,
+        grace: Duration,
+        message: String,
+    ) -> impl Future<Output = Result<oneshot::Receiver<()>, String>> + Send;
+}
+
+/// Called after each successful observation, for the daemon's gauges.
+pub type PassHook = Box<dyn Fn(&ResourceManager, &Observations, &BTreeMap<Signal, SignalObservation>) + Send + Sync>;
+
+struct InFlight {
+    condition: Condition,
+    reclaims: u64,
+    until: Instant,
+}
+
+/// The eviction loop and its state.
+pub struct EvictionManager<E: Evictor> {
+    resources: Arc<Mutex<ResourceManager>>,
+    evictor: Arc<E>,
+    settings: watch::Receiver<Arc<EvictionSettings>>,
+    metrics: EvictionMetrics,
+    status: Arc<EvictionStatus>,
+    hook: Option<PassHook>,
+    state: PressureState,
+    pressure: NodePressure,
+    in_flight: HashMap<String, InFlight>,
+    done: (mpsc::UnboundedSender<String>, mpsc::UnboundedReceiver<String>),
+    warned_no_candidates: bool,
+}
+
+/// The rate at which headroom is assumed to shrink, per condition, to decide the next poll.
+fn drain_rate(c: Condition) -> f64 {
+    match c {
+        Condition::MemoryPressure => 1024.0 * 1024.0 * 1024.0,
+        Condition::DiskPressure => 256.0 * 1024.0 * 1024.0,
+        Condition::PidPressure => 2000.0,
+    }
+}
+
+/// How long until the next pass: headroom / drain rate for each threshold not met, the rest of the grace period
+/// for soft thresholds waiting, the shortest period while a threshold acts; within the bounds.
+pub fn next_poll(
+    settings: &EvictionSettings,
+    signals: &BTreeMap<Signal, SignalObservation>,
+    evaluation: &Evaluation,
+) -> Duration {
+    let mut period = settings.poll_max;
+    let t = &settings.thresholds;
+    for (th, hard) in t.hard.iter().map(|x| (x, true)).chain(t.soft.iter().map(|x| (x, false))) {
+        if let Some(b) = evaluation.met.iter().find(|b| b.threshold.signal == th.signal && b.hard == hard) {
+            period = period.min(th.grace_period.saturating_sub(b.met_for));
+            continue;
+        }
+        let Some(obs) = signals.get(&th.signal) else { continue };
+        #[allow(clippy::cast_precision_loss)]
+        let headroom = obs.available.saturating_sub(th.amount.resolve(obs.capacity)) as f64;
+        period = period.min(Duration::from_secs_f64(headroom / drain_rate(Condition::of(th.signal))));
+    }
+    period.clamp(settings.poll_min, settings.poll_max.max(settings.poll_min))
+}
+
+/// The victims for a breach: the first ranked pod, then more in rank order until what they give back covers
+/// `needed`. A pod that would give back nothing is passed over once a victim is chosen.
+pub fn select(signal: Signal, ranked: &[Candidate], needed: u64) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = Vec::new();
+    let mut sum = 0u64;
+    for c in ranked {
+        if !out.is_empty() && (sum >= needed || c.reclaims(signal) == 0) {
+            if sum >= needed {
+                break;
+            }
+            continue;
+        }
+        sum = sum.saturating_add(c.reclaims(signal));
+        out.push(c.clone());
+    }
+    out
+}
+
+/// The grace period for an eviction: [`HARD_EVICTION_GRACE`] for hard thresholds, else the pod's own capped at
+/// `evictionMaxPodGracePeriod`.
+pub fn grace_period(hard: bool, pod_grace_seconds: u64, max_pod_grace: Duration) -> Duration {
+    if hard { HARD_EVICTION_GRACE } else { Duration::from_secs(pod_grace_seconds).min(max_pod_grace) }
+}
+
+fn resource_name(signal: Signal) -> &'static str {
+    match signal {
+        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => "memory",
+        Signal::NodeFsAvailable | Signal::ImageFsAvailable => "ephemeral-storage",
+        Signal::NodeFsInodesFree | Signal::ImageFsInodesFree => "inodes",
+        Signal::PidAvailable => "pids",
+    }
+}
+
+fn amount(signal: Signal, v: u64) -> String {
+    match Condition::of(signal) {
+        Condition::PidPressure => v.to_string(),
+        _ if matches!(signal, Signal::NodeFsInodesFree | Signal::ImageFsInodesFree) => v.to_string(),
+        _ => format!("{}Ki", v / 1024),
+    }
+}
+
+/// The message in the evicted pod's status, in the kubelet's words.
+pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
+    let s = b.threshold.signal;
+    let (usage, request) = match Condition::of(s) {
+        Condition::MemoryPressure => (victim.memory_usage, victim.memory_request),
+        Condition::DiskPressure => (victim.disk_usage, victim.disk_request),
+        Condition::PidPressure => (victim.pids, 0),
+    };
+    format!(
+        "The node was low on resource: {}. Threshold quantity: {}, available: {}. Pod {} was using {}, request is {}. ",
+        resource_name(s),
+        amount(s, b.value),
+        amount(s, b.observed),
+        victim.name,
+        amount(s, usage),
+        amount(s, request),
+    )
+}
+
+/// The pod's ephemeral-storage request: the sum over app containers, or the largest init container's if larger.
+fn ephemeral_request(pod: &Pod) -> u64 {
+    let Some(spec) = pod.spec.as_ref() else { return 0 };
+    let req = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("ephemeral-storage"))
+            .and_then(|q| parse_non_negative(&q.0).ok())
+            .unwrap_or(0)
+    };
+    let apps: u64 = spec.containers.iter().map(req).sum();
+    let init = spec.init_containers.iter().flatten().map(req).max().unwrap_or(0);
+    apps.max(init)
+}
+
+impl<E: Evictor> EvictionManager<E> {
+    /// A loop over the resource manager's observations, evicting through `evictor`.
+    pub fn new(
+        resources: Arc<Mutex<ResourceManager>>,
+        evictor: Arc<E>,
+        settings: watch::Receiver<Arc<EvictionSettings>>,
+        metrics: EvictionMetrics,
+        hook: Option<PassHook>,
+    ) -> Self {
+        Self {
+            resources,
+            evictor,
+            settings,
+            metrics,
+            status: Arc::new(EvictionStatus::default()),
+            hook,
+            state: PressureState::default(),
+            pressure: NodePressure::default(),
+            in_flight: HashMap::new(),
+            done: mpsc::unbounded_channel(),
+            warned_no_candidates: false,
+        }
+    }
+
+    /// The state shared with the daemon.
+    pub fn status(&self) -> Arc<EvictionStatus> {
+        self.status.clone()
+    }
+
+    fn resources(&self) -> std::sync::MutexGuard<'_, ResourceManager> {
+        self.resources.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs until `drain` turns true. `wakeups` carries pressure events.
+    pub async fn run(mut self, mut wakeups: mpsc::Receiver<Wake>, mut drain: watch::Receiver<bool>) {
+        let mut next = Instant::now();
+        loop {
+            let wake = tokio::select! {
+                () = tokio::time::sleep_until(next) => Wake::Poll,
+                Some(w) = wakeups.recv() => w,
+                Ok(()) = self.settings.changed() => Wake::Config,
+                Some(uid) = self.done.1.recv() => {
+                    self.in_flight.remove(&uid);
+                    Wake::Evicted
+                }
+                _ = drain.wait_for(|d| *d) => return,
+            };
+            self.metrics.wakeups.with_label_values(&[wake.as_str()]).inc();
+            let period = self.pass().await;
+            self.metrics.poll_period.set(period.as_secs_f64());
+            next = Instant::now() + period;
+        }
+    }
+
+    /// One pass; returns the time until the next poll.
+    pub async fn pass(&mut self) -> Duration {
+        let settings = self.settings.borrow_and_update().clone();
+        let read = {
+            let m = self.resources();
+            m.observe().map(|obs| {
+                let signals = signal_observations(&obs, m.allocatable());
+                if let Some(h) = &self.hook {
+                    h(&m, &obs, &signals);
+                }
+                signals
+            })
+        };
+        let signals = match read {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction pass cannot observe the node");
+                self.status.pass_failed(e.to_string());
+                return settings.poll_max;
+            }
+        };
+        let observed_at = Instant::now();
+        let now = observed_at;
+        self.in_flight.retain(|_, f| f.until > now);
+        let evaluation = self.state.evaluate(observed_at, &settings.thresholds, &signals, settings.transition_period);
+        self.set_pressure(evaluation.pressure);
+        for breach in &evaluation.act {
+            self.act(breach, observed_at, &settings);
+        }
+        let period = next_poll(&settings, &signals, &evaluation);
+        self.status.pass_done(Instant::now(), evaluation);
+        period
+    }
+
+    fn set_pressure(&mut self, p: NodePressure) {
+        if p == self.pressure {
+            return;
+        }
+        let (old, new) = (self.pressure.names(), p.names());
+        tracing::info!(from = ?old, to = ?new, "node conditions changed");
+        self.pressure = p;
+        self.resources().set_pressure(p);
+        for (c, on) in
+            [(Condition::MemoryPressure, p.memory), (Condition::DiskPressure, p.disk), (Condition::PidPressure, p.pid)]
+        {
+            self.metrics.conditions.with_label_values(&[c.as_str()]).set(i64::from(on));
+        }
+    }
+
+    fn candidates(&self, signal: Signal) -> Vec<Candidate> {
+        let pods = self.evictor.pods();
+        let usage: HashMap<String, (u64, u64)> =
+            self.resources().pod_usage().into_iter().map(|u| (u.uid, (u.memory_working_set, u.pids))).collect();
+        let disk = Condition::of(signal) == Condition::DiskPressure;
+        let static_critical = self.settings.borrow().static_pods_critical;
+        pods.iter()
+            .filter_map(|pod| {
+                let uid = pod.metadata.uid.clone()?;
+                if self.in_flight.contains_key(&uid) {
+                    return None;
+                }
+                // A pod whose cgroup vanished meanwhile has no usage and is skipped.
+                let (memory_usage, pids) = *usage.get(&uid)?;
+                let memory_request = PodResources::from_pod(pod).map(|r| r.memory_request()).unwrap_or(0);
+                let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
+                Some(Candidate {
+                    name: format!(
+                        "{}/{}",
+                        pod.metadata.namespace.as_deref().unwrap_or("default"),
+                        pod.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    priority: pod_priority(pod),
+                    critical: is_critical(pod, static_critical),
+                    memory_request,
+                    memory_usage,
+                    disk_request: ephemeral_request(pod),
+                    disk_usage: if disk { self.evictor.disk_usage(&uid) } else { 0 },
+                    pids,
+                    grace_seconds: u64::try_from(grace).unwrap_or(0),
+                    uid,
+                })
+            })
+            .collect()
+    }
+
+    fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) {
+        let signal = breach.threshold.signal;
+        let condition = Condition::of(signal);
+        let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
+        let any_pending = self.in_flight.values().any(|f| f.condition == condition);
+        let needed = breach.deficit().saturating_sub(pending);
+        if any_pending && needed == 0 {
+            return;
+        }
+        let ranked = rank(signal, &self.candidates(signal));
+        if ranked.is_empty() {
+            if !self.warned_no_candidates && !any_pending {
+                tracing::warn!(%signal, observed = breach.observed, threshold = breach.value, "threshold crossed, but no pod can be evicted");
+                self.warned_no_candidates = true;
+            }
+            return;
+        }
+        self.warned_no_candidates = false;
+        let explained: Vec<Ranked> = ranked
+            .iter()
+            .take(10)
+            .map(|c| {
+                let (usage, request) = match condition {
+                    Condition::MemoryPressure => (c.memory_usage, c.memory_request),
+                    Condition::DiskPressure => (c.disk_usage, c.disk_request),
+                    Condition::PidPressure => (c.pids, 0),
+                };
+                Ranked { pod: c.name.clone(), usage, request, priority: c.priority }
+            })
+            .collect();
+        for victim in select(signal, &ranked, needed) {
+            let grace = grace_period(breach.hard, victim.grace_seconds, settings.max_pod_grace_period);
+            let message = eviction_message(breach, &victim);
+            let reclaims = victim.reclaims(signal);
+            tracing::warn!(
+                pod = %victim.name,
+                pod_uid = %victim.uid,
+                %signal,
+                hard = breach.hard,
+                observed = breach.observed,
+                threshold = breach.value,
+                target = breach.target,
+                reclaims,
+                grace_seconds = grace.as_secs(),
+                candidates = ?explained.iter().map(|r| format!("{} usage={} request={} priority={}", r.pod, r.usage, r.request, r.priority)).collect::<Vec<_>>(),
+                "evicting pod"
+            );
+            self.metrics.evictions.with_label_values(&[signal.as_str()]).inc();
+            self.metrics.stats_age.with_label_values(&[signal.as_str()]).observe(observed_at.elapsed().as_secs_f64());
+            let id = self.status.record(EvictionRecord {
+                time: jiff::Timestamp::now(),
+                pod: victim.name.clone(),
+                uid: victim.uid.clone(),
+                signal,
+                hard: breach.hard,
+                observed: breach.observed,
+                threshold: breach.value,
+                target: breach.target,
+                reclaims,
+                grace_period_seconds: grace.as_secs(),
+                message: message.clone(),
+                candidates: explained.clone(),
+                sigterm_latency_seconds: None,
+                error: None,
+                completed: false,
+            });
+            self.in_flight.insert(
+                victim.uid.clone(),
+                InFlight { condition, reclaims, until: Instant::now() + grace + Duration::from_secs(60) },
+            );
+            let evictor = self.evictor.clone();
+            let status = self.status.clone();
+            let latency = self.metrics.latency.with_label_values(&[signal.as_str()]);
+            let done = self.done.0.clone();
+            tokio::spawn(async move {
+                match evictor.evict(&victim.uid, grace, message).await {
+                    Ok(terminated) => {
+                        let l = observed_at.elapsed().as_secs_f64();
+                        latency.observe(l);
+                        status.update(id, |r| r.sigterm_latency_seconds = Some(l));
+                        let _ = terminated.await;
+                        status.update(id, |r| r.completed = true);
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod = %victim.name, error = %e, "eviction failed");
+                        status.update(id, |r| r.error = Some(e));
+                    }
+                }
+                let _ = done.send(victim.uid);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,304 @@
+//! The eviction loop over a stand-in host and a scripted evictor, with time paused.
+
+use std::sync::Mutex as StdMutex;
+
+use nodewarden_resources::testing::FakeHost;
+use nodewarden_resources::{Amount, CgroupPath, ResourceConfig};
+use serde_json::json;
+
+use super::*;
+use crate::threshold::Threshold;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Default)]
+struct FakeEvictor {
+    pods: StdMutex<Vec<Pod>>,
+    evicted: StdMutex<Vec<(String, Duration, String)>>,
+    terminations: StdMutex<Vec<oneshot::Sender<()>>>,
+}
+
+impl Evictor for FakeEvictor {
+    fn pods(&self) -> Vec<Pod> {
+        let evicted: Vec<String> = self.evicted.lock().unwrap().iter().map(|e| e.0.clone()).collect();
+        let pods = self.pods.lock().unwrap();
+        pods.iter().filter(|p| !evicted.contains(p.metadata.uid.as_ref().unwrap())).cloned().collect()
+    }
+
+    fn disk_usage(&self, uid: &str) -> u64 {
+        if uid.starts_with("writer") { 50 * MIB } else { MIB }
+    }
+
+    async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<oneshot::Receiver<()>, String> {
+        self.evicted.lock().unwrap().push((uid.into(), grace, message));
+        let (tx, rx) = oneshot::channel();
+        self.terminations.lock().unwrap().push(tx);
+        Ok(rx)
+    }
+}
+
+impl FakeEvictor {
+    fn victims(&self) -> Vec<String> {
+        self.evicted.lock().unwrap().iter().map(|e| e.0.clone()).collect()
+    }
+}
+
+fn pod(uid: &str, memory: Option<&str>, extra: serde_json::Value) -> Pod {
+    let resources = match memory {
+        Some(m) => json!({"requests": {"memory": m, "cpu": "100m"}, "limits": {"memory": m, "cpu": "100m"}}),
+        None => json!({}),
+    };
+    let mut spec = json!({"containers": [{"name": "c", "image": "x", "resources": resources}]});
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    serde_json::from_value(json!({"metadata": {"name": uid, "namespace": "default", "uid": uid}, "spec": spec}))
+        .unwrap()
+}
+
+struct Rig {
+    host: FakeHost,
+    resources: Arc<Mutex<ResourceManager>>,
+    evictor: Arc<FakeEvictor>,
+    settings: watch::Sender<Arc<EvictionSettings>>,
+    manager: EvictionManager<FakeEvictor>,
+}
+
+fn settings(hard: &[(Signal, Amount, Option<Amount>)], soft: &[(Signal, Amount, u64)]) -> EvictionSettings {
+    EvictionSettings {
+        thresholds: Thresholds {
+            hard: hard
+                .iter()
+                .map(|(signal, amount, min_reclaim)| Threshold {
+                    signal: *signal,
+                    amount: *amount,
+                    grace_period: Duration::ZERO,
+                    min_reclaim: *min_reclaim,
+                })
+                .collect(),
+            soft: soft
+                .iter()
+                .map(|(signal, amount, g)| Threshold {
+                    signal: *signal,
+                    amount: *amount,
+                    grace_period: Duration::from_secs(*g),
+                    min_reclaim: None,
+                })
+                .collect(),
+        },
+        transition_period: Duration::from_secs(30),
+        max_pod_grace_period: Duration::from_secs(20),
+        static_pods_critical: false,
+        poll_min: Duration::from_millis(10),
+        poll_max: Duration::from_secs(1),
+    }
+}
+
+/// Places the pods, with (memory usage, pids) each.
+fn rig(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>) -> Rig {
+    let host = FakeHost::new();
+    let root = CgroupPath::parse("/nw").unwrap();
+    let config = ResourceConfig::new(root.clone());
+    let mut m = ResourceManager::new(host.cgroupfs(&root), host.host(), config).unwrap();
+    m.setup().unwrap();
+    host.set_usage(&m.tree().kubepods, 0, 0);
+    for (p, mem, pids) in &pods {
+        let placed = m.place(p).unwrap();
+        host.set_usage(&placed.cgroup, *mem, *pids);
+    }
+    let evictor = Arc::new(FakeEvictor {
+        pods: StdMutex::new(pods.into_iter().map(|p| p.0).collect()),
+        ..FakeEvictor::default()
+    });
+    let (tx, rx) = watch::channel(Arc::new(s));
+    let resources = Arc::new(Mutex::new(m));
+    let metrics = EvictionMetrics::new(&prometheus::Registry::new()).unwrap();
+    let manager = EvictionManager::new(resources.clone(), evictor.clone(), rx, metrics, None);
+    Rig { host, resources, evictor, settings: tx, manager }
+}
+
+/// Lets the spawned eviction tasks run.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_pressure_evicts_the_besteffort_hog_not_the_guaranteed_pod() {
+    let mut r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![
+            (pod("guaranteed", Some("150Mi"), json!({})), 140 * MIB, 3),
+            (pod("hog", None, json!({})), 700 * MIB, 1),
+            (pod("small", None, json!({})), 10 * MIB, 1),
+        ],
+    );
+    r.host.set_memory(1 << 30, 300 * MIB, 300 * MIB);
+    let idle = r.manager.pass().await;
+    assert!(r.evictor.victims().is_empty());
+    assert!(idle > Duration::from_millis(100), "ample headroom polls slowly: {idle:?}");
+    r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
+    let busy = r.manager.pass().await;
+    settle().await;
+    assert_eq!(busy, Duration::from_millis(10), "a crossed threshold polls at the shortest period");
+    assert_eq!(r.evictor.victims(), ["hog"]);
+    let (_, grace, message) = r.evictor.evicted.lock().unwrap()[0].clone();
+    assert_eq!(grace, HARD_EVICTION_GRACE);
+    assert!(
+        message.starts_with("The node was low on resource: memory. Threshold quantity: 102400Ki, available: 92160Ki."),
+        "{message}"
+    );
+    // Admission now refuses BestEffort pods.
+    assert!(r.resources.lock().unwrap().pressure().memory);
+    // While the hog terminates, what it will give back covers the deficit: nobody else is evicted.
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["hog"]);
+    let history = r.manager.status().history();
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        history[0].candidates.iter().map(|c| c.pod.as_str()).collect::<Vec<_>>(),
+        ["default/hog", "default/small", "default/guaranteed"]
+    );
+    assert!(history[0].sigterm_latency_seconds.is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn evicts_as_many_pods_as_the_deficit_needs_in_one_pass() {
+    let mut r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), Some(Amount::Quantity(100 * MIB)))], &[]),
+        vec![
+            (pod("a", Some("50Mi"), json!({})), 100 * MIB, 1),
+            (pod("b", Some("50Mi"), json!({})), 90 * MIB, 1),
+            (pod("c", Some("50Mi"), json!({})), 80 * MIB, 1),
+            (pod("d", Some("50Mi"), json!({})), 70 * MIB, 1),
+        ],
+    );
+    // 60 MiB available, target 200 MiB: 140 MiB to reclaim, so a (100) and b (90).
+    r.host.set_memory(1 << 30, 60 * MIB, 60 * MIB);
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["a", "b"]);
+    // Once they are gone but memory is still short (something else grew), the next in rank goes.
+    let done: Vec<_> = r.evictor.terminations.lock().unwrap().drain(..).collect();
+    for d in done {
+        d.send(()).unwrap();
+    }
+    settle().await;
+    for uid in ["a", "b"] {
+        r.manager.in_flight.remove(uid);
+    }
+    r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["a", "b", "c"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn soft_thresholds_evict_after_their_grace_period_with_the_capped_pod_grace() {
+    let mut r = rig(
+        settings(&[], &[(Signal::MemoryAvailable, Amount::Quantity(300 * MIB), 60)]),
+        vec![(pod("slow", None, json!({"terminationGracePeriodSeconds": 45})), 100 * MIB, 1)],
+    );
+    r.host.set_memory(1 << 30, 200 * MIB, 200 * MIB);
+    let wait = r.manager.pass().await;
+    assert_eq!(wait, Duration::from_secs(1), "bounded by the longest period");
+    assert!(r.resources.lock().unwrap().pressure().memory, "the condition is raised within the grace period");
+    tokio::time::advance(Duration::from_secs(59)).await;
+    r.manager.pass().await;
+    settle().await;
+    assert!(r.evictor.victims().is_empty());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["slow"]);
+    assert_eq!(r.evictor.evicted.lock().unwrap()[0].1, Duration::from_secs(20), "min(45 s, evictionMaxPodGracePeriod)");
+}
+
+#[tokio::test(start_paused = true)]
+async fn critical_pods_are_never_evicted_and_a_reload_applies_at_once() {
+    let mut r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![
+            (pod("system", None, json!({"priorityClassName": "system-node-critical"})), 800 * MIB, 1),
+            (pod("vip", None, json!({"priority": 2_000_000_000})), 100 * MIB, 1),
+        ],
+    );
+    r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
+    r.manager.pass().await;
+    assert!(r.evictor.victims().is_empty());
+    // Raising the threshold over what is available makes the next pass act, but only critical pods are left.
+    r.settings.send_replace(Arc::new(settings(&[(Signal::MemoryAvailable, Amount::Quantity(200 * MIB), None)], &[])));
+    r.manager.pass().await;
+    settle().await;
+    assert!(r.evictor.victims().is_empty());
+    assert!(r.resources.lock().unwrap().pressure().memory);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pid_pressure_ranks_by_priority_then_process_count() {
+    let mut r = rig(
+        settings(&[(Signal::PidAvailable, Amount::Quantity(1000), None)], &[]),
+        vec![
+            (pod("forker", None, json!({})), MIB, 30_000),
+            (pod("important", None, json!({"priority": 10})), MIB, 31_000),
+            (pod("quiet", None, json!({})), MIB, 5),
+        ],
+    );
+    r.host.set_threads(32_000);
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["forker"]);
+    let p = r.resources.lock().unwrap().pressure();
+    assert!(p.pid && !p.memory);
+}
+
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_ranks_by_ephemeral_storage() {
+    let mut r = rig(
+        settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]),
+        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), 100 * MIB, 1)],
+    );
+    r.manager.pass().await;
+    settle().await;
+    // A threshold of 100 % can never be met by eviction: every pod goes, the biggest writer first.
+    assert_eq!(r.evictor.victims(), ["writer", "quiet"]);
+    assert!(r.evictor.evicted.lock().unwrap()[0].2.contains("low on resource: ephemeral-storage"));
+}
+
+#[test]
+fn poll_period_shrinks_with_headroom() {
+    let s = settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]);
+    let at = |available: u64| {
+        let signals = BTreeMap::from([(Signal::MemoryAvailable, SignalObservation { available, capacity: 1 << 30 })]);
+        next_poll(&s, &signals, &Evaluation::default())
+    };
+    assert_eq!(at(2048 * MIB), Duration::from_secs(1));
+    assert!(at(612 * MIB) < Duration::from_secs(1));
+    assert!(at(200 * MIB) < at(400 * MIB));
+    assert_eq!(at(101 * MIB), Duration::from_millis(10));
+}
+
+#[test]
+fn select_stops_once_the_deficit_is_covered_and_skips_pods_that_give_nothing() {
+    let c = |name: &str, usage: u64| Candidate {
+        uid: name.into(),
+        name: name.into(),
+        priority: 0,
+        critical: false,
+        memory_request: 0,
+        memory_usage: usage,
+        disk_request: 0,
+        disk_usage: 0,
+        pids: 0,
+        grace_seconds: 30,
+    };
+    let ranked = [c("a", 50), c("b", 0), c("c", 40), c("d", 30)];
+    let names = |v: Vec<Candidate>| v.into_iter().map(|c| c.name).collect::<Vec<_>>();
+    assert_eq!(names(select(Signal::MemoryAvailable, &ranked, 10)), ["a"]);
+    assert_eq!(names(select(Signal::MemoryAvailable, &ranked, 60)), ["a", "c"]);
+    assert_eq!(names(select(Signal::MemoryAvailable, &ranked, 1000)), ["a", "c", "d"]);
+    // Nothing gives anything back (disk usage unknown): only the first ranked goes, as the kubelet would do.
+    assert_eq!(names(select(Signal::NodeFsAvailable, &ranked, 1000)), ["a"]);
+}

@@ -1,0 +1,131 @@
+//! What the eviction loop shares with the daemon: when it last completed a pass (for `/readyz`), the last
+//! evaluation, and the recent evictions with their explanations (for `/evictions`).
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::pressure::Evaluation;
+use crate::signal::Signal;
+
+/// How many evictions `/evictions` keeps.
+pub const HISTORY: usize = 100;
+
+/// One ranked candidate, as an eviction explains its choice.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Ranked {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The usage that ranking compared (bytes, or processes for `pid.available`).
+    pub usage: u64,
+    /// The matching request (0 for PIDs).
+    pub request: u64,
+    /// `spec.priority`.
+    pub priority: i32,
+}
+
+/// One eviction and why.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EvictionRecord {
+    /// When it was decided.
+    pub time: jiff::Timestamp,
+    /// `namespace/name`.
+    pub pod: String,
+    /// The pod UID.
+    pub uid: String,
+    /// The signal below its threshold.
+    pub signal: Signal,
+    /// An `evictionHard` threshold (else `evictionSoft`).
+    pub hard: bool,
+    /// The signal's observed value.
+    pub observed: u64,
+    /// The threshold.
+    pub threshold: u64,
+    /// Threshold + minimum reclaim: where eviction must bring the signal.
+    pub target: u64,
+    /// What this pod was expected to give back.
+    pub reclaims: u64,
+    /// The grace period it was given, in seconds.
+    pub grace_period_seconds: u64,
+    /// The message in the pod's status.
+    pub message: String,
+    /// The candidates in rank order (at most ten), the victim first among those not already being evicted.
+    pub candidates: Vec<Ranked>,
+    /// Threshold crossing observed → SIGTERM sent, once sent.
+    pub sigterm_latency_seconds: Option<f64>,
+    /// Why the eviction failed, if it did.
+    pub error: Option<String>,
+    /// True once the pod has terminated.
+    pub completed: bool,
+}
+
+/// The eviction loop's shared state.
+#[derive(Debug, Default)]
+pub struct EvictionStatus {
+    last_pass: Mutex<Option<Instant>>,
+    last_error: Mutex<Option<String>>,
+    evaluation: Mutex<Evaluation>,
+    history: Mutex<VecDeque<(u64, EvictionRecord)>>,
+    next_id: Mutex<u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl EvictionStatus {
+    /// `Ok` when a pass completed within `stale_after`; else why not.
+    pub fn readiness(&self, stale_after: Duration) -> Result<(), String> {
+        match *lock(&self.last_pass) {
+            Some(t) if t.elapsed() <= stale_after => Ok(()),
+            Some(t) => Err(format!(
+                "the eviction loop last completed a pass {:.1}s ago{}",
+                t.elapsed().as_secs_f64(),
+                lock(&self.last_error).as_ref().map(|e| format!(": {e}")).unwrap_or_default()
+            )),
+            None => Err("the eviction loop has not completed a pass yet".into()),
+        }
+    }
+
+    /// The last evaluation: conditions and the thresholds met.
+    pub fn evaluation(&self) -> Evaluation {
+        lock(&self.evaluation).clone()
+    }
+
+    /// The recent evictions, oldest first.
+    pub fn history(&self) -> Vec<EvictionRecord> {
+        lock(&self.history).iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    pub(crate) fn pass_done(&self, at: Instant, evaluation: Evaluation) {
+        *lock(&self.last_pass) = Some(at);
+        *lock(&self.last_error) = None;
+        *lock(&self.evaluation) = evaluation;
+    }
+
+    pub(crate) fn pass_failed(&self, error: String) {
+        *lock(&self.last_error) = Some(error);
+    }
+
+    pub(crate) fn record(&self, r: EvictionRecord) -> u64 {
+        let id = {
+            let mut n = lock(&self.next_id);
+            *n += 1;
+            *n
+        };
+        let mut h = lock(&self.history);
+        if h.len() == HISTORY {
+            h.pop_front();
+        }
+        h.push_back((id, r));
+        id
+    }
+
+    pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut EvictionRecord)) {
+        if let Some((_, r)) = lock(&self.history).iter_mut().find(|(i, _)| *i == id) {
+            f(r);
+        }
+    }
+}

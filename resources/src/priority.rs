@@ -1,0 +1,117 @@
+//! Pod priority and criticality, and the node conditions that admission under pressure looks at.
+//!
+//! The kubelet treats every static pod as critical. Static pods are nodewarden's main workload source, so here a
+//! pod is critical by its priority alone (at least [`SYSTEM_CRITICAL_PRIORITY`], or one of the two system
+//! priority classes), unless the operator restores the kubelet's rule.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::qos::QosClass;
+
+/// The priority from which a pod is critical (the kubelet's `SystemCriticalPriority`).
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// The annotation that names a pod's source; `file` for static pods.
+pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+
+/// `spec.priority`, 0 when unset.
+pub fn pod_priority(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
+}
+
+/// True for a pod that came from a manifest file or URL rather than an API server.
+pub fn is_static_pod(pod: &Pod) -> bool {
+    let source = pod.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION));
+    source.is_some_and(|s| s != "api")
+}
+
+/// True for a pod that is never evicted and is admitted under any pressure: priority at least
+/// [`SYSTEM_CRITICAL_PRIORITY`], or priority class `system-node-critical` or `system-cluster-critical`; and, when
+/// `static_pods_critical` (the kubelet's rule), every static pod.
+pub fn is_critical(pod: &Pod, static_pods_critical: bool) -> bool {
+    let class = pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
+    pod_priority(pod) >= SYSTEM_CRITICAL_PRIORITY
+        || matches!(class, Some("system-node-critical" | "system-cluster-critical"))
+        || (static_pods_critical && is_static_pod(pod))
+}
+
+/// The node's pressure conditions, as the eviction manager last decided them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodePressure {
+    /// `MemoryPressure`.
+    pub memory: bool,
+    /// `DiskPressure`.
+    pub disk: bool,
+    /// `PIDPressure`.
+    pub pid: bool,
+}
+
+impl NodePressure {
+    /// The conditions that are true, by their Kubernetes names.
+    pub fn names(&self) -> Vec<&'static str> {
+        [(self.memory, "MemoryPressure"), (self.disk, "DiskPressure"), (self.pid, "PIDPressure")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect()
+    }
+
+    /// Whether a pod may start under these conditions, by the kubelet's rules: anything when there is no pressure;
+    /// critical pods always; under memory pressure alone, every pod but BestEffort ones; under any other pressure,
+    /// nothing else. The error is the kubelet's message.
+    pub fn admit(&self, qos: QosClass, critical: bool) -> Result<(), String> {
+        let names = self.names();
+        if names.is_empty() || critical || (names == ["MemoryPressure"] && qos != QosClass::BestEffort) {
+            return Ok(());
+        }
+        Err(format!("The node had condition: [{}]. ", names.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn pod(priority: Option<i32>, class: Option<&str>, source: Option<&str>) -> Pod {
+        let mut p = Pod {
+            spec: Some(PodSpec { priority, priority_class_name: class.map(Into::into), ..PodSpec::default() }),
+            ..Pod::default()
+        };
+        if let Some(s) = source {
+            p.metadata.annotations = Some([(CONFIG_SOURCE_ANNOTATION.to_owned(), s.to_owned())].into());
+        }
+        p
+    }
+
+    #[test]
+    fn criticality() {
+        assert!(!is_critical(&pod(None, None, None), false));
+        assert!(!is_critical(&pod(Some(SYSTEM_CRITICAL_PRIORITY - 1), None, None), false));
+        assert!(is_critical(&pod(Some(SYSTEM_CRITICAL_PRIORITY), None, None), false));
+        assert!(is_critical(&pod(None, Some("system-node-critical"), None), false));
+        assert!(is_critical(&pod(None, Some("system-cluster-critical"), None), false));
+        assert!(!is_critical(&pod(None, Some("high"), None), false));
+        // Static pods: only under the kubelet's rule.
+        assert!(!is_critical(&pod(None, None, Some("file")), false));
+        assert!(is_critical(&pod(None, None, Some("file")), true));
+        assert!(!is_critical(&pod(None, None, Some("api")), true));
+    }
+
+    #[test]
+    fn admission_under_pressure() {
+        let none = NodePressure::default();
+        let memory = NodePressure { memory: true, ..none };
+        let disk = NodePressure { disk: true, ..none };
+        let both = NodePressure { memory: true, pid: true, ..none };
+        assert_eq!(none.admit(QosClass::BestEffort, false), Ok(()));
+        assert_eq!(memory.admit(QosClass::Burstable, false), Ok(()));
+        assert_eq!(memory.admit(QosClass::BestEffort, false), Err("The node had condition: [MemoryPressure]. ".into()));
+        assert_eq!(memory.admit(QosClass::BestEffort, true), Ok(()));
+        assert!(disk.admit(QosClass::Guaranteed, false).is_err());
+        assert_eq!(disk.admit(QosClass::Guaranteed, true), Ok(()));
+        assert_eq!(
+            both.admit(QosClass::Guaranteed, false),
+            Err("The node had condition: [MemoryPressure, PIDPressure]. ".into())
+        );
+    }
+}
