@@ -186,6 +186,7 @@ fn rss_kib(pid: u32) -> Result<u64> {
 
 fn get(port: u16, path: &str) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
     let mut raw = String::new();
     s.read_to_string(&mut raw).ok()?;

@@ -22,11 +22,11 @@ struct Run {
 /// A pod manifest; `memory` sets a memory limit (which is also the request, so only a few such pods fit).
 fn manifest(name: &str, memory: Option<&str>, probe_port: Option<u16>) -> String {
     let command = match probe_port {
-        Some(p) => format!("[busybox, httpd, -f, -p, '127.0.0.1:{p}', -h, /tmp]"),
+        Some(p) => format!("[busybox, httpd, -f, -p, '127.0.0.1:{p}', -h, /etc]"),
         None => "[sleep, '100000']".to_owned(),
     };
     let probe = probe_port
-        .map(|p| format!("    readinessProbe:\n      httpGet: {{path: /, port: {p}}}\n      periodSeconds: 10\n"))
+        .map(|p| format!("    readinessProbe:\n      httpGet: {{path: /hostname, port: {p}}}\n      periodSeconds: 10\n"))
         .unwrap_or_default();
     let resources = memory.map(|m| format!("    resources:\n      limits: {{memory: {m}}}\n")).unwrap_or_default();
     format!(
@@ -67,7 +67,7 @@ fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Result<()> {
         if Instant::now() > deadline {
             bail!("{what} did not happen within {secs} s");
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
 }
@@ -97,11 +97,12 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
             dir.join("root").display()
         ),
     )?;
-    let child =
-        Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    let log = std::fs::File::create(dir.join("daemon.log"))?;
+    let child = Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(log).spawn()?;
     let guard = Guard(child);
     let pid = guard.0.id();
     wait("readiness", 60, || get(port, "/readyz").is_some())?;
+    eprintln!("pods: daemon ready");
 
     // start: N manifests written at once.
     let t0 = Instant::now();
@@ -110,6 +111,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
     }
     wait("all pods running", 300, || count(port, running) == n)?;
     let start_s = t0.elapsed().as_secs_f64();
+    eprintln!("pods: {n} pods running after {start_s:.2} s");
     clear(&manifests, port)?;
 
     // edit: the replacement's cgroup carries the new limit.
@@ -141,6 +143,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
         write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), None, Some(p)))?;
     }
     wait("all pods ready", 300, || count(port, ready) == n)?;
+    eprintln!("pods: {n} probed pods ready");
     std::thread::sleep(Duration::from_secs(5));
     let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
     std::thread::sleep(Duration::from_secs(seconds));
