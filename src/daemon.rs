@@ -5,20 +5,25 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::Context;
-use nodewarden_eviction::signal_observations;
-use nodewarden_resources::{CgroupFs, CgroupPath, HostPaths, ResourceManager, check_host};
-use nodewarden_sync::{PodManager, PodSource, ProcessRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings};
-use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
+use std::collections::BTreeMap;
 
-use crate::config::Config;
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_eviction::{
+    EvictionManager, EvictionMetrics, EvictionSettings, EvictionStatus, Evictor, PassObserver, Signal,
+    SignalObservation,
+};
+use nodewarden_resources::{CgroupError, CgroupFs, CgroupPath, HostPaths, Observations, ResourceManager, check_host};
+use nodewarden_sync::{PodManager, PodSource, ProcessRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::config::{self, Config, Reloaded};
 use crate::metrics::Metrics;
 
 /// State shared by the endpoints and the loops.
 pub struct Shared {
-    /// The configuration in force.
-    pub config: Config,
+    /// The configuration in force; replaced by a reload.
+    config: watch::Sender<Arc<Config>>,
     /// The resource manager, the only writer of cgroupfs.
     pub manager: Arc<Mutex<ResourceManager>>,
     /// Pod sync; `None` when no runtime is available.
@@ -26,61 +31,138 @@ pub struct Shared {
     /// Pods and their status (`/pods`).
     pub store: Arc<StatusStore>,
     /// The metrics.
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
+    /// The eviction loop's state: its last pass and the recent evictions.
+    pub eviction: Arc<EvictionStatus>,
+    /// The eviction settings the loop follows; replaced by a reload.
+    eviction_settings: watch::Sender<Arc<EvictionSettings>>,
     /// A handle on cgroupfs and the kubepods cgroup for the readiness check, which must never wait for the
     /// manager's lock: a pass stuck on a hung read would otherwise hang `/readyz` too.
     probe: (CgroupFs, CgroupPath),
-    last_pass: Mutex<Option<Instant>>,
-    last_error: Mutex<Option<String>>,
 }
 
 impl Shared {
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.borrow().clone()
+    }
+
     /// The readiness checks with their results.
     pub fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
-        let stale_after = (self.config.housekeeping_interval * 3).max(Duration::from_secs(3));
-        let last = *self.last_pass.lock().unwrap_or_else(PoisonError::into_inner);
-        let housekeeping = match last {
-            Some(t) if t.elapsed() <= stale_after => Ok(()),
-            Some(t) => {
-                let err = self.last_error.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                Err(format!(
-                    "last pass {:.1}s ago{}",
-                    t.elapsed().as_secs_f64(),
-                    err.map(|e| format!(": {e}")).unwrap_or_default()
-                ))
-            }
-            None => Err("no pass completed yet".into()),
-        };
+        let stale_after = (self.config().housekeeping_interval * 3).max(Duration::from_secs(3));
+        let eviction = self.eviction.readiness(stale_after);
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
         let (podsync, runtime) = match &self.pods {
             Some(p) => (p.readiness(), Ok(())),
             None => (Ok(()), Err(NO_CRI.to_owned())),
         };
-        vec![("housekeeping", housekeeping), ("cgroupfs", cgroupfs), ("podsync", podsync), ("runtime", runtime)]
+        vec![("eviction", eviction), ("cgroupfs", cgroupfs), ("podsync", podsync), ("runtime", runtime)]
     }
 
-    /// One observation pass: read the node-level signals (a fixed number of reads), update the metrics.
-    fn housekeeping_pass(&self) {
-        let start = Instant::now();
-        let m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
-        match m.observe() {
-            Ok(obs) => {
-                let signals = signal_observations(&obs, m.allocatable());
-                self.metrics.set_thresholds(&self.config.thresholds, &signals);
-                self.metrics.set_pods(m.placements());
-                self.metrics.observe(&obs, &signals, start.elapsed().as_secs_f64());
-                *self.last_pass.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-                *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = None;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "observation pass failed");
-                self.metrics.housekeeping_failed();
-                *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
-            }
+    /// Applies an edited config file: the reloadable fields take effect at once (resources first, so a refused
+    /// cgroup write leaves everything as it was); the others are reported as needing a restart.
+    pub fn reload(&self, text: &str) -> Result<Vec<&'static str>, String> {
+        let running = self.config();
+        let Reloaded { config, needs_restart } = config::reload(&running, text).map_err(|e| e.to_string())?;
+        if config == *running {
+            return Ok(needs_restart);
+        }
+        let alloc = {
+            let mut m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
+            m.reconfigure(config.resources.clone()).map_err(|e| format!("cannot apply the new resources: {e}"))?;
+            *m.allocatable()
+        };
+        self.metrics.set_allocatable(&alloc, config.resources.max_pods);
+        self.eviction_settings.send_replace(Arc::new(eviction_settings(&config)));
+        self.config.send_replace(Arc::new(config));
+        Ok(needs_restart)
+    }
+}
+
+/// The eviction loop's settings from the config.
+fn eviction_settings(c: &Config) -> EvictionSettings {
+    EvictionSettings {
+        thresholds: c.thresholds.clone(),
+        transition_period: c.pressure_transition_period,
+        max_pod_grace_period: Duration::from_secs(u64::from(c.max_pod_grace_period)),
+        static_pods_critical: c.static_pods_critical,
+        poll_min: c.eviction_poll_min,
+        poll_max: c.housekeeping_interval,
+    }
+}
+
+/// Keeps the node gauges current from the eviction loop's observations.
+struct Gauges {
+    metrics: Arc<Metrics>,
+    config: watch::Receiver<Arc<Config>>,
+}
+
+impl PassObserver for Gauges {
+    fn observed(
+        &self,
+        m: &ResourceManager,
+        obs: &Observations,
+        signals: &BTreeMap<Signal, SignalObservation>,
+        took: Duration,
+    ) {
+        self.metrics.set_thresholds(&self.config.borrow().thresholds, signals);
+        self.metrics.set_pods(m.placements());
+        self.metrics.observe(obs, signals, took.as_secs_f64());
+    }
+
+    fn failed(&self, _error: &CgroupError) {
+        self.metrics.housekeeping_failed();
+    }
+}
+
+/// The pods the eviction manager may evict: pod sync's, or none without a runtime.
+enum Pods {
+    Sync(Arc<PodManager<ProcessRuntime>>),
+    None,
+}
+
+impl Evictor for Pods {
+    fn pods(&self) -> Vec<Pod> {
+        match self {
+            Pods::Sync(p) => p.pods(),
+            Pods::None => Vec::new(),
+        }
+    }
+
+    fn disk_usage(&self, uid: &str) -> u64 {
+        match self {
+            Pods::Sync(p) => p.disk_usage(uid),
+            Pods::None => 0,
+        }
+    }
+
+    async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<oneshot::Receiver<()>, String> {
+        match self {
+            Pods::Sync(p) => Evictor::evict(p.as_ref(), uid, grace, message).await,
+            Pods::None => Err("no pod runtime".into()),
         }
     }
 }
+
+/// Moves the daemon into its own cgroup with `memory.min` protection, and makes it the last process the kernel
+/// OOM killer would choose. Failures are logged: the daemon runs on without the protection.
+fn protect_self(manager: &ResourceManager, config: &Config) {
+    if let Some(name) = &config.daemon_cgroup {
+        match manager.place_daemon(name, std::process::id(), config.daemon_memory_min) {
+            Ok(cg) => {
+                tracing::info!(cgroup = %cg, memory_min = config.daemon_memory_min, "moved the daemon into its own cgroup")
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot move the daemon into its own cgroup; it runs unprotected"),
+        }
+    }
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", DAEMON_OOM_SCORE_ADJ.to_string()) {
+        tracing::warn!(error = %e, "cannot set the daemon's oom_score_adj");
+    }
+}
+
+/// The daemon's `oom_score_adj`, as the kubelet's own.
+const DAEMON_OOM_SCORE_ADJ: i32 = -999;
 
 /// The nearest existing ancestor of `path` (statfs needs an existing path; `/var/lib/kubelet` may not exist yet).
 fn existing_ancestor(path: &Path) -> PathBuf {
@@ -115,8 +197,8 @@ pub enum DaemonError {
     Other(#[from] anyhow::Error),
 }
 
-/// Runs the daemon until SIGTERM or SIGINT.
-pub async fn run(mut config: Config) -> Result<(), DaemonError> {
+/// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits.
+pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     for f in &config.ignored {
         tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
     }
@@ -134,9 +216,11 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
         imagefs: existing_ancestor(&config.imagefs_path),
         ..HostPaths::default()
     };
+    let proc = host.proc.clone();
     let mut manager =
         ResourceManager::new(fs, host, config.resources.clone()).context("cannot read the node's capacity")?;
     let adopted = manager.setup().context("cannot set up the kubepods tree")?;
+    protect_self(&manager, &config);
     let alloc = *manager.allocatable();
     tracing::info!(
         cgroup = %manager.tree().kubepods,
@@ -150,7 +234,7 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     for uid in &adopted {
         tracing::info!(pod_uid = %uid, "adopted existing pod cgroup");
     }
-    let metrics = Metrics::new().context("cannot create metrics")?;
+    let metrics = Arc::new(Metrics::new().context("cannot create metrics")?);
     metrics.set_allocatable(&alloc, config.resources.max_pods);
     let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let fs = manager.cgroupfs().clone();
@@ -168,7 +252,8 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
             node_name: config.node_name.clone(),
         };
         let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
-        let pods = PodManager::new(manager.clone(), Arc::new(ProcessRuntime::new(helper, fs)), settings, sync_metrics);
+        let runtime = Arc::new(ProcessRuntime::new(helper, fs.clone()));
+        let pods = PodManager::new(manager.clone(), runtime, settings, sync_metrics);
         let (tx, rx) = mpsc::channel(4);
         if let Some(dir) = &config.static_pod_path {
             tracing::info!(dir = %dir.display(), "watching static pod manifests");
@@ -179,24 +264,40 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
         Some(pods)
     };
     let store = pods.as_ref().map_or_else(|| Arc::new(StatusStore::default()), |p| p.store());
+
+    let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
+    let (config_tx, config_rx) = watch::channel(Arc::new(config));
+    let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
+    let gauges = Arc::new(Gauges { metrics: metrics.clone(), config: config_rx });
+    let evictor = Arc::new(pods.clone().map_or(Pods::None, Pods::Sync));
+    let eviction = EvictionManager::new(manager.clone(), evictor, settings_rx, eviction_metrics, Some(gauges));
+    let (wake_tx, wake_rx) = mpsc::channel(8);
+    let _wake_thread = if config_tx.borrow().pressure_events {
+        let kubepods = probe.1.clone();
+        nodewarden_eviction::start_wakeups(&proc, &fs, &kubepods, wake_tx)
+    } else {
+        None
+    };
     let shared = Arc::new(Shared {
+        eviction: eviction.status(),
+        eviction_settings: settings_tx,
         probe,
         manager,
         pods,
         store,
         metrics,
-        last_pass: Mutex::new(None),
-        last_error: Mutex::new(None),
-        config,
+        config: config_tx,
     });
+    tasks.push(tokio::spawn(eviction.run(wake_rx, drain_rx.clone())));
+    tasks.push(tokio::spawn(crate::reload::watch(path, shared.clone(), drain_rx.clone())));
 
-    let housekeeping = tokio::spawn(housekeeping_loop(shared.clone(), drain_rx.clone()));
-    let server = match shared.config.healthz {
+    let healthz = shared.config().healthz;
+    let server = match healthz {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} (healthzBindAddress:healthzPort)"))?;
-            tracing::info!(%addr, "serving /healthz /readyz /metrics /pods /configz");
+            tracing::info!(%addr, "serving /healthz /readyz /metrics /pods /evictions /configz");
             let mut rx = drain_rx.clone();
             let app = crate::http::router(shared.clone());
             Some(tokio::spawn(async move {
@@ -209,7 +310,6 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     let signal = wait_for_signal().await.context("cannot install signal handlers")?;
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
     let _ = drain_tx.send(true);
-    let _ = housekeeping.await;
     for t in tasks {
         let _ = t.await;
     }
@@ -228,24 +328,8 @@ pub async fn run(mut config: Config) -> Result<(), DaemonError> {
     Ok(())
 }
 
-async fn housekeeping_loop(shared: Arc<Shared>, mut drain: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(shared.config.housekeeping_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let s = shared.clone();
-                if let Err(e) = tokio::task::spawn_blocking(move || s.housekeeping_pass()).await {
-                    tracing::error!(error = %e, "observation pass panicked");
-                }
-            }
-            () = drained(&mut drain) => return,
-        }
-    }
-}
-
 /// Resolves once the drain signal is given (or its sender is gone).
-async fn drained(rx: &mut watch::Receiver<bool>) {
+pub(crate) async fn drained(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|d| *d).await.map(|_| ());
 }
 
@@ -262,7 +346,7 @@ async fn wait_for_signal() -> std::io::Result<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config;
+    use nodewarden_resources::testing::FakeHost;
 
     #[test]
     fn ancestors_and_kernel_versions() {
@@ -271,44 +355,54 @@ mod tests {
         assert!(!kernel_at_least(999, 0));
     }
 
-    /// A daemon state over a stand-in cgroupfs and /proc in a temporary directory.
-    fn shared(dir: &Path) -> Arc<Shared> {
-        for d in ["proc/sys/kernel", "sys/devices/system/cpu", "cg"] {
-            std::fs::create_dir_all(dir.join(d)).unwrap();
-        }
-        std::fs::write(dir.join("proc/meminfo"), "MemTotal: 1048576 kB\nMemFree: 524288 kB\nMemAvailable: 500000 kB\n")
-            .unwrap();
-        std::fs::write(dir.join("proc/sys/kernel/pid_max"), "32768\n").unwrap();
-        std::fs::write(dir.join("proc/sys/kernel/threads-max"), "32768\n").unwrap();
-        std::fs::write(dir.join("proc/loadavg"), "0 0 0 1/10 1\n").unwrap();
-        std::fs::write(dir.join("sys/devices/system/cpu/online"), "0\n").unwrap();
-        std::fs::create_dir_all(dir.join("cg/kubepods")).unwrap();
-        std::fs::write(dir.join("cg/kubepods/memory.current"), "0\n").unwrap();
-        std::fs::write(dir.join("cg/kubepods/memory.stat"), "inactive_file 0\n").unwrap();
-        let config = config::parse("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n").unwrap();
-        let fs = CgroupFs::emulated(dir.join("cg"), CgroupPath::root());
-        let host = HostPaths { proc: dir.join("proc"), sys: dir.join("sys"), nodefs: dir.into(), imagefs: dir.into() };
-        let mut manager = ResourceManager::new(fs, host, config.resources.clone()).unwrap();
+    const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: /nw\n";
+
+    struct Rig {
+        host: FakeHost,
+        shared: Arc<Shared>,
+        eviction: EvictionManager<Pods>,
+    }
+
+    /// A daemon state over a stand-in host, with its eviction loop (not running; passes are made by hand).
+    fn rig() -> Rig {
+        let host = FakeHost::new();
+        let config = config::parse(HEAD).unwrap();
+        let mut manager =
+            ResourceManager::new(host.cgroupfs(&config.resources.cgroup_root), host.host(), config.resources.clone())
+                .unwrap();
         manager.setup().unwrap();
-        Arc::new(Shared {
-            probe: (manager.cgroupfs().clone(), manager.tree().kubepods.clone()),
-            manager: Arc::new(Mutex::new(manager)),
+        host.set_usage(&manager.tree().kubepods, 0, 0);
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
+        let (config_tx, config_rx) = watch::channel(Arc::new(config));
+        let manager = Arc::new(Mutex::new(manager));
+        let gauges = Arc::new(Gauges { metrics: metrics.clone(), config: config_rx });
+        let eviction_metrics = EvictionMetrics::new(metrics.registry()).unwrap();
+        let eviction =
+            EvictionManager::new(manager.clone(), Arc::new(Pods::None), settings_rx, eviction_metrics, Some(gauges));
+        let probe = {
+            let m = manager.lock().unwrap();
+            (m.cgroupfs().clone(), m.tree().kubepods.clone())
+        };
+        let shared = Arc::new(Shared {
+            config: config_tx,
+            manager,
             pods: None,
             store: Arc::new(StatusStore::default()),
-            metrics: Metrics::new().unwrap(),
-            last_pass: Mutex::new(None),
-            last_error: Mutex::new(None),
-            config,
-        })
+            metrics,
+            eviction: eviction.status(),
+            eviction_settings: settings_tx,
+            probe,
+        });
+        Rig { host, shared, eviction }
     }
 
     #[test]
     fn readiness_never_waits_for_the_manager() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = shared(dir.path());
-        let _held = s.manager.lock().unwrap();
+        let r = rig();
+        let _held = r.shared.manager.lock().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        let s2 = s.clone();
+        let s2 = r.shared.clone();
         std::thread::spawn(move || tx.send(s2.readiness()).unwrap());
         let checks = rx.recv_timeout(Duration::from_secs(5)).expect("readiness blocked on the manager's lock");
         assert_eq!(checks[1], ("cgroupfs", Ok(())));
@@ -316,17 +410,57 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn readiness_goes_stale_when_passes_stop() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = shared(dir.path());
-        assert_eq!(s.readiness()[0], ("housekeeping", Err("no pass completed yet".into())));
-        s.housekeeping_pass();
-        assert_eq!(s.readiness()[0], ("housekeeping", Ok(())));
+        let mut r = rig();
+        let s = r.shared.clone();
+        assert_eq!(s.readiness()[0], ("eviction", Err("the eviction loop has not completed a pass yet".into())));
+        r.eviction.pass().await;
+        assert_eq!(s.readiness()[0], ("eviction", Ok(())));
         tokio::time::advance(Duration::from_secs(4)).await;
         let (name, result) = &s.readiness()[0];
-        assert_eq!(*name, "housekeeping");
-        assert!(result.as_ref().is_err_and(|e| e.starts_with("last pass 4.0s ago")), "{result:?}");
+        assert_eq!(*name, "eviction");
+        assert!(result.as_ref().is_err_and(|e| e.contains("last completed a pass 4.0s ago")), "{result:?}");
         // The kubepods cgroup disappearing fails the cgroupfs check.
-        std::fs::remove_file(dir.path().join("cg/kubepods/memory.max")).unwrap();
+        std::fs::remove_file(r.host.cgroup_mount().join("nw/kubepods/memory.max")).unwrap();
         assert!(s.readiness()[1].1.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_applies_thresholds_and_limits_and_a_bad_one_changes_nothing() {
+        let mut r = rig();
+        let s = r.shared.clone();
+        r.eviction.pass().await;
+        let stats = |s: &Shared| {
+            let text = s.metrics.render().unwrap();
+            text.lines()
+                .find(|l| l.starts_with("kubelet_eviction_stats{eviction_signal=\"memory.available\"}"))
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            stats(&s).as_deref(),
+            Some("kubelet_eviction_stats{eviction_signal=\"memory.available\"} 104857600")
+        );
+        let edited = HEAD.replace("/nw", "/elsewhere") + "maxPods: 7\nevictionHard:\n  memory.available: 300Mi\n";
+        // A negative threshold is refused; the running config stays.
+        let bad = format!("{HEAD}maxPods: 3\nevictionHard:\n  memory.available: -1Mi\n");
+        assert!(s.reload(&bad).is_err());
+        assert_eq!(s.config().resources.max_pods, 110);
+        assert_eq!(s.reload(&edited).unwrap(), ["cgroupRoot"]);
+        assert_eq!(s.config().resources.max_pods, 7);
+        assert_eq!(s.manager.lock().unwrap().config().max_pods, 7);
+        assert_eq!(s.config().resources.cgroup_root.as_str(), "/nw");
+        r.eviction.pass().await;
+        assert_eq!(
+            stats(&s).as_deref(),
+            Some("kubelet_eviction_stats{eviction_signal=\"memory.available\"} 314572800")
+        );
+        // Allocatable (capacity − reserved − the hard memory threshold) follows.
+        let text = s.metrics.render().unwrap();
+        assert!(
+            text.contains(&format!(
+                "nodewarden_node_allocatable{{resource=\"memory\",unit=\"byte\"}} {}",
+                (1u64 << 30) - (300 << 20)
+            )),
+            "{text}"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! The read-only HTTP endpoints on `healthzBindAddress:healthzPort`: `/healthz`, `/readyz`, `/metrics`, `/pods`,
-//! `/configz`.
+//! `/evictions`, `/configz`.
 
 use std::sync::Arc;
 
@@ -20,6 +20,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/configz", get(configz))
         .route("/pods", get(pods))
+        .route("/evictions", get(evictions))
         .with_state(shared)
 }
 
@@ -28,7 +29,7 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready only when nodewarden can really run pods: its observation loop completed a pass recently and the
+/// Ready only when nodewarden can really run pods: its eviction loop completed a pass recently and the
 /// kubepods cgroup is there. Each check is listed as the kubelet lists them (`[+]name ok`, `[-]name failed: why`).
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     let checks = shared.readiness();
@@ -64,7 +65,19 @@ async fn pods(State(shared): State<Arc<Shared>>) -> Response {
     axum::Json(shared.store.pod_list()).into_response()
 }
 
+/// The node conditions, the thresholds met and the recent evictions (oldest first), each with the signal, its
+/// value and threshold, and the ranked candidates.
+async fn evictions(State(shared): State<Arc<Shared>>) -> Response {
+    let evaluation = shared.eviction.evaluation();
+    axum::Json(serde_json::json!({
+        "conditions": evaluation.pressure.names(),
+        "thresholdsMet": evaluation.met,
+        "evictions": shared.eviction.history(),
+    }))
+    .into_response()
+}
+
 /// The effective configuration, as the kubelet serves it: `{"kubeletconfig": {...}}`.
 async fn configz(State(shared): State<Arc<Shared>>) -> Response {
-    axum::Json(serde_json::json!({ "kubeletconfig": shared.config.effective })).into_response()
+    axum::Json(serde_json::json!({ "kubeletconfig": shared.config().effective })).into_response()
 }

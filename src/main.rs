@@ -7,6 +7,7 @@ mod config;
 mod daemon;
 mod http;
 mod metrics;
+mod reload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -119,7 +120,7 @@ fn run(path: &std::path::Path) -> Exit {
             return Exit::Failure;
         }
     };
-    match runtime.block_on(daemon::run(config)) {
+    match runtime.block_on(daemon::run(config, path.to_path_buf())) {
         Ok(()) => Exit::Ok,
         Err(daemon::DaemonError::Host(e)) => {
             tracing::error!("{e}");

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use nodewarden_eviction::{Signal, SignalObservation, Thresholds};
 use nodewarden_resources::{Allocatable, Observations, Placement, Psi, QosClass};
 use prometheus::{
-    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Every metric nodewarden exports.
@@ -24,6 +25,8 @@ pub struct Metrics {
     pods: IntGaugeVec,
     housekeeping_duration: Histogram,
     housekeeping_errors: IntCounter,
+    config_reloads: IntCounterVec,
+    config_last_reload_ok: IntGauge,
 }
 
 /// Registration can fail only on a programming error (a duplicate or invalid name); tests cover it.
@@ -68,7 +71,23 @@ impl Metrics {
         let housekeeping_errors =
             IntCounter::new("nodewarden_housekeeping_errors_total", "Observation passes that failed.")?;
         r.register(Box::new(housekeeping_errors.clone()))?;
+        let config_reloads = IntCounterVec::new(
+            Opts::new("nodewarden_config_reloads_total", "Config file reloads, by result (success or failure)."),
+            &["result"],
+        )?;
+        r.register(Box::new(config_reloads.clone()))?;
+        for result in ["success", "failure"] {
+            config_reloads.with_label_values(&[result]);
+        }
+        let config_last_reload_ok = IntGauge::new(
+            "nodewarden_config_last_reload_successful",
+            "1 when the last config reload was applied (or none was tried), 0 when it was refused.",
+        )?;
+        config_last_reload_ok.set(1);
+        r.register(Box::new(config_last_reload_ok.clone()))?;
         Ok(Self {
+            config_reloads,
+            config_last_reload_ok,
             capacity: gauge_vec(&r, "nodewarden_node_capacity", "Node capacity by resource.", &["resource", "unit"])?,
             allocatable: gauge_vec(
                 &r,
@@ -185,6 +204,12 @@ impl Metrics {
                 self.pressure_stalled.with_label_values(&[resource, kind]).inc_by(delta);
             }
         }
+    }
+
+    /// Counts a config reload.
+    pub fn config_reloaded(&self, ok: bool) {
+        self.config_reloads.with_label_values(&[if ok { "success" } else { "failure" }]).inc();
+        self.config_last_reload_ok.set(i64::from(ok));
     }
 
     /// Counts a failed observation pass.

@@ -26,7 +26,9 @@ fn manifest(name: &str, memory: Option<&str>, probe_port: Option<u16>) -> String
         None => "[sleep, '100000']".to_owned(),
     };
     let probe = probe_port
-        .map(|p| format!("    readinessProbe:\n      httpGet: {{path: /hostname, port: {p}}}\n      periodSeconds: 10\n"))
+        .map(|p| {
+            format!("    readinessProbe:\n      httpGet: {{path: /hostname, port: {p}}}\n      periodSeconds: 10\n")
+        })
         .unwrap_or_default();
     let resources = memory.map(|m| format!("    resources:\n      limits: {{memory: {m}}}\n")).unwrap_or_default();
     format!(

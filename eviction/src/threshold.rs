@@ -121,6 +121,17 @@ impl Thresholds {
         Ok(out)
     }
 
+    /// Derives the `allocatableMemory.available` threshold from the hard `memory.available` one, as the kubelet
+    /// does when `enforceNodeAllocatable` contains `pods` (unless one was configured).
+    pub fn with_allocatable_memory(mut self) -> Self {
+        if self.hard_for(Signal::AllocatableMemoryAvailable).is_none()
+            && let Some(t) = self.hard_for(Signal::MemoryAvailable).copied()
+        {
+            self.hard.push(Threshold { signal: Signal::AllocatableMemoryAvailable, ..t });
+        }
+        self
+    }
+
     /// The hard threshold of a signal, if any.
     pub fn hard_for(&self, signal: Signal) -> Option<&Threshold> {
         self.hard.iter().find(|t| t.signal == signal)
@@ -167,6 +178,18 @@ mod tests {
             assert_eq!(e.field, field);
             assert!(e.reason.contains(words), "{e}");
         }
+    }
+
+    #[test]
+    fn allocatable_memory_copies_the_hard_memory_threshold() {
+        let reclaim = map(&[("memory.available", "10Mi")]);
+        let t = Thresholds::from_config(&default_hard_thresholds(), &map(&[]), &BTreeMap::new(), &reclaim)
+            .unwrap()
+            .with_allocatable_memory();
+        let a = t.hard_for(Signal::AllocatableMemoryAvailable).unwrap();
+        assert_eq!((a.amount, a.min_reclaim), (Amount::Quantity(100 << 20), Some(Amount::Quantity(10 << 20))));
+        assert_eq!(t.hard.len(), 6);
+        assert_eq!(t.clone().with_allocatable_memory(), t, "derived once");
     }
 
     #[test]

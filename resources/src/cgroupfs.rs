@@ -321,7 +321,10 @@ impl CgroupFs {
 pub fn open_psi_trigger(path: &Path, trigger: &str) -> Result<fs::File, IoError> {
     let mut f =
         fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| IoError::new(Op::Write, path, e))?;
-    f.write_all(trigger.as_bytes()).map_err(|e| IoError::new(Op::Write, path, e))?;
+    // With its terminating NUL: the kernel overwrites the last byte written with one before parsing.
+    let mut text = trigger.as_bytes().to_vec();
+    text.push(0);
+    f.write_all(&text).map_err(|e| IoError::new(Op::Write, path, e))?;
     Ok(f)
 }
 

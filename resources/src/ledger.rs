@@ -16,6 +16,10 @@ use crate::priority::{NodePressure, is_critical};
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::tree::{self, Tree};
 
+/// The daemon cgroup's `cpu.weight`: ten times a default cgroup's, so the daemon keeps running when pods
+/// saturate the CPUs.
+pub const DAEMON_CPU_WEIGHT: u64 = 1000;
+
 /// The configuration the resources crate needs, taken from the kubelet configuration.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ResourceConfig {
@@ -303,11 +307,13 @@ impl ResourceManager {
     }
 
     /// Moves the daemon itself (process `pid`) into its own cgroup `<cgroupRoot>/<name>`, beside kubepods, with
-    /// `memory.min` protecting `memory_min` bytes of it from reclaim. Returns the cgroup.
+    /// `memory.min` protecting `memory_min` bytes of it from reclaim and [`DAEMON_CPU_WEIGHT`], so that pods
+    /// that saturate the CPUs do not starve the eviction loop. Returns the cgroup.
     pub fn place_daemon(&self, name: &str, pid: u32, memory_min: u64) -> Result<CgroupPath, CgroupError> {
         let cg = self.tree.root.child(name)?;
         self.fs.create(&cg)?;
         self.fs.write(&cg, "memory.min", &memory_min.to_string())?;
+        self.fs.write(&cg, "cpu.weight", &DAEMON_CPU_WEIGHT.to_string())?;
         self.fs.add_proc(&cg, pid)?;
         Ok(cg)
     }
@@ -334,6 +340,11 @@ impl ResourceManager {
         self.allocatable = allocatable;
         self.config = ResourceConfig { cgroup_root: self.config.cgroup_root.clone(), ..config };
         Ok(())
+    }
+
+    /// True when the pod's termination was requested.
+    pub fn is_terminating(&self, uid: &str) -> bool {
+        self.terminating.contains(uid)
     }
 
     /// Decides whether a pod fits: the node's pressure conditions (for pods not placed yet), `maxPods`, then allocatable CPU and memory against the requests of the pods

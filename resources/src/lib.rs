@@ -35,7 +35,9 @@ pub use capacity::{Capacity, FsStats, HostPaths, fs_stats, read_capacity, read_m
 pub use cgroupfs::{CgroupFs, CgroupPath, open_psi_trigger};
 pub use error::{CgroupError, IoError, NameError, Op, ParseError};
 pub use host::{HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host};
-pub use ledger::{AdmitError, ContainerPlacement, PlaceError, Placement, ResourceConfig, ResourceManager};
+pub use ledger::{
+    AdmitError, ContainerPlacement, DAEMON_CPU_WEIGHT, PlaceError, Placement, ResourceConfig, ResourceManager,
+};
 pub use limits::{CgroupLimits, LimitSettings, container_limits, pod_limits};
 pub use names::{MAX_NAME_LEN, validate_container_name, validate_pod_uid};
 pub use observe::{NodeMemory, Observations, PidStats, PodUsage, Pressure, node_memory, pid_stats};

@@ -8,6 +8,7 @@
 mod duration;
 mod kubelet_fields;
 mod raw;
+mod reload;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -20,6 +21,7 @@ use nodewarden_resources::{
 };
 
 pub use raw::{KubeletConfiguration, QuantityMap};
+pub use reload::{Reloaded, reload};
 
 /// The only `apiVersion` accepted.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -89,8 +91,16 @@ pub struct Config {
     pub nodefs_path: PathBuf,
     /// A path on imagefs.
     pub imagefs_path: PathBuf,
-    /// How often node signals are observed for metrics and readiness.
+    /// The longest period between two observations of the node (`nodewarden.housekeepingInterval`).
     pub housekeeping_interval: Duration,
+    /// The shortest period between two eviction passes (`nodewarden.evictionPollMin`).
+    pub eviction_poll_min: Duration,
+    /// Wake the eviction loop on PSI triggers and `memory.events` (`nodewarden.pressureEvents`).
+    pub pressure_events: bool,
+    /// The daemon's own cgroup below `cgroupRoot`, if any (`nodewarden.daemonCgroup`).
+    pub daemon_cgroup: Option<String>,
+    /// The daemon cgroup's `memory.min` in bytes (`nodewarden.daemonMemoryMin`).
+    pub daemon_memory_min: u64,
     /// Treat every static pod as critical, as the kubelet does.
     pub static_pods_critical: bool,
     /// `fileCheckFrequency`.
@@ -272,6 +282,8 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         &text_map(required(&c.eviction_minimum_reclaim, "evictionMinimumReclaim")?),
     )
     .map_err(|e| ConfigError::field(e.field, e.reason))?;
+    let enforce_pods = enforce.iter().any(|v| v == "pods");
+    let thresholds = if enforce_pods { thresholds.with_allocatable_memory() } else { thresholds };
     let pressure_transition_period = duration_field(
         "evictionPressureTransitionPeriod",
         required(&c.eviction_pressure_transition_period, "evictionPressureTransitionPeriod")?,
@@ -307,6 +319,25 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     if housekeeping_interval < Duration::from_millis(10) {
         return Err(ConfigError::field("nodewarden.housekeepingInterval", "must be at least 10ms"));
     }
+    let eviction_poll_min =
+        duration_field("nodewarden.evictionPollMin", required(&nw.eviction_poll_min, "nodewarden.evictionPollMin")?)?;
+    if eviction_poll_min < Duration::from_millis(1) || eviction_poll_min > housekeeping_interval {
+        return Err(ConfigError::field(
+            "nodewarden.evictionPollMin",
+            "must be at least 1ms and at most nodewarden.housekeepingInterval",
+        ));
+    }
+    let daemon_cgroup = required(&nw.daemon_cgroup, "nodewarden.daemonCgroup")?;
+    if !daemon_cgroup.is_empty() {
+        nodewarden_resources::validate_container_name(daemon_cgroup)
+            .map_err(|e| ConfigError::field("nodewarden.daemonCgroup", e.to_string()))?;
+        if daemon_cgroup == "kubepods" {
+            return Err(ConfigError::field("nodewarden.daemonCgroup", "must not be the kubepods cgroup"));
+        }
+    }
+    let memory_min_text = required(&nw.daemon_memory_min, "nodewarden.daemonMemoryMin")?;
+    let daemon_memory_min = parse_non_negative(memory_min_text)
+        .map_err(|e| ConfigError::field("nodewarden.daemonMemoryMin", e.to_string()))?;
     // As in the kubelet, zero (kubeadm writes `0s`) means the default.
     let file_check_frequency =
         match duration_field("fileCheckFrequency", required(&c.file_check_frequency, "fileCheckFrequency")?)? {
@@ -338,7 +369,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     };
     let resources = ResourceConfig {
         cgroup_root,
-        enforce_pods: enforce.iter().any(|v| v == "pods"),
+        enforce_pods,
         system_reserved,
         kube_reserved,
         eviction_reserve,
@@ -365,6 +396,10 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         nodefs_path: PathBuf::from(required(&nw.nodefs_path, "nodewarden.nodefsPath")?),
         imagefs_path: PathBuf::from(required(&nw.imagefs_path, "nodewarden.imagefsPath")?),
         housekeeping_interval,
+        eviction_poll_min,
+        pressure_events: *required(&nw.pressure_events, "nodewarden.pressureEvents")?,
+        daemon_cgroup: (!daemon_cgroup.is_empty()).then(|| daemon_cgroup.clone()),
+        daemon_memory_min,
         static_pods_critical: *required(&nw.static_pods_critical, "nodewarden.staticPodsCritical")?,
         file_check_frequency,
         pod_logs_dir,

@@ -115,9 +115,23 @@ pub struct NodewardenSettings {
     /// A path on the image file system (imagefs). Default `/var/lib/containerd` (or its nearest existing parent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub imagefs_path: Option<String>,
-    /// How often node signals are observed for metrics and readiness. Default `1s`.
+    /// The longest period between two observations of the node (eviction passes, metrics, readiness), used
+    /// while headroom above every threshold is ample. Default `1s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub housekeeping_interval: Option<String>,
+    /// The shortest period between two eviction passes, used as headroom runs out. Default `10ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_poll_min: Option<String>,
+    /// Wake the eviction loop on PSI triggers and `memory.events` changes. Default `true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pressure_events: Option<bool>,
+    /// The cgroup below `cgroupRoot` that the daemon moves itself into, with `memory.min` protection; empty to
+    /// stay where it was started. Default `nodewarden`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_cgroup: Option<String>,
+    /// The daemon's `memory.min`. Default `16Mi`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_memory_min: Option<String>,
     /// Treat every static pod as critical (never evicted), as the kubelet does. Default `false`: criticality
     /// comes from the pod's priority.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -218,6 +232,10 @@ impl KubeletConfiguration {
         or(&mut nw.nodefs_path, "/var/lib/kubelet".into());
         or(&mut nw.imagefs_path, "/var/lib/containerd".into());
         or(&mut nw.housekeeping_interval, "1s".into());
+        or(&mut nw.eviction_poll_min, "10ms".into());
+        or(&mut nw.pressure_events, true);
+        or(&mut nw.daemon_cgroup, "nodewarden".into());
+        or(&mut nw.daemon_memory_min, "16Mi".into());
         or(&mut nw.static_pods_critical, false);
         or(&mut nw.root_dir, "/var/lib/nodewarden".into());
         if nw.node_name.as_deref().is_none_or(str::is_empty) {

@@ -76,7 +76,8 @@ fn minimal_config_gets_kubelet_defaults() {
     assert!(c.resources.memory_qos);
     assert_eq!(c.resources.cpu_cfs_period_us, 100_000);
     assert_eq!(c.pressure_transition_period, Duration::from_secs(300));
-    assert_eq!(c.thresholds.hard.len(), 5);
+    // The kubelet's five, and allocatableMemory.available derived from memory.available (pods are enforced).
+    assert_eq!(c.thresholds.hard.len(), 6);
     assert_eq!(c.resources.eviction_reserve.memory_available, Some(Amount::Quantity(100 << 20)));
     assert_eq!(c.static_pod_path, None);
     assert_eq!(c.container_runtime_endpoint, None);
@@ -98,7 +99,7 @@ fn a_real_kubelet_config_loads() {
     );
     // A given evictionHard replaces the defaults, as in the kubelet.
     let signals: Vec<Signal> = c.thresholds.hard.iter().map(|t| t.signal).collect();
-    assert_eq!(signals, [Signal::MemoryAvailable, Signal::NodeFsAvailable]);
+    assert_eq!(signals, [Signal::MemoryAvailable, Signal::NodeFsAvailable, Signal::AllocatableMemoryAvailable]);
     assert_eq!(c.pressure_transition_period, Duration::ZERO);
     assert_eq!(c.container_runtime_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
 }
@@ -107,7 +108,7 @@ fn a_real_kubelet_config_loads() {
 fn merge_default_eviction_settings_keeps_the_other_defaults() {
     let c =
         parse(&format!("{HEAD}mergeDefaultEvictionSettings: true\nevictionHard:\n  memory.available: 1Gi\n")).unwrap();
-    assert_eq!(c.thresholds.hard.len(), 5);
+    assert_eq!(c.thresholds.hard.len(), 6);
     assert_eq!(c.thresholds.hard_for(Signal::MemoryAvailable).map(|t| t.amount), Some(Amount::Quantity(1 << 30)));
 }
 

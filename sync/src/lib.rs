@@ -6,6 +6,7 @@
 //! itself (a container process joins its cgroup through the resources crate, see [`container_exec`]).
 
 mod backoff;
+mod evictor;
 mod manager;
 mod manifest;
 mod metrics;

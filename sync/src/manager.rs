@@ -82,6 +82,14 @@ impl<R: Runtime> PodManager<R> {
         self.ctx.store.clone()
     }
 
+    pub(crate) fn resources(&self) -> &Mutex<ResourceManager> {
+        &self.ctx.resources
+    }
+
+    pub(crate) fn settings(&self) -> &SyncSettings {
+        &self.ctx.settings
+    }
+
     fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
         self.workers.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -134,7 +142,8 @@ impl<R: Runtime> PodManager<R> {
         workers.retain(|_, h| !h.task.is_finished());
         for (uid, h) in workers.iter().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
-            if h.tx.try_send(Msg::Terminate { grace: None, reason: Reason::Deleted, done: None }).is_err() {
+            let msg = Msg::Terminate { grace: None, reason: Reason::Deleted, signalled: None, done: None };
+            if h.tx.try_send(msg).is_err() {
                 tracing::warn!(pod_uid = %uid, "worker queue full; the pod will be terminated on the next change");
             }
         }
@@ -194,14 +203,28 @@ impl<R: Runtime> PodManager<R> {
     }
 
     /// Terminates a pod with a grace period and marks it `Failed`, reason `Evicted`, with `message`: SIGTERM to
-    /// its containers, then `cgroup.kill` on the pod cgroup once the grace period is over. Resolves when the pod's
-    /// processes are gone. A static pod stays evicted until its manifest changes.
-    pub async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<(), TerminateError> {
+    /// its containers (after their preStop hooks), then `cgroup.kill` on the pod cgroup once the grace period is
+    /// over. Resolves once SIGTERM has been sent, with a receiver that resolves when the pod's processes are gone.
+    /// A static pod stays evicted until its manifest changes.
+    pub async fn evict(
+        &self,
+        uid: &str,
+        grace: Duration,
+        message: String,
+    ) -> Result<oneshot::Receiver<()>, TerminateError> {
         let (done_tx, done_rx) = oneshot::channel();
+        let (signalled_tx, signalled_rx) = oneshot::channel();
         let tx = self.workers().get(uid).map(|h| h.tx.clone()).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        let msg = Msg::Terminate { grace: Some(grace), reason: Reason::Evicted(message), done: Some(done_tx) };
+        let msg = Msg::Terminate {
+            grace: Some(grace),
+            reason: Reason::Evicted(message),
+            signalled: Some(signalled_tx),
+            done: Some(done_tx),
+        };
         tx.send(msg).await.map_err(|_| TerminateError::WorkerGone(uid.into()))?;
-        done_rx.await.map_err(|_| TerminateError::WorkerGone(uid.into()))
+        // A worker that had nothing running drops the sender without a word.
+        let _ = signalled_rx.await;
+        Ok(done_rx)
     }
 
     /// `Ok` when the manager loop ticked recently and no pod sync has been stuck in a runtime call.

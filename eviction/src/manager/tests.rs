@@ -278,6 +278,11 @@ fn poll_period_shrinks_with_headroom() {
     assert!(at(612 * MIB) < Duration::from_secs(1));
     assert!(at(200 * MIB) < at(400 * MIB));
     assert_eq!(at(101 * MIB), Duration::from_millis(10));
+    // Inodes and PIDs drain at their own rates: a node with 100 000 free inodes is not polled at the floor.
+    let s = settings(&[(Signal::NodeFsInodesFree, Amount::Percentage(0.05), None)], &[]);
+    let signals =
+        BTreeMap::from([(Signal::NodeFsInodesFree, SignalObservation { available: 100_000, capacity: 200_000 })]);
+    assert_eq!(next_poll(&s, &signals, &Evaluation::default()), Duration::from_secs(1));
 }
 
 #[test]

@@ -67,8 +67,14 @@ pub(crate) enum Reason {
 pub(crate) enum Msg {
     /// The source has a newer spec for the pod.
     Update(Box<Pod>),
-    /// Terminate the pod, with this grace period (the pod's own when `None`).
-    Terminate { grace: Option<Duration>, reason: Reason, done: Option<oneshot::Sender<()>> },
+    /// Terminate the pod, with this grace period (the pod's own when `None`). `signalled` is told once SIGTERM
+    /// has been sent to every running container, `done` once the pod has terminated.
+    Terminate {
+        grace: Option<Duration>,
+        reason: Reason,
+        signalled: Option<oneshot::Sender<()>>,
+        done: Option<oneshot::Sender<()>>,
+    },
 }
 
 /// Something that happened to a container.
@@ -297,9 +303,9 @@ impl<R: Runtime> Worker<R> {
                 msg = rx.recv() => match msg {
                     None => return,
                     Some(Msg::Update(p)) => self.update(*p),
-                    Some(Msg::Terminate { grace, reason, done }) => {
+                    Some(Msg::Terminate { grace, reason, signalled, done }) => {
                         let deleted = reason == Reason::Deleted;
-                        self.terminate(grace, reason, &mut events).await;
+                        self.terminate(grace, reason, signalled, &mut events).await;
                         if let Some(d) = done { let _ = d.send(()); }
                         if deleted {
                             self.ctx.store.remove(&self.uid);

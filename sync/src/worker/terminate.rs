@@ -5,7 +5,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use nodewarden_resources::{PlaceError, ResourceManager};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{Event, Reason, Terminal, Worker};
@@ -22,6 +22,7 @@ impl<R: Runtime> Worker<R> {
         &mut self,
         grace: Option<Duration>,
         reason: Reason,
+        signalled: Option<oneshot::Sender<()>>,
         events: &mut mpsc::UnboundedReceiver<Event>,
     ) {
         let grace = grace.unwrap_or_else(|| self.grace_period());
@@ -41,7 +42,9 @@ impl<R: Runtime> Worker<R> {
         });
         self.publish();
         if running {
-            self.stop_all(grace, events).await;
+            self.stop_all(grace, signalled, events).await;
+        } else if let Some(s) = signalled {
+            let _ = s.send(());
         }
         self.clean_up(reason == Reason::Deleted).await;
         self.publish();
@@ -49,7 +52,12 @@ impl<R: Runtime> Worker<R> {
 
     /// Runs the preStop hooks, sends SIGTERM, and waits until every container has exited or the grace period is
     /// over; the caller kills what is left.
-    async fn stop_all(&mut self, grace: Duration, events: &mut mpsc::UnboundedReceiver<Event>) {
+    async fn stop_all(
+        &mut self,
+        grace: Duration,
+        signalled: Option<oneshot::Sender<()>>,
+        events: &mut mpsc::UnboundedReceiver<Event>,
+    ) {
         let deadline = Instant::now() + grace;
         let mut hooks = Vec::new();
         for c in &self.containers {
@@ -78,6 +86,9 @@ impl<R: Runtime> Worker<R> {
             });
         }
         let _ = tokio::time::timeout_at(deadline, futures_util::future::join_all(hooks)).await;
+        if let Some(s) = signalled {
+            let _ = s.send(());
+        }
         while self.containers.iter().any(|c| c.run.is_some()) {
             match tokio::time::timeout_at(deadline, events.recv()).await {
                 Ok(Some(ev @ Event::Exited { .. })) => self.handle(ev),

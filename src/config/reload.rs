@@ -1,0 +1,109 @@
+//! Which fields a running daemon can take from an edited config file. Reloadable: the eviction settings
+//! (thresholds, grace periods, minimum reclaim, transition period, poll bounds), reserved resources and
+//! `enforceNodeAllocatable`, `maxPods`, `podPidsLimit`, the image GC thresholds. Everything else needs a restart:
+//! such a change is reported and the running value kept.
+
+use super::{Config, ConfigError, KubeletConfiguration, parse, validate};
+
+/// The outcome of a reload: the config to run with, and the changed fields that need a restart.
+#[derive(Debug)]
+pub struct Reloaded {
+    /// The new running config: the file's reloadable fields, the running values of the others.
+    pub config: Config,
+    /// Fields whose change was not applied.
+    pub needs_restart: Vec<&'static str>,
+}
+
+/// Keeps the running value of each listed field, noting the ones that changed.
+macro_rules! keep {
+    ($new:expr, $old:expr, $out:expr; $($field:ident => $name:literal),* $(,)?) => {
+        $(
+            if $new.$field != $old.$field {
+                $out.push($name);
+                $new.$field = $old.$field.clone();
+            }
+        )*
+    };
+}
+
+/// Parses and validates an edited config and merges it into the running one. An invalid file is an error and
+/// changes nothing.
+pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
+    let fresh = parse(text)?;
+    let old: &KubeletConfiguration = &running.effective;
+    let mut raw = fresh.effective.clone();
+    let mut needs_restart = Vec::new();
+    keep!(raw, old, needs_restart;
+        static_pod_path => "staticPodPath",
+        file_check_frequency => "fileCheckFrequency",
+        pod_logs_dir => "podLogsDir",
+        container_runtime_endpoint => "containerRuntimeEndpoint",
+        serialize_image_pulls => "serializeImagePulls",
+        healthz_bind_address => "healthzBindAddress",
+        healthz_port => "healthzPort",
+        node_status_update_frequency => "nodeStatusUpdateFrequency",
+        cgroup_root => "cgroupRoot",
+        cgroups_per_qos => "cgroupsPerQOS",
+        cgroup_driver => "cgroupDriver",
+        cpu_cfs_quota => "cpuCFSQuota",
+        cpu_cfs_quota_period => "cpuCFSQuotaPeriod",
+        memory_throttling_factor => "memoryThrottlingFactor",
+        feature_gates => "featureGates",
+    );
+    if let (Some(new), Some(old)) = (raw.nodewarden.as_mut(), old.nodewarden.as_ref()) {
+        keep!(new, old, needs_restart;
+            cgroup_mount => "nodewarden.cgroupMount",
+            nodefs_path => "nodewarden.nodefsPath",
+            imagefs_path => "nodewarden.imagefsPath",
+            pressure_events => "nodewarden.pressureEvents",
+            daemon_cgroup => "nodewarden.daemonCgroup",
+            daemon_memory_min => "nodewarden.daemonMemoryMin",
+            root_dir => "nodewarden.rootDir",
+            node_name => "nodewarden.nodeName",
+        );
+    }
+    let mut config = validate(raw)?;
+    config.ignored = fresh.ignored;
+    // The kernel check at start may have turned Memory QoS off; that stays.
+    config.resources.memory_qos = running.resources.memory_qos;
+    Ok(Reloaded { config, needs_restart })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+    #[test]
+    fn thresholds_reload_and_restart_fields_keep_their_running_value() {
+        let running = parse(&format!("{HEAD}cgroupRoot: /a\nevictionHard:\n  memory.available: 100Mi\n")).unwrap();
+        let edited = format!(
+            "{HEAD}cgroupRoot: /b\nmaxPods: 20\nevictionHard:\n  memory.available: 300Mi\nnodewarden:\n  rootDir: /x\n"
+        );
+        let r = reload(&running, &edited).unwrap();
+        assert_eq!(r.needs_restart, ["cgroupRoot", "nodewarden.rootDir"]);
+        assert_eq!(r.config.resources.cgroup_root.as_str(), "/a");
+        assert_eq!(r.config.root_dir, running.root_dir);
+        assert_eq!(r.config.resources.max_pods, 20);
+        let mem = r.config.thresholds.hard_for(nodewarden_eviction::Signal::MemoryAvailable).unwrap();
+        assert_eq!(mem.amount, nodewarden_resources::Amount::Quantity(300 << 20));
+    }
+
+    #[test]
+    fn an_invalid_edit_is_refused_with_the_field() {
+        let running = parse(HEAD).unwrap();
+        for (text, field) in [
+            ("evictionHard:\n  memory.available: -5Mi\n", "evictionHard.memory.available"),
+            ("evictionHard:\n  nodefs.available: 101%\n", "evictionHard.nodefs.available"),
+            ("evictionSoft:\n  memory.typo: 1Gi\n", "evictionSoft.memory.typo"),
+            ("evictionHard:\n  pid.available: lots\n", "evictionHard.pid.available"),
+        ] {
+            match reload(&running, &format!("{HEAD}{text}")) {
+                Err(ConfigError::Field { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(reload(&running, "evictionHard: [oops"), Err(ConfigError::Syntax(_))));
+    }
+}

@@ -1,0 +1,129 @@
+//! Hot reload of the config file. inotify watches the file's directory (an editor that writes a new file and
+//! renames it over the old one, and Kubernetes' `..data` symlink swap, both show up there) and the file itself
+//! (through a symlink, its target). Each burst of events is followed by a read; a file whose bytes differ from
+//! the last read is reloaded. A full check also runs every [`RECHECK`], in case an event was missed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use inotify::{Inotify, WatchMask, Watches};
+use tokio::sync::watch;
+
+use crate::config::MAX_CONFIG_BYTES;
+use crate::daemon::Shared;
+
+/// Events closer together than this are one edit.
+const SETTLE: Duration = Duration::from_millis(50);
+/// A full check, whatever the events, this often.
+const RECHECK: Duration = Duration::from_secs(10);
+
+fn watch_paths(mut watches: Watches, path: &Path) {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir_mask = WatchMask::CLOSE_WRITE
+        | WatchMask::MOVED_TO
+        | WatchMask::MOVED_FROM
+        | WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::ATTRIB;
+    if let Err(e) = watches.add(dir, dir_mask) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the config directory; checking every 10s");
+    }
+    let file_mask = WatchMask::CLOSE_WRITE | WatchMask::MODIFY | WatchMask::DELETE_SELF | WatchMask::MOVE_SELF;
+    // The file may be missing for a moment during a replace; the directory watch covers that.
+    let _ = watches.add(path, file_mask);
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(format!("{} bytes is larger than the {MAX_CONFIG_BYTES} byte limit", meta.len()));
+    }
+    std::fs::read(path).map_err(|e| e.to_string())
+}
+
+/// Watches `path` until drained, applying each changed version to the daemon.
+pub async fn watch(path: PathBuf, shared: Arc<Shared>, mut drain: watch::Receiver<bool>) {
+    let mut last = read(&path).ok();
+    let inotify = match Inotify::init() {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot use inotify; the config file is checked every 10s");
+            return recheck_only(path, shared, drain, last).await;
+        }
+    };
+    watch_paths(inotify.watches(), &path);
+    let mut events = match inotify.into_event_stream(vec![0u8; 4096]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read inotify events; the config file is checked every 10s");
+            return recheck_only(path, shared, drain, last).await;
+        }
+    };
+    let mut tick = tokio::time::interval(RECHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let event = tokio::select! {
+            ev = events.next() => {
+                if ev.is_none() {
+                    tracing::warn!("the config watch ended; the config file is checked every 10s");
+                    break;
+                }
+                true
+            }
+            _ = tick.tick() => false,
+            () = crate::daemon::drained(&mut drain) => return,
+        };
+        if event {
+            // Let the rest of the edit arrive, then take everything that queued up.
+            tokio::time::sleep(SETTLE).await;
+            while tokio::time::timeout(Duration::ZERO, events.next()).await.is_ok_and(|e| e.is_some()) {}
+            // Watch the file again: a replaced file is a new inode.
+            watch_paths(events.watches(), &path);
+        }
+        check(&path, &shared, &mut last);
+    }
+    recheck_only(path, shared, drain, last).await;
+}
+
+async fn recheck_only(path: PathBuf, shared: Arc<Shared>, mut drain: watch::Receiver<bool>, mut last: Option<Vec<u8>>) {
+    let mut tick = tokio::time::interval(RECHECK);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => check(&path, &shared, &mut last),
+            () = crate::daemon::drained(&mut drain) => return,
+        }
+    }
+}
+
+/// Reads the file; when its bytes changed, reloads it.
+fn check(path: &Path, shared: &Shared, last: &mut Option<Vec<u8>>) {
+    let bytes = match read(path) {
+        Ok(b) => b,
+        // Mid-replace, or deleted: keep running with what is in force.
+        Err(e) => {
+            tracing::debug!(file = %path.display(), error = %e, "config file not readable now");
+            return;
+        }
+    };
+    if last.as_ref() == Some(&bytes) {
+        return;
+    }
+    *last = Some(bytes.clone());
+    let result =
+        String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned()).and_then(|t| shared.reload(&t));
+    match result {
+        Ok(needs_restart) => {
+            shared.metrics.config_reloaded(true);
+            tracing::info!(file = %path.display(), "config reloaded");
+            for field in needs_restart {
+                tracing::warn!(field, "config field changed, but it only takes effect after a restart");
+            }
+        }
+        Err(e) => {
+            shared.metrics.config_reloaded(false);
+            tracing::error!(file = %path.display(), error = %e, "config reload refused; the running config stays");
+        }
+    }
+}

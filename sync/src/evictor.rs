@@ -1,0 +1,88 @@
+//! Pod sync as the eviction manager's [`Evictor`]: the pods that run, what they write to node storage, and
+//! eviction through the pod workers (the same graceful termination as a deletion; the pod stays `Failed` with
+//! reason `Evicted`).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_eviction::Evictor;
+use tokio::sync::oneshot;
+
+use crate::manager::PodManager;
+use crate::runtime::Runtime;
+use crate::spec::pod_log_dir_name;
+use crate::volumes::pod_dir;
+
+/// How deep [`du`] descends; deeper trees are counted up to this depth.
+const MAX_DEPTH: usize = 32;
+
+/// Bytes allocated by the files below `dir` on the same file system (a memory-backed emptyDir mounted below
+/// is not node storage), without following symbolic links.
+pub(crate) fn du(dir: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else { return 0 };
+    let dev = meta.dev();
+    let mut total = 0u64;
+    let mut stack = vec![(dir.to_path_buf(), 0usize)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else { continue };
+            if m.dev() != dev {
+                continue;
+            }
+            total = total.saturating_add(m.blocks().saturating_mul(512));
+            if m.is_dir() && depth < MAX_DEPTH {
+                stack.push((e.path(), depth + 1));
+            }
+        }
+    }
+    total
+}
+
+impl<R: Runtime> Evictor for PodManager<R> {
+    fn pods(&self) -> Vec<Pod> {
+        let placed: Vec<String> = {
+            let m = self.resources().lock().unwrap_or_else(PoisonError::into_inner);
+            m.placements().filter(|p| !m.is_terminating(&p.uid)).map(|p| p.uid.clone()).collect()
+        };
+        let store = self.store();
+        placed
+            .iter()
+            .filter_map(|uid| store.get(uid))
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, Some("Failed" | "Succeeded"))
+            })
+            .collect()
+    }
+
+    fn disk_usage(&self, uid: &str) -> u64 {
+        let settings = self.settings();
+        let volumes = pod_dir(&settings.root_dir, uid).join("volumes");
+        let logs = self.store().get(uid).map_or(0, |p| du(&settings.log_dir.join(pod_log_dir_name(&p))));
+        du(&volumes).saturating_add(logs)
+    }
+
+    async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<oneshot::Receiver<()>, String> {
+        PodManager::evict(self, uid, grace, message).await.map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn du_counts_allocated_bytes_without_following_links() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/f"), vec![1u8; 64 * 1024]).unwrap();
+        std::os::unix::fs::symlink("/usr", dir.path().join("a/link")).unwrap();
+        let n = du(dir.path());
+        assert!((64 * 1024..1024 * 1024).contains(&n), "{n}");
+        assert_eq!(du(&dir.path().join("missing")), 0);
+    }
+}
