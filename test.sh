@@ -7,10 +7,12 @@ export CARGO_TERM_COLOR=never
 
 step() { printf '\n== %s\n' "$*"; }
 
-# python3 reads cargo's JSON below; promtool (Debian's prometheus package) checks /metrics in the VM tests.
+# python3 reads cargo's JSON below; Debian's prometheus package gives promtool (checks /metrics) and the server
+# that scrapes the daemon in the VM tests; stress-ng is the memory hog of the eviction tests.
 missing=()
 command -v python3 >/dev/null || missing+=(python3)
 command -v promtool >/dev/null || missing+=(prometheus)
+command -v stress-ng >/dev/null || missing+=(stress-ng)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
@@ -33,10 +35,10 @@ mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=js
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon", "pods"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon", "pods", "eviction"):
         print(m["executable"])
 ')
-[ "${#exes[@]}" -eq 3 ] || { echo "expected the kernel, daemon and pods test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+[ "${#exes[@]}" -eq 4 ] || { echo "expected the kernel, daemon, pods and eviction test executables, found: ${exes[*]:-none}" >&2; exit 1; }
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
     echo "-- benchmark harness (not a measurement: debug build, 10 pods, 1 s)"

@@ -6,91 +6,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
-
-/// A daemon with a static pod directory, a log directory and a root directory of its own.
-struct Node {
-    d: Daemon,
-    manifests: PathBuf,
-    logs: PathBuf,
-    root: PathBuf,
-}
-
-fn node(name: &str) -> Node {
-    let dir = tempfile::tempdir().unwrap().keep();
-    let (manifests, logs, root) = (dir.join("manifests"), dir.join("logs"), dir.join("root"));
-    std::fs::create_dir_all(&manifests).unwrap();
-    let extra = format!(
-        "  rootDir: {}\n  nodeName: vm\nstaticPodPath: {}\npodLogsDir: {}\n",
-        root.display(),
-        manifests.display(),
-        logs.display()
-    );
-    let mut d = Daemon::new(name, &extra);
-    d.start();
-    d.wait_ready();
-    Node { d, manifests, logs, root }
-}
-
-fn pod_yaml(name: &str, body: &str) -> String {
-    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n{body}")
-}
-
-impl Node {
-    fn pods(&self) -> Vec<Value> {
-        let (status, body) = get(self.d.port, "/pods").unwrap();
-        assert_eq!(status, 200);
-        let list: Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(list["kind"], "PodList");
-        list["items"].as_array().unwrap().clone()
-    }
-
-    fn pod(&self, name: &str) -> Option<Value> {
-        let full = format!("{name}-vm");
-        self.pods().into_iter().find(|p| p["metadata"]["name"] == full.as_str())
-    }
-
-    /// Waits until pod `name` satisfies `f`; returns it.
-    fn wait_pod(&self, name: &str, secs: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < deadline {
-            if let Some(p) = self.pod(name).filter(|p| f(p)) {
-                return p;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("pod {name} never {what} within {secs}s: {:#?}\n{}", self.pod(name), self.d.log());
-    }
-
-    fn write(&self, file: &str, text: &str) {
-        // Written beside and renamed into place, as config management does.
-        let tmp = self.manifests.join(format!(".{file}.tmp"));
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, self.manifests.join(file)).unwrap();
-    }
-
-    fn pod_cgroup(&self, p: &Value) -> PathBuf {
-        let uid = p["metadata"]["uid"].as_str().unwrap();
-        let qos = match p["status"]["qosClass"].as_str().unwrap() {
-            "Guaranteed" => String::new(),
-            q => format!("{}/", q.to_lowercase()),
-        };
-        self.d.cgroup(&format!("kubepods/{qos}pod{uid}"))
-    }
-}
-
-fn phase(p: &Value) -> &str {
-    p["status"]["phase"].as_str().unwrap_or_default()
-}
-
-fn container<'a>(p: &'a Value, name: &str) -> &'a Value {
-    p["status"]["containerStatuses"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap()
-}
 
 fn procs(cg: &Path) -> Vec<u32> {
     std::fs::read_to_string(cg.join("cgroup.procs"))

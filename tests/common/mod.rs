@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 
 use nodewarden_resources::{CgroupFs, CgroupPath};
 
+mod node;
+#[allow(unused_imports)] // the daemon tests run no pods
+pub use node::*;
+
 pub const MOUNT: &str = "/sys/fs/cgroup";
 pub const MIB: u64 = 1 << 20;
 pub const BIN: &str = env!("CARGO_BIN_EXE_nodewarden");

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{Event, Reason, Terminal, Worker};
-use crate::runtime::{Runtime, SIGTERM};
+use crate::runtime::{Runtime, SIGKILL, SIGTERM};
 use crate::volumes;
 
 /// How long the pod's processes get to disappear after `cgroup.kill` before the release is given up for now.
@@ -43,6 +43,7 @@ impl<R: Runtime> Worker<R> {
         self.publish();
         if running {
             self.stop_all(grace, signalled, events).await;
+            self.kill_rest(events).await;
         } else if let Some(s) = signalled {
             let _ = s.send(());
         }
@@ -89,6 +90,30 @@ impl<R: Runtime> Worker<R> {
         if let Some(s) = signalled {
             let _ = s.send(());
         }
+        while self.containers.iter().any(|c| c.run.is_some()) {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(ev @ Event::Exited { .. })) => self.handle(ev),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+
+    /// After the grace period: `cgroup.kill` on what still runs, and the exits recorded (137 for SIGKILL), so the
+    /// pod's status shows how its containers ended.
+    async fn kill_rest(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) {
+        if !self.containers.iter().any(|c| c.run.is_some()) {
+            return;
+        }
+        let killed = self.ctx.resources().kill(&self.uid);
+        if let Err(e) = killed {
+            tracing::warn!(pod = %self.full_name(), error = %e, "cgroup.kill failed");
+        }
+        // The main processes too, through the runtime (a runtime may keep them outside the pod cgroup).
+        for run in self.containers.iter().filter_map(|c| c.run.as_ref()) {
+            let _ = self.ctx.runtime.signal(&run.id, SIGKILL);
+        }
+        let deadline = Instant::now() + KILL_WAIT;
         while self.containers.iter().any(|c| c.run.is_some()) {
             match tokio::time::timeout_at(deadline, events.recv()).await {
                 Ok(Some(ev @ Event::Exited { .. })) => self.handle(ev),

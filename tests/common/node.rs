@@ -1,0 +1,96 @@
+//! A daemon with static pods: its manifest, log and root directories, and helpers to read `/pods`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{Daemon, get};
+
+/// A daemon with a static pod directory, a log directory and a root directory of its own.
+pub struct Node {
+    pub d: Daemon,
+    pub manifests: PathBuf,
+    pub logs: PathBuf,
+    pub root: PathBuf,
+}
+
+pub fn node(name: &str) -> Node {
+    node_with(name, "", "")
+}
+
+/// A node with more settings: `nodewarden` lines (indented two spaces) and top-level config lines.
+pub fn node_with(name: &str, nodewarden: &str, top: &str) -> Node {
+    node_in(tempfile::tempdir().unwrap().keep(), name, nodewarden, top)
+}
+
+/// A node whose manifest, log and root directories are below `dir`.
+pub fn node_in(dir: PathBuf, name: &str, nodewarden: &str, top: &str) -> Node {
+    let (manifests, logs, root) = (dir.join("manifests"), dir.join("logs"), dir.join("root"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    let extra = format!(
+        "  rootDir: {}\n  nodeName: vm\n{nodewarden}staticPodPath: {}\npodLogsDir: {}\n{top}",
+        root.display(),
+        manifests.display(),
+        logs.display()
+    );
+    let mut d = Daemon::new(name, &extra);
+    d.start();
+    d.wait_ready();
+    Node { d, manifests, logs, root }
+}
+
+pub fn pod_yaml(name: &str, body: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n{body}")
+}
+
+impl Node {
+    pub fn pods(&self) -> Vec<Value> {
+        let (status, body) = get(self.d.port, "/pods").unwrap();
+        assert_eq!(status, 200);
+        let list: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(list["kind"], "PodList");
+        list["items"].as_array().unwrap().clone()
+    }
+
+    pub fn pod(&self, name: &str) -> Option<Value> {
+        let full = format!("{name}-vm");
+        self.pods().into_iter().find(|p| p["metadata"]["name"] == full.as_str())
+    }
+
+    /// Waits until pod `name` satisfies `f`; returns it.
+    pub fn wait_pod(&self, name: &str, secs: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Some(p) = self.pod(name).filter(|p| f(p)) {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("pod {name} never {what} within {secs}s: {:#?}\n{}", self.pod(name), self.d.log());
+    }
+
+    pub fn write(&self, file: &str, text: &str) {
+        // Written beside and renamed into place, as config management does.
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.manifests.join(file)).unwrap();
+    }
+
+    pub fn pod_cgroup(&self, p: &Value) -> PathBuf {
+        let uid = p["metadata"]["uid"].as_str().unwrap();
+        let qos = match p["status"]["qosClass"].as_str().unwrap() {
+            "Guaranteed" => String::new(),
+            q => format!("{}/", q.to_lowercase()),
+        };
+        self.d.cgroup(&format!("kubepods/{qos}pod{uid}"))
+    }
+}
+
+pub fn phase(p: &Value) -> &str {
+    p["status"]["phase"].as_str().unwrap_or_default()
+}
+
+pub fn container<'a>(p: &'a Value, name: &str) -> &'a Value {
+    p["status"]["containerStatuses"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap()
+}

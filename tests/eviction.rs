@@ -1,0 +1,331 @@
+//! The eviction manager end to end with the real kernel (inside the VM of `deploy/vm`; skipped where cgroup v2 is
+//! missing): each signal's hard threshold evicts the ranked victim, a soft threshold waits for its grace period
+//! and caps the pod's, node conditions hold for the transition period and refuse pods at admission, thresholds
+//! are hot-reloaded (in-place write, rename over, Kubernetes' `..data` symlink swap), and a real Prometheus
+//! scrapes `/metrics`.
+//!
+//! The signals are the node's, so these tests run one at a time.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(secs), "{what} did not happen within {secs}s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t0.elapsed()
+}
+
+fn metrics(n: &Node) -> String {
+    get(n.d.port, "/metrics").unwrap().1
+}
+
+fn evictions(n: &Node) -> Value {
+    serde_json::from_str(&get(n.d.port, "/evictions").unwrap().1).unwrap()
+}
+
+fn condition(n: &Node, c: &str) -> bool {
+    metric(&metrics(n), &format!("nodewarden_node_condition{{condition=\"{c}\"}}")) == Some(1.0)
+}
+
+fn oom_kills() -> usize {
+    let out = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    out.unwrap_or_default().lines().filter(|l| l.contains("Killed process")).count()
+}
+
+fn evicted(p: &Value) -> bool {
+    phase(p) == "Failed" && p["status"]["reason"] == "Evicted"
+}
+
+/// A container spec: `command` with memory requests and limits (Guaranteed when both are given with cpu).
+fn containers(command: &str, resources: &str) -> String {
+    format!("  containers:\n  - name: app\n    image: busybox\n    command: {command}\n{resources}")
+}
+
+const GUARANTEED: &str =
+    "    resources:\n      requests: {memory: 100Mi, cpu: 100m}\n      limits: {memory: 100Mi, cpu: 100m}\n";
+const BURSTABLE: &str = "    resources:\n      requests: {memory: 20Mi}\n";
+
+fn hog(bytes: &str) -> String {
+    format!("[stress-ng, --vm, '1', --vm-bytes, {bytes}, --vm-keep, --timeout, 600s, --quiet]")
+}
+
+fn mib(bytes: u64) -> u64 {
+    bytes / MIB
+}
+
+#[test]
+fn memory_pressure_evicts_the_besteffort_hog_and_holds_the_condition() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // A threshold 300 MiB below what is available now: the hog's 500 MiB crosses it.
+    let threshold = mib(meminfo("MemAvailable")).saturating_sub(300);
+    let n = node_with(
+        "evict-mem",
+        "",
+        &format!("evictionHard:\n  memory.available: {threshold}Mi\nevictionPressureTransitionPeriod: 6s\n"),
+    );
+    n.write("guaranteed.yaml", &pod_yaml("guaranteed", &containers(&hog("40M"), GUARANTEED)));
+    n.write("burstable.yaml", &pod_yaml("burstable", &containers("[sleep, '1000']", BURSTABLE)));
+    for p in ["guaranteed", "burstable"] {
+        n.wait_pod(p, 60, "ran", |v| phase(v) == "Running");
+    }
+    let kills = oom_kills();
+    n.write("hog.yaml", &pod_yaml("hog", &containers(&hog("500M"), "")));
+    let p = n.wait_pod("hog", 90, "was evicted", evicted);
+    let message = p["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("The node was low on resource: memory. Threshold quantity: "), "{message}");
+    for p in ["guaranteed", "burstable"] {
+        assert_eq!(phase(&n.pod(p).unwrap()), "Running", "{p} was disturbed:\n{}", n.d.log());
+    }
+    assert_eq!(oom_kills(), kills, "the kernel OOM killer fired");
+
+    let e = evictions(&n);
+    let first = &e["evictions"][0];
+    assert_eq!(first["pod"], "default/hog-vm");
+    assert_eq!(first["signal"], "memory.available");
+    assert_eq!(first["hard"], true);
+    assert_eq!(first["grace_period_seconds"], 1);
+    assert_eq!(first["candidates"][0]["pod"], "default/hog-vm", "{e:#}");
+    let latency = first["sigterm_latency_seconds"].as_f64().unwrap();
+    eprintln!("memory.available crossing observed → SIGTERM: {:.1} ms", latency * 1000.0);
+    assert_eq!(e["evictions"].as_array().unwrap().len(), 1, "only the hog: {e:#}");
+    let text = metrics(&n);
+    assert_eq!(metric(&text, "kubelet_evictions{eviction_signal=\"memory.available\"}"), Some(1.0), "{text}");
+    assert_eq!(
+        metric(&text, "nodewarden_eviction_latency_seconds_count{eviction_signal=\"memory.available\"}"),
+        Some(1.0)
+    );
+
+    // MemoryPressure holds for the transition period after recovery, and refuses BestEffort pods meanwhile.
+    assert!(condition(&n, "MemoryPressure"));
+    n.write("late.yaml", &pod_yaml("late", &containers("[sleep, '1000']", "")));
+    n.write("late-burstable.yaml", &pod_yaml("late-burstable", &containers("[sleep, '1000']", BURSTABLE)));
+    let late = n.wait_pod("late", 30, "was refused", |v| phase(v) == "Failed");
+    assert_eq!(late["status"]["reason"], "Evicted");
+    assert_eq!(late["status"]["message"], "The node had condition: [MemoryPressure]. ");
+    n.wait_pod("late-burstable", 30, "ran", |v| phase(v) == "Running");
+    let cleared = wait_until(30, "MemoryPressure cleared", || !condition(&n, "MemoryPressure"));
+    eprintln!("MemoryPressure cleared {cleared:?} after the check");
+}
+
+#[test]
+fn pid_pressure_evicts_the_pod_with_the_most_processes() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap();
+    let threads: u64 = text.split_whitespace().nth(3).unwrap().split('/').nth(1).unwrap().parse().unwrap();
+    let max = ["/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"]
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap().trim().parse::<u64>().unwrap())
+        .min()
+        .unwrap();
+    // 150 processes more than now crosses it; the forker starts 300.
+    let threshold = max - threads - 150;
+    let n = node_with("evict-pid", "", &format!("evictionHard:\n  pid.available: '{threshold}'\n"));
+    n.write("quiet.yaml", &pod_yaml("quiet", &containers("[sh, -c, 'sleep 1000 & sleep 1000 & wait']", "")));
+    n.wait_pod("quiet", 60, "ran", |v| phase(v) == "Running");
+    let forker = "[sh, -c, 'for i in $(seq 300); do sleep 1000 & done; wait']";
+    n.write("forker.yaml", &pod_yaml("forker", &containers(forker, "")));
+    let p = n.wait_pod("forker", 90, "was evicted", evicted);
+    assert!(p["status"]["message"].as_str().unwrap().starts_with("The node was low on resource: pids."), "{p:#}");
+    assert_eq!(phase(&n.pod("quiet").unwrap()), "Running");
+    let e = evictions(&n);
+    assert_eq!(e["evictions"][0]["signal"], "pid.available", "{e:#}");
+    assert_eq!(e["evictions"].as_array().unwrap().len(), 1, "{e:#}");
+    // The forker's 300 processes go with its cgroup after the 1 s grace period (SIGTERM reached only the shell).
+    let cg = n.pod_cgroup(&p);
+    wait_until(30, "the forker's cgroup removed", || !cg.exists());
+}
+
+#[test]
+fn nodefs_pressure_evicts_the_pod_writing_to_its_empty_dir() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // A 64 MiB file system of its own for the pods' volumes and logs, so the test fills nothing else.
+    let dir = tempfile::tempdir().unwrap().keep();
+    let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"]).arg(&dir).status().unwrap();
+    assert!(status.success(), "cannot mount a tmpfs");
+    let fs = format!("  nodefsPath: {0}\n  imagefsPath: {0}\n", dir.display());
+    let n = node_in(dir.clone(), "evict-disk", &fs, "evictionHard:\n  nodefs.available: 50%\n");
+    let volume = "  volumes:\n  - name: data\n    emptyDir: {}\n";
+    let mount = "    volumeMounts:\n    - {name: data, mountPath: /mnt}\n";
+    n.write("quiet.yaml", &pod_yaml("quiet", &format!("{}{mount}{volume}", containers("[sleep, '1000']", ""))));
+    n.wait_pod("quiet", 60, "ran", |v| phase(v) == "Running");
+    let writer = "[sh, -c, 'dd if=/dev/zero of=/mnt/fill bs=1M count=40; sleep 1000']";
+    n.write("writer.yaml", &pod_yaml("writer", &format!("{}{mount}{volume}", containers(writer, ""))));
+    let p = n.wait_pod("writer", 90, "was evicted", evicted);
+    let message = p["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("The node was low on resource: ephemeral-storage."), "{message}");
+    assert_eq!(phase(&n.pod("quiet").unwrap()), "Running");
+    let e = evictions(&n);
+    assert_eq!(e["evictions"][0]["signal"], "nodefs.available", "{e:#}");
+    // The writer crossed the threshold while still writing: ranked first by what its emptyDir held then.
+    let first = &e["evictions"][0]["candidates"][0];
+    assert_eq!(first["pod"], "default/writer-vm", "{e:#}");
+    assert!(first["usage"].as_u64().unwrap() >= 20 * MIB, "{e:#}");
+    assert!(condition(&n, "DiskPressure"), "{}\n{}", metrics(&n), n.d.log());
+    drop(n);
+    let _ = Command::new("umount").arg(&dir).status();
+}
+
+#[test]
+fn a_soft_threshold_waits_for_its_grace_period_and_caps_the_pods() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let threshold = mib(meminfo("MemAvailable")).saturating_sub(250);
+    let top = format!(
+        "evictionHard:\n  memory.available: 1Mi\nevictionSoft:\n  memory.available: {threshold}Mi\n\
+         evictionSoftGracePeriod:\n  memory.available: 4s\nevictionMaxPodGracePeriod: 2\n"
+    );
+    let n = node_with("evict-soft", "", &top);
+    // Ignores SIGTERM (the shell traps it and stress-ng is its child), with a 30 s grace period of its own.
+    let stubborn = format!(
+        "  terminationGracePeriodSeconds: 30\n{}",
+        containers("[sh, -c, \"trap '' TERM; stress-ng --vm 1 --vm-bytes 400M --vm-keep --timeout 600s --quiet\"]", "")
+    );
+    n.write("stubborn.yaml", &pod_yaml("stubborn", &stubborn));
+    let p = n.wait_pod("stubborn", 120, "was evicted and killed", |v| {
+        evicted(v) && v["status"]["containerStatuses"][0]["state"]["terminated"].is_object()
+    });
+    let e = evictions(&n);
+    let r = &e["evictions"][0];
+    assert_eq!((r["hard"].as_bool(), r["grace_period_seconds"].as_u64()), (Some(false), Some(2)), "{e:#}");
+    let ts = |v: &Value| v.as_str().unwrap().parse::<jiff::Timestamp>().unwrap();
+    let c = container(&p, "app");
+    let started = ts(&p["status"]["startTime"]);
+    let finished = ts(&c["state"]["terminated"]["finishedAt"]);
+    let decided = ts(&r["time"]);
+    // The grace period of the threshold (4 s) passed before the decision, and the pod's capped grace (2 s)
+    // before the kill; timestamps have whole seconds.
+    assert!(decided.duration_since(started).as_secs_f64() >= 3.0, "evicted {decided} after a start at {started}");
+    let grace = finished.duration_since(decided).as_secs_f64();
+    assert!((1.0..10.0).contains(&grace), "killed {grace} s after the decision");
+    assert_eq!(c["state"]["terminated"]["exitCode"], 137, "killed after the grace period: {c:#}");
+}
+
+#[test]
+fn thresholds_are_hot_reloaded() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = node_with("evict-reload", "", "evictionHard:\n  memory.available: 1Mi\n");
+    n.write("holder.yaml", &pod_yaml("holder", &containers(&hog("200M"), "")));
+    n.wait_pod("holder", 60, "ran", |v| phase(v) == "Running");
+    std::thread::sleep(Duration::from_secs(3));
+    let stats = |n: &Node| metric(&metrics(n), "kubelet_eviction_stats{eviction_signal=\"memory.available\"}");
+    assert_eq!(stats(&n), Some(MIB as f64));
+    let config = n.d.dir.path().join("config.yaml");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let with = |threshold: &str| original.replace("memory.available: 1Mi", &format!("memory.available: {threshold}"));
+    let reloads = |n: &Node, result: &str| {
+        metric(&metrics(n), &format!("nodewarden_config_reloads_total{{result=\"{result}\"}}")).unwrap_or(0.0)
+    };
+
+    // An invalid edit in place: counted, the running threshold stays.
+    std::fs::write(&config, with("-5Mi")).unwrap();
+    wait_until(5, "the failed reload counted", || reloads(&n, "failure") == 1.0);
+    assert_eq!(stats(&n), Some(MIB as f64));
+    assert!(n.d.log().contains("evictionHard.memory.available"), "{}", n.d.log());
+
+    // An editor's write-and-rename, with a change that needs a restart.
+    let tmp = n.d.dir.path().join(".config.yaml.swp");
+    std::fs::write(&tmp, with("2Mi").replace("healthzPort:", "nodeStatusUpdateFrequency: 20s\nhealthzPort:")).unwrap();
+    std::fs::rename(&tmp, &config).unwrap();
+    let took = wait_until(5, "the new threshold in /metrics", || stats(&n) == Some(2.0 * MIB as f64));
+    eprintln!("rename over config.yaml → kubelet_eviction_stats updated in {took:?}");
+    assert!(n.d.log().contains("only takes effect after a restart"), "{}", n.d.log());
+
+    // Kubernetes' atomic writer: config.yaml → ..data/config.yaml, ..data → ..v1; then ..data swapped to ..v2,
+    // whose threshold is over what is available: the holder goes.
+    let dir = n.d.dir.path();
+    let version = |name: &str, text: &str| {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name).join("config.yaml"), text).unwrap();
+    };
+    version("..v1", &with("3Mi"));
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/config.yaml", dir.join("config.yaml.new")).unwrap();
+    std::fs::rename(dir.join("config.yaml.new"), &config).unwrap();
+    wait_until(5, "the symlinked config", || stats(&n) == Some(3.0 * MIB as f64));
+    let over = mib(meminfo("MemAvailable")) + 100;
+    version("..v2", &with(&format!("{over}Mi")));
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    let swapped = Instant::now();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    wait_until(5, "the swapped threshold", || stats(&n) == Some((over * MIB) as f64));
+    eprintln!("..data swap → kubelet_eviction_stats updated in {:?}", swapped.elapsed());
+    n.wait_pod("holder", 30, "was evicted by the reloaded threshold", evicted);
+    assert_eq!(reloads(&n, "success"), 3.0);
+}
+
+#[test]
+fn prometheus_scrapes_the_metrics() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = node("evict-prom");
+    let dir = tempfile::tempdir().unwrap();
+    let web = free_port();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n- job_name: nodewarden\n  static_configs:\n  \
+             - targets: ['127.0.0.1:{}']\n",
+            n.d.port
+        ),
+    )
+    .unwrap();
+    let mut prom = Command::new("prometheus")
+        .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{web}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus (Debian package prometheus) is needed for this test");
+    let query = |q: &str| -> Vec<Value> {
+        get(web, &format!("/api/v1/query?query={q}"))
+            .and_then(|(_, b)| serde_json::from_str::<Value>(&b).ok())
+            .and_then(|v| v["data"]["result"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    let scraped = Instant::now();
+    while query("up%7Bjob%3D%22nodewarden%22%7D%3D%3D1").is_empty() {
+        assert!(scraped.elapsed() < Duration::from_secs(120), "prometheus never scraped the daemon");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let stats = query("kubelet_eviction_stats");
+    let signals: Vec<&str> = stats.iter().filter_map(|s| s["metric"]["eviction_signal"].as_str()).collect();
+    assert!(signals.contains(&"memory.available") && signals.contains(&"nodefs.available"), "{stats:#?}");
+    assert!(!query("kubelet_evictions").is_empty());
+    assert!(!query("nodewarden_node_condition").is_empty());
+    let _ = prom.kill();
+    let _ = prom.wait();
+}
