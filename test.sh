@@ -41,8 +41,10 @@ for line in sys.stdin:
 [ "${#exes[@]}" -eq 4 ] || { echo "expected the kernel, daemon, pods and eviction test executables, found: ${exes[*]:-none}" >&2; exit 1; }
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
-    echo "-- benchmark harness (not a measurement: debug build, 10 pods, 1 s)"
+    echo "-- benchmark harnesses (not measurements: debug build, one short run each)"
     target/debug/nodewarden-bench footprint --nodewarden target/debug/nodewarden --pods 10 --seconds 1 --runs 1 \
-        --out /tmp/footprint.md' vm-tests "${exes[@]}"
+        --out /tmp/footprint.md || exit 1
+    target/debug/nodewarden-bench eviction --nodewarden target/debug/nodewarden --scenarios a --agents nodewarden \
+        --runs 1 --out /tmp/eviction' vm-tests "${exes[@]}"
 echo
 echo "all checks passed"

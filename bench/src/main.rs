@@ -6,10 +6,16 @@
 //! table.
 //!
 //! `pods`: pod sync through static manifests with the process runtime (see `pods.rs`).
+//!
+//! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
+//! nodewarden (see `eviction.rs`); `hog` is their workload.
 
 #![allow(clippy::disallowed_types)] // benchmarks measure real time
 
+mod eviction;
+mod hog;
 mod pods;
+mod svg;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -69,6 +75,26 @@ enum Cmd {
         #[arg(long, default_value = "results/pods.md")]
         out: PathBuf,
     },
+    /// Stress scenarios: each agent's reaction to memory, PID and disk pressure.
+    Eviction {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// Scenarios to run, by letter: a (BestEffort hog), b (Burstable pods), c (fork bomb), d (disk filler).
+        #[arg(long, default_value = "abcd")]
+        scenarios: String,
+        /// Agents to compare, comma-separated: kernel, earlyoom, kubelet-like, nodewarden; or all.
+        #[arg(long, default_value = "all")]
+        agents: String,
+        /// Runs per agent and scenario.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Where eviction.md and the plots are written.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+    },
+    /// The benchmark's workload (run as a pod): grows memory, processes or files; records SIGTERM's delivery.
+    Hog(hog::HogArgs),
 }
 
 const ROOT: &str = "/nwbench";
@@ -79,6 +105,10 @@ fn main() -> Result<()> {
         Cmd::Pods { nodewarden, pods, seconds, runs, edits, out } => {
             pods::run(&nodewarden, pods, seconds, runs, edits, &out)
         }
+        Cmd::Eviction { nodewarden, scenarios, agents, runs, out } => {
+            eviction::run(&nodewarden, &scenarios, &agents, runs, &out)
+        }
+        Cmd::Hog(args) => hog::run(&args),
     }
 }
 

@@ -1,0 +1,104 @@
+//! `hog`: the benchmark's workload, run as a pod. It grows memory, processes or files at a set rate, and on
+//! SIGTERM writes the moment it was delivered (CLOCK_MONOTONIC, seconds) to a file and exits, so the harness can
+//! measure threshold crossing → SIGTERM without waiting for the process to die.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+/// What to grow.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HogArgs {
+    /// MiB of memory to add every step.
+    #[arg(long, default_value_t = 0)]
+    pub grow_mb: u64,
+    /// Processes (`sleep 600`) to start every step.
+    #[arg(long, default_value_t = 0)]
+    pub fork: u64,
+    /// MiB to write to files in this directory every step.
+    #[arg(long)]
+    pub write_dir: Option<PathBuf>,
+    /// MiB per step for --write-dir.
+    #[arg(long, default_value_t = 8)]
+    pub write_mb: u64,
+    /// Milliseconds between steps.
+    #[arg(long, default_value_t = 20)]
+    pub every_ms: u64,
+    /// Stop growing after this many steps.
+    #[arg(long, default_value_t = u64::MAX)]
+    pub steps: u64,
+    /// Where the SIGTERM time goes.
+    #[arg(long)]
+    pub term_file: PathBuf,
+}
+
+/// CLOCK_MONOTONIC in seconds, the clock the harness samples with.
+pub fn monotonic() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    #[allow(clippy::cast_precision_loss)]
+    let s = t.tv_sec as f64 + t.tv_nsec as f64 / 1e9;
+    s
+}
+
+/// Records SIGTERM's delivery on a thread of its own, then exits with 143.
+fn watch_sigterm(term_file: PathBuf) -> Result<()> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        let Ok(rt) = rt else { return };
+        rt.block_on(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(mut term) = signal(SignalKind::terminate()) else { return };
+            let _ = ready_tx.send(());
+            term.recv().await;
+            let at = monotonic();
+            let _ = std::fs::write(&term_file, format!("{at:.6}\n"));
+            std::process::exit(143);
+        });
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).context("cannot install the SIGTERM handler")
+}
+
+/// Runs the hog until killed.
+pub fn run(a: &HogArgs) -> Result<()> {
+    watch_sigterm(a.term_file.clone())?;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut children = Vec::new();
+    let mut file_no = 0u64;
+    let mut disk_full = false;
+    for _ in 0..a.steps {
+        if a.grow_mb > 0 {
+            let n = usize::try_from(a.grow_mb << 20).context("step too large")?;
+            let mut chunk = vec![0u8; n];
+            // Touch every page so it is really allocated.
+            for i in (0..n).step_by(4096) {
+                chunk[i] = 1;
+            }
+            held.push(chunk);
+        }
+        for _ in 0..a.fork {
+            match std::process::Command::new("sleep").arg("600").spawn() {
+                Ok(c) => children.push(c),
+                Err(_) => break,
+            }
+        }
+        if let (Some(dir), false) = (&a.write_dir, disk_full) {
+            file_no += 1;
+            let buf = vec![7u8; 1 << 20];
+            let written = std::fs::File::create(dir.join(format!("fill-{file_no}"))).and_then(|mut f| {
+                for _ in 0..a.write_mb {
+                    f.write_all(&buf)?;
+                }
+                f.sync_data()
+            });
+            // A full file system ends the writing, not the hog.
+            disk_full = written.is_err();
+        }
+        std::thread::sleep(Duration::from_millis(a.every_ms));
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
