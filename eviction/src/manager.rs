@@ -104,6 +104,8 @@ pub struct EvictionManager<E: Evictor> {
     in_flight: HashMap<String, InFlight>,
     done: (mpsc::UnboundedSender<String>, mpsc::UnboundedReceiver<String>),
     warned_no_candidates: bool,
+    /// The last pass that read everything (PSI too) and told the observer.
+    last_full: Option<Instant>,
 }
 
 /// The fastest a signal is assumed to fall (per second), to decide the next poll: a hog allocating 1 GiB/s, a
@@ -280,6 +282,7 @@ impl<E: Evictor> EvictionManager<E> {
             in_flight: HashMap::new(),
             done: mpsc::unbounded_channel(),
             warned_no_candidates: false,
+            last_full: None,
         }
     }
 
@@ -296,7 +299,11 @@ impl<E: Evictor> EvictionManager<E> {
             let wake = tokio::select! {
                 () = tokio::time::sleep_until(next) => Wake::Poll,
                 Some(w) = wakeups.recv() => w,
-                Ok(()) = self.settings.changed() => Wake::Config,
+                Ok(()) = self.settings.changed() => {
+                    // `changed` marks the settings seen: make the pass a full one so the gauges follow at once.
+                    self.last_full = None;
+                    Wake::Config
+                }
                 Some(uid) = self.done.1.recv() => {
                     self.in_flight.remove(&uid);
                     Wake::Evicted
@@ -321,15 +328,24 @@ impl<E: Evictor> EvictionManager<E> {
 
     /// One pass; returns the time until the next poll.
     pub async fn pass(&mut self) -> Duration {
+        // New settings show in the gauges at once.
+        let reloaded = self.settings.has_changed().unwrap_or(false);
         let settings = self.settings.borrow_and_update().clone();
+        // A full observation (with PSI, for the observer's gauges) at most once per longest poll period; the
+        // passes between read only what the signals need.
+        let full = reloaded || self.last_full.is_none_or(|t| t.elapsed() >= settings.poll_max);
+        if full {
+            self.last_full = Some(Instant::now());
+        }
         let (resources, observer) = (self.resources.clone(), self.observer.clone());
         // Off the async threads: the lock may be held by a pod being placed, and the reads are file I/O.
         let read = tokio::task::spawn_blocking(move || {
             let start = Instant::now();
             let m = resources.lock().unwrap_or_else(PoisonError::into_inner);
-            let read = m.observe().map(|obs| {
+            let obs = if full { m.observe() } else { m.observe_signals() };
+            let read = obs.map(|obs| {
                 let signals = signal_observations(&obs, m.allocatable());
-                if let Some(o) = &observer {
+                if let (true, Some(o)) = (full, &observer) {
                     o.observed(&m, &obs, &signals, start.elapsed());
                 }
                 signals

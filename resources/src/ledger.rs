@@ -587,6 +587,11 @@ impl ResourceManager {
         observe::observe_node(&self.host, &self.fs, &self.tree.kubepods)
     }
 
+    /// [`ResourceManager::observe`] without the PSI averages: only what the eviction signals are computed from.
+    pub fn observe_signals(&self) -> Result<Observations, CgroupError> {
+        observe::observe_signals(&self.host, &self.fs, &self.tree.kubepods)
+    }
+
     /// Reads every placed pod's usage, for ranking. A pod whose cgroup vanished meanwhile is skipped.
     pub fn pod_usage(&self) -> Vec<PodUsage> {
         self.pods

@@ -115,16 +115,24 @@ pub fn pod_usage(fs: &CgroupFs, uid: &str, cg: &CgroupPath) -> Result<PodUsage, 
 pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
     let psi = |name: &str| read_parsed(&host.proc.join("pressure").join(name), parse::parse_psi).ok();
     Ok(Observations {
-        memory: node_memory(host)?,
-        pids: pid_stats(host)?,
-        nodefs: fs_stats(&host.nodefs)?,
-        imagefs: fs_stats(&host.imagefs)?,
         pressure: Pressure {
             memory: psi("memory"),
             cpu: psi("cpu"),
             io: psi("io"),
             kubepods_memory: fs.read_psi(kubepods, "memory.pressure").ok(),
         },
+        ..observe_signals(host, fs, kubepods)?
+    })
+}
+
+/// Reads only what the eviction signals need (no PSI averages): the eviction loop's frequent passes.
+pub fn observe_signals(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
+    Ok(Observations {
+        memory: node_memory(host)?,
+        pids: pid_stats(host)?,
+        nodefs: fs_stats(&host.nodefs)?,
+        imagefs: fs_stats(&host.imagefs)?,
+        pressure: Pressure::default(),
         kubepods_working_set: working_set(fs, kubepods)?,
     })
 }
