@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_resources::{Amount, CgroupFs, CgroupPath, EvictionReserve, HostPaths, ResourceConfig, ResourceManager};
+use nodewarden_resources::testing::FakeHost;
+use nodewarden_resources::{Amount, CgroupPath, EvictionReserve, ResourceConfig, ResourceManager};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -111,7 +112,7 @@ impl Runtime for Fake {
 }
 
 struct Harness {
-    _dir: tempfile::TempDir,
+    _host: FakeHost,
     cg: std::path::PathBuf,
     fake: Arc<Fake>,
     manager: Arc<PodManager<Fake>>,
@@ -120,18 +121,8 @@ struct Harness {
 }
 
 fn harness() -> Harness {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path();
-    for d in ["proc/sys/kernel", "sys/devices/system/cpu", "cg"] {
-        std::fs::create_dir_all(p.join(d)).unwrap();
-    }
-    std::fs::write(p.join("proc/meminfo"), "MemTotal: 1048576 kB\nMemFree: 524288 kB\nMemAvailable: 600000 kB\n")
-        .unwrap();
-    std::fs::write(p.join("proc/sys/kernel/pid_max"), "32768\n").unwrap();
-    std::fs::write(p.join("proc/sys/kernel/threads-max"), "100000\n").unwrap();
-    std::fs::write(p.join("proc/loadavg"), "0 0 0 1/100 5\n").unwrap();
-    std::fs::write(p.join("sys/devices/system/cpu/online"), "0-1\n").unwrap();
-    let host = HostPaths { proc: p.join("proc"), sys: p.join("sys"), nodefs: p.into(), imagefs: p.into() };
+    let host = FakeHost::new();
+    let p = host.path().to_path_buf();
     let config = ResourceConfig {
         eviction_reserve: EvictionReserve {
             memory_available: Some(Amount::Quantity(100 << 20)),
@@ -140,8 +131,8 @@ fn harness() -> Harness {
         max_pods: 10,
         ..ResourceConfig::new(CgroupPath::parse("/nw").unwrap())
     };
-    let fs = CgroupFs::emulated(p.join("cg"), CgroupPath::parse("/nw").unwrap());
-    let mut rm = ResourceManager::new(fs, host, config).unwrap();
+    let fs = host.cgroupfs(&config.cgroup_root);
+    let mut rm = ResourceManager::new(fs, host.host(), config).unwrap();
     rm.setup().unwrap();
     let fake = Arc::new(Fake::default());
     let settings = SyncSettings { root_dir: p.join("root"), log_dir: p.join("logs"), node_name: "n".into() };
@@ -150,7 +141,7 @@ fn harness() -> Harness {
     let (tx, rx) = mpsc::channel(4);
     let (drain_tx, drain_rx) = watch::channel(false);
     tokio::spawn(manager.clone().run(rx, drain_rx));
-    Harness { cg: p.join("cg/nw/kubepods"), _dir: dir, fake, manager, tx, _drain: drain_tx }
+    Harness { cg: host.cgroup_mount().join("nw/kubepods"), _host: host, fake, manager, tx, _drain: drain_tx }
 }
 
 fn pod(uid: &str, spec: serde_json::Value) -> Pod {
