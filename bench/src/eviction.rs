@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use nodewarden_resources::{HostPaths, fs_stats, node_memory, pid_stats};
 
 use crate::hog::monotonic;
 use crate::svg::{Line, plot};
-use crate::{Guard, ROOT, cpu_ticks, get, remove_tree, root, rss_kib};
+use crate::{Guard, ROOT, cpu_ticks, get, pods, remove_tree, root, rss_kib, wait, write};
 
 const MIB: u64 = 1 << 20;
 
@@ -130,78 +131,42 @@ impl Outcome {
     }
 }
 
-/// One sample of the signals, on CLOCK_MONOTONIC.
+/// One sample of the scenario's signal, on CLOCK_MONOTONIC.
 #[derive(Clone, Copy)]
 struct Sample {
     t: f64,
-    /// nodewarden's memory.available: min(MemFree + Inactive(file), MemAvailable).
-    memory: f64,
-    /// The kernel's MemAvailable (earlyoom's signal).
+    /// The signal nodewarden evicts on: memory.available, pid.available or nodefs.available.
+    value: f64,
+    /// The kernel's MemAvailable (earlyoom's signal), for the memory scenarios.
     mem_available: f64,
-    pids: f64,
-    disk: f64,
 }
 
-fn meminfo() -> (f64, f64) {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let get = |k: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(k))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            * 1024.0
-    };
-    let avail = get("MemAvailable:");
-    ((get("MemFree:") + get("Inactive(file):")).min(avail), avail)
+/// Reads the scenario's signal through the resources crate, as the daemon computes it; 0 where unreadable.
+#[allow(clippy::cast_precision_loss)]
+fn read_signal(kind: Kind, host: &HostPaths, disk: &Path) -> (f64, f64) {
+    match kind {
+        Kind::Memory => node_memory(host).map_or((0.0, 0.0), |m| (m.available as f64, m.mem_available as f64)),
+        Kind::Pids => (pid_stats(host).map_or(0.0, |p| p.available as f64), 0.0),
+        Kind::Disk => (fs_stats(disk).map_or(0.0, |f| f.available_bytes as f64), 0.0),
+    }
 }
 
-fn mem_total_mib() -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = text.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1));
-    kib.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) / 1024
-}
-
-fn pid_max() -> f64 {
-    ["/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<f64>().ok())
-        .fold(f64::MAX, f64::min)
-}
-
-fn pids_available(max: f64) -> f64 {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let threads = text.split_whitespace().nth(3).and_then(|f| f.split('/').nth(1)).and_then(|n| n.parse().ok());
-    max - threads.unwrap_or(0.0)
-}
-
-fn disk_available(path: &Path) -> f64 {
-    #[allow(clippy::cast_precision_loss)]
-    rustix::fs::statvfs(path).map_or(0.0, |s| (s.f_bavail * s.f_frsize) as f64)
-}
-
-/// Reads the signals every millisecond until stopped.
+/// Reads the scenario's signal every millisecond until stopped.
 struct Sampler {
     stop: Arc<AtomicBool>,
     handle: std::thread::JoinHandle<Vec<Sample>>,
 }
 
 impl Sampler {
-    fn start(disk: PathBuf) -> Self {
+    fn start(kind: Kind, disk: PathBuf) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let max = pid_max();
         let handle = std::thread::spawn(move || {
+            let host = HostPaths::default();
             let mut out = Vec::new();
             while !flag.load(Ordering::Relaxed) {
-                let (memory, mem_available) = meminfo();
-                out.push(Sample {
-                    t: monotonic(),
-                    memory,
-                    mem_available,
-                    pids: pids_available(max),
-                    disk: disk_available(&disk),
-                });
+                let (value, mem_available) = read_signal(kind, &host, &disk);
+                out.push(Sample { t: monotonic(), value, mem_available });
                 std::thread::sleep(Duration::from_millis(1));
             }
             out
@@ -234,13 +199,6 @@ fn killed_pod(line: &str, list: &[serde_json::Value]) -> String {
     name.unwrap_or_else(|| field("task="))
 }
 
-fn pods(port: u16) -> Vec<serde_json::Value> {
-    get(port, "/pods")
-        .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["items"].as_array().cloned())
-        .unwrap_or_default()
-}
-
 fn pod<'a>(list: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
     list.iter().find(|p| p["metadata"]["name"] == format!("{name}-bench").as_str())
 }
@@ -264,13 +222,6 @@ fn manifest(name: &str, command: &[String], resources: &str, volume: bool) -> St
          {resources}{mounts}{volumes}",
         argv.join(", ")
     )
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, dir.join(format!("{name}.yaml")))?;
-    Ok(())
 }
 
 struct Setup {
@@ -298,17 +249,6 @@ impl Drop for Killed {
     }
 }
 
-fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
-}
-
 fn one_run(sc: &Scenario, agent: Agent, nodewarden: &Path) -> Result<Outcome> {
     remove_tree(&root());
     let dir = std::env::temp_dir().join(format!("nwbench-ev-{}", std::process::id()));
@@ -331,9 +271,8 @@ fn one_run(sc: &Scenario, agent: Agent, nodewarden: &Path) -> Result<Outcome> {
     std::fs::create_dir_all(&manifests)?;
     let threshold = match sc.kind {
         Kind::Memory => MEMORY_THRESHOLD as f64,
-        Kind::Pids => (pids_available(pid_max()) - PID_HEADROOM as f64).max(1.0),
-        #[allow(clippy::cast_precision_loss)]
-        Kind::Disk => disk_available(&base) * 0.25,
+        Kind::Pids => (read_signal(Kind::Pids, &HostPaths::default(), &base).0 - PID_HEADROOM as f64).max(1.0),
+        Kind::Disk => read_signal(Kind::Disk, &HostPaths::default(), &base).0 * 0.25,
     };
     let hard = match (agent, sc.kind) {
         (Agent::Kernel | Agent::Earlyoom, _) => "evictionHard:\n  memory.available: '0'\n".to_owned(),
@@ -405,16 +344,20 @@ fn one_run(sc: &Scenario, agent: Agent, nodewarden: &Path) -> Result<Outcome> {
                     .iter()
                     .map(|s| (*s).to_owned())
                     .collect();
-            write(&manifests, "guaranteed", &manifest("guaranteed", &cmd, guaranteed, false))?;
+            write(&manifests, "guaranteed.yaml", &manifest("guaranteed", &cmd, guaranteed, false))?;
             vec!["guaranteed"]
         }
         Kind::Pids => {
-            write(&manifests, "quiet", &manifest("quiet", &hog("quiet", &["--fork", "2", "--steps", "1"]), "", false))?;
+            write(
+                &manifests,
+                "quiet.yaml",
+                &manifest("quiet", &hog("quiet", &["--fork", "2", "--steps", "1"]), "", false),
+            )?;
             vec!["quiet"]
         }
         Kind::Disk => {
             let cmd = hog("quiet", &["--write-dir", "/mnt", "--write-mb", "4", "--steps", "1"]);
-            write(&manifests, "quiet", &manifest("quiet", &cmd, "", true))?;
+            write(&manifests, "quiet.yaml", &manifest("quiet", &cmd, "", true))?;
             vec!["quiet"]
         }
     };
@@ -451,12 +394,12 @@ fn one_run(sc: &Scenario, agent: Agent, nodewarden: &Path) -> Result<Outcome> {
         )],
     };
     let kills_before = oom_kill_lines().len();
-    let sampler = Sampler::start(base.clone());
+    let sampler = Sampler::start(sc.kind, base.clone());
     std::thread::sleep(Duration::from_millis(200));
     let c0 = agent_pid.map(cpu_ticks).transpose()?;
     let (t0, started) = (monotonic(), Instant::now());
     for (name, text) in &workload {
-        write(&manifests, name, text)?;
+        write(&manifests, &format!("{name}.yaml"), text)?;
     }
     // Until every workload pod got SIGTERM or stopped running, or the scenario's time is up.
     let limit = Duration::from_secs(if agent == Agent::KubeletLike { 40 } else { 30 });
@@ -487,12 +430,7 @@ fn one_run(sc: &Scenario, agent: Agent, nodewarden: &Path) -> Result<Outcome> {
         })
         .collect();
     sigterms.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let value = |s: &Sample| match (sc.kind, agent) {
-        (Kind::Memory, Agent::Earlyoom) => s.mem_available,
-        (Kind::Memory, _) => s.memory,
-        (Kind::Pids, _) => s.pids,
-        (Kind::Disk, _) => s.disk,
-    };
+    let value = |s: &Sample| if agent == Agent::Earlyoom { s.mem_available } else { s.value };
     let after: Vec<&Sample> = samples.iter().filter(|s| s.t >= t0).collect();
     let crossing = after.iter().find(|s| value(s) < threshold).map(|s| s.t);
     let latency_ms = match (crossing, sigterms.first()) {
@@ -560,7 +498,7 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, out: &
          the kernel's OOM kill) is the kubelet's first choice. Agent CPU is over the scenario's window, RSS at its end.\n",
         kernel.trim(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        mem_total_mib(),
+        node_memory(&HostPaths::default()).map_or(0, |m| m.capacity >> 20),
     );
     for sc in SCENARIOS.iter().filter(|s| scenarios.contains(s.key)) {
         let all: &[Agent] = if sc.kind == Kind::Memory {

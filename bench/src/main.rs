@@ -223,6 +223,34 @@ fn get(port: u16, path: &str) -> Option<String> {
     raw.starts_with("HTTP/1.1 200").then(|| raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
 }
 
+/// The daemon's `/pods` items; empty when it does not answer.
+fn pods(port: u16) -> Vec<serde_json::Value> {
+    get(port, "/pods")
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["items"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// Writes a manifest beside `file` and renames it into place, as config management does.
+fn write(dir: &Path, file: &str, text: &str) -> Result<()> {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, dir.join(file))?;
+    Ok(())
+}
+
+/// Polls `f` every 50 ms until it holds, for at most `secs`.
+fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
 }

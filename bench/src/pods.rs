@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-use crate::{Guard, ROOT, cpu_ticks, get, remove_tree, root, rss_kib};
+use crate::{Guard, ROOT, cpu_ticks, get, pods, remove_tree, root, rss_kib, wait, write};
 
 struct Run {
     start_s: f64,
@@ -37,20 +37,6 @@ fn manifest(name: &str, memory: Option<&str>, probe_port: Option<u16>) -> String
     )
 }
 
-fn write(dir: &Path, file: &str, text: &str) -> Result<()> {
-    let tmp = dir.join(format!(".{file}.tmp"));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, dir.join(file))?;
-    Ok(())
-}
-
-fn pods(port: u16) -> Vec<serde_json::Value> {
-    get(port, "/pods")
-        .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["items"].as_array().cloned())
-        .unwrap_or_default()
-}
-
 fn count(port: u16, f: impl Fn(&serde_json::Value) -> bool) -> usize {
     pods(port).iter().filter(|p| f(p)).count()
 }
@@ -61,17 +47,6 @@ fn running(p: &serde_json::Value) -> bool {
 
 fn ready(p: &serde_json::Value) -> bool {
     p["status"]["containerStatuses"][0]["ready"] == true
-}
-
-fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
 }
 
 fn clear(dir: &Path, port: u16) -> Result<()> {
