@@ -175,9 +175,8 @@ fn resource_name(signal: Signal) -> &'static str {
 }
 
 fn amount(signal: Signal, v: u64) -> String {
-    match Condition::of(signal) {
-        Condition::PidPressure => v.to_string(),
-        _ if matches!(signal, Signal::NodeFsInodesFree | Signal::ImageFsInodesFree) => v.to_string(),
+    match signal {
+        Signal::PidAvailable | Signal::NodeFsInodesFree | Signal::ImageFsInodesFree => v.to_string(),
         _ => format!("{}Ki", v / 1024),
     }
 }
@@ -185,11 +184,7 @@ fn amount(signal: Signal, v: u64) -> String {
 /// The message in the evicted pod's status, in the kubelet's words.
 pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
     let s = b.threshold.signal;
-    let (usage, request) = match Condition::of(s) {
-        Condition::MemoryPressure => (victim.memory_usage, victim.memory_request),
-        Condition::DiskPressure => (victim.disk_usage, victim.disk_request),
-        Condition::PidPressure => (victim.pids, 0),
-    };
+    let (usage, request) = victim.usage(s);
     format!(
         "The node was low on resource: {}. Threshold quantity: {}, available: {}. Pod {} was using {}, request is {}. ",
         resource_name(s),
@@ -366,8 +361,7 @@ impl<E: Evictor> EvictionManager<E> {
             }
         };
         let observed_at = Instant::now();
-        let now = observed_at;
-        self.in_flight.retain(|_, f| f.until > now);
+        self.in_flight.retain(|_, f| f.until > observed_at);
         let evaluation = self.state.evaluate(observed_at, &settings.thresholds, &signals, settings.transition_period);
         self.set_pressure(evaluation.pressure).await;
         for breach in &evaluation.act {
@@ -426,11 +420,7 @@ impl<E: Evictor> EvictionManager<E> {
             .iter()
             .take(10)
             .map(|c| {
-                let (usage, request) = match condition {
-                    Condition::MemoryPressure => (c.memory_usage, c.memory_request),
-                    Condition::DiskPressure => (c.disk_usage, c.disk_request),
-                    Condition::PidPressure => (c.pids, 0),
-                };
+                let (usage, request) = c.usage(signal);
                 Ranked { pod: c.name.clone(), usage, request, priority: c.priority }
             })
             .collect();

@@ -37,13 +37,18 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// The usage ranking compares for a signal and the matching request (bytes, or processes and 0).
+    pub fn usage(&self, signal: Signal) -> (u64, u64) {
+        match Condition::of(signal) {
+            Condition::MemoryPressure => (self.memory_usage, self.memory_request),
+            Condition::DiskPressure => (self.disk_usage, self.disk_request),
+            Condition::PidPressure => (self.pids, 0),
+        }
+    }
+
     /// What evicting this pod gives back for a signal (bytes, or processes).
     pub fn reclaims(&self, signal: Signal) -> u64 {
-        match Condition::of(signal) {
-            Condition::MemoryPressure => self.memory_usage,
-            Condition::DiskPressure => self.disk_usage,
-            Condition::PidPressure => self.pids,
-        }
+        self.usage(signal).0
     }
 }
 
@@ -62,11 +67,9 @@ pub fn rank(signal: Signal, pods: &[Candidate]) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = pods.iter().filter(|p| !p.critical).cloned().collect();
     out.sort_by(|a, b| {
         let primary = match Condition::of(signal) {
-            Condition::MemoryPressure => {
-                by_usage((a.memory_usage, a.memory_request, a.priority), (b.memory_usage, b.memory_request, b.priority))
-            }
-            Condition::DiskPressure => {
-                by_usage((a.disk_usage, a.disk_request, a.priority), (b.disk_usage, b.disk_request, b.priority))
+            Condition::MemoryPressure | Condition::DiskPressure => {
+                let ((ua, ra), (ub, rb)) = (a.usage(signal), b.usage(signal));
+                by_usage((ua, ra, a.priority), (ub, rb, b.priority))
             }
             Condition::PidPressure => a.priority.cmp(&b.priority).then(b.pids.cmp(&a.pids)),
         };
