@@ -8,14 +8,15 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::{
-    EvictionManager, EvictionMetrics, EvictionSettings, EvictionStatus, Evictor, PassObserver, Signal,
-    SignalObservation,
+    EvictionManager, EvictionMetrics, EvictionSettings, EvictionStatus, PassObserver, Signal, SignalObservation,
 };
 use nodewarden_resources::{CgroupError, CgroupFs, CgroupPath, HostPaths, Observations, ResourceManager, check_host};
-use nodewarden_sync::{PodManager, PodSource, ProcessRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings};
-use tokio::sync::{mpsc, oneshot, watch};
+use nodewarden_sync::cri::{CriRuntime, CriSettings};
+use nodewarden_sync::{
+    PodManager, PodSource, ProcessRuntime, SelectedRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings,
+};
+use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, Config, Reloaded};
 use crate::metrics::Metrics;
@@ -27,7 +28,7 @@ pub struct Shared {
     /// The resource manager, the only writer of cgroupfs.
     pub manager: Arc<Mutex<ResourceManager>>,
     /// Pod sync; `None` when no runtime is available.
-    pods: Option<Arc<PodManager<ProcessRuntime>>>,
+    pods: Arc<PodManager<SelectedRuntime>>,
     /// Pods and their status (`/pods`).
     pub store: Arc<StatusStore>,
     /// The metrics.
@@ -53,10 +54,7 @@ impl Shared {
         let eviction = self.eviction.readiness(stale_after);
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
-        let (podsync, runtime) = match &self.pods {
-            Some(p) => (p.readiness(), Ok(())),
-            None => (Ok(()), Err(NO_CRI.to_owned())),
-        };
+        let (podsync, runtime) = (self.pods.readiness(), self.pods.runtime_health());
         vec![("eviction", eviction), ("cgroupfs", cgroupfs), ("podsync", podsync), ("runtime", runtime)]
     }
 
@@ -116,34 +114,39 @@ impl PassObserver for Gauges {
     }
 }
 
-/// The pods the eviction manager may evict: pod sync's, or none without a runtime.
-enum Pods {
-    Sync(Arc<PodManager<ProcessRuntime>>),
-    None,
+/// The runtime `containerRuntimeEndpoint` selects. For CRI, the runtime's version is checked first: a runtime that
+/// does not serve CRI v1 stops the daemon; one that does not answer yet is waited for (pods wait, `/readyz` says
+/// why) while everything else is served.
+async fn select_runtime(
+    config: &Config,
+    fs: &CgroupFs,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+    drain: &watch::Receiver<bool>,
+) -> Result<SelectedRuntime, DaemonError> {
+    let Some(endpoint) = &config.container_runtime_endpoint else {
+        let helper = std::env::current_exe().context("cannot find nodewarden's own executable")?;
+        return Ok(SelectedRuntime::Process(ProcessRuntime::new(helper, fs.clone())));
+    };
+    let settings = CriSettings {
+        endpoint: endpoint.clone(),
+        request_timeout: config.runtime_request_timeout,
+        serialize_image_pulls: config.serialize_image_pulls,
+        poll: CRI_POLL,
+    };
+    let cri = Arc::new(CriRuntime::new(settings).context("containerRuntimeEndpoint")?);
+    match cri.check_version().await {
+        Ok((name, version)) => tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected"),
+        Err(e) if e.is_transient() => {
+            tracing::error!(error = %e, "the CRI runtime does not answer; pods wait until it does")
+        }
+        Err(e) => return Err(anyhow::anyhow!("{e}").into()),
+    }
+    tasks.push(tokio::spawn(cri.clone().monitor(drain.clone())));
+    Ok(SelectedRuntime::Cri(cri))
 }
 
-impl Evictor for Pods {
-    fn pods(&self) -> Vec<Pod> {
-        match self {
-            Pods::Sync(p) => p.pods(),
-            Pods::None => Vec::new(),
-        }
-    }
-
-    fn disk_usage(&self, uid: &str) -> u64 {
-        match self {
-            Pods::Sync(p) => p.disk_usage(uid),
-            Pods::None => 0,
-        }
-    }
-
-    async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<oneshot::Receiver<()>, String> {
-        match self {
-            Pods::Sync(p) => Evictor::evict(p.as_ref(), uid, grace, message).await,
-            Pods::None => Err("no pod runtime".into()),
-        }
-    }
-}
+/// How often the CRI runtime's containers are listed (exits, health): the kubelet's PLEG relist period.
+const CRI_POLL: Duration = Duration::from_secs(1);
 
 /// Moves the daemon into its own cgroup with `memory.min` protection, and makes it the last process the kernel
 /// OOM killer would choose. Failures are logged: the daemon runs on without the protection.
@@ -179,9 +182,6 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
         _ => false,
     }
 }
-
-/// Why no pods run when `containerRuntimeEndpoint` is set.
-const NO_CRI: &str = "containerRuntimeEndpoint is set, but this nodewarden has no CRI client yet; no pods are run";
 
 /// How long shutdown waits for open HTTP connections.
 const SERVER_DRAIN: Duration = Duration::from_secs(5);
@@ -241,35 +241,28 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     let manager = Arc::new(Mutex::new(manager));
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    let pods = if config.container_runtime_endpoint.is_some() {
-        tracing::error!("{NO_CRI}");
-        None
-    } else {
-        let helper = std::env::current_exe().context("cannot find nodewarden's own executable")?;
-        let settings = SyncSettings {
-            root_dir: config.root_dir.clone(),
-            log_dir: config.pod_logs_dir.clone(),
-            node_name: config.node_name.clone(),
-        };
-        let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
-        let runtime = Arc::new(ProcessRuntime::new(helper, fs.clone()));
-        let pods = PodManager::new(manager.clone(), runtime, settings, sync_metrics);
-        let (tx, rx) = mpsc::channel(4);
-        if let Some(dir) = &config.static_pod_path {
-            tracing::info!(dir = %dir.display(), "watching static pod manifests");
-            let source = StaticPodSource::new(dir, &config.node_name, config.file_check_frequency);
-            tasks.push(tokio::spawn(source.run(tx, drain_rx.clone())));
-        }
-        tasks.push(tokio::spawn(pods.clone().run(rx, drain_rx.clone())));
-        Some(pods)
+    let runtime = select_runtime(&config, &fs, &mut tasks, &drain_rx).await?;
+    let settings = SyncSettings {
+        root_dir: config.root_dir.clone(),
+        log_dir: config.pod_logs_dir.clone(),
+        node_name: config.node_name.clone(),
     };
-    let store = pods.as_ref().map_or_else(|| Arc::new(StatusStore::default()), |p| p.store());
+    let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
+    let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
+    let (tx, rx) = mpsc::channel(4);
+    if let Some(dir) = &config.static_pod_path {
+        tracing::info!(dir = %dir.display(), "watching static pod manifests");
+        let source = StaticPodSource::new(dir, &config.node_name, config.file_check_frequency);
+        tasks.push(tokio::spawn(source.run(tx, drain_rx.clone())));
+    }
+    tasks.push(tokio::spawn(pods.clone().run(rx, drain_rx.clone())));
+    let store = pods.store();
 
     let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
     let (config_tx, config_rx) = watch::channel(Arc::new(config));
     let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let gauges = Arc::new(Gauges { metrics: metrics.clone(), config: config_rx });
-    let evictor = Arc::new(pods.clone().map_or(Pods::None, Pods::Sync));
+    let evictor = pods.clone();
     let eviction = EvictionManager::new(manager.clone(), evictor, settings_rx, eviction_metrics, Some(gauges));
     let (wake_tx, wake_rx) = mpsc::channel(8);
     let _wake_thread = if config_tx.borrow().pressure_events {
@@ -360,7 +353,7 @@ mod tests {
     struct Rig {
         host: FakeHost,
         shared: Arc<Shared>,
-        eviction: EvictionManager<Pods>,
+        eviction: EvictionManager<PodManager<SelectedRuntime>>,
     }
 
     /// A daemon state over a stand-in host, with its eviction loop (not running; passes are made by hand).
@@ -378,8 +371,17 @@ mod tests {
         let manager = Arc::new(Mutex::new(manager));
         let gauges = Arc::new(Gauges { metrics: metrics.clone(), config: config_rx });
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).unwrap();
+        let fs = manager.lock().unwrap().cgroupfs().clone();
+        let runtime = SelectedRuntime::Process(ProcessRuntime::new("/bin/false", fs));
+        let settings = SyncSettings {
+            root_dir: host.path().join("root"),
+            log_dir: host.path().join("logs"),
+            node_name: "node".into(),
+        };
+        let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
+        let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
         let eviction =
-            EvictionManager::new(manager.clone(), Arc::new(Pods::None), settings_rx, eviction_metrics, Some(gauges));
+            EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, Some(gauges));
         let probe = {
             let m = manager.lock().unwrap();
             (m.cgroupfs().clone(), m.tree().kubepods.clone())
@@ -387,8 +389,8 @@ mod tests {
         let shared = Arc::new(Shared {
             config: config_tx,
             manager,
-            pods: None,
-            store: Arc::new(StatusStore::default()),
+            store: pods.store(),
+            pods,
             metrics,
             eviction: eviction.status(),
             eviction_settings: settings_tx,

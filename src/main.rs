@@ -4,6 +4,7 @@
 //! the effective values.
 
 mod config;
+mod cri;
 mod daemon;
 mod http;
 mod metrics;
@@ -57,6 +58,17 @@ enum Command {
         /// The config file.
         path: PathBuf,
     },
+    /// Inspect a CRI runtime (containerd, CRI-O) with nodewarden's own client, like crictl.
+    Cri {
+        /// The CRI endpoint (default: $CONTAINER_RUNTIME_ENDPOINT, else the containerd socket).
+        #[arg(long, global = true, env = "CONTAINER_RUNTIME_ENDPOINT", default_value = cri::DEFAULT_ENDPOINT)]
+        endpoint: String,
+        /// Seconds before a call is given up.
+        #[arg(long = "request-timeout", global = true, default_value_t = 10)]
+        request_timeout: u64,
+        #[command(subcommand)]
+        command: cri::CriCommand,
+    },
     /// The first step of a container process started by the process runtime (internal).
     #[command(hide = true)]
     ContainerExec {
@@ -65,11 +77,29 @@ enum Command {
     },
 }
 
+fn cri_command(endpoint: &str, timeout: u64, command: cri::CriCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nodewarden cri: cannot start the async runtime: {e}");
+            return Exit::Failure.into();
+        }
+    };
+    match runtime.block_on(cri::run(endpoint, std::time::Duration::from_secs(timeout), command)) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX)),
+        Err(e) => {
+            eprintln!("nodewarden cri: {e:#}");
+            Exit::Failure.into()
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { path } => check_config(&path).into(),
         Command::Run { config } => run(&config).into(),
+        Command::Cri { endpoint, request_timeout, command } => cri_command(&endpoint, request_timeout, command),
         Command::ContainerExec { request } => {
             // Returns only when the container's command could not be started.
             let code = nodewarden_sync::container_exec(&request);

@@ -79,6 +79,9 @@ pub struct ContainerPlacement {
     pub cgroup: CgroupPath,
     /// The limits written.
     pub limits: CgroupLimits,
+    /// Its CPU request as cgroup v1 `cpu.shares` (what CRI's `LinuxContainerResources` carries; runtimes convert
+    /// it to `cpu.weight` with the same mapping as `limits.cpu_weight`).
+    pub cpu_shares: u64,
     /// The `oom_score_adj` its processes should get.
     pub oom_score_adj: i32,
 }
@@ -400,6 +403,7 @@ impl ResourceManager {
                     name: c.name.clone(),
                     cgroup: cgroup.child(&c.name)?,
                     limits: limits::container_limits(c, qos, &s),
+                    cpu_shares: qos::cpu_shares(c.cpu_request.unwrap_or(0)),
                     oom_score_adj: qos::oom_score_adj(
                         qos,
                         critical,
@@ -560,7 +564,13 @@ impl ResourceManager {
         for name in self.fs.children(&cgroup)? {
             let cg = cgroup.child(&name)?;
             let limits = tree::read_limits(&self.fs, &cg)?;
-            containers.push(ContainerPlacement { name, cgroup: cg, limits, oom_score_adj: 0 });
+            containers.push(ContainerPlacement {
+                name,
+                cgroup: cg,
+                cpu_shares: qos::weight_to_shares(limits.cpu_weight),
+                limits,
+                oom_score_adj: 0,
+            });
         }
         // Invert cpu.weight → shares → millicores. One weight step spans about 26 shares; take the largest shares
         // value that maps to this weight, so that admission over-counts an adopted pod rather than under-counts it.

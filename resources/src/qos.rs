@@ -273,6 +273,12 @@ pub fn shares_to_weight(shares: u64) -> u64 {
     1 + ((shares - MIN_SHARES) * 9999) / (MAX_SHARES - MIN_SHARES)
 }
 
+/// The inverse of [`shares_to_weight`] (to within its rounding), for cgroups adopted without a spec.
+pub fn weight_to_shares(weight: u64) -> u64 {
+    let weight = weight.clamp(1, 10_000);
+    MIN_SHARES + ((weight - 1) * (MAX_SHARES - MIN_SHARES)).div_ceil(9999)
+}
+
 /// Converts a CPU limit in millicores to a CFS quota for the given period, never below 1 ms.
 pub fn cpu_quota(millicores: u64, period_us: u64) -> u64 {
     (millicores.saturating_mul(period_us) / 1000).max(MIN_QUOTA_US)

@@ -49,7 +49,6 @@ pub const IGNORED: &[&str] = &[
     "topologyManagerScope",
     "topologyManagerPolicyOptions",
     "qosReserved",
-    "runtimeRequestTimeout",
     "hairpinMode",
     "podCIDR",
     "resolvConf",

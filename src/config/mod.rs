@@ -83,6 +83,10 @@ pub struct Config {
     pub static_pod_path: Option<PathBuf>,
     /// `containerRuntimeEndpoint`, if set (otherwise the embedded process runtime).
     pub container_runtime_endpoint: Option<String>,
+    /// `runtimeRequestTimeout` (`0s` means the default, 2m).
+    pub runtime_request_timeout: Duration,
+    /// `serializeImagePulls`.
+    pub serialize_image_pulls: bool,
     /// `nodeStatusUpdateFrequency`.
     pub node_status_update_frequency: Duration,
     /// The cgroup2 mount.
@@ -305,6 +309,13 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     if !endpoint.is_empty() && !endpoint.starts_with("unix://") {
         return Err(ConfigError::field("containerRuntimeEndpoint", format!("{endpoint:?} must be a unix:// socket")));
     }
+    let runtime_request_timeout = match duration_field(
+        "runtimeRequestTimeout",
+        required(&c.runtime_request_timeout, "runtimeRequestTimeout")?,
+    )? {
+        Duration::ZERO => Duration::from_secs(120),
+        d => d,
+    };
     let non_empty = |s: &String| (!s.is_empty()).then(|| PathBuf::from(s));
     let node_status_update_frequency = duration_field(
         "nodeStatusUpdateFrequency",
@@ -391,6 +402,8 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         healthz,
         static_pod_path: non_empty(required(&c.static_pod_path, "staticPodPath")?),
         container_runtime_endpoint: (!endpoint.is_empty()).then(|| endpoint.clone()),
+        runtime_request_timeout,
+        serialize_image_pulls: *required(&c.serialize_image_pulls, "serializeImagePulls")?,
         node_status_update_frequency,
         cgroup_mount: PathBuf::from(required(&nw.cgroup_mount, "nodewarden.cgroupMount")?),
         nodefs_path: PathBuf::from(required(&nw.nodefs_path, "nodewarden.nodefsPath")?),

@@ -50,6 +50,9 @@ pub struct KubeletConfiguration {
     pub container_runtime_endpoint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serialize_image_pulls: Option<bool>,
+    /// `runtimeRequestTimeout`: the deadline of CRI calls other than image pulls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_request_timeout: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub healthz_bind_address: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -153,6 +156,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "podLogsDir",
     "containerRuntimeEndpoint",
     "serializeImagePulls",
+    "runtimeRequestTimeout",
     "healthzBindAddress",
     "healthzPort",
     "nodeStatusUpdateFrequency",
@@ -194,6 +198,7 @@ impl KubeletConfiguration {
         or(&mut self.static_pod_path, String::new());
         or(&mut self.file_check_frequency, "20s".into());
         or(&mut self.serialize_image_pulls, true);
+        or(&mut self.runtime_request_timeout, "2m".into());
         or(&mut self.healthz_bind_address, "127.0.0.1".into());
         or(&mut self.healthz_port, 10248);
         or(&mut self.node_status_update_frequency, "10s".into());

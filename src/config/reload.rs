@@ -39,6 +39,7 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
         pod_logs_dir => "podLogsDir",
         container_runtime_endpoint => "containerRuntimeEndpoint",
         serialize_image_pulls => "serializeImagePulls",
+        runtime_request_timeout => "runtimeRequestTimeout",
         healthz_bind_address => "healthzBindAddress",
         healthz_port => "healthzPort",
         node_status_update_frequency => "nodeStatusUpdateFrequency",

@@ -102,6 +102,8 @@ fn a_real_kubelet_config_loads() {
     assert_eq!(signals, [Signal::MemoryAvailable, Signal::NodeFsAvailable, Signal::AllocatableMemoryAvailable]);
     assert_eq!(c.pressure_transition_period, Duration::ZERO);
     assert_eq!(c.container_runtime_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
+    assert_eq!(c.runtime_request_timeout, Duration::from_secs(120), "0s is the kubelet's default");
+    assert!(c.serialize_image_pulls);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! itself (a container process joins its cgroup through the resources crate, see [`container_exec`]).
 
 mod backoff;
+pub mod cri;
 mod evictor;
 mod manager;
 mod manifest;
@@ -13,6 +14,7 @@ mod metrics;
 mod probe;
 mod process;
 mod runtime;
+mod selected;
 mod source;
 mod spec;
 mod state;
@@ -28,7 +30,11 @@ pub use manifest::{
 };
 pub use metrics::SyncMetrics;
 pub use process::{ExecRequest, ProcessRuntime, START_FAILED, container_exec};
-pub use runtime::{ContainerSpec, ExecOutput, ExitInfo, Mount, Runtime, RuntimeError, SIGKILL, SIGTERM, Started};
+pub use runtime::{
+    ContainerSpec, ExecOutput, ExitInfo, LinuxResources, Mount, PullPolicy, Runtime, RuntimeError, SIGKILL, SIGTERM,
+    SandboxSpec, Started,
+};
+pub use selected::SelectedRuntime;
 pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
 pub use store::{MANIFEST_ANNOTATION, StatusStore};
 pub use worker::SyncSettings;

@@ -185,6 +185,9 @@ impl<R: Runtime> PodManager<R> {
             let r = self.ctx.resources.lock().unwrap_or_else(PoisonError::into_inner);
             r.placements().map(|p| p.uid.clone()).filter(|u| !wanted.contains(u)).collect()
         };
+        let runtime = self.ctx.runtime.clone();
+        let keep: BTreeSet<String> = wanted.clone();
+        tokio::spawn(async move { runtime.reconcile(&keep).await });
         for uid in &orphans {
             tracing::info!(pod_uid = %uid, "pod cgroup from an earlier run has no manifest; terminating it");
             tokio::spawn(terminate_orphan(self.ctx.resources.clone(), uid.clone(), self.ctx.settings.root_dir.clone()));
@@ -225,6 +228,11 @@ impl<R: Runtime> PodManager<R> {
         // A worker that had nothing running drops the sender without a word.
         let _ = signalled_rx.await;
         Ok(done_rx)
+    }
+
+    /// `Ok` while the runtime answers.
+    pub fn runtime_health(&self) -> Result<(), String> {
+        self.ctx.runtime.health()
     }
 
     /// `Ok` when the manager loop ticked recently and no pod sync has been stuck in a runtime call.

@@ -1,6 +1,7 @@
 //! The container runtime seam. Pod workers decide what runs; a [`Runtime`] starts, signals, watches and execs in
-//! containers. The embedded process runtime implements it; a CRI client follows.
+//! containers. The embedded process runtime and the CRI client implement it.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,23 +20,104 @@ pub struct Mount {
     pub read_only: bool,
 }
 
+/// When an image is pulled (`imagePullPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Pull before every start.
+    Always,
+    /// Pull when the image is absent.
+    IfNotPresent,
+    /// Never pull: an absent image is an error (`ErrImageNeverPull`).
+    Never,
+}
+
+impl PullPolicy {
+    /// The policy in force: the pod's, or the Kubernetes default (`Always` for `:latest` or untagged images,
+    /// `IfNotPresent` otherwise).
+    pub fn resolve(policy: Option<&str>, image: &str) -> Self {
+        match policy {
+            Some("Always") => Self::Always,
+            Some("Never") => Self::Never,
+            Some("IfNotPresent") => Self::IfNotPresent,
+            _ => {
+                if image.contains('@') {
+                    return Self::IfNotPresent;
+                }
+                let last = image.rsplit('/').next().unwrap_or(image);
+                match last.split_once(':') {
+                    Some((_, "latest")) | None => Self::Always,
+                    Some(_) => Self::IfNotPresent,
+                }
+            }
+        }
+    }
+}
+
+/// CPU and memory settings of a container or sandbox in CRI's terms (`LinuxContainerResources`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinuxResources {
+    /// cgroup v1 `cpu.shares` of the CPU request.
+    pub cpu_shares: u64,
+    /// CFS quota in microseconds, if limited.
+    pub cpu_quota: Option<u64>,
+    /// CFS period in microseconds.
+    pub cpu_period: u64,
+    /// Memory limit in bytes, if limited.
+    pub memory_limit: Option<u64>,
+}
+
+/// Everything a runtime needs to create a pod's sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSpec {
+    /// The pod UID.
+    pub pod_uid: String,
+    /// The pod name.
+    pub name: String,
+    /// The pod namespace.
+    pub namespace: String,
+    /// The pod cgroup (the placement's), which becomes the sandbox's `cgroup_parent`.
+    pub cgroup_parent: CgroupPath,
+    /// `hostNetwork`.
+    pub host_network: bool,
+    /// `hostPID`.
+    pub host_pid: bool,
+    /// `hostIPC`.
+    pub host_ipc: bool,
+    /// The pod's hostname.
+    pub hostname: String,
+    /// `<podLogsDir>/<namespace>_<name>_<uid>`.
+    pub log_directory: PathBuf,
+    /// The pod's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The pod's annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// The pod-level resources.
+    pub resources: LinuxResources,
+}
+
 /// Everything a runtime needs to start one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSpec {
     /// The pod UID.
     pub pod_uid: String,
+    /// The runtime's ID of the pod's sandbox.
+    pub sandbox_id: String,
     /// The container name.
     pub name: String,
     /// How often it was restarted before (names the log file).
     pub attempt: u32,
-    /// The image, recorded (the process runtime does not use it).
+    /// The image (the process runtime does not use it).
     pub image: String,
-    /// `command` followed by `args`, with `$(VAR)` references expanded.
-    pub argv: Vec<String>,
+    /// When the image is pulled.
+    pub pull_policy: PullPolicy,
+    /// `command`, with `$(VAR)` references expanded; empty means the image's entrypoint.
+    pub command: Vec<String>,
+    /// `args`, expanded; empty with an empty `command` means the image's.
+    pub args: Vec<String>,
     /// The environment.
     pub env: Vec<(String, String)>,
-    /// The working directory.
-    pub working_dir: PathBuf,
+    /// The working directory; `None` means the image's (`/` under the process runtime).
+    pub working_dir: Option<PathBuf>,
     /// `runAsUser`.
     pub user: Option<u32>,
     /// `runAsGroup`.
@@ -44,10 +126,19 @@ pub struct ContainerSpec {
     pub cgroup: CgroupPath,
     /// The `oom_score_adj` its processes get.
     pub oom_score_adj: i32,
+    /// Its CPU and memory settings, for a runtime that creates the container cgroup itself.
+    pub resources: LinuxResources,
     /// The log file.
     pub log_path: PathBuf,
     /// Volume mounts.
     pub mounts: Vec<Mount>,
+}
+
+impl ContainerSpec {
+    /// `command` followed by `args`.
+    pub fn argv(&self) -> Vec<String> {
+        self.command.iter().chain(&self.args).cloned().collect()
+    }
 }
 
 /// A running container.
@@ -55,7 +146,7 @@ pub struct ContainerSpec {
 pub struct Started {
     /// The runtime's ID, as shown in `containerID` (`process://...`).
     pub id: String,
-    /// The main process.
+    /// The main process; 0 when the runtime does not say (CRI).
     pub pid: u32,
     /// When it started.
     pub started_at: Timestamp,
@@ -93,12 +184,29 @@ pub enum RuntimeError {
     /// The container's configuration cannot be run (the kubelet's `CreateContainerConfigError`).
     #[error("{0}")]
     Config(String),
+    /// The runtime refused to create the container (`CreateContainerError`).
+    #[error("{0}")]
+    Create(String),
     /// Starting failed (`StartError` / `RunContainerError`).
     #[error("{0}")]
     Start(String),
     /// The container is not known.
     #[error("container {0} not found")]
     NotFound(String),
+    /// The image could not be made present: the kubelet's `reason` (`ErrImagePull`, `ErrImageNeverPull`) and why.
+    #[error("{message}")]
+    Image {
+        /// The waiting reason.
+        reason: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// The pod's sandbox is gone (the runtime lost it); a new one is needed.
+    #[error("pod sandbox {0} not found")]
+    SandboxNotFound(String),
+    /// The runtime cannot be reached.
+    #[error("{0}")]
+    Unavailable(String),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -109,10 +217,28 @@ pub trait Runtime: Send + Sync + 'static {
     /// The scheme of container IDs (`process`, `containerd`).
     fn scheme(&self) -> &'static str;
 
-    /// Prepares a pod's sandbox. The process runtime has nothing to do: the pod cgroup is the sandbox.
-    fn run_sandbox(&self, pod_uid: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    /// Creates a pod's sandbox and returns its ID. The process runtime has nothing to do: the pod cgroup is the
+    /// sandbox.
+    fn run_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
 
-    /// Starts a container.
+    /// Finds the ready sandbox of a pod an earlier daemon ran, so that no new one is created.
+    fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<String>> + Send;
+
+    /// Stops and removes every sandbox of the pod (what is left of its containers with them).
+    fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
+
+    /// At start, once the pods are known: removes what the runtime holds for pods that are not in `keep`.
+    fn reconcile(&self, keep: &BTreeSet<String>) -> impl Future<Output = ()> + Send {
+        let _ = keep;
+        async {}
+    }
+
+    /// Whether the runtime answers; the error says why not.
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Starts a container in the sandbox `spec.sandbox_id`.
     fn start(&self, spec: &ContainerSpec) -> impl Future<Output = Result<Started, RuntimeError>> + Send;
 
     /// Finds a container that is already running (after a daemon restart): no new process is started.
@@ -121,12 +247,15 @@ pub trait Runtime: Send + Sync + 'static {
     /// Resolves when the container has exited.
     fn wait(&self, id: &str) -> impl Future<Output = ExitInfo> + Send;
 
-    /// Sends a signal to the container's main process.
+    /// Sends a signal to the container's main process. A runtime that can only stop containers (CRI) stops it:
+    /// at once for SIGKILL, with the stop signal and no deadline of its own for anything else (the worker sends
+    /// SIGKILL when the grace period is over).
     fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError>;
 
-    /// Runs a command in the container (its cgroup, user and environment), killed at `timeout`.
+    /// Runs a command in the container `id` (its cgroup, user and environment), killed at `timeout`.
     fn exec(
         &self,
+        id: &str,
         spec: &ContainerSpec,
         argv: &[String],
         timeout: Duration,

@@ -6,14 +6,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use nodewarden_resources::ContainerPlacement;
+use nodewarden_resources::{ContainerPlacement, Placement};
 
 use crate::probe::POD_IP;
-use crate::runtime::{ContainerSpec, Mount};
+use crate::runtime::{ContainerSpec, LinuxResources, Mount, PullPolicy, SandboxSpec};
 use crate::volumes::PreparedVolume;
-
-/// The `PATH` a container gets when its spec sets none (the process runtime has no image to take one from).
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The directory of one container's logs: `<logDir>/<namespace>_<name>_<uid>/<container>`.
 pub fn log_dir(root: &Path, pod: &Pod, container: &str) -> PathBuf {
@@ -95,7 +92,7 @@ pub fn container_spec(
     attempt: u32,
 ) -> Result<ContainerSpec, String> {
     let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
-    let mut env: Vec<(String, String)> = vec![("PATH".into(), DEFAULT_PATH.into())];
+    let mut env: Vec<(String, String)> = Vec::new();
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     if let Some(h) = pod.metadata.name.as_deref() {
         env.push(("HOSTNAME".into(), h.to_owned()));
@@ -116,11 +113,8 @@ pub fn container_spec(
         env.retain(|(k, _)| *k != e.name);
         env.push((e.name.clone(), value));
     }
-    let argv: Vec<String> =
-        c.command.iter().flatten().chain(c.args.iter().flatten()).map(|a| expand(a, &vars)).collect();
-    if c.command.as_ref().is_none_or(Vec::is_empty) {
-        return Err("the process runtime needs a command: it does not read images, so there is no entrypoint".into());
-    }
+    let command: Vec<String> = c.command.iter().flatten().map(|a| expand(a, &vars)).collect();
+    let args: Vec<String> = c.args.iter().flatten().map(|a| expand(a, &vars)).collect();
     let pod_sc = spec.security_context.as_ref();
     let sc = c.security_context.as_ref();
     let as_u32 = |v: Option<i64>, what: &str| -> Result<Option<u32>, String> {
@@ -145,21 +139,60 @@ pub fn container_spec(
         mounts.push(Mount { source, target: PathBuf::from(&m.mount_path), read_only: m.read_only.unwrap_or(false) });
     }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let image = c.image.clone().unwrap_or_default();
+    let limits = &placement.limits;
     Ok(ContainerSpec {
         log_path: log_dir(log_root, pod, &c.name).join(format!("{attempt}.log")),
         pod_uid: uid,
+        sandbox_id: String::new(),
         name: c.name.clone(),
         attempt,
-        image: c.image.clone().unwrap_or_default(),
-        argv,
+        pull_policy: PullPolicy::resolve(c.image_pull_policy.as_deref(), &image),
+        image,
+        command,
+        args,
         env,
-        working_dir: PathBuf::from(c.working_dir.as_deref().filter(|w| !w.is_empty()).unwrap_or("/")),
+        working_dir: c.working_dir.as_deref().filter(|w| !w.is_empty()).map(PathBuf::from),
         user,
         group,
         cgroup: placement.cgroup.clone(),
         oom_score_adj: placement.oom_score_adj,
+        resources: LinuxResources {
+            cpu_shares: placement.cpu_shares,
+            cpu_quota: limits.cpu_max.quota,
+            cpu_period: limits.cpu_max.period,
+            memory_limit: limits.memory_max.value(),
+        },
         mounts,
     })
+}
+
+/// Builds a pod's sandbox spec: its cgroup is the placement's, its resources the pod-level limits.
+pub fn sandbox_spec(pod: &Pod, placement: &Placement, log_root: &Path) -> SandboxSpec {
+    let m = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    let flag = |f: fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<bool>| spec.and_then(f).unwrap_or(false);
+    let name = m.name.clone().unwrap_or_default();
+    let limits = &placement.limits;
+    SandboxSpec {
+        pod_uid: m.uid.clone().unwrap_or_default(),
+        hostname: spec.and_then(|s| s.hostname.clone()).unwrap_or_else(|| name.clone()),
+        name,
+        namespace: m.namespace.clone().unwrap_or_else(|| "default".into()),
+        cgroup_parent: placement.cgroup.clone(),
+        host_network: flag(|s| s.host_network),
+        host_pid: flag(|s| s.host_pid),
+        host_ipc: flag(|s| s.host_ipc),
+        log_directory: log_root.join(pod_log_dir_name(pod)),
+        labels: m.labels.clone().unwrap_or_default(),
+        annotations: m.annotations.clone().unwrap_or_default(),
+        resources: LinuxResources {
+            cpu_shares: nodewarden_resources::cpu_shares(placement.cpu_request),
+            cpu_quota: limits.cpu_max.quota,
+            cpu_period: limits.cpu_max.period,
+            memory_limit: limits.memory_max.value(),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -206,18 +239,27 @@ mod tests {
                 cpu_weight: 100,
                 cpu_max: nodewarden_resources::CpuMax { quota: None, period: 100_000 },
             },
+            cpu_shares: 2,
             oom_score_adj: 1000,
         };
         let vols = [PreparedVolume { name: "data".into(), path: "/var/lib/x".into() }];
         let s = container_spec(&pod, c, &placement, &vols, Path::new("/var/log/pods"), 2).unwrap();
-        assert_eq!(s.argv, ["sh", "-c", "echo hi-web-n web-n"]);
+        assert_eq!(s.argv(), ["sh", "-c", "echo hi-web-n web-n"]);
+        assert_eq!(s.pull_policy, PullPolicy::Always, "an untagged image is pulled every time");
         assert_eq!(s.log_path, Path::new("/var/log/pods/default_web-n_u1/app/2.log"));
         assert_eq!((s.user, s.group), (Some(1000), Some(1000)));
         assert_eq!(s.mounts, [Mount { source: "/var/lib/x".into(), target: "/mnt".into(), read_only: true }]);
-        assert!(s.env.contains(&("PATH".into(), DEFAULT_PATH.into())));
+        assert_eq!(s.working_dir, None, "the image's working directory");
+    }
 
-        let mut no_cmd = c.clone();
-        no_cmd.command = None;
-        assert!(container_spec(&pod, &no_cmd, &placement, &vols, Path::new("/l"), 0).unwrap_err().contains("command"));
+    #[test]
+    fn pull_policy_defaults_follow_the_tag() {
+        assert_eq!(PullPolicy::resolve(None, "busybox"), PullPolicy::Always);
+        assert_eq!(PullPolicy::resolve(None, "localhost:5000/busybox"), PullPolicy::Always);
+        assert_eq!(PullPolicy::resolve(None, "busybox:latest"), PullPolicy::Always);
+        assert_eq!(PullPolicy::resolve(None, "localhost:5000/busybox:1"), PullPolicy::IfNotPresent);
+        assert_eq!(PullPolicy::resolve(None, "busybox@sha256:0123"), PullPolicy::IfNotPresent);
+        assert_eq!(PullPolicy::resolve(Some("Never"), "busybox"), PullPolicy::Never);
+        assert_eq!(PullPolicy::resolve(Some("IfNotPresent"), "busybox:latest"), PullPolicy::IfNotPresent);
     }
 }

@@ -21,7 +21,20 @@ use tokio::sync::watch;
 
 pub use exec::{ExecRequest, START_FAILED, container_exec};
 
-use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, Started, exit_reason};
+use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxSpec, Started, exit_reason};
+
+/// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The environment with [`DEFAULT_PATH`] first unless it sets `PATH` itself.
+fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out = Vec::with_capacity(env.len() + 1);
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        out.push(("PATH".to_owned(), DEFAULT_PATH.to_owned()));
+    }
+    out.extend(env.iter().cloned());
+    out
+}
 
 /// How long `start` waits for a new process to join its container cgroup.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,8 +78,8 @@ impl ProcessRuntime {
             cgroup: spec.cgroup.as_str().to_owned(),
             oom_score_adj: spec.oom_score_adj,
             argv: argv.to_vec(),
-            env: spec.env.clone(),
-            working_dir: spec.working_dir.clone(),
+            env: with_default_path(&spec.env),
+            working_dir: spec.working_dir.clone().unwrap_or_else(|| PathBuf::from("/")),
             user: spec.user,
             group: spec.group,
             mounts: spec.mounts.clone(),
@@ -118,22 +131,29 @@ impl Runtime for ProcessRuntime {
         "process"
     }
 
-    async fn run_sandbox(&self, _pod_uid: &str) -> Result<(), RuntimeError> {
-        Ok(())
+    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        Ok(spec.pod_uid.clone())
     }
 
+    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Option<String> {
+        Some(spec.pod_uid.clone())
+    }
+
+    async fn remove_sandbox(&self, _spec: &SandboxSpec) {}
+
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
-        if spec.argv.is_empty() {
+        if spec.command.is_empty() {
             return Err(RuntimeError::Config(
                 "the process runtime needs a command: it does not read images, so there is no entrypoint".into(),
             ));
         }
+        let argv = spec.argv();
         let log = open_log(&spec.log_path)?;
         let err_log = log.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
         let error_file = spec.log_path.with_extension("start-error");
         let _ = std::fs::remove_file(&error_file);
         let oom_before = self.oom_kills(&spec.cgroup);
-        let req = self.request(spec, &spec.argv, Some(error_file.clone()));
+        let req = self.request(spec, &argv, Some(error_file.clone()));
         let mut child = self
             .command(&req)?
             .stdout(Stdio::from(log))
@@ -263,7 +283,13 @@ impl Runtime for ProcessRuntime {
         }
     }
 
-    async fn exec(&self, spec: &ContainerSpec, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(
+        &self,
+        _id: &str,
+        spec: &ContainerSpec,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, RuntimeError> {
         if argv.is_empty() {
             return Err(RuntimeError::Config("exec: no command".into()));
         }

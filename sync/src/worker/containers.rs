@@ -23,7 +23,10 @@ impl<R: Runtime> Worker<R> {
             .and_then(|p| p.containers.iter().find(|x| x.name == c.name))
             .ok_or("container not placed")?;
         let volumes = self.volumes.as_deref().unwrap_or_default();
-        container_spec(&self.pod, container, placement, volumes, &self.ctx.settings.log_dir, c.restarts)
+        let mut spec =
+            container_spec(&self.pod, container, placement, volumes, &self.ctx.settings.log_dir, c.restarts)?;
+        spec.sandbox_id = self.sandbox.clone().unwrap_or_default();
+        Ok(spec)
     }
 
     /// Starts container `i` unless its back-off has not expired. Returns true when it runs.
@@ -68,10 +71,16 @@ impl<R: Runtime> Worker<R> {
                 true
             }
             Err(e) => {
-                let reason = match e {
+                let reason = match &e {
                     RuntimeError::Config(_) => "CreateContainerConfigError",
+                    RuntimeError::Image { reason, .. } => reason,
+                    RuntimeError::Create(_) => "CreateContainerError",
                     _ => "RunContainerError",
                 };
+                if let RuntimeError::SandboxNotFound(_) = e {
+                    // The runtime lost the sandbox: the next sync creates a new one.
+                    self.sandbox = None;
+                }
                 self.ctx.metrics.started_container_errors.with_label_values(&[reason, kind]).inc();
                 tracing::warn!(pod = %self.full_name(), container = %spec.name, error = %e, "cannot start container");
                 let c = &mut self.containers[i];
@@ -135,7 +144,7 @@ impl<R: Runtime> Worker<R> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let result = run_probe(&*runtime, &cfg, &spec).await;
+                let result = run_probe(&*runtime, &cfg, &id, &spec).await;
                 if events.send(Event::Probe { id: id.clone(), kind, result }).is_err() {
                     return;
                 }
@@ -244,10 +253,11 @@ pub(super) async fn stop_container<R: Runtime>(runtime: Arc<R>, id: String, grac
 pub(super) async fn run_probe<R: Runtime>(
     runtime: &R,
     cfg: &ProbeConfig,
+    id: &str,
     spec: &ContainerSpec,
 ) -> Result<String, String> {
     match &cfg.action {
-        Action::Exec(argv) => match runtime.exec(spec, argv, cfg.timeout).await {
+        Action::Exec(argv) => match runtime.exec(id, spec, argv, cfg.timeout).await {
             Ok(out) if out.exit_code == Some(0) => Ok(out.output),
             Ok(out) => Err(match out.exit_code {
                 Some(code) => format!("command {argv:?} exited with {code}: {}", out.output.trim()),

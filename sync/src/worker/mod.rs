@@ -143,7 +143,8 @@ pub(crate) struct Worker<R> {
     policy: RestartPolicy,
     placement: Option<Placement>,
     volumes: Option<Vec<PreparedVolume>>,
-    sandbox: bool,
+    /// The runtime's sandbox ID, once the sandbox runs.
+    sandbox: Option<String>,
     containers: Vec<CState>,
     initialized: bool,
     terminal: Option<Terminal>,
@@ -199,7 +200,7 @@ impl<R: Runtime> Worker<R> {
             pod,
             placement: None,
             volumes: None,
-            sandbox: false,
+            sandbox: None,
             containers,
             initialized: false,
             terminal: None,
@@ -219,6 +220,12 @@ impl<R: Runtime> Worker<R> {
 
     fn container(&self, c: &CState) -> Option<&Container> {
         all_containers(&self.pod).into_iter().map(|(_, c)| c).find(|x| x.name == c.name)
+    }
+
+    /// The sandbox spec, once the pod is placed.
+    fn sandbox_spec(&self) -> Option<crate::runtime::SandboxSpec> {
+        let placement = self.placement.as_ref()?;
+        Some(crate::spec::sandbox_spec(&self.pod, placement, &self.ctx.settings.log_dir))
     }
 
     fn grace_period(&self) -> Duration {
@@ -390,7 +397,17 @@ impl<R: Runtime> Worker<R> {
         let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
         let volumes = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
         self.volumes = volumes::prepare(&root, &self.uid, &volumes, memory_limit).ok();
-        self.sandbox = true;
+        self.sandbox = match self.sandbox_spec() {
+            Some(spec) => self.ctx.runtime.adopt_sandbox(&spec).await,
+            None => None,
+        };
+        if self.sandbox.is_none() {
+            // The runtime lost the sandbox, and its containers with it: the next sync creates a new one.
+            tracing::warn!(pod = %self.full_name(), "no ready sandbox found for an adopted pod; creating a new one");
+            self.start_reported = true;
+            self.save();
+            return;
+        }
         let mut any_app = false;
         for i in 0..self.containers.len() {
             let name = self.containers[i].name.clone();
@@ -452,10 +469,18 @@ impl<R: Runtime> Worker<R> {
                 Err(e) => return self.retry_later(format!("cannot prepare volumes: {e}")),
             }
         }
-        if !self.sandbox {
-            match self.ctx.runtime.run_sandbox(&self.uid).await {
-                Ok(()) => self.sandbox = true,
-                Err(e) => return self.retry_later(format!("cannot create the pod sandbox: {e}")),
+        if self.sandbox.is_none() {
+            let Some(spec) = self.sandbox_spec() else { return self.retry_later("pod not placed".into()) };
+            match self.ctx.runtime.run_sandbox(&spec).await {
+                Ok(id) => {
+                    tracing::info!(pod = %self.full_name(), sandbox = %id, "pod sandbox running");
+                    self.sandbox = Some(id);
+                }
+                Err(e) => {
+                    // A half-made sandbox is not left behind.
+                    self.ctx.runtime.remove_sandbox(&spec).await;
+                    return self.retry_later(format!("cannot create the pod sandbox: {e}"));
+                }
             }
         }
         self.pending = None;

@@ -30,7 +30,12 @@ impl<R: Runtime> Worker<R> {
             };
             (s, last, Some(format!("{scheme}://{}", run.id)))
         } else if let Some((reason, message)) = &c.waiting {
-            (waiting(reason, Some(message.clone())), last, None)
+            if reason == "ErrImagePull" && c.next_start.is_some_and(|t| now < t) {
+                let message = format!("Back-off pulling image {image:?}: {message}");
+                (waiting("ImagePullBackOff", Some(message)), last, None)
+            } else {
+                (waiting(reason, Some(message.clone())), last, None)
+            }
         } else if c.done
             || (c.kind == Kind::Init && c.last.is_some() && c.next_start.is_none())
             || self.terminal.is_some()

@@ -75,7 +75,7 @@ impl<R: Runtime> Worker<R> {
             hooks.push(async move {
                 if let Some(argv) = argv {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match runtime.exec(&spec, &argv, left).await {
+                    match runtime.exec(&id, &spec, &argv, left).await {
                         Ok(out) if out.exit_code == Some(0) => {}
                         Ok(out) => tracing::warn!(container = %spec.name, output = %out.output, "preStop hook failed"),
                         Err(e) => tracing::warn!(container = %spec.name, error = %e, "preStop hook failed"),
@@ -126,6 +126,11 @@ impl<R: Runtime> Worker<R> {
     /// Kills whatever is left in the pod cgroup, releases the cgroups, and removes the pod's volumes (and, when
     /// deleted, its logs).
     async fn clean_up(&mut self, deleted: bool) {
+        if let Some(spec) = self.sandbox_spec()
+            && self.sandbox.take().is_some()
+        {
+            self.ctx.runtime.remove_sandbox(&spec).await;
+        }
         if self.placement.is_some() && kill_and_release(&self.ctx.resources, &self.uid).await {
             self.placement = None;
         }

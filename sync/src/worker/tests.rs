@@ -15,7 +15,9 @@ use tokio::time::Instant;
 
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
-use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SIGKILL, SIGTERM, Started};
+use crate::runtime::{
+    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SIGKILL, SIGTERM, SandboxSpec, Started,
+};
 use crate::source::SourceSnapshot;
 use crate::worker::SyncSettings;
 
@@ -33,6 +35,10 @@ struct Fake {
     stubborn: Mutex<Vec<String>>,
     /// Exec commands (argv[0]) that fail.
     failing: Mutex<Vec<String>>,
+    /// Sandbox calls, in order: `run <uid>`, `remove <uid>`.
+    sandboxes: Mutex<Vec<String>>,
+    /// Images that cannot be pulled.
+    unpullable: Mutex<Vec<String>>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -70,11 +76,24 @@ impl Runtime for Fake {
         "fake"
     }
 
-    async fn run_sandbox(&self, _pod_uid: &str) -> Result<(), RuntimeError> {
-        Ok(())
+    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        self.sandboxes.lock().unwrap().push(format!("run {}", spec.pod_uid));
+        Ok(format!("sb-{}", spec.pod_uid))
+    }
+
+    async fn adopt_sandbox(&self, _spec: &SandboxSpec) -> Option<String> {
+        None
+    }
+
+    async fn remove_sandbox(&self, spec: &SandboxSpec) {
+        self.sandboxes.lock().unwrap().push(format!("remove {}", spec.pod_uid));
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
+        assert_eq!(spec.sandbox_id, format!("sb-{}", spec.pod_uid), "containers start in the pod's sandbox");
+        if self.unpullable.lock().unwrap().contains(&spec.image) {
+            return Err(RuntimeError::Image { reason: "ErrImagePull", message: format!("cannot pull {}", spec.image) });
+        }
         let mut n = self.next.lock().unwrap();
         *n += 1;
         let id = format!("c{n}");
@@ -103,7 +122,13 @@ impl Runtime for Fake {
         Ok(())
     }
 
-    async fn exec(&self, _spec: &ContainerSpec, argv: &[String], _t: Duration) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(
+        &self,
+        _id: &str,
+        _spec: &ContainerSpec,
+        argv: &[String],
+        _t: Duration,
+    ) -> Result<ExecOutput, RuntimeError> {
         let fails = self.failing.lock().unwrap().contains(&argv[0]);
         Ok(ExecOutput { exit_code: Some(i32::from(fails)), output: String::new() })
     }
@@ -286,6 +311,7 @@ async fn deletion_terminates_within_the_grace_period() {
     assert!(took >= Duration::from_secs(7) && took < Duration::from_secs(8), "took {took:?}");
     assert!(!h.fake.is_running("a"));
     assert!(!h.cg.join("besteffort/podu5").exists(), "cgroup released");
+    assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["run u5", "remove u5"], "one sandbox, removed at the end");
 }
 
 #[tokio::test(start_paused = true)]
@@ -327,11 +353,30 @@ async fn admission_refusal_fails_the_pod_with_the_kubelets_reason() {
 #[tokio::test(start_paused = true)]
 async fn config_errors_wait_and_retry() {
     let h = harness();
-    let bad = json!({"name": "bad", "image": "busybox"});
+    let mut bad = app("bad");
+    bad["envFrom"] = json!([{"configMapRef": {"name": "settings"}}]);
     h.set(vec![pod("u8", json!({"containers": [bad]}))]).await;
     let v = h.until("u8", "waits", |v| !container(v, "bad")["state"]["waiting"]["reason"].is_null()).await;
     assert_eq!(container(&v, "bad")["state"]["waiting"]["reason"], "CreateContainerConfigError");
-    assert!(container(&v, "bad")["state"]["waiting"]["message"].as_str().unwrap().contains("needs a command"));
+    assert!(container(&v, "bad")["state"]["waiting"]["message"].as_str().unwrap().contains("envFrom"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_image_that_cannot_be_pulled_backs_off() {
+    let h = harness();
+    h.fake.unpullable.lock().unwrap().push("registry.invalid/app:1".into());
+    let mut c = app("app");
+    c["image"] = json!("registry.invalid/app:1");
+    h.set(vec![pod("u9", json!({"containers": [c]}))]).await;
+    let reason = |v: &serde_json::Value| container(v, "app")["state"]["waiting"]["reason"].as_str().map(str::to_owned);
+    let v = h.until("u9", "backs off", |v| reason(v).as_deref() == Some("ImagePullBackOff")).await;
+    let message = container(&v, "app")["state"]["waiting"]["message"].as_str().unwrap().to_owned();
+    assert!(message.starts_with("Back-off pulling image \"registry.invalid/app:1\""), "{message}");
+    assert!(message.ends_with("cannot pull registry.invalid/app:1"), "the pull error is kept: {message}");
+    assert_eq!(phase(&v), "Pending");
+    // Once the image can be pulled, the next attempt (after the back-off) runs it.
+    h.fake.unpullable.lock().unwrap().clear();
+    h.until("u9", "runs", |v| phase(v) == "Running").await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,214 @@
+//! Builds the CRI messages for a sandbox and a container from nodewarden's specs: the cgroup parent and resources
+//! from the placement, the kubelet's labels (so crictl and reconciliation find pods by UID), and the log layout.
+
+use std::collections::HashMap;
+
+use nodewarden_proto::v1::{
+    ContainerConfig, ContainerMetadata, Int64Value, KeyValue, LinuxContainerConfig, LinuxContainerResources,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, NamespaceMode,
+    NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+};
+
+use super::client::image_spec;
+use crate::runtime::{ContainerSpec, LinuxResources, SandboxSpec};
+
+/// The kubelet's label holding the pod name.
+pub const POD_NAME_LABEL: &str = "io.kubernetes.pod.name";
+/// The kubelet's label holding the pod namespace.
+pub const POD_NAMESPACE_LABEL: &str = "io.kubernetes.pod.namespace";
+/// The kubelet's label holding the pod UID.
+pub const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
+/// The kubelet's label holding the container name.
+pub const CONTAINER_NAME_LABEL: &str = "io.kubernetes.container.name";
+/// Marks what nodewarden created: reconciliation never touches sandboxes without it.
+pub const MANAGED_LABEL: &str = "nodewarden.io/managed";
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// `LinuxContainerResources` (zero means "not set" in CRI).
+pub fn linux_resources(r: &LinuxResources, oom_score_adj: i32) -> LinuxContainerResources {
+    LinuxContainerResources {
+        cpu_period: i64_of(r.cpu_period),
+        cpu_quota: r.cpu_quota.map_or(0, i64_of),
+        cpu_shares: i64_of(r.cpu_shares),
+        memory_limit_in_bytes: r.memory_limit.map_or(0, i64_of),
+        oom_score_adj: i64::from(oom_score_adj),
+        ..LinuxContainerResources::default()
+    }
+}
+
+fn namespaces(spec: &SandboxSpec) -> NamespaceOption {
+    let mode = |host: bool, own: NamespaceMode| if host { NamespaceMode::Node } else { own };
+    NamespaceOption {
+        network: mode(spec.host_network, NamespaceMode::Pod).into(),
+        // As the kubelet: each container has its own PID namespace unless the pod shares the host's.
+        pid: mode(spec.host_pid, NamespaceMode::Container).into(),
+        ipc: mode(spec.host_ipc, NamespaceMode::Pod).into(),
+        target_id: String::new(),
+    }
+}
+
+fn pod_labels(spec: &SandboxSpec) -> HashMap<String, String> {
+    let mut labels: HashMap<String, String> = spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    labels.insert(POD_NAME_LABEL.into(), spec.name.clone());
+    labels.insert(POD_NAMESPACE_LABEL.into(), spec.namespace.clone());
+    labels.insert(POD_UID_LABEL.into(), spec.pod_uid.clone());
+    labels.insert(MANAGED_LABEL.into(), "true".into());
+    labels
+}
+
+/// The sandbox of a pod, the `attempt`-th for its UID.
+pub fn sandbox_config(spec: &SandboxSpec, attempt: u32) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: spec.name.clone(),
+            uid: spec.pod_uid.clone(),
+            namespace: spec.namespace.clone(),
+            attempt,
+        }),
+        // With the node's network namespace the sandbox has the node's hostname.
+        hostname: if spec.host_network { String::new() } else { spec.hostname.clone() },
+        log_directory: spec.log_directory.to_string_lossy().into_owned(),
+        labels: pod_labels(spec),
+        annotations: spec.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: spec.cgroup_parent.as_str().to_owned(),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces(spec)),
+                ..LinuxSandboxSecurityContext::default()
+            }),
+            resources: Some(linux_resources(&spec.resources, 0)),
+            ..LinuxPodSandboxConfig::default()
+        }),
+        ..PodSandboxConfig::default()
+    }
+}
+
+/// A container of the sandbox `sandbox` (built by [`sandbox_config`] from `pod`).
+pub fn container_config(spec: &ContainerSpec, pod: &SandboxSpec) -> ContainerConfig {
+    let log_path = spec
+        .log_path
+        .strip_prefix(&pod.log_directory)
+        .map_or_else(|_| format!("{}/{}.log", spec.name, spec.attempt), |p| p.to_string_lossy().into_owned());
+    let mut labels = pod_labels(pod);
+    labels.retain(|k, _| k.starts_with("io.kubernetes.") || k == MANAGED_LABEL);
+    labels.insert(CONTAINER_NAME_LABEL.into(), spec.name.clone());
+    let id = |v: Option<u32>| v.map(|v| Int64Value { value: i64::from(v) });
+    ContainerConfig {
+        metadata: Some(ContainerMetadata { name: spec.name.clone(), attempt: spec.attempt }),
+        image: Some(image_spec(&spec.image)),
+        command: spec.command.clone(),
+        args: spec.args.clone(),
+        working_dir: spec.working_dir.as_ref().map(|w| w.to_string_lossy().into_owned()).unwrap_or_default(),
+        envs: spec.env.iter().map(|(k, v)| KeyValue { key: k.clone(), value: v.clone() }).collect(),
+        mounts: spec
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                container_path: m.target.to_string_lossy().into_owned(),
+                host_path: m.source.to_string_lossy().into_owned(),
+                readonly: m.read_only,
+                ..Mount::default()
+            })
+            .collect(),
+        labels,
+        log_path,
+        linux: Some(LinuxContainerConfig {
+            resources: Some(linux_resources(&spec.resources, spec.oom_score_adj)),
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(namespaces(pod)),
+                run_as_user: id(spec.user),
+                run_as_group: id(spec.group),
+                ..LinuxContainerSecurityContext::default()
+            }),
+        }),
+        ..ContainerConfig::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use nodewarden_resources::CgroupPath;
+
+    use super::*;
+    use crate::runtime::{Mount as SpecMount, PullPolicy};
+
+    fn pod() -> SandboxSpec {
+        SandboxSpec {
+            pod_uid: "u1".into(),
+            name: "web-node".into(),
+            namespace: "default".into(),
+            cgroup_parent: CgroupPath::parse("/nodewarden/kubepods/burstable/podu1").unwrap(),
+            host_network: true,
+            host_pid: false,
+            host_ipc: false,
+            hostname: "web-node".into(),
+            log_directory: PathBuf::from("/var/log/pods/default_web-node_u1"),
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+            annotations: [("kubernetes.io/config.source".to_owned(), "file".to_owned())].into(),
+            resources: LinuxResources { cpu_shares: 512, cpu_quota: None, cpu_period: 100_000, memory_limit: None },
+        }
+    }
+
+    #[test]
+    fn the_sandbox_sits_at_the_placement_with_the_kubelets_labels() {
+        let c = sandbox_config(&pod(), 2);
+        let linux = c.linux.unwrap();
+        assert_eq!(linux.cgroup_parent, "/nodewarden/kubepods/burstable/podu1");
+        assert_eq!(c.metadata.unwrap().attempt, 2);
+        assert_eq!(c.labels[POD_UID_LABEL], "u1");
+        assert_eq!(c.labels["app"], "web");
+        assert_eq!(c.labels[MANAGED_LABEL], "true");
+        assert_eq!(c.annotations["kubernetes.io/config.source"], "file");
+        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.network(), NamespaceMode::Node);
+        assert_eq!(ns.pid(), NamespaceMode::Container);
+        assert_eq!(c.hostname, "", "host network: the node's hostname");
+        assert_eq!(linux.resources.unwrap().memory_limit_in_bytes, 0, "0 is unlimited in CRI");
+    }
+
+    #[test]
+    fn a_container_carries_the_placements_limits_and_a_relative_log_path() {
+        let spec = ContainerSpec {
+            pod_uid: "u1".into(),
+            sandbox_id: "sb".into(),
+            name: "app".into(),
+            attempt: 3,
+            image: "localhost/busybox:1".into(),
+            pull_policy: PullPolicy::IfNotPresent,
+            command: vec!["sh".into(), "-c".into()],
+            args: vec!["sleep 1".into()],
+            env: vec![("A".into(), "1".into())],
+            working_dir: None,
+            user: Some(1000),
+            group: None,
+            cgroup: CgroupPath::parse("/nodewarden/kubepods/burstable/podu1/app").unwrap(),
+            oom_score_adj: 968,
+            resources: LinuxResources {
+                cpu_shares: 256,
+                cpu_quota: Some(50_000),
+                cpu_period: 100_000,
+                memory_limit: Some(64 << 20),
+            },
+            log_path: PathBuf::from("/var/log/pods/default_web-node_u1/app/3.log"),
+            mounts: vec![SpecMount { source: "/var/lib/x".into(), target: "/data".into(), read_only: true }],
+        };
+        let c = container_config(&spec, &pod());
+        assert_eq!(c.log_path, "app/3.log");
+        assert_eq!(c.metadata.unwrap().attempt, 3);
+        assert_eq!(c.labels[CONTAINER_NAME_LABEL], "app");
+        assert_eq!(c.labels[POD_UID_LABEL], "u1");
+        assert!(!c.labels.contains_key("app"), "pod labels stay on the sandbox");
+        assert_eq!(c.working_dir, "", "the image's");
+        assert_eq!((c.mounts[0].host_path.as_str(), c.mounts[0].readonly), ("/var/lib/x", true));
+        let linux = c.linux.unwrap();
+        let r = linux.resources.unwrap();
+        assert_eq!((r.cpu_shares, r.cpu_quota, r.cpu_period), (256, 50_000, 100_000));
+        assert_eq!((r.memory_limit_in_bytes, r.oom_score_adj), (64 << 20, 968));
+        assert_eq!(linux.security_context.unwrap().run_as_user.map(|u| u.value), Some(1000));
+    }
+}

@@ -1,0 +1,479 @@
+//! The CRI runtime: pods run as sandboxes of a CRI runtime (containerd, CRI-O) reached over gRPC. nodewarden
+//! stays the owner of the accounting: each sandbox's `cgroup_parent` is the pod's placement and each container
+//! gets the placement's limits; eviction and usage keep reading cgroupfs. Exits are found by listing the
+//! containers once per poll period (as the kubelet's PLEG relists), which doubles as the runtime's health check.
+
+pub mod client;
+mod config;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use nodewarden_proto::v1::{
+    ContainerFilter, ContainerState, CreateContainerRequest, PodSandboxConfig, PodSandboxFilter, PodSandboxState,
+    PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
+};
+use tokio::sync::watch;
+
+pub use client::{CRI_API_VERSION, CriClient, CriError, socket_path};
+pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL};
+
+use crate::runtime::{
+    ContainerSpec, ExecOutput, ExitInfo, PullPolicy, Runtime, RuntimeError, SIGKILL, SandboxSpec, Started, exit_reason,
+};
+
+/// The most output an exec probe keeps.
+const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
+
+/// How long an image pull may take.
+const PULL_DEADLINE: Duration = Duration::from_secs(30 * 60);
+
+/// Settings of the CRI runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CriSettings {
+    /// `containerRuntimeEndpoint`.
+    pub endpoint: String,
+    /// `runtimeRequestTimeout`: the deadline of every call but pulls.
+    pub request_timeout: Duration,
+    /// `serializeImagePulls`: one pull at a time.
+    pub serialize_image_pulls: bool,
+    /// How often containers are listed to find exits.
+    pub poll: Duration,
+}
+
+/// The CRI runtime.
+#[derive(Debug)]
+pub struct CriRuntime {
+    client: CriClient,
+    settings: CriSettings,
+    pulls: tokio::sync::Mutex<()>,
+    /// The spec each known sandbox was made from (CreateContainer needs the sandbox's config again).
+    sandboxes: Mutex<HashMap<String, (SandboxSpec, PodSandboxConfig)>>,
+    /// Containers whose exit is awaited.
+    waiters: Mutex<HashMap<String, watch::Sender<Option<ExitInfo>>>>,
+    health: Mutex<Result<(), String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn timestamp(nanos: i64) -> Timestamp {
+    Timestamp::from_nanosecond(i128::from(nanos)).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn runtime_error(e: CriError) -> RuntimeError {
+    if e.is_unavailable() { RuntimeError::Unavailable(e.to_string()) } else { RuntimeError::Other(e.to_string()) }
+}
+
+/// Why the runtime at the endpoint cannot be used: it does not serve CRI `runtime.v1`.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    /// The call failed.
+    #[error(transparent)]
+    Call(#[from] CriError),
+    /// It answered with another API version.
+    #[error("the runtime at {endpoint} serves CRI {found:?}, not {CRI_API_VERSION}")]
+    Version {
+        /// The endpoint.
+        endpoint: String,
+        /// The version it serves.
+        found: String,
+    },
+}
+
+impl VersionError {
+    /// True when the runtime may still come up (no socket yet, no answer): worth waiting for.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Call(e) if e.is_unavailable())
+    }
+}
+
+impl CriRuntime {
+    /// A runtime for `settings.endpoint`; nothing is connected until [`CriRuntime::check_version`] or the first
+    /// call.
+    pub fn new(settings: CriSettings) -> Result<Self, CriError> {
+        let client = CriClient::new(&settings.endpoint, settings.request_timeout)?;
+        Ok(Self {
+            client,
+            settings,
+            pulls: tokio::sync::Mutex::new(()),
+            sandboxes: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(HashMap::new()),
+            health: Mutex::new(Err("the CRI runtime has not been reached yet".into())),
+        })
+    }
+
+    /// The client (for the CLI and tests).
+    pub fn client(&self) -> &CriClient {
+        &self.client
+    }
+
+    /// `Version`: checks that the runtime serves CRI `runtime.v1` and returns its name and version.
+    pub async fn check_version(&self) -> Result<(String, String), VersionError> {
+        let v = self.client.version().await;
+        let v = match v {
+            Ok(v) => v,
+            Err(e) => {
+                *lock(&self.health) = Err(e.to_string());
+                return Err(e.into());
+            }
+        };
+        if v.runtime_api_version != CRI_API_VERSION {
+            return Err(VersionError::Version {
+                endpoint: self.settings.endpoint.clone(),
+                found: v.runtime_api_version,
+            });
+        }
+        *lock(&self.health) = Ok(());
+        Ok((v.runtime_name, v.runtime_version))
+    }
+
+    /// Watches the runtime until `drain`: lists the containers every poll period, resolves the waits of those
+    /// that exited or vanished, and records whether the runtime answers.
+    pub async fn monitor(self: Arc<Self>, mut drain: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.settings.poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.relist().await,
+                () = crate::drained(&mut drain) => return,
+            }
+        }
+    }
+
+    async fn relist(&self) {
+        let listed = self.client.list_containers(None).await;
+        let containers = match listed {
+            Ok(c) => c,
+            Err(e) => {
+                let mut h = lock(&self.health);
+                if h.is_ok() {
+                    tracing::warn!(error = %e, "the CRI runtime does not answer");
+                }
+                *h = Err(e.to_string());
+                return;
+            }
+        };
+        {
+            let mut h = lock(&self.health);
+            if h.is_err() {
+                tracing::info!(endpoint = %self.settings.endpoint, "the CRI runtime answers");
+            }
+            *h = Ok(());
+        }
+        let states: HashMap<&str, ContainerState> = containers.iter().map(|c| (c.id.as_str(), c.state())).collect();
+        let watched: Vec<String> = lock(&self.waiters).keys().cloned().collect();
+        for id in watched {
+            if let Some(ContainerState::ContainerRunning | ContainerState::ContainerCreated) = states.get(id.as_str()) {
+                continue;
+            }
+            let Some(info) = self.exit_info(&id).await else { continue };
+            if let Some(tx) = lock(&self.waiters).remove(&id) {
+                tx.send_replace(Some(info));
+            }
+        }
+    }
+
+    /// How a container ended, from its status; `ContainerStatusUnknown` when the runtime lost it. `None` while it
+    /// still runs or the runtime cannot say now.
+    async fn exit_info(&self, id: &str) -> Option<ExitInfo> {
+        match self.client.container_status(id, false).await {
+            Ok(r) => {
+                let s = r.status?;
+                if s.state() != ContainerState::ContainerExited {
+                    return None;
+                }
+                let oom = s.reason == "OOMKilled";
+                Some(ExitInfo {
+                    exit_code: s.exit_code,
+                    signal: (s.exit_code > 128).then(|| s.exit_code - 128),
+                    reason: exit_reason(s.exit_code, oom).to_owned(),
+                    message: (!s.message.is_empty()).then_some(s.message),
+                    started_at: timestamp(s.started_at),
+                    finished_at: timestamp(s.finished_at),
+                })
+            }
+            Err(e) if e.is_not_found() => Some(ExitInfo {
+                exit_code: 137,
+                signal: None,
+                reason: "ContainerStatusUnknown".into(),
+                message: Some("The container could not be located when the pod was terminated".into()),
+                started_at: Timestamp::UNIX_EPOCH,
+                finished_at: Timestamp::now(),
+            }),
+            Err(e) => {
+                tracing::debug!(container_id = %id, error = %e, "no container status yet");
+                None
+            }
+        }
+    }
+
+    fn watch(&self, id: &str) -> watch::Receiver<Option<ExitInfo>> {
+        lock(&self.waiters).entry(id.to_owned()).or_insert_with(|| watch::channel(None).0).subscribe()
+    }
+
+    /// The pod's sandboxes, any state.
+    async fn pod_sandboxes(
+        &self,
+        uid: &str,
+        state: Option<PodSandboxState>,
+    ) -> Result<Vec<nodewarden_proto::v1::PodSandbox>, CriError> {
+        let filter = PodSandboxFilter {
+            state: state.map(|s| PodSandboxStateValue { state: s.into() }),
+            label_selector: [(POD_UID_LABEL.to_owned(), uid.to_owned())].into(),
+            ..PodSandboxFilter::default()
+        };
+        self.client.list_pod_sandbox(Some(filter)).await
+    }
+
+    /// Makes the image present under the pull policy.
+    async fn ensure_image(&self, spec: &ContainerSpec, sandbox: &PodSandboxConfig) -> Result<(), RuntimeError> {
+        if spec.pull_policy != PullPolicy::Always {
+            let present = self.client.image_status(&spec.image).await.map_err(runtime_error)?;
+            if present.is_some() {
+                return Ok(());
+            }
+            if spec.pull_policy == PullPolicy::Never {
+                return Err(RuntimeError::Image {
+                    reason: "ErrImageNeverPull",
+                    message: format!("Container image {:?} is not present with pull policy of Never", spec.image),
+                });
+            }
+        }
+        let _serial = if self.settings.serialize_image_pulls { Some(self.pulls.lock().await) } else { None };
+        tracing::info!(image = %spec.image, "pulling image");
+        let req = PullImageRequest {
+            image: Some(client::image_spec(&spec.image)),
+            auth: None,
+            sandbox_config: Some(sandbox.clone()),
+        };
+        match self.client.pull_image(req, PULL_DEADLINE).await {
+            Ok(image_ref) => {
+                tracing::info!(image = %spec.image, %image_ref, "image pulled");
+                Ok(())
+            }
+            Err(e) => Err(RuntimeError::Image {
+                reason: "ErrImagePull",
+                message: format!("failed to pull image {:?}: {e}", spec.image),
+            }),
+        }
+    }
+
+    async fn stop_and_remove_sandbox(&self, id: &str) {
+        if let Err(e) = self.client.stop_pod_sandbox(id).await
+            && !e.is_not_found()
+        {
+            tracing::warn!(sandbox = %id, error = %e, "cannot stop the pod sandbox");
+        }
+        if let Err(e) = self.client.remove_pod_sandbox(id).await
+            && !e.is_not_found()
+        {
+            tracing::warn!(sandbox = %id, error = %e, "cannot remove the pod sandbox");
+        }
+        lock(&self.sandboxes).remove(id);
+    }
+
+    fn spawn_stop(&self, id: &str, grace: Duration) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+        let client = self.client.clone();
+        let id = id.to_owned();
+        handle.spawn(async move {
+            if let Err(e) = client.stop_container(&id, grace).await
+                && !e.is_not_found()
+            {
+                tracing::debug!(container_id = %id, error = %e, "StopContainer failed");
+            }
+        });
+    }
+}
+
+impl Runtime for CriRuntime {
+    fn scheme(&self) -> &'static str {
+        "containerd"
+    }
+
+    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        // Each sandbox of a pod gets the next attempt number: the runtime reserves (name, attempt).
+        let earlier = self.pod_sandboxes(&spec.pod_uid, None).await.map_err(runtime_error)?;
+        let attempt = earlier.iter().filter_map(|s| s.metadata.as_ref()).map(|m| m.attempt + 1).max().unwrap_or(0);
+        let config = config::sandbox_config(spec, attempt);
+        let req = RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
+        let id = self.client.run_pod_sandbox(req).await.map_err(runtime_error)?;
+        lock(&self.sandboxes).insert(id.clone(), (spec.clone(), config));
+        Ok(id)
+    }
+
+    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Option<String> {
+        let ready = match self.pod_sandboxes(&spec.pod_uid, Some(PodSandboxState::SandboxReady)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(pod_uid = %spec.pod_uid, error = %e, "cannot list the pod's sandboxes");
+                return None;
+            }
+        };
+        let newest = ready.into_iter().max_by_key(|s| s.created_at)?;
+        let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
+        lock(&self.sandboxes).insert(newest.id.clone(), (spec.clone(), config::sandbox_config(spec, attempt)));
+        tracing::info!(pod_uid = %spec.pod_uid, sandbox = %newest.id, "adopted running pod sandbox");
+        Some(newest.id)
+    }
+
+    async fn remove_sandbox(&self, spec: &SandboxSpec) {
+        match self.pod_sandboxes(&spec.pod_uid, None).await {
+            Ok(all) => {
+                for s in all {
+                    self.stop_and_remove_sandbox(&s.id).await;
+                }
+            }
+            Err(e) => tracing::warn!(pod_uid = %spec.pod_uid, error = %e, "cannot list the pod's sandboxes"),
+        }
+    }
+
+    async fn reconcile(&self, keep: &BTreeSet<String>) {
+        let filter = PodSandboxFilter {
+            label_selector: [(MANAGED_LABEL.to_owned(), "true".to_owned())].into(),
+            ..Default::default()
+        };
+        let all = match self.client.list_pod_sandbox(Some(filter)).await {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list pod sandboxes to reconcile");
+                return;
+            }
+        };
+        for s in all {
+            let uid = s.labels.get(POD_UID_LABEL).cloned().unwrap_or_default();
+            if keep.contains(&uid) {
+                continue;
+            }
+            tracing::info!(sandbox = %s.id, pod_uid = %uid, "removing a pod sandbox that belongs to no known pod");
+            self.stop_and_remove_sandbox(&s.id).await;
+        }
+    }
+
+    fn health(&self) -> Result<(), String> {
+        lock(&self.health).clone()
+    }
+
+    async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
+        let sandbox = lock(&self.sandboxes).get(&spec.sandbox_id).cloned();
+        let Some((pod, sandbox_config)) = sandbox else {
+            return Err(RuntimeError::SandboxNotFound(spec.sandbox_id.clone()));
+        };
+        self.ensure_image(spec, &sandbox_config).await?;
+        let req = CreateContainerRequest {
+            pod_sandbox_id: spec.sandbox_id.clone(),
+            config: Some(config::container_config(spec, &pod)),
+            sandbox_config: Some(sandbox_config),
+        };
+        let id = match self.client.create_container(req).await {
+            Ok(id) => id,
+            Err(e) if e.is_not_found() => {
+                lock(&self.sandboxes).remove(&spec.sandbox_id);
+                return Err(RuntimeError::SandboxNotFound(spec.sandbox_id.clone()));
+            }
+            Err(e) => return Err(RuntimeError::Create(e.to_string())),
+        };
+        if let Err(e) = self.client.start_container(&id).await {
+            if let Err(re) = self.client.remove_container(&id).await {
+                tracing::warn!(container_id = %id, error = %re, "cannot remove a container that failed to start");
+            }
+            return Err(RuntimeError::Start(e.to_string()));
+        }
+        drop(self.watch(&id));
+        Ok(Started { id, pid: 0, started_at: Timestamp::now() })
+    }
+
+    async fn adopt(&self, spec: &ContainerSpec, _pid_hint: Option<u32>) -> Option<Started> {
+        let filter = ContainerFilter {
+            pod_sandbox_id: spec.sandbox_id.clone(),
+            label_selector: [(CONTAINER_NAME_LABEL.to_owned(), spec.name.clone())].into(),
+            ..ContainerFilter::default()
+        };
+        let listed = self.client.list_containers(Some(filter)).await.ok()?;
+        let running = listed.into_iter().filter(|c| c.state() == ContainerState::ContainerRunning);
+        let newest = running.max_by_key(|c| c.created_at)?;
+        let started_at = match self.client.container_status(&newest.id, false).await {
+            Ok(r) => r.status.map_or_else(Timestamp::now, |s| timestamp(s.started_at)),
+            Err(_) => Timestamp::now(),
+        };
+        drop(self.watch(&newest.id));
+        Some(Started { id: newest.id, pid: 0, started_at })
+    }
+
+    async fn wait(&self, id: &str) -> ExitInfo {
+        let mut rx = self.watch(id);
+        match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.clone().unwrap_or_else(unreachable_exit),
+            Err(_) => unreachable_exit(),
+        }
+    }
+
+    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
+        // CRI stops containers rather than signalling them. Anything but SIGKILL is a stop with the image's stop
+        // signal and a deadline past any grace period: the worker sends SIGKILL (a stop with no grace) itself.
+        let grace = if signal == SIGKILL { Duration::ZERO } else { self.settings.request_timeout };
+        self.spawn_stop(id, grace);
+        Ok(())
+    }
+
+    async fn exec(
+        &self,
+        id: &str,
+        _spec: &ContainerSpec,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, RuntimeError> {
+        match self.client.exec_sync(id, argv, timeout).await {
+            Ok(r) => {
+                let mut output = String::from_utf8_lossy(&r.stdout).into_owned();
+                output.push_str(&String::from_utf8_lossy(&r.stderr));
+                if output.len() > EXEC_OUTPUT_LIMIT {
+                    let mut end = EXEC_OUTPUT_LIMIT;
+                    while !output.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    output.truncate(end);
+                }
+                Ok(ExecOutput { exit_code: Some(r.exit_code), output })
+            }
+            Err(e) if e.code() == Some(tonic::Code::DeadlineExceeded) || matches!(e, CriError::Timeout { .. }) => {
+                Ok(ExecOutput { exit_code: None, output: format!("command timed out after {timeout:?}") })
+            }
+            Err(e) if e.is_not_found() => Err(RuntimeError::NotFound(id.to_owned())),
+            Err(e) => Err(runtime_error(e)),
+        }
+    }
+
+    fn remove(&self, id: &str) {
+        lock(&self.waiters).remove(id);
+        let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+        let client = self.client.clone();
+        let id = id.to_owned();
+        handle.spawn(async move {
+            if let Err(e) = client.remove_container(&id).await
+                && !e.is_not_found()
+            {
+                tracing::debug!(container_id = %id, error = %e, "RemoveContainer failed");
+            }
+        });
+    }
+}
+
+/// The exit of a container whose watch ended without one (the runtime was dropped).
+fn unreachable_exit() -> ExitInfo {
+    ExitInfo {
+        exit_code: 137,
+        signal: None,
+        reason: "ContainerStatusUnknown".into(),
+        message: Some("the runtime stopped watching the container".into()),
+        started_at: Timestamp::UNIX_EPOCH,
+        finished_at: Timestamp::now(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

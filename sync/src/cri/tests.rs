@@ -1,0 +1,499 @@
+//! The CRI runtime against a scripted CRI server on a unix socket (the generated tonic server): what is sent
+//! (cgroup parent, limits, labels, pulls), how exits, lost containers and errors come back, reconciliation, and a
+//! runtime that is unreachable and then comes up. The VM tests run the same code against real containerd.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nodewarden_proto::v1::image_service_server::{ImageService, ImageServiceServer};
+use nodewarden_proto::v1::runtime_service_server::{RuntimeService, RuntimeServiceServer};
+use nodewarden_proto::v1::*;
+use nodewarden_resources::CgroupPath;
+use tonic::{Request, Response, Status};
+
+use super::*;
+use crate::runtime::{LinuxResources, Mount as SpecMount};
+
+#[derive(Default)]
+struct State {
+    api_version: String,
+    calls: Vec<String>,
+    images: BTreeSet<String>,
+    pullable: BTreeSet<String>,
+    sandboxes: Vec<(PodSandbox, PodSandboxConfig)>,
+    containers: Vec<(Container, ContainerStatus, ContainerConfig)>,
+    next: u32,
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<Mutex<State>>);
+
+impl Fake {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap()
+    }
+
+    fn record(&self, call: &str) {
+        self.state().calls.push(call.to_owned());
+    }
+
+    fn exit(&self, id: &str, code: i32, reason: &str) {
+        let mut s = self.state();
+        let c = s.containers.iter_mut().find(|c| c.0.id == id).unwrap();
+        c.0.state = ContainerState::ContainerExited.into();
+        c.1.state = ContainerState::ContainerExited.into();
+        c.1.exit_code = code;
+        c.1.reason = reason.into();
+        c.1.finished_at = 2_000_000_000;
+    }
+}
+
+fn matches(labels: &HashMap<String, String>, selector: &HashMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[tonic::async_trait]
+impl RuntimeService for Fake {
+    async fn version(&self, _r: Request<VersionRequest>) -> Result<Response<VersionResponse>, Status> {
+        self.record("Version");
+        let v = self.state().api_version.clone();
+        Ok(Response::new(VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "fake".into(),
+            runtime_version: "1".into(),
+            runtime_api_version: v,
+        }))
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        r: Request<RunPodSandboxRequest>,
+    ) -> Result<Response<RunPodSandboxResponse>, Status> {
+        self.record("RunPodSandbox");
+        let config = r.into_inner().config.unwrap_or_default();
+        let mut s = self.state();
+        s.next += 1;
+        let id = format!("sb{}", s.next);
+        let sandbox = PodSandbox {
+            id: id.clone(),
+            metadata: config.metadata.clone(),
+            state: PodSandboxState::SandboxReady.into(),
+            created_at: i64::from(s.next),
+            labels: config.labels.clone(),
+            ..PodSandbox::default()
+        };
+        s.sandboxes.push((sandbox, config));
+        Ok(Response::new(RunPodSandboxResponse { pod_sandbox_id: id }))
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        r: Request<StopPodSandboxRequest>,
+    ) -> Result<Response<StopPodSandboxResponse>, Status> {
+        let id = r.into_inner().pod_sandbox_id;
+        self.record(&format!("StopPodSandbox {id}"));
+        let mut s = self.state();
+        for sb in s.sandboxes.iter_mut().filter(|sb| sb.0.id == id) {
+            sb.0.state = PodSandboxState::SandboxNotready.into();
+        }
+        Ok(Response::new(StopPodSandboxResponse {}))
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        r: Request<RemovePodSandboxRequest>,
+    ) -> Result<Response<RemovePodSandboxResponse>, Status> {
+        let id = r.into_inner().pod_sandbox_id;
+        self.record(&format!("RemovePodSandbox {id}"));
+        let mut s = self.state();
+        s.sandboxes.retain(|sb| sb.0.id != id);
+        s.containers.retain(|c| c.0.pod_sandbox_id != id);
+        Ok(Response::new(RemovePodSandboxResponse {}))
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        _r: Request<PodSandboxStatusRequest>,
+    ) -> Result<Response<PodSandboxStatusResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        r: Request<ListPodSandboxRequest>,
+    ) -> Result<Response<ListPodSandboxResponse>, Status> {
+        let f = r.into_inner().filter.unwrap_or_default();
+        let items = self
+            .state()
+            .sandboxes
+            .iter()
+            .map(|sb| sb.0.clone())
+            .filter(|sb| f.state.as_ref().is_none_or(|st| st.state == sb.state))
+            .filter(|sb| matches(&sb.labels, &f.label_selector))
+            .collect();
+        Ok(Response::new(ListPodSandboxResponse { items }))
+    }
+
+    async fn create_container(
+        &self,
+        r: Request<CreateContainerRequest>,
+    ) -> Result<Response<CreateContainerResponse>, Status> {
+        self.record("CreateContainer");
+        let r = r.into_inner();
+        let mut s = self.state();
+        if !s.sandboxes.iter().any(|sb| sb.0.id == r.pod_sandbox_id) {
+            return Err(Status::not_found(format!("sandbox {} not found", r.pod_sandbox_id)));
+        }
+        s.next += 1;
+        let id = format!("c{}", s.next);
+        let config = r.config.unwrap_or_default();
+        let c = Container {
+            id: id.clone(),
+            pod_sandbox_id: r.pod_sandbox_id,
+            metadata: config.metadata.clone(),
+            state: ContainerState::ContainerCreated.into(),
+            created_at: i64::from(s.next),
+            labels: config.labels.clone(),
+            ..Container::default()
+        };
+        let status = ContainerStatus { id: id.clone(), ..ContainerStatus::default() };
+        s.containers.push((c, status, config));
+        Ok(Response::new(CreateContainerResponse { container_id: id }))
+    }
+
+    async fn start_container(
+        &self,
+        r: Request<StartContainerRequest>,
+    ) -> Result<Response<StartContainerResponse>, Status> {
+        let id = r.into_inner().container_id;
+        self.record("StartContainer");
+        let mut s = self.state();
+        let c = s.containers.iter_mut().find(|c| c.0.id == id).ok_or_else(|| Status::not_found("no container"))?;
+        c.0.state = ContainerState::ContainerRunning.into();
+        c.1.state = ContainerState::ContainerRunning.into();
+        c.1.started_at = 1_000_000_000;
+        Ok(Response::new(StartContainerResponse {}))
+    }
+
+    async fn stop_container(
+        &self,
+        r: Request<StopContainerRequest>,
+    ) -> Result<Response<StopContainerResponse>, Status> {
+        let r = r.into_inner();
+        self.record(&format!("StopContainer {} {}", r.container_id, r.timeout));
+        self.exit(&r.container_id, if r.timeout == 0 { 137 } else { 143 }, "Error");
+        Ok(Response::new(StopContainerResponse {}))
+    }
+
+    async fn remove_container(
+        &self,
+        r: Request<RemoveContainerRequest>,
+    ) -> Result<Response<RemoveContainerResponse>, Status> {
+        let id = r.into_inner().container_id;
+        self.record(&format!("RemoveContainer {id}"));
+        self.state().containers.retain(|c| c.0.id != id);
+        Ok(Response::new(RemoveContainerResponse {}))
+    }
+
+    async fn list_containers(
+        &self,
+        r: Request<ListContainersRequest>,
+    ) -> Result<Response<ListContainersResponse>, Status> {
+        let f = r.into_inner().filter.unwrap_or_default();
+        let containers = self
+            .state()
+            .containers
+            .iter()
+            .map(|c| c.0.clone())
+            .filter(|c| f.pod_sandbox_id.is_empty() || c.pod_sandbox_id == f.pod_sandbox_id)
+            .filter(|c| matches(&c.labels, &f.label_selector))
+            .collect();
+        Ok(Response::new(ListContainersResponse { containers }))
+    }
+
+    async fn container_status(
+        &self,
+        r: Request<ContainerStatusRequest>,
+    ) -> Result<Response<ContainerStatusResponse>, Status> {
+        let id = r.into_inner().container_id;
+        let s = self.state();
+        let c = s.containers.iter().find(|c| c.0.id == id).ok_or_else(|| Status::not_found("no such container"))?;
+        Ok(Response::new(ContainerStatusResponse { status: Some(c.1.clone()), info: HashMap::new() }))
+    }
+
+    async fn update_container_resources(
+        &self,
+        _r: Request<UpdateContainerResourcesRequest>,
+    ) -> Result<Response<UpdateContainerResourcesResponse>, Status> {
+        Err(Status::unimplemented("not scripted"))
+    }
+
+    async fn exec_sync(&self, r: Request<ExecSyncRequest>) -> Result<Response<ExecSyncResponse>, Status> {
+        let r = r.into_inner();
+        if r.cmd.first().is_some_and(|c| c == "sleep") {
+            return Err(Status::deadline_exceeded(format!("timeout {}s exceeded", r.timeout)));
+        }
+        Ok(Response::new(ExecSyncResponse { stdout: r.cmd.join(" ").into_bytes(), stderr: vec![], exit_code: 3 }))
+    }
+
+    async fn status(&self, _r: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(StatusResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for Fake {
+    async fn list_images(&self, _r: Request<ListImagesRequest>) -> Result<Response<ListImagesResponse>, Status> {
+        let images = self
+            .state()
+            .images
+            .iter()
+            .map(|i| Image { id: i.clone(), repo_tags: vec![i.clone()], ..Image::default() })
+            .collect();
+        Ok(Response::new(ListImagesResponse { images }))
+    }
+
+    async fn image_status(&self, r: Request<ImageStatusRequest>) -> Result<Response<ImageStatusResponse>, Status> {
+        let name = r.into_inner().image.unwrap_or_default().image;
+        let present = self.state().images.contains(&name);
+        let image = present.then(|| Image { id: name.clone(), ..Image::default() });
+        Ok(Response::new(ImageStatusResponse { image, info: HashMap::new() }))
+    }
+
+    async fn pull_image(&self, r: Request<PullImageRequest>) -> Result<Response<PullImageResponse>, Status> {
+        let name = r.into_inner().image.unwrap_or_default().image;
+        self.record(&format!("PullImage {name}"));
+        let mut s = self.state();
+        if !s.pullable.contains(&name) {
+            return Err(Status::not_found(format!("{name}: not found")));
+        }
+        s.images.insert(name.clone());
+        Ok(Response::new(PullImageResponse { image_ref: format!("sha256:{name}") }))
+    }
+}
+
+/// Serves `fake` on a socket at `path` until the test ends.
+fn serve(fake: &Fake, path: &Path) {
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let router = tonic::transport::Server::builder()
+        .add_service(RuntimeServiceServer::new(fake.clone()))
+        .add_service(ImageServiceServer::new(fake.clone()));
+    tokio::spawn(router.serve_with_incoming(incoming));
+}
+
+fn settings(path: &Path) -> CriSettings {
+    CriSettings {
+        endpoint: format!("unix://{}", path.display()),
+        request_timeout: Duration::from_secs(5),
+        serialize_image_pulls: true,
+        poll: Duration::from_millis(20),
+    }
+}
+
+fn started(fake: &Fake, dir: &Path) -> Arc<CriRuntime> {
+    let path = dir.join("cri.sock");
+    fake.state().api_version = "v1".into();
+    serve(fake, &path);
+    Arc::new(CriRuntime::new(settings(&path)).unwrap())
+}
+
+fn sandbox(uid: &str) -> SandboxSpec {
+    SandboxSpec {
+        pod_uid: uid.into(),
+        name: format!("pod-{uid}"),
+        namespace: "default".into(),
+        cgroup_parent: CgroupPath::parse(&format!("/nodewarden/kubepods/pod{uid}")).unwrap(),
+        host_network: true,
+        host_pid: false,
+        host_ipc: false,
+        hostname: String::new(),
+        log_directory: format!("/var/log/pods/default_pod-{uid}_{uid}").into(),
+        labels: Default::default(),
+        annotations: Default::default(),
+        resources: LinuxResources::default(),
+    }
+}
+
+fn container(sandbox_id: &str, uid: &str, image: &str, policy: PullPolicy) -> ContainerSpec {
+    ContainerSpec {
+        pod_uid: uid.into(),
+        sandbox_id: sandbox_id.into(),
+        name: "app".into(),
+        attempt: 0,
+        image: image.into(),
+        pull_policy: policy,
+        command: vec![],
+        args: vec![],
+        env: vec![],
+        working_dir: None,
+        user: None,
+        group: None,
+        cgroup: CgroupPath::parse(&format!("/nodewarden/kubepods/pod{uid}/app")).unwrap(),
+        oom_score_adj: 1000,
+        resources: LinuxResources { cpu_shares: 2, cpu_quota: None, cpu_period: 100_000, memory_limit: Some(32 << 20) },
+        log_path: format!("/var/log/pods/default_pod-{uid}_{uid}/app/0.log").into(),
+        mounts: vec![SpecMount { source: "/tmp".into(), target: "/data".into(), read_only: false }],
+    }
+}
+
+#[tokio::test]
+async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    fake.state().pullable.insert("localhost/app:1".into());
+    let rt = started(&fake, dir.path());
+    let (_drain_tx, drain) = watch::channel(false);
+    tokio::spawn(rt.clone().monitor(drain));
+    assert_eq!(rt.check_version().await.unwrap(), ("fake".to_owned(), "1".to_owned()));
+
+    let sb = rt.run_sandbox(&sandbox("u1")).await.unwrap();
+    let c = rt.start(&container(&sb, "u1", "localhost/app:1", PullPolicy::IfNotPresent)).await.unwrap();
+    {
+        let s = fake.state();
+        assert_eq!(s.sandboxes[0].1.linux.as_ref().unwrap().cgroup_parent, "/nodewarden/kubepods/podu1");
+        let config = &s.containers[0].2;
+        let r = config.linux.as_ref().unwrap().resources.as_ref().unwrap();
+        assert_eq!((r.memory_limit_in_bytes, r.oom_score_adj), (32 << 20, 1000));
+        assert_eq!(config.log_path, "app/0.log");
+        assert_eq!(
+            s.calls,
+            ["Version", "RunPodSandbox", "PullImage localhost/app:1", "CreateContainer", "StartContainer"]
+        );
+    }
+    // The image is present now: a second container does not pull it again.
+    let mut second = container(&sb, "u1", "localhost/app:1", PullPolicy::IfNotPresent);
+    second.name = "second".into();
+    rt.start(&second).await.unwrap();
+    assert_eq!(fake.state().calls.iter().filter(|c| c.starts_with("PullImage")).count(), 1);
+
+    fake.exit(&c.id, 137, "OOMKilled");
+    let info = tokio::time::timeout(Duration::from_secs(5), rt.wait(&c.id)).await.unwrap();
+    assert_eq!((info.exit_code, info.reason.as_str(), info.signal), (137, "OOMKilled", Some(9)));
+
+    // A container the runtime lost ends as ContainerStatusUnknown.
+    let lost = rt.adopt(&second, None).await.unwrap();
+    fake.state().containers.clear();
+    let info = tokio::time::timeout(Duration::from_secs(5), rt.wait(&lost.id)).await.unwrap();
+    assert_eq!((info.exit_code, info.reason.as_str()), (137, "ContainerStatusUnknown"));
+    // ... and a sandbox it lost makes the start ask for a new sandbox.
+    fake.state().sandboxes.clear();
+    let err = rt.start(&second).await.unwrap_err();
+    assert_eq!(err, RuntimeError::SandboxNotFound(sb.clone()));
+}
+
+#[tokio::test]
+async fn images_follow_the_pull_policy_and_pull_errors_have_the_kubelets_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let rt = started(&fake, dir.path());
+    let sb = rt.run_sandbox(&sandbox("u2")).await.unwrap();
+    let err = rt.start(&container(&sb, "u2", "registry.invalid/x:1", PullPolicy::IfNotPresent)).await.unwrap_err();
+    let RuntimeError::Image { reason, message } = err else { panic!("{err:?}") };
+    assert_eq!(reason, "ErrImagePull");
+    assert!(message.contains("registry.invalid/x:1") && message.contains("not found"), "{message}");
+
+    let err = rt.start(&container(&sb, "u2", "localhost/absent:1", PullPolicy::Never)).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::Image { reason: "ErrImageNeverPull", .. }), "{err:?}");
+
+    fake.state().images.insert("localhost/here:1".into());
+    fake.state().pullable.insert("localhost/here:1".into());
+    rt.start(&container(&sb, "u2", "localhost/here:1", PullPolicy::Always)).await.unwrap();
+    assert!(fake.state().calls.contains(&"PullImage localhost/here:1".to_owned()), "Always pulls even when present");
+}
+
+#[tokio::test]
+async fn stops_execs_adoption_and_reconciliation() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    fake.state().images.insert("img:1".into());
+    let rt = started(&fake, dir.path());
+    let keep = rt.run_sandbox(&sandbox("keep")).await.unwrap();
+    let c = rt.start(&container(&keep, "keep", "img:1", PullPolicy::IfNotPresent)).await.unwrap();
+    let gone = rt.run_sandbox(&sandbox("gone")).await.unwrap();
+    // A sandbox someone else made (no nodewarden label) is never touched.
+    fake.state().sandboxes.push((PodSandbox { id: "foreign".into(), ..PodSandbox::default() }, Default::default()));
+
+    // A restarted daemon finds the sandbox and the running container; nothing new is created.
+    let fresh = CriRuntime::new(settings(&dir.path().join("cri.sock"))).unwrap();
+    assert_eq!(fresh.adopt_sandbox(&sandbox("keep")).await.as_deref(), Some(keep.as_str()));
+    let adopted = fresh.adopt(&container(&keep, "keep", "img:1", PullPolicy::IfNotPresent), None).await.unwrap();
+    assert_eq!(adopted.id, c.id);
+    assert_eq!(fresh.adopt_sandbox(&sandbox("never-ran")).await, None);
+
+    fresh.reconcile(&["keep".to_owned()].into()).await;
+    let ids: Vec<String> = fake.state().sandboxes.iter().map(|s| s.0.id.clone()).collect();
+    assert_eq!(ids, [keep.clone(), "foreign".to_owned()]);
+    assert!(fake.state().calls.contains(&format!("StopPodSandbox {gone}")));
+
+    let out = rt
+        .exec(
+            &c.id,
+            &container(&keep, "keep", "img:1", PullPolicy::Never),
+            &["echo".into(), "hi".into()],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!((out.exit_code, out.output.as_str()), (Some(3), "echo hi"));
+    let out = rt
+        .exec(&c.id, &container(&keep, "keep", "img:1", PullPolicy::Never), &["sleep".into()], Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, None, "a timed-out probe command has no exit code");
+
+    // SIGTERM is a stop without a deadline of its own; SIGKILL a stop with none.
+    rt.signal(&c.id, crate::runtime::SIGTERM).unwrap();
+    rt.signal(&c.id, SIGKILL).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let calls = fake.state().calls.clone();
+    assert!(calls.contains(&format!("StopContainer {} 5", c.id)), "{calls:?}");
+    assert!(calls.contains(&format!("StopContainer {} 0", c.id)), "{calls:?}");
+
+    rt.remove_sandbox(&sandbox("keep")).await;
+    assert_eq!(fake.state().sandboxes.len(), 1, "only the foreign sandbox is left");
+}
+
+#[tokio::test]
+async fn an_unreachable_runtime_is_reported_and_its_return_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("later.sock");
+    let rt = Arc::new(CriRuntime::new(settings(&path)).unwrap());
+    let err = rt.check_version().await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    let message = err.to_string();
+    assert!(message.contains("later.sock") && message.contains("No such file"), "{message}");
+    assert!(rt.health().is_err());
+    let err = rt.run_sandbox(&sandbox("u3")).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::Unavailable(_)), "{err:?}");
+
+    let (_drain_tx, drain) = watch::channel(false);
+    tokio::spawn(rt.clone().monitor(drain));
+    let fake = Fake::default();
+    fake.state().api_version = "v1".into();
+    serve(&fake, &path);
+    for _ in 0..250 {
+        if rt.health().is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rt.health(), Ok(()), "healthy once the runtime answers");
+    rt.run_sandbox(&sandbox("u3")).await.unwrap();
+
+    assert!(CriRuntime::new(settings(Path::new("relative.sock"))).is_err(), "a relative path is refused");
+    assert!(matches!(CriClient::new("tcp://localhost:1", Duration::from_secs(1)), Err(CriError::Endpoint(_))));
+}
+
+#[tokio::test]
+async fn a_runtime_that_does_not_serve_cri_v1_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let rt = started(&fake, dir.path());
+    fake.state().api_version = "v1alpha2".into();
+    let err = rt.check_version().await.unwrap_err();
+    assert!(!err.is_transient());
+    assert!(err.to_string().contains("v1alpha2"), "{err}");
+}

@@ -1,0 +1,84 @@
+//! The runtime the configuration selects: the embedded process runtime, or CRI when `containerRuntimeEndpoint` is
+//! set. One type, so the daemon, pod sync and eviction do not depend on which.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cri::CriRuntime;
+use crate::process::ProcessRuntime;
+use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxSpec, Started};
+
+/// The runtime in use.
+#[derive(Debug)]
+pub enum SelectedRuntime {
+    /// The embedded process runtime.
+    Process(ProcessRuntime),
+    /// A CRI runtime (containerd).
+    Cri(Arc<CriRuntime>),
+}
+
+macro_rules! each {
+    ($self:ident, $r:ident => $e:expr) => {
+        match $self {
+            SelectedRuntime::Process($r) => $e,
+            SelectedRuntime::Cri($r) => $e,
+        }
+    };
+}
+
+impl Runtime for SelectedRuntime {
+    fn scheme(&self) -> &'static str {
+        each!(self, r => r.scheme())
+    }
+
+    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        each!(self, r => r.run_sandbox(spec).await)
+    }
+
+    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Option<String> {
+        each!(self, r => r.adopt_sandbox(spec).await)
+    }
+
+    async fn remove_sandbox(&self, spec: &SandboxSpec) {
+        each!(self, r => r.remove_sandbox(spec).await)
+    }
+
+    async fn reconcile(&self, keep: &BTreeSet<String>) {
+        each!(self, r => r.reconcile(keep).await)
+    }
+
+    fn health(&self) -> Result<(), String> {
+        each!(self, r => r.health())
+    }
+
+    async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
+        each!(self, r => r.start(spec).await)
+    }
+
+    async fn adopt(&self, spec: &ContainerSpec, pid_hint: Option<u32>) -> Option<Started> {
+        each!(self, r => r.adopt(spec, pid_hint).await)
+    }
+
+    async fn wait(&self, id: &str) -> ExitInfo {
+        each!(self, r => r.wait(id).await)
+    }
+
+    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
+        each!(self, r => r.signal(id, signal))
+    }
+
+    async fn exec(
+        &self,
+        id: &str,
+        spec: &ContainerSpec,
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<ExecOutput, RuntimeError> {
+        each!(self, r => r.exec(id, spec, argv, timeout).await)
+    }
+
+    fn remove(&self, id: &str) {
+        each!(self, r => r.remove(id))
+    }
+}
