@@ -8,11 +8,15 @@ export CARGO_TERM_COLOR=never
 step() { printf '\n== %s\n' "$*"; }
 
 # python3 reads cargo's JSON below; Debian's prometheus package gives promtool (checks /metrics) and the server
-# that scrapes the daemon in the VM tests; stress-ng is the memory hog of the eviction tests.
+# that scrapes the daemon in the VM tests; stress-ng is the memory hog of the eviction tests; containerd and runc
+# run the CRI tests' pods in the VM (deploy/containerd/start builds their images from busybox-static).
 missing=()
 command -v python3 >/dev/null || missing+=(python3)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v stress-ng >/dev/null || missing+=(stress-ng)
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /bin/busybox ] || missing+=(busybox-static)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
@@ -35,10 +39,10 @@ mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=js
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon", "pods", "eviction"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon", "pods", "eviction", "cri"):
         print(m["executable"])
 ')
-[ "${#exes[@]}" -eq 4 ] || { echo "expected the kernel, daemon, pods and eviction test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+[ "${#exes[@]}" -eq 5 ] || { echo "expected the kernel, daemon, pods, eviction and cri test executables, found: ${exes[*]:-none}" >&2; exit 1; }
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
     echo "-- benchmark harnesses (not measurements: debug build, one short run each)"

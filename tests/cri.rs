@@ -1,0 +1,275 @@
+//! The CRI runtime against real containerd and runc (inside the VM of `deploy/vm`; skipped where cgroup v2 is
+//! missing). containerd is started once by `deploy/containerd/start` with locally built busybox and pause images;
+//! the tests share it, so they run one at a time.
+//!
+//! A static pod runs as a sandbox whose cgroup is the placement's, with the placement's limits; an OOM kill is
+//! reported; eviction stops the hog through CRI; a restarted daemon adopts its sandboxes; a containerd restart is
+//! survived; unpullable images, a missing socket and `nodewarden cri` are checked.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const SOCKET: &str = "/run/containerd/containerd.sock";
+const ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+const BUSYBOX: &str = "localhost/busybox:1";
+
+static SERIAL: Mutex<()> = Mutex::new(());
+static CONTAINERD: OnceLock<()> = OnceLock::new();
+
+/// One test at a time, with containerd running.
+fn serial() -> MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    CONTAINERD.get_or_init(start_containerd);
+    guard
+}
+
+fn start_containerd() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/containerd/start");
+    let out = Command::new(script).arg(SOCKET).output().unwrap();
+    assert!(out.status.success(), "containerd did not start: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn containerd_pid() -> Option<u32> {
+    let out = Command::new("pidof").arg("containerd").output().ok()?;
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next()?.parse().ok()
+}
+
+/// `nodewarden cri ARGS` against the test containerd: exit code and stdout.
+fn cri(args: &[&str]) -> (i32, String) {
+    let (code, out, _) = cri_err(args);
+    (code, out)
+}
+
+/// `nodewarden cri ARGS`: exit code, stdout and stderr.
+fn cri_err(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(["cri", "--endpoint", ENDPOINT]).args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+fn cri_node(name: &str, top: &str) -> Node {
+    node_with(name, "", &format!("containerRuntimeEndpoint: {ENDPOINT}\n{top}"))
+}
+
+fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(secs), "{what} did not happen within {secs}s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A host-network pod with one busybox container running `command`.
+fn busybox_pod(name: &str, command: &str, resources: &str, extra: &str) -> String {
+    pod_yaml(
+        name,
+        &format!(
+            "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n{extra}  containers:\n  - name: app\n    \
+             image: {BUSYBOX}\n    command: [sh, -c, '{command}']\n{resources}"
+        ),
+    )
+}
+
+fn running(p: &Value) -> bool {
+    phase(p) == "Running"
+}
+
+fn container_id(p: &Value) -> String {
+    let id = container(p, "app")["containerID"].as_str().unwrap().to_owned();
+    id.strip_prefix("containerd://").unwrap_or_else(|| panic!("not a containerd ID: {id}")).to_owned()
+}
+
+/// The sandbox IDs containerd has for a pod UID (any state).
+fn sandboxes(uid: &str) -> Vec<String> {
+    let (code, out) = cri(&["pods"]);
+    assert_eq!(code, 0, "{out}");
+    let ids: Vec<String> = out.lines().skip(1).map(|l| l.split_whitespace().next().unwrap().to_owned()).collect();
+    ids.into_iter()
+        .filter(|id| {
+            let (_, json) = cri(&["inspect", id]);
+            serde_json::from_str::<Value>(&json).is_ok_and(|v| v["status"]["uid"] == uid)
+        })
+        .collect()
+}
+
+fn remove_pod(n: &Node, file: &str, name: &str) {
+    std::fs::remove_file(n.manifests.join(file)).unwrap();
+    wait_until(60, &format!("{name} was removed"), || n.pod(name).is_none());
+}
+
+#[test]
+fn a_static_pod_runs_as_a_sandbox_at_its_placement() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = cri_node("cri-place", "");
+    let limits = "    resources:\n      requests: {memory: 32Mi, cpu: 100m}\n      limits: {memory: 64Mi}\n";
+    n.write("web.yaml", &busybox_pod("web", "echo hello from cri; exec sleep 3600", limits, ""));
+    let t0 = Instant::now();
+    let p = n.wait_pod("web", 180, "ran", running);
+    eprintln!("manifest → Running through containerd: {:?}", t0.elapsed());
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    let id = container_id(&p);
+
+    // The sandbox's cgroup parent is the placement: the pod cgroup holds the pause container's and the app's.
+    let pod_cg = n.pod_cgroup(&p);
+    assert_eq!(std::fs::read_to_string(pod_cg.join("memory.max")).unwrap().trim(), (64 * MIB).to_string());
+    let app_cg = pod_cg.join(&id);
+    assert!(app_cg.is_dir(), "no container cgroup at {}", app_cg.display());
+    assert_eq!(std::fs::read_to_string(app_cg.join("memory.max")).unwrap().trim(), (64 * MIB).to_string());
+    let procs = std::fs::read_to_string(app_cg.join("cgroup.procs")).unwrap();
+    assert!(!procs.trim().is_empty(), "the app runs in its cgroup");
+    let sbs = sandboxes(&uid);
+    assert_eq!(sbs.len(), 1, "one sandbox: {sbs:?}");
+
+    // The debugging CLI sees the same.
+    let (_, ps) = cri(&["ps"]);
+    assert!(ps.lines().any(|l| l.starts_with(&id[..13]) && l.contains("RUNNING") && l.contains("web-vm")), "{ps}");
+    let (_, images) = cri(&["images"]);
+    assert!(images.contains("localhost/busybox"), "{images}");
+    let (code, logs) = cri(&["logs", &id[..8]]);
+    assert_eq!((code, logs.as_str()), (0, "hello from cri\n"));
+    let (code, out, err) = cri_err(&["exec", &id, "--", "sh", "-c", "echo out; echo err >&2; exit 3"]);
+    assert_eq!((code, out.as_str(), err.as_str()), (3, "out\n", "err\n"));
+    let (_, inspect) = cri(&["inspect", &id]);
+    let v: Value = serde_json::from_str(&inspect).unwrap();
+    assert_eq!(v["status"]["labels"]["io.kubernetes.pod.uid"], uid.as_str());
+    assert_eq!(v["status"]["state"], "RUNNING");
+
+    // Deleting the manifest stops and removes the sandbox, and leaves no cgroup behind.
+    remove_pod(&n, "web.yaml", "web");
+    assert!(sandboxes(&uid).is_empty(), "the sandbox was left in containerd");
+    wait_until(10, "the pod cgroup was removed", || !pod_cg.exists());
+}
+
+#[test]
+fn a_container_over_its_memory_limit_is_reported_oom_killed() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = cri_node("cri-oom", "");
+    let limits = "    resources:\n      limits: {memory: 24Mi, cpu: 200m}\n";
+    let grow = "x=0123456789abcdef; while :; do x=$x$x; done";
+    n.write("oom.yaml", &busybox_pod("oom", grow, limits, "  restartPolicy: Never\n"));
+    let p = n.wait_pod("oom", 180, "was OOM-killed", |p| phase(p) == "Failed");
+    let t = &container(&p, "app")["state"]["terminated"];
+    assert_eq!(t["reason"], "OOMKilled", "{p:#}");
+    assert_eq!(t["exitCode"], 137);
+    remove_pod(&n, "oom.yaml", "oom");
+}
+
+#[test]
+fn memory_pressure_evicts_the_besteffort_hog_through_cri() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // The hog fills a memory-backed emptyDir with 450 MiB: it crosses a threshold 250 MiB below what is free now.
+    let threshold = meminfo("MemAvailable") / MIB - 250;
+    let n = cri_node("cri-evict", &format!("evictionHard:\n  memory.available: {threshold}Mi\n"));
+    let guaranteed = "    resources:\n      requests: {memory: 64Mi, cpu: 100m}\n      limits: {memory: 64Mi, cpu: 100m}\n";
+    n.write("quiet.yaml", &busybox_pod("quiet", "exec sleep 3600", guaranteed, ""));
+    let quiet = n.wait_pod("quiet", 180, "ran", running);
+    let quiet_id = container_id(&quiet);
+    let fill = "dd if=/dev/zero of=/mem/fill bs=1M count=450; exec sleep 3600";
+    let volume = "  volumes:\n  - {name: mem, emptyDir: {medium: Memory}}\n";
+    let mount = "    volumeMounts:\n    - {name: mem, mountPath: /mem}\n";
+    n.write("hog.yaml", &busybox_pod("hog", fill, mount, volume));
+    let p = n.wait_pod("hog", 240, "was evicted", |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted");
+    let message = p["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("The node was low on resource: memory."), "{message}");
+    let hog_uid = p["metadata"]["uid"].as_str().unwrap();
+    // Stopped through CRI: no sandbox is left in containerd.
+    wait_until(30, "the hog's sandbox was removed", || sandboxes(hog_uid).is_empty());
+    let quiet = n.pod("quiet").unwrap();
+    assert!(running(&quiet), "the Guaranteed pod was disturbed: {quiet:#}");
+    assert_eq!(container_id(&quiet), quiet_id);
+    remove_pod(&n, "quiet.yaml", "quiet");
+}
+
+#[test]
+fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let mut n = cri_node("cri-restart", "");
+    n.write("keep.yaml", &busybox_pod("keep", "exec sleep 3600", "", ""));
+    let p = n.wait_pod("keep", 180, "ran", running);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    let id = container_id(&p);
+    let sbs = sandboxes(&uid);
+
+    // The daemon restarts: the same sandbox and container, nothing new created, no restart counted.
+    assert_eq!(n.d.stop(), Some(0));
+    n.d.start();
+    n.d.wait_ready();
+    let p = n.wait_pod("keep", 60, "ran again", running);
+    assert_eq!(container_id(&p), id, "the container was not adopted:\n{}", n.d.log());
+    assert_eq!(container(&p, "app")["restartCount"], 0);
+    assert_eq!(sandboxes(&uid), sbs, "a new sandbox was created");
+    assert!(n.d.log().contains("adopted running pod sandbox"), "{}", n.d.log());
+
+    // containerd goes away: /readyz says so, the pod keeps running (its shim does), and both recover.
+    let pid = containerd_pid().expect("containerd is not running");
+    Command::new("kill").arg(pid.to_string()).status().unwrap();
+    wait_until(30, "containerd stopped", || containerd_pid().is_none());
+    wait_until(30, "/readyz failed", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s != 200));
+    let (_, body) = get(n.d.port, "/readyz?verbose").unwrap();
+    assert!(body.contains("runtime"), "{body}");
+    start_containerd();
+    wait_until(60, "/readyz recovered", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+    let p = n.pod("keep").unwrap();
+    assert!(running(&p) && container_id(&p) == id, "the pod did not survive: {p:#}");
+    // ... and new pods start again.
+    n.write("after.yaml", &busybox_pod("after", "exec sleep 3600", "", ""));
+    n.wait_pod("after", 180, "ran after the containerd restart", running);
+    remove_pod(&n, "after.yaml", "after");
+    remove_pod(&n, "keep.yaml", "keep");
+    assert!(sandboxes(&uid).is_empty());
+}
+
+#[test]
+fn bad_images_and_sockets_get_clear_errors() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = cri_node("cri-bad", "");
+    let pod = busybox_pod("nopull", "true", "", "").replace(BUSYBOX, "localhost/absent:1");
+    n.write("nopull.yaml", &pod);
+    let p = n.wait_pod("nopull", 180, "backed off", |p| {
+        p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ImagePullBackOff"
+    });
+    let message = container(&p, "app")["state"]["waiting"]["message"].as_str().unwrap();
+    assert!(message.contains("localhost/absent:1"), "{message}");
+    assert_eq!(phase(&p), "Pending");
+    let pod_cg = n.pod_cgroup(&p);
+    remove_pod(&n, "nopull.yaml", "nopull");
+    wait_until(10, "the pod cgroup was removed", || !pod_cg.exists());
+
+    // A daemon pointed at no socket keeps serving, and says why it is not ready.
+    let mut d = Daemon::new("cri-nosocket", "containerRuntimeEndpoint: unix:///run/nowhere.sock\n");
+    d.start();
+    wait_until(30, "/healthz answered", || get(d.port, "/healthz").is_some_and(|(s, _)| s == 200));
+    let (status, body) = get(d.port, "/readyz?verbose").unwrap();
+    assert_ne!(status, 200);
+    assert!(body.contains("/run/nowhere.sock"), "{body}");
+    assert!(d.log().contains("does not answer"), "{}", d.log());
+
+    let out = Command::new(BIN).args(["cri", "--endpoint", "unix:///run/nowhere.sock", "ps"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the CRI runtime at unix:///run/nowhere.sock"), "{err}");
+}
