@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use nodewarden_sync::cri::{CriClient, POD_NAME_LABEL};
 use nodewarden_sync::cri::client::CriError;
+use nodewarden_sync::cri::{CriClient, POD_NAME_LABEL};
 use serde_json::{Value, json};
 
 /// The endpoint when neither `--endpoint` nor `CONTAINER_RUNTIME_ENDPOINT` says.
@@ -133,9 +133,11 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
     let mut out = String::new();
     match command {
         CriCommand::Ps { all } => {
-            let mut rows = vec![["CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID", "POD"]
-                .map(String::from)
-                .to_vec()];
+            let mut rows = vec![
+                ["CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID", "POD"]
+                    .map(String::from)
+                    .to_vec(),
+            ];
             let containers = client.list_containers(None).await?;
             let pods = client.list_pod_sandbox(None).await?;
             for c in containers.iter().filter(|c| all || c.state().as_str_name() == "CONTAINER_RUNNING") {

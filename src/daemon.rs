@@ -12,7 +12,7 @@ use nodewarden_eviction::{
     EvictionManager, EvictionMetrics, EvictionSettings, EvictionStatus, PassObserver, Signal, SignalObservation,
 };
 use nodewarden_resources::{CgroupError, CgroupFs, CgroupPath, HostPaths, Observations, ResourceManager, check_host};
-use nodewarden_sync::cri::{CriRuntime, CriSettings};
+use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
 use nodewarden_sync::{
     PodManager, PodSource, ProcessRuntime, SelectedRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings,
 };
@@ -120,6 +120,7 @@ impl PassObserver for Gauges {
 async fn select_runtime(
     config: &Config,
     fs: &CgroupFs,
+    metrics: &Metrics,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     drain: &watch::Receiver<bool>,
 ) -> Result<SelectedRuntime, DaemonError> {
@@ -133,7 +134,8 @@ async fn select_runtime(
         serialize_image_pulls: config.serialize_image_pulls,
         poll: CRI_POLL,
     };
-    let cri = Arc::new(CriRuntime::new(settings).context("containerRuntimeEndpoint")?);
+    let runtime_metrics = RuntimeMetrics::new(metrics.registry()).context("cannot create metrics")?;
+    let cri = Arc::new(CriRuntime::new(settings, Some(runtime_metrics)).context("containerRuntimeEndpoint")?);
     match cri.check_version().await {
         Ok((name, version)) => tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected"),
         Err(e) if e.is_transient() => {
@@ -241,7 +243,7 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     let manager = Arc::new(Mutex::new(manager));
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    let runtime = select_runtime(&config, &fs, &mut tasks, &drain_rx).await?;
+    let runtime = select_runtime(&config, &fs, &metrics, &mut tasks, &drain_rx).await?;
     let settings = SyncSettings {
         root_dir: config.root_dir.clone(),
         log_dir: config.pod_logs_dir.clone(),
@@ -380,8 +382,7 @@ mod tests {
         };
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
         let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
-        let eviction =
-            EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, Some(gauges));
+        let eviction = EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, Some(gauges));
         let probe = {
             let m = manager.lock().unwrap();
             (m.cgroupfs().clone(), m.tree().kubepods.clone())

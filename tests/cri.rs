@@ -131,6 +131,12 @@ fn a_static_pod_runs_as_a_sandbox_at_its_placement() {
     assert!(!procs.trim().is_empty(), "the app runs in its cgroup");
     let sbs = sandboxes(&uid);
     assert_eq!(sbs.len(), 1, "one sandbox: {sbs:?}");
+    // CRI calls are counted under the kubelet's names.
+    let text = get(n.d.port, "/metrics").unwrap().1;
+    for op in ["version", "run_podsandbox", "create_container", "start_container", "list_containers"] {
+        let name = format!("kubelet_runtime_operations_total{{operation_type=\"{op}\"}}");
+        assert!(metric(&text, &name).is_some_and(|v| v >= 1.0), "{name} missing");
+    }
 
     // The debugging CLI sees the same.
     let (_, ps) = cri(&["ps"]);
@@ -178,7 +184,8 @@ fn memory_pressure_evicts_the_besteffort_hog_through_cri() {
     // The hog fills a memory-backed emptyDir with 450 MiB: it crosses a threshold 250 MiB below what is free now.
     let threshold = meminfo("MemAvailable") / MIB - 250;
     let n = cri_node("cri-evict", &format!("evictionHard:\n  memory.available: {threshold}Mi\n"));
-    let guaranteed = "    resources:\n      requests: {memory: 64Mi, cpu: 100m}\n      limits: {memory: 64Mi, cpu: 100m}\n";
+    let guaranteed =
+        "    resources:\n      requests: {memory: 64Mi, cpu: 100m}\n      limits: {memory: 64Mi, cpu: 100m}\n";
     n.write("quiet.yaml", &busybox_pod("quiet", "exec sleep 3600", guaranteed, ""));
     let quiet = n.wait_pod("quiet", 180, "ran", running);
     let quiet_id = container_id(&quiet);
@@ -238,6 +245,40 @@ fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived(
     remove_pod(&n, "after.yaml", "after");
     remove_pod(&n, "keep.yaml", "keep");
     assert!(sandboxes(&uid).is_empty());
+}
+
+#[test]
+fn a_sandbox_that_died_is_replaced() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = cri_node("cri-lost", "");
+    n.write("lost.yaml", &busybox_pod("lost", "exec sleep 3600", "", ""));
+    let p = n.wait_pod("lost", 180, "ran", running);
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    let old = sandboxes(&uid);
+    assert_eq!(old.len(), 1);
+    // The sandbox's pause process dies behind nodewarden's back, then the app container exits.
+    let (_, json) = cri(&["inspect", &old[0]]);
+    let full: Value = serde_json::from_str(&json).unwrap();
+    let sandbox_id = full["status"]["id"].as_str().unwrap().to_owned();
+    let killed = Command::new("ctr")
+        .args(["--address", SOCKET, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &sandbox_id])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::fs::write(n.pod_cgroup(&p).join(container_id(&p)).join("cgroup.kill"), "1").unwrap();
+    // The restart finds the sandbox dead, makes a new one, and removes the old one.
+    let p = n.wait_pod("lost", 180, "ran in a new sandbox", |p| {
+        let c = container(p, "app");
+        running(p) && c["restartCount"].as_i64() >= Some(1) && !c["state"]["running"].is_null()
+    });
+    let now = sandboxes(&uid);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, old, "the dead sandbox is still used:\n{}", n.d.log());
+    assert!(running(&p));
+    remove_pod(&n, "lost.yaml", "lost");
 }
 
 #[test]

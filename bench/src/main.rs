@@ -7,11 +7,15 @@
 //!
 //! `pods`: pod sync through static manifests with the process runtime (see `pods.rs`).
 //!
+//! `cri`: pod start latency through containerd next to the process runtime's, and the daemon's own cost per CRI
+//! pod (see `cri.rs`).
+//!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
 //! nodewarden (see `eviction.rs`); `hog` is their workload.
 
 #![allow(clippy::disallowed_types)] // benchmarks measure real time
 
+mod cri;
 mod eviction;
 mod hog;
 mod pods;
@@ -75,6 +79,27 @@ enum Cmd {
         #[arg(long, default_value = "results/pods.md")]
         out: PathBuf,
     },
+    /// Pod start latency through containerd and through the process runtime, and the daemon's cost per pod.
+    Cri {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// Pods started one after another per runtime and run.
+        #[arg(long, default_value_t = 10)]
+        pods: usize,
+        /// Seconds of steady state sampled with no pods and with all pods running.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Runs.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The script that starts containerd with the local images.
+        #[arg(long, default_value = "deploy/containerd/start")]
+        containerd: PathBuf,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/cri.md")]
+        out: PathBuf,
+    },
     /// Stress scenarios: each agent's reaction to memory, PID and disk pressure.
     Eviction {
         /// The nodewarden binary to measure.
@@ -104,6 +129,9 @@ fn main() -> Result<()> {
         Cmd::Footprint { nodewarden, pods, seconds, runs, out } => footprint(&nodewarden, pods, seconds, runs, &out),
         Cmd::Pods { nodewarden, pods, seconds, runs, edits, out } => {
             pods::run(&nodewarden, pods, seconds, runs, edits, &out)
+        }
+        Cmd::Cri { nodewarden, pods, seconds, runs, containerd, out } => {
+            cri::run(&nodewarden, &containerd, pods, seconds, runs, &out)
         }
         Cmd::Eviction { nodewarden, scenarios, agents, runs, out } => {
             eviction::run(&nodewarden, &scenarios, &agents, runs, &out)
@@ -249,6 +277,17 @@ fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// The median (the upper one of an even count); NaN when empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The largest value; NaN when empty.
+fn worst(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NAN, f64::max)
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {

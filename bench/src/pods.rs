@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::{Guard, ROOT, cpu_ticks, get, pods, remove_tree, root, rss_kib, wait, write};
+use crate::{Guard, ROOT, cpu_ticks, get, median, pods, remove_tree, root, rss_kib, wait, worst, write};
 
 struct Run {
     start_s: f64,
@@ -136,15 +136,6 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
         cpu_percent: (c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0,
         rss_mib: rss as f64 / 1024.0,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-fn worst(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NAN, f64::max)
 }
 
 /// Runs the pod sync benchmark and writes a Markdown table.

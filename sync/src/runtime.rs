@@ -248,9 +248,15 @@ pub trait Runtime: Send + Sync + 'static {
     fn wait(&self, id: &str) -> impl Future<Output = ExitInfo> + Send;
 
     /// Sends a signal to the container's main process. A runtime that can only stop containers (CRI) stops it:
-    /// at once for SIGKILL, with the stop signal and no deadline of its own for anything else (the worker sends
-    /// SIGKILL when the grace period is over).
+    /// at once for SIGKILL, with the stop signal for anything else.
     fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError>;
+
+    /// Starts a graceful stop: the stop signal now, and the runtime's own SIGKILL after `grace` where it has one
+    /// (CRI's `StopContainer` timeout). The worker kills what is left after the grace period either way.
+    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        let _ = grace;
+        self.signal(id, SIGTERM)
+    }
 
     /// Runs a command in the container `id` (its cgroup, user and environment), killed at `timeout`.
     fn exec(

@@ -68,6 +68,10 @@ impl Runtime for SelectedRuntime {
         each!(self, r => r.signal(id, signal))
     }
 
+    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        each!(self, r => r.stop(id, grace))
+    }
+
     async fn exec(
         &self,
         id: &str,

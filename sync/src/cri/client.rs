@@ -17,6 +17,8 @@ use nodewarden_proto::v1::{
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::metrics::RuntimeMetrics;
+
 /// The CRI API version nodewarden speaks.
 pub const CRI_API_VERSION: &str = "v1";
 
@@ -101,6 +103,7 @@ pub struct CriClient {
     channel: Channel,
     endpoint: String,
     timeout: Duration,
+    metrics: Option<RuntimeMetrics>,
 }
 
 impl CriClient {
@@ -114,7 +117,14 @@ impl CriClient {
         });
         // The authority is unused on a unix socket, but HTTP/2 needs one.
         let channel = Endpoint::from_static("http://cri.local").connect_with_connector_lazy(connector);
-        Ok(Self { channel, endpoint: endpoint.to_owned(), timeout })
+        Ok(Self { channel, endpoint: endpoint.to_owned(), timeout, metrics: None })
+    }
+
+    /// Counts and times every call in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: RuntimeMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The endpoint.
@@ -130,8 +140,21 @@ impl CriClient {
         ImageServiceClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE)
     }
 
-    /// Runs one call with a deadline, retrying while the runtime cannot be reached.
+    /// Runs one call with a deadline, retrying while the runtime cannot be reached, and records it.
     async fn call<T, F, Fut>(&self, rpc: &'static str, timeout: Duration, f: F) -> Result<T, CriError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let started = tokio::time::Instant::now();
+        let result = self.call_with_retries(rpc, timeout, f).await;
+        if let Some(m) = &self.metrics {
+            m.record(rpc, started.elapsed().as_secs_f64(), result.is_err());
+        }
+        result
+    }
+
+    async fn call_with_retries<T, F, Fut>(&self, rpc: &'static str, timeout: Duration, f: F) -> Result<T, CriError>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,

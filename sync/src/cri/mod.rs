@@ -5,6 +5,7 @@
 
 pub mod client;
 mod config;
+mod metrics;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +20,7 @@ use tokio::sync::watch;
 
 pub use client::{CRI_API_VERSION, CriClient, CriError, socket_path};
 pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL};
+pub use metrics::{RuntimeMetrics, operation_type};
 
 use crate::runtime::{
     ContainerSpec, ExecOutput, ExitInfo, PullPolicy, Runtime, RuntimeError, SIGKILL, SandboxSpec, Started, exit_reason,
@@ -93,9 +95,12 @@ impl VersionError {
 
 impl CriRuntime {
     /// A runtime for `settings.endpoint`; nothing is connected until [`CriRuntime::check_version`] or the first
-    /// call.
-    pub fn new(settings: CriSettings) -> Result<Self, CriError> {
-        let client = CriClient::new(&settings.endpoint, settings.request_timeout)?;
+    /// call. With `metrics`, every call is counted and timed.
+    pub fn new(settings: CriSettings, metrics: Option<RuntimeMetrics>) -> Result<Self, CriError> {
+        let mut client = CriClient::new(&settings.endpoint, settings.request_timeout)?;
+        if let Some(m) = metrics {
+            client = client.with_metrics(m);
+        }
         Ok(Self {
             client,
             settings,
@@ -262,6 +267,14 @@ impl CriRuntime {
         }
     }
 
+    /// False when the runtime says the sandbox is missing or not ready; true when it is ready or cannot say.
+    async fn sandbox_ready(&self, id: &str) -> bool {
+        match self.client.pod_sandbox_status(id).await {
+            Ok(r) => r.status.is_some_and(|s| s.state() == PodSandboxState::SandboxReady),
+            Err(e) => !e.is_not_found(),
+        }
+    }
+
     async fn stop_and_remove_sandbox(&self, id: &str) {
         if let Err(e) = self.client.stop_pod_sandbox(id).await
             && !e.is_not_found()
@@ -299,6 +312,10 @@ impl Runtime for CriRuntime {
         // Each sandbox of a pod gets the next attempt number: the runtime reserves (name, attempt).
         let earlier = self.pod_sandboxes(&spec.pod_uid, None).await.map_err(runtime_error)?;
         let attempt = earlier.iter().filter_map(|s| s.metadata.as_ref()).map(|m| m.attempt + 1).max().unwrap_or(0);
+        // What is left of an earlier sandbox (one that died, or failed half-made) goes first.
+        for s in earlier.iter().filter(|s| s.state() != PodSandboxState::SandboxReady) {
+            self.stop_and_remove_sandbox(&s.id).await;
+        }
         let config = config::sandbox_config(spec, attempt);
         let req = RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
         let id = self.client.run_pod_sandbox(req).await.map_err(runtime_error)?;
@@ -371,7 +388,8 @@ impl Runtime for CriRuntime {
         };
         let id = match self.client.create_container(req).await {
             Ok(id) => id,
-            Err(e) if e.is_not_found() => {
+            Err(e) if e.is_not_found() || !self.sandbox_ready(&spec.sandbox_id).await => {
+                tracing::warn!(sandbox = %spec.sandbox_id, error = %e, "the pod sandbox is gone or not ready");
                 lock(&self.sandboxes).remove(&spec.sandbox_id);
                 return Err(RuntimeError::SandboxNotFound(spec.sandbox_id.clone()));
             }
@@ -416,6 +434,11 @@ impl Runtime for CriRuntime {
         // CRI stops containers rather than signalling them. Anything but SIGKILL is a stop with the image's stop
         // signal and a deadline past any grace period: the worker sends SIGKILL (a stop with no grace) itself.
         let grace = if signal == SIGKILL { Duration::ZERO } else { self.settings.request_timeout };
+        self.spawn_stop(id, grace);
+        Ok(())
+    }
+
+    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
         self.spawn_stop(id, grace);
         Ok(())
     }

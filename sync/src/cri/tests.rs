@@ -115,9 +115,13 @@ impl RuntimeService for Fake {
 
     async fn pod_sandbox_status(
         &self,
-        _r: Request<PodSandboxStatusRequest>,
+        r: Request<PodSandboxStatusRequest>,
     ) -> Result<Response<PodSandboxStatusResponse>, Status> {
-        Err(Status::unimplemented("not scripted"))
+        let id = r.into_inner().pod_sandbox_id;
+        let s = self.state();
+        let sb = s.sandboxes.iter().find(|sb| sb.0.id == id).ok_or_else(|| Status::not_found("no such sandbox"))?;
+        let status = PodSandboxStatus { id, state: sb.0.state, ..PodSandboxStatus::default() };
+        Ok(Response::new(PodSandboxStatusResponse { status: Some(status), ..PodSandboxStatusResponse::default() }))
     }
 
     async fn list_pod_sandbox(
@@ -143,8 +147,12 @@ impl RuntimeService for Fake {
         self.record("CreateContainer");
         let r = r.into_inner();
         let mut s = self.state();
-        if !s.sandboxes.iter().any(|sb| sb.0.id == r.pod_sandbox_id) {
-            return Err(Status::not_found(format!("sandbox {} not found", r.pod_sandbox_id)));
+        match s.sandboxes.iter().find(|sb| sb.0.id == r.pod_sandbox_id) {
+            None => return Err(Status::not_found(format!("sandbox {} not found", r.pod_sandbox_id))),
+            Some(sb) if sb.0.state() != PodSandboxState::SandboxReady => {
+                return Err(Status::unknown("sandbox container is not running"));
+            }
+            Some(_) => {}
         }
         s.next += 1;
         let id = format!("c{}", s.next);
@@ -297,7 +305,8 @@ fn started(fake: &Fake, dir: &Path) -> Arc<CriRuntime> {
     let path = dir.join("cri.sock");
     fake.state().api_version = "v1".into();
     serve(fake, &path);
-    Arc::new(CriRuntime::new(settings(&path)).unwrap())
+    let metrics = RuntimeMetrics::new(&prometheus::Registry::new()).unwrap();
+    Arc::new(CriRuntime::new(settings(&path), Some(metrics)).unwrap())
 }
 
 fn sandbox(uid: &str) -> SandboxSpec {
@@ -378,10 +387,18 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
     fake.state().containers.clear();
     let info = tokio::time::timeout(Duration::from_secs(5), rt.wait(&lost.id)).await.unwrap();
     assert_eq!((info.exit_code, info.reason.as_str()), (137, "ContainerStatusUnknown"));
-    // ... and a sandbox it lost makes the start ask for a new sandbox.
-    fake.state().sandboxes.clear();
+    // ... and a sandbox that died or that it lost makes the start ask for a new sandbox, which replaces it.
+    fake.state().sandboxes[0].0.state = PodSandboxState::SandboxNotready.into();
     let err = rt.start(&second).await.unwrap_err();
     assert_eq!(err, RuntimeError::SandboxNotFound(sb.clone()));
+    let replacement = rt.run_sandbox(&sandbox("u1")).await.unwrap();
+    let ids: Vec<String> = fake.state().sandboxes.iter().map(|s| s.0.id.clone()).collect();
+    assert_eq!(ids, std::slice::from_ref(&replacement), "the dead sandbox was removed");
+    assert_eq!(fake.state().sandboxes[0].1.metadata.as_ref().unwrap().attempt, 1);
+    fake.state().sandboxes.clear();
+    let mut third = second.clone();
+    third.sandbox_id = replacement.clone();
+    assert_eq!(rt.start(&third).await.unwrap_err(), RuntimeError::SandboxNotFound(replacement));
 }
 
 #[tokio::test]
@@ -417,7 +434,7 @@ async fn stops_execs_adoption_and_reconciliation() {
     fake.state().sandboxes.push((PodSandbox { id: "foreign".into(), ..PodSandbox::default() }, Default::default()));
 
     // A restarted daemon finds the sandbox and the running container; nothing new is created.
-    let fresh = CriRuntime::new(settings(&dir.path().join("cri.sock"))).unwrap();
+    let fresh = CriRuntime::new(settings(&dir.path().join("cri.sock")), None).unwrap();
     assert_eq!(fresh.adopt_sandbox(&sandbox("keep")).await.as_deref(), Some(keep.as_str()));
     let adopted = fresh.adopt(&container(&keep, "keep", "img:1", PullPolicy::IfNotPresent), None).await.unwrap();
     assert_eq!(adopted.id, c.id);
@@ -448,8 +465,11 @@ async fn stops_execs_adoption_and_reconciliation() {
     rt.signal(&c.id, crate::runtime::SIGTERM).unwrap();
     rt.signal(&c.id, SIGKILL).unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
+    rt.stop(&c.id, Duration::from_secs(7)).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let calls = fake.state().calls.clone();
     assert!(calls.contains(&format!("StopContainer {} 5", c.id)), "{calls:?}");
+    assert!(calls.contains(&format!("StopContainer {} 7", c.id)), "a stop passes the grace period: {calls:?}");
     assert!(calls.contains(&format!("StopContainer {} 0", c.id)), "{calls:?}");
 
     rt.remove_sandbox(&sandbox("keep")).await;
@@ -460,7 +480,7 @@ async fn stops_execs_adoption_and_reconciliation() {
 async fn an_unreachable_runtime_is_reported_and_its_return_noticed() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("later.sock");
-    let rt = Arc::new(CriRuntime::new(settings(&path)).unwrap());
+    let rt = Arc::new(CriRuntime::new(settings(&path), None).unwrap());
     let err = rt.check_version().await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     let message = err.to_string();
@@ -483,7 +503,7 @@ async fn an_unreachable_runtime_is_reported_and_its_return_noticed() {
     assert_eq!(rt.health(), Ok(()), "healthy once the runtime answers");
     rt.run_sandbox(&sandbox("u3")).await.unwrap();
 
-    assert!(CriRuntime::new(settings(Path::new("relative.sock"))).is_err(), "a relative path is refused");
+    assert!(CriRuntime::new(settings(Path::new("relative.sock")), None).is_err(), "a relative path is refused");
     assert!(matches!(CriClient::new("tcp://localhost:1", Duration::from_secs(1)), Err(CriError::Endpoint(_))));
 }
 

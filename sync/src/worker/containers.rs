@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{AbortOnDrop, CState, Event, Kind, Run, Worker};
 use crate::probe::{self, Action, ProbeConfig, ProbeKind, ProbeState};
-use crate::runtime::{ContainerSpec, Runtime, RuntimeError, SIGKILL, SIGTERM};
+use crate::runtime::{ContainerSpec, Runtime, RuntimeError, SIGKILL};
 use crate::spec::container_spec;
 
 impl<R: Runtime> Worker<R> {
@@ -240,7 +240,7 @@ impl<R: Runtime> Worker<R> {
 
 /// SIGTERM, then SIGKILL once `grace` has passed; the exit arrives through the container's watcher.
 pub(super) async fn stop_container<R: Runtime>(runtime: Arc<R>, id: String, grace: Duration) {
-    if let Err(e) = runtime.signal(&id, SIGTERM) {
+    if let Err(e) = runtime.stop(&id, grace) {
         tracing::debug!(container_id = %id, error = %e, "SIGTERM not delivered");
     }
     tokio::time::sleep(grace).await;

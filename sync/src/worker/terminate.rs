@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{Event, Reason, Terminal, Worker};
-use crate::runtime::{Runtime, SIGKILL, SIGTERM};
+use crate::runtime::{Runtime, SIGKILL};
 use crate::volumes;
 
 /// How long the pod's processes get to disappear after `cgroup.kill` before the release is given up for now.
@@ -81,7 +81,8 @@ impl<R: Runtime> Worker<R> {
                         Err(e) => tracing::warn!(container = %spec.name, error = %e, "preStop hook failed"),
                     }
                 }
-                if let Err(e) = runtime.signal(&id, SIGTERM) {
+                let grace = deadline.saturating_duration_since(Instant::now());
+                if let Err(e) = runtime.stop(&id, grace) {
                     tracing::debug!(container_id = %id, error = %e, "SIGTERM not delivered");
                 }
             });
@@ -162,9 +163,10 @@ impl<R: Runtime> Worker<R> {
     pub(super) async fn finish(&mut self, terminal: Terminal) {
         tracing::info!(pod = %self.full_name(), phase = %terminal.phase, "pod finished");
         self.terminal = Some(terminal);
+        let grace = self.grace_period();
         for c in &self.containers {
             if let Some(run) = &c.run {
-                let _ = self.ctx.runtime.signal(&run.id, SIGTERM);
+                let _ = self.ctx.runtime.stop(&run.id, grace);
             }
         }
         self.clean_up(false).await;
