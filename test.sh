@@ -35,12 +35,18 @@ cargo build --workspace --locked
 
 step "real-kernel tests in the VM, then a short run of the benchmark harness"
 # The integration test executables that need cgroup v2, built above; run in the guest at their host paths.
+# The CRI tests run last: the containerd they start stays up for the rest of the boot.
 mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
+order = ["kernel", "daemon", "pods", "eviction", "cri"]
+found = {}
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernel", "daemon", "pods", "eviction", "cri"):
-        print(m["executable"])
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in order:
+        found[m["target"]["name"]] = m["executable"]
+for name in order:
+    if name in found:
+        print(found[name])
 ')
 [ "${#exes[@]}" -eq 5 ] || { echo "expected the kernel, daemon, pods, eviction and cri test executables, found: ${exes[*]:-none}" >&2; exit 1; }
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
@@ -49,6 +55,8 @@ NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     target/debug/nodewarden-bench footprint --nodewarden target/debug/nodewarden --pods 10 --seconds 1 --runs 1 \
         --out /tmp/footprint.md || exit 1
     target/debug/nodewarden-bench eviction --nodewarden target/debug/nodewarden --scenarios a --agents nodewarden \
-        --runs 1 --out /tmp/eviction' vm-tests "${exes[@]}"
+        --runs 1 --out /tmp/eviction || exit 1
+    target/debug/nodewarden-bench cri --nodewarden target/debug/nodewarden --pods 2 --seconds 1 --runs 1 \
+        --out /tmp/cri.md' vm-tests "${exes[@]}"
 echo
 echo "all checks passed"

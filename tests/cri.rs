@@ -129,6 +129,9 @@ fn a_static_pod_runs_as_a_sandbox_at_its_placement() {
     assert_eq!(std::fs::read_to_string(app_cg.join("memory.max")).unwrap().trim(), (64 * MIB).to_string());
     let procs = std::fs::read_to_string(app_cg.join("cgroup.procs")).unwrap();
     assert!(!procs.trim().is_empty(), "the app runs in its cgroup");
+    // Memory QoS reaches the container through CRI's `unified` (request 32Mi → memory.min).
+    assert_eq!(std::fs::read_to_string(app_cg.join("memory.min")).unwrap().trim(), (32 * MIB).to_string());
+    assert!(!pod_cg.join("app").exists(), "nodewarden made a container cgroup containerd does not use");
     let sbs = sandboxes(&uid);
     assert_eq!(sbs.len(), 1, "one sandbox: {sbs:?}");
     // CRI calls are counted under the kubelet's names.

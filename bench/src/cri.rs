@@ -192,8 +192,8 @@ pub fn run(bin: &Path, containerd: &Path, n: usize, seconds: u64, runs: usize, o
         .collect();
     let table = format!(
         "# Pod start through containerd\n\n{runs} runs per runtime; per run {n} host-network busybox pods started one \
-         after another (manifest written → `Running` in `/pods`), then {seconds} s sampled with all {n} running and \
-         {seconds} s with none; release build; 1 GiB guest, 2 emulated vCPUs (TCG); containerd 1.6 with runc and \
+         after another (manifest written → `Running` in `/pods`); the daemon sampled for {seconds} s before the \
+         first and for {seconds} s with all {n} running; release build; 1 GiB guest, 2 emulated vCPUs (TCG); containerd 1.6 with runc and \
          the overlayfs snapshotter, images local.\n\n\
          | runtime | start median | p90 | worst | daemon CPU, {n} pods | daemon RSS, {n} pods | daemon RSS per pod | \
          daemon CPU per pod |\n|---|---|---|---|---|---|---|---|\n{rows}\n\

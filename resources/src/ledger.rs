@@ -47,6 +47,9 @@ pub struct ResourceConfig {
     pub memory_throttling_factor: f64,
     /// Treat every static pod as critical (the kubelet's rule) for admission under pressure.
     pub static_pods_critical: bool,
+    /// Create a cgroup per container below the pod's. The process runtime starts containers in them; a CRI runtime
+    /// creates its own (`<pod>/<container id>`) from the limits it is given, so none are made for it.
+    pub container_cgroups: bool,
 }
 
 impl ResourceConfig {
@@ -66,6 +69,7 @@ impl ResourceConfig {
             memory_qos: false,
             memory_throttling_factor: 0.9,
             static_pods_critical: false,
+            container_cgroups: true,
         }
     }
 }
@@ -444,7 +448,8 @@ impl ResourceManager {
     }
 
     fn write_placement(&self, p: &Placement, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
-        for cg in std::iter::once(&p.cgroup).chain(p.containers.iter().map(|c| &c.cgroup)) {
+        let containers = if self.config.container_cgroups { p.containers.as_slice() } else { &[] };
+        for cg in std::iter::once(&p.cgroup).chain(containers.iter().map(|c| &c.cgroup)) {
             if !self.fs.exists(cg) {
                 self.fs.create(cg)?;
                 created.push(cg.clone());
@@ -454,7 +459,7 @@ impl ResourceManager {
                 tree::delegate(&self.fs, cg)?;
             }
         }
-        for c in &p.containers {
+        for c in containers {
             tree::apply(&self.fs, &c.cgroup, &c.limits)?;
         }
         Ok(())

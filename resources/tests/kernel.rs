@@ -85,6 +85,7 @@ fn config(root: &Root) -> ResourceConfig {
         memory_qos: true,
         memory_throttling_factor: 0.9,
         static_pods_critical: false,
+        container_cgroups: true,
     }
 }
 

@@ -391,6 +391,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         memory_qos,
         memory_throttling_factor: factor,
         static_pods_critical: *required(&nw.static_pods_critical, "nodewarden.staticPodsCritical")?,
+        container_cgroups: endpoint.is_empty(),
     };
     Ok(Config {
         ignored: Vec::new(),

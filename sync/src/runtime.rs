@@ -64,6 +64,10 @@ pub struct LinuxResources {
     pub cpu_period: u64,
     /// Memory limit in bytes, if limited.
     pub memory_limit: Option<u64>,
+    /// Memory QoS' `memory.min`, if set.
+    pub memory_min: Option<u64>,
+    /// Memory QoS' `memory.high`, if set.
+    pub memory_high: Option<nodewarden_resources::Limit>,
 }
 
 /// Everything a runtime needs to create a pod's sandbox.

@@ -162,6 +162,8 @@ pub fn container_spec(
             cpu_quota: limits.cpu_max.quota,
             cpu_period: limits.cpu_max.period,
             memory_limit: limits.memory_max.value(),
+            memory_min: limits.memory_min,
+            memory_high: limits.memory_high,
         },
         mounts,
     })
@@ -191,6 +193,8 @@ pub fn sandbox_spec(pod: &Pod, placement: &Placement, log_root: &Path) -> Sandbo
             cpu_quota: limits.cpu_max.quota,
             cpu_period: limits.cpu_max.period,
             memory_limit: limits.memory_max.value(),
+            memory_min: None,
+            memory_high: None,
         },
     }
 }

@@ -48,6 +48,7 @@ fn config() -> ResourceConfig {
         memory_qos: true,
         memory_throttling_factor: 0.9,
         static_pods_critical: false,
+        container_cgroups: true,
     }
 }
 
@@ -115,6 +116,23 @@ fn places_each_class_where_the_kubelet_does() {
     assert_eq!(e.cgroup.as_str(), "/nw/kubepods/besteffort/pode1");
     assert_eq!(read(&f, "nw/kubepods/besteffort/pode1/memory.max"), "max");
     assert_eq!(e.containers[0].oom_score_adj, 1000);
+}
+
+#[test]
+fn for_a_cri_runtime_only_the_pod_cgroup_is_made() {
+    let f = fixture();
+    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
+    let mut m =
+        ResourceManager::new(fs, f.host.clone(), ResourceConfig { container_cgroups: false, ..config() }).unwrap();
+    m.setup().unwrap();
+    let g = m.place(&guaranteed("g1", "128Mi")).unwrap();
+    assert_eq!(read(&f, "nw/kubepods/podg1/memory.max"), (128 * MIB).to_string());
+    assert!(!f.mount.join("nw/kubepods/podg1/app").exists(), "containerd makes the container cgroups");
+    // The container's limits are still computed, for the runtime to apply.
+    assert_eq!(g.containers[0].limits.memory_max, Limit::Value(128 * MIB));
+    assert_eq!(g.containers[0].cpu_shares, 512);
+    m.release("g1").unwrap();
+    assert!(!f.mount.join("nw/kubepods/podg1").exists());
 }
 
 #[test]

@@ -27,14 +27,23 @@ fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// `LinuxContainerResources` (zero means "not set" in CRI).
+/// `LinuxContainerResources` (zero means "not set" in CRI). Memory QoS' values go in `unified`, as the kubelet
+/// passes them.
 pub fn linux_resources(r: &LinuxResources, oom_score_adj: i32) -> LinuxContainerResources {
+    let mut unified = HashMap::new();
+    if let Some(min) = r.memory_min {
+        unified.insert("memory.min".to_owned(), min.to_string());
+    }
+    if let Some(high) = r.memory_high {
+        unified.insert("memory.high".to_owned(), high.to_string());
+    }
     LinuxContainerResources {
         cpu_period: i64_of(r.cpu_period),
         cpu_quota: r.cpu_quota.map_or(0, i64_of),
         cpu_shares: i64_of(r.cpu_shares),
         memory_limit_in_bytes: r.memory_limit.map_or(0, i64_of),
         oom_score_adj: i64::from(oom_score_adj),
+        unified,
         ..LinuxContainerResources::default()
     }
 }
@@ -150,7 +159,7 @@ mod tests {
             log_directory: PathBuf::from("/var/log/pods/default_web-node_u1"),
             labels: [("app".to_owned(), "web".to_owned())].into(),
             annotations: [("kubernetes.io/config.source".to_owned(), "file".to_owned())].into(),
-            resources: LinuxResources { cpu_shares: 512, cpu_quota: None, cpu_period: 100_000, memory_limit: None },
+            resources: LinuxResources { cpu_shares: 512, cpu_period: 100_000, ..LinuxResources::default() },
         }
     }
 
@@ -193,6 +202,8 @@ mod tests {
                 cpu_quota: Some(50_000),
                 cpu_period: 100_000,
                 memory_limit: Some(64 << 20),
+                memory_min: Some(32 << 20),
+                memory_high: Some(nodewarden_resources::Limit::Value(60 << 20)),
             },
             log_path: PathBuf::from("/var/log/pods/default_web-node_u1/app/3.log"),
             mounts: vec![SpecMount { source: "/var/lib/x".into(), target: "/data".into(), read_only: true }],
@@ -209,6 +220,8 @@ mod tests {
         let r = linux.resources.unwrap();
         assert_eq!((r.cpu_shares, r.cpu_quota, r.cpu_period), (256, 50_000, 100_000));
         assert_eq!((r.memory_limit_in_bytes, r.oom_score_adj), (64 << 20, 968));
+        assert_eq!(r.unified["memory.min"], (32 << 20).to_string(), "Memory QoS as the kubelet passes it");
+        assert_eq!(r.unified["memory.high"], (60 << 20).to_string());
         assert_eq!(linux.security_context.unwrap().run_as_user.map(|u| u.value), Some(1000));
     }
 }

@@ -342,7 +342,12 @@ fn container(sandbox_id: &str, uid: &str, image: &str, policy: PullPolicy) -> Co
         group: None,
         cgroup: CgroupPath::parse(&format!("/nodewarden/kubepods/pod{uid}/app")).unwrap(),
         oom_score_adj: 1000,
-        resources: LinuxResources { cpu_shares: 2, cpu_quota: None, cpu_period: 100_000, memory_limit: Some(32 << 20) },
+        resources: LinuxResources {
+            cpu_shares: 2,
+            cpu_period: 100_000,
+            memory_limit: Some(32 << 20),
+            ..LinuxResources::default()
+        },
         log_path: format!("/var/log/pods/default_pod-{uid}_{uid}/app/0.log").into(),
         mounts: vec![SpecMount { source: "/tmp".into(), target: "/data".into(), read_only: false }],
     }
