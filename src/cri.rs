@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use nodewarden_sync::cri::client::CriError;
 use nodewarden_sync::cri::{CriClient, POD_NAME_LABEL};
 use serde_json::{Value, json};
 
@@ -240,7 +239,7 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
         }
         CriCommand::Exec { id, timeout, cmd } => {
             let cid = container_id(&client, &id).await?;
-            let r = client.exec_sync(&cid, &cmd, Duration::from_secs(timeout)).await.map_err(explain)?;
+            let r = client.exec_sync(&cid, &cmd, Duration::from_secs(timeout)).await?;
             print!("{}", String::from_utf8_lossy(&r.stdout));
             eprint!("{}", String::from_utf8_lossy(&r.stderr));
             return Ok(r.exit_code);
@@ -248,10 +247,6 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
     }
     print!("{out}");
     Ok(0)
-}
-
-fn explain(e: CriError) -> anyhow::Error {
-    anyhow::Error::new(e)
 }
 
 #[cfg(test)]
