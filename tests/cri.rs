@@ -114,12 +114,15 @@ fn a_static_pod_runs_as_a_sandbox_at_its_placement() {
     let _serial = serial();
     let n = cri_node("cri-place", "");
     let limits = "    resources:\n      requests: {memory: 32Mi, cpu: 100m}\n      limits: {memory: 64Mi}\n";
-    n.write("web.yaml", &busybox_pod("web", "echo hello from cri; exec sleep 3600", limits, ""));
+    let probe = "    readinessProbe:\n      exec: {command: [cat, /etc/passwd]}\n      periodSeconds: 2\n";
+    n.write("web.yaml", &busybox_pod("web", "echo hello from cri; exec sleep 3600", &format!("{limits}{probe}"), ""));
     let t0 = Instant::now();
     let p = n.wait_pod("web", 180, "ran", running);
     eprintln!("manifest → Running through containerd: {:?}", t0.elapsed());
     let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
     let id = container_id(&p);
+    // The exec readiness probe runs through ExecSync.
+    n.wait_pod("web", 60, "was ready", |p| container(p, "app")["ready"] == true);
 
     // The sandbox's cgroup parent is the placement: the pod cgroup holds the pause container's and the app's.
     let pod_cg = n.pod_cgroup(&p);
@@ -262,7 +265,7 @@ fn a_sandbox_that_died_is_replaced() {
     let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
     let old = sandboxes(&uid);
     assert_eq!(old.len(), 1);
-    // The sandbox's pause process dies behind nodewarden's back, then the app container exits.
+    // The sandbox's pause process dies behind nodewarden's back; the app container would run on.
     let (_, json) = cri(&["inspect", &old[0]]);
     let full: Value = serde_json::from_str(&json).unwrap();
     let sandbox_id = full["status"]["id"].as_str().unwrap().to_owned();
@@ -271,8 +274,8 @@ fn a_sandbox_that_died_is_replaced() {
         .status()
         .unwrap();
     assert!(killed.success());
-    std::fs::write(n.pod_cgroup(&p).join(container_id(&p)).join("cgroup.kill"), "1").unwrap();
-    // The restart finds the sandbox dead, makes a new one, and removes the old one.
+    // As the kubelet does, the pod's container is stopped, and the restart makes a new sandbox and removes the
+    // old one.
     let p = n.wait_pod("lost", 180, "ran in a new sandbox", |p| {
         let c = container(p, "app");
         running(p) && c["restartCount"].as_i64() >= Some(1) && !c["state"]["running"].is_null()

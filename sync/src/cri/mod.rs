@@ -171,6 +171,9 @@ impl CriRuntime {
         }
         let states: HashMap<&str, ContainerState> = containers.iter().map(|c| (c.id.as_str(), c.state())).collect();
         let watched: Vec<String> = lock(&self.waiters).keys().cloned().collect();
+        if !watched.is_empty() {
+            self.stop_orphaned_containers(&containers).await;
+        }
         for id in watched {
             if let Some(ContainerState::ContainerRunning | ContainerState::ContainerCreated) = states.get(id.as_str()) {
                 continue;
@@ -178,6 +181,27 @@ impl CriRuntime {
             let Some(info) = self.exit_info(&id).await else { continue };
             if let Some(tx) = lock(&self.waiters).remove(&id) {
                 tx.send_replace(Some(info));
+            }
+        }
+    }
+
+    /// Stops the running containers of sandboxes that are no longer ready (their pause container died): as the
+    /// kubelet does, the pod is then started again in a new sandbox (the restart finds the sandbox not ready).
+    async fn stop_orphaned_containers(&self, containers: &[nodewarden_proto::v1::Container]) {
+        let filter = PodSandboxFilter {
+            state: Some(PodSandboxStateValue { state: PodSandboxState::SandboxNotready.into() }),
+            label_selector: [(MANAGED_LABEL.to_owned(), "true".to_owned())].into(),
+            ..PodSandboxFilter::default()
+        };
+        let Ok(dead) = self.client.list_pod_sandbox(Some(filter)).await else { return };
+        if dead.is_empty() {
+            return;
+        }
+        let waiters = lock(&self.waiters).keys().cloned().collect::<BTreeSet<String>>();
+        for c in containers.iter().filter(|c| c.state() == ContainerState::ContainerRunning) {
+            if waiters.contains(&c.id) && dead.iter().any(|s| s.id == c.pod_sandbox_id) {
+                tracing::warn!(container_id = %c.id, sandbox = %c.pod_sandbox_id, "the pod sandbox is not ready; stopping its container so the pod starts again in a new one");
+                self.spawn_stop(&c.id, Duration::ZERO);
             }
         }
     }

@@ -387,6 +387,18 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
     let info = tokio::time::timeout(Duration::from_secs(5), rt.wait(&c.id)).await.unwrap();
     assert_eq!((info.exit_code, info.reason.as_str(), info.signal), (137, "OOMKilled", Some(9)));
 
+    // A container whose sandbox died is stopped, so that the pod starts again in a new sandbox.
+    let orphan = rt.adopt(&second, None).await.unwrap();
+    fake.state().sandboxes[0].0.state = PodSandboxState::SandboxNotready.into();
+    let info = tokio::time::timeout(Duration::from_secs(5), rt.wait(&orphan.id)).await.unwrap();
+    assert_eq!(info.exit_code, 137);
+    assert!(fake.state().calls.contains(&format!("StopContainer {} 0", orphan.id)));
+    fake.state().sandboxes[0].0.state = PodSandboxState::SandboxReady.into();
+    let mut again = second.clone();
+    again.name = "again".into();
+    let second = again;
+    rt.start(&second).await.unwrap();
+
     // A container the runtime lost ends as ContainerStatusUnknown.
     let lost = rt.adopt(&second, None).await.unwrap();
     fake.state().containers.clear();
