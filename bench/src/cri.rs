@@ -6,12 +6,12 @@
 //! its shims are measured beside it, for context.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{Guard, ROOT, cpu_ticks, get, median, pods, remove_tree, root, rss_kib, wait, worst, write};
+use crate::{StaticNode, cpu_ticks, median, pods, rss_kib, wait, worst, write};
 
 const ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 
@@ -81,32 +81,12 @@ fn phase_of(port: u16, name: &str) -> Option<String> {
 }
 
 fn one_run(bin: &Path, runtime: Runtime, n: usize, seconds: u64) -> Result<Run> {
-    remove_tree(&root());
-    let dir = std::env::temp_dir().join(format!("nwbench-cri-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let endpoint = match runtime {
         Runtime::Cri => format!("containerRuntimeEndpoint: {ENDPOINT}\n"),
         Runtime::Process => String::new(),
     };
-    let cfg = dir.join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\nhealthzPort: {port}\n\
-             staticPodPath: {}\npodLogsDir: {}\n{endpoint}nodewarden:\n  rootDir: {}\n  nodeName: bench\n",
-            manifests.display(),
-            dir.join("logs").display(),
-            dir.join("root").display()
-        ),
-    )?;
-    let log = std::fs::File::create(dir.join("daemon.log"))?;
-    let child = Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(log).spawn()?;
-    let guard = Guard(child);
-    let pid = guard.0.id();
-    wait("readiness", 60, || get(port, "/readyz").is_some())?;
+    let node = StaticNode::start(bin, "cri", &endpoint)?;
+    let (manifests, port, pid) = (node.manifests.clone(), node.port, node.pid());
     std::thread::sleep(Duration::from_secs(2));
     let mut run = Run::default();
     (run.idle_cpu, run.idle_rss) = sample(pid, seconds)?;
@@ -125,8 +105,7 @@ fn one_run(bin: &Path, runtime: Runtime, n: usize, seconds: u64) -> Result<Run> 
         std::fs::remove_file(e.path())?;
     }
     wait("removal of every pod", 300, || pods(port).is_empty())?;
-    drop(guard);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(node);
     Ok(run)
 }
 

@@ -296,6 +296,56 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 
 struct Guard(Child);
 
+/// A daemon with its own static pod directory, logs and root below a fresh temporary directory, ready to serve.
+/// Dropping it stops the daemon and removes the directory and the cgroup tree.
+struct StaticNode {
+    guard: Guard,
+    dir: PathBuf,
+    manifests: PathBuf,
+    port: u16,
+}
+
+impl StaticNode {
+    /// Starts `bin` with `extra` (top-level config lines) and waits until it answers.
+    fn start(bin: &Path, name: &str, extra: &str) -> Result<Self> {
+        remove_tree(&root());
+        let dir = std::env::temp_dir().join(format!("nwbench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests)?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let cfg = dir.join("config.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\n\
+                 healthzPort: {port}\nstaticPodPath: {}\npodLogsDir: {}\n{extra}nodewarden:\n  rootDir: {}\n  \
+                 nodeName: bench\n",
+                manifests.display(),
+                dir.join("logs").display(),
+                dir.join("root").display()
+            ),
+        )?;
+        let log = std::fs::File::create(dir.join("daemon.log"))?;
+        let child = Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(log).spawn()?;
+        let node = Self { guard: Guard(child), dir, manifests, port };
+        wait("readiness", 60, || get(port, "/readyz").is_some())?;
+        Ok(node)
+    }
+
+    fn pid(&self) -> u32 {
+        self.guard.0.id()
+    }
+}
+
+impl Drop for StaticNode {
+    fn drop(&mut self) {
+        let _ = self.guard.0.kill();
+        let _ = self.guard.0.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         let _ = self.0.kill();

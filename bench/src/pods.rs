@@ -5,12 +5,11 @@
 //! - steady: N pods, each a busybox httpd with an HTTP readiness probe every 10 s: the daemon's CPU and RSS.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::{Guard, ROOT, cpu_ticks, get, median, pods, remove_tree, root, rss_kib, wait, worst, write};
+use crate::{ROOT, StaticNode, cpu_ticks, median, pods, rss_kib, wait, worst, write};
 
 struct Run {
     start_s: f64,
@@ -57,28 +56,8 @@ fn clear(dir: &Path, port: u16) -> Result<()> {
 }
 
 fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
-    remove_tree(&root());
-    let dir = std::env::temp_dir().join(format!("nwbench-pods-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let cfg = dir.join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\nhealthzPort: {port}\n\
-             staticPodPath: {}\npodLogsDir: {}\nnodewarden:\n  rootDir: {}\n  nodeName: bench\n",
-            manifests.display(),
-            dir.join("logs").display(),
-            dir.join("root").display()
-        ),
-    )?;
-    let log = std::fs::File::create(dir.join("daemon.log"))?;
-    let child = Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(log).spawn()?;
-    let guard = Guard(child);
-    let pid = guard.0.id();
-    wait("readiness", 60, || get(port, "/readyz").is_some())?;
+    let node = StaticNode::start(bin, "pods", "")?;
+    let (manifests, port, pid) = (node.manifests.clone(), node.port, node.pid());
     eprintln!("pods: daemon ready");
 
     // start: N manifests written at once.
@@ -127,8 +106,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
     let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
     let rss = rss_kib(pid)?;
     clear(&manifests, port)?;
-    drop(guard);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(node);
     #[allow(clippy::cast_precision_loss)]
     Ok(Run {
         start_s,
