@@ -31,6 +31,20 @@ const ATTEMPTS: u32 = 4;
 /// The first retry's delay; it doubles.
 const FIRST_RETRY: Duration = Duration::from_millis(200);
 
+/// One call of a generated client method, `service.method("Name", request, deadline)`, through
+/// [`CriClient::call`]: the request is cloned for each attempt.
+macro_rules! rpc {
+    ($client:ident, $service:ident . $method:ident ($name:literal, $req:ident, $timeout:expr)) => {
+        $client
+            .call($name, $timeout, || {
+                let mut c = $client.$service();
+                let req = $req.clone();
+                async move { c.$method(req).await }
+            })
+            .await
+    };
+}
+
 /// A CRI call that failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CriError {
@@ -183,93 +197,47 @@ impl CriClient {
     /// `Version`: the runtime's name and version, and the CRI API version it serves.
     pub async fn version(&self) -> Result<VersionResponse, CriError> {
         let req = VersionRequest { version: CRI_API_VERSION.to_owned() };
-        self.call("Version", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.version(req).await }
-        })
-        .await
+        rpc!(self, runtime.version("Version", req, self.timeout))
     }
 
     /// `RunPodSandbox`: the new sandbox's ID.
     pub async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> Result<String, CriError> {
-        self.call("RunPodSandbox", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.run_pod_sandbox(req).await }
-        })
-        .await
-        .map(|r| r.pod_sandbox_id)
+        rpc!(self, runtime.run_pod_sandbox("RunPodSandbox", req, self.timeout)).map(|r| r.pod_sandbox_id)
     }
 
     /// `StopPodSandbox`.
     pub async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
         let req = StopPodSandboxRequest { pod_sandbox_id: id.to_owned() };
-        self.call("StopPodSandbox", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.stop_pod_sandbox(req).await }
-        })
-        .await
-        .map(|_| ())
+        rpc!(self, runtime.stop_pod_sandbox("StopPodSandbox", req, self.timeout)).map(|_| ())
     }
 
     /// `RemovePodSandbox`.
     pub async fn remove_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
         let req = RemovePodSandboxRequest { pod_sandbox_id: id.to_owned() };
-        self.call("RemovePodSandbox", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.remove_pod_sandbox(req).await }
-        })
-        .await
-        .map(|_| ())
+        rpc!(self, runtime.remove_pod_sandbox("RemovePodSandbox", req, self.timeout)).map(|_| ())
     }
 
     /// `PodSandboxStatus`, verbose.
     pub async fn pod_sandbox_status(&self, id: &str) -> Result<PodSandboxStatusResponse, CriError> {
         let req = PodSandboxStatusRequest { pod_sandbox_id: id.to_owned(), verbose: true };
-        self.call("PodSandboxStatus", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.pod_sandbox_status(req).await }
-        })
-        .await
+        rpc!(self, runtime.pod_sandbox_status("PodSandboxStatus", req, self.timeout))
     }
 
     /// `ListPodSandbox`.
     pub async fn list_pod_sandbox(&self, filter: Option<PodSandboxFilter>) -> Result<Vec<PodSandbox>, CriError> {
         let req = ListPodSandboxRequest { filter };
-        self.call("ListPodSandbox", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.list_pod_sandbox(req).await }
-        })
-        .await
-        .map(|r| r.items)
+        rpc!(self, runtime.list_pod_sandbox("ListPodSandbox", req, self.timeout)).map(|r| r.items)
     }
 
     /// `CreateContainer`: the new container's ID.
     pub async fn create_container(&self, req: CreateContainerRequest) -> Result<String, CriError> {
-        self.call("CreateContainer", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.create_container(req).await }
-        })
-        .await
-        .map(|r| r.container_id)
+        rpc!(self, runtime.create_container("CreateContainer", req, self.timeout)).map(|r| r.container_id)
     }
 
     /// `StartContainer`.
     pub async fn start_container(&self, id: &str) -> Result<(), CriError> {
         let req = StartContainerRequest { container_id: id.to_owned() };
-        self.call("StartContainer", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.start_container(req).await }
-        })
-        .await
-        .map(|_| ())
+        rpc!(self, runtime.start_container("StartContainer", req, self.timeout)).map(|_| ())
     }
 
     /// `StopContainer`: the stop signal, then SIGKILL after `grace` (at once for zero). The call returns once the
@@ -279,48 +247,25 @@ impl CriClient {
             container_id: id.to_owned(),
             timeout: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
         };
-        self.call("StopContainer", grace + self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.stop_container(req).await }
-        })
-        .await
-        .map(|_| ())
+        rpc!(self, runtime.stop_container("StopContainer", req, grace + self.timeout)).map(|_| ())
     }
 
     /// `RemoveContainer`.
     pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
         let req = RemoveContainerRequest { container_id: id.to_owned() };
-        self.call("RemoveContainer", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.remove_container(req).await }
-        })
-        .await
-        .map(|_| ())
+        rpc!(self, runtime.remove_container("RemoveContainer", req, self.timeout)).map(|_| ())
     }
 
     /// `ListContainers`.
     pub async fn list_containers(&self, filter: Option<ContainerFilter>) -> Result<Vec<Container>, CriError> {
         let req = ListContainersRequest { filter };
-        self.call("ListContainers", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.list_containers(req).await }
-        })
-        .await
-        .map(|r| r.containers)
+        rpc!(self, runtime.list_containers("ListContainers", req, self.timeout)).map(|r| r.containers)
     }
 
     /// `ContainerStatus`; `verbose` adds the runtime's info (the PID, the OCI spec).
     pub async fn container_status(&self, id: &str, verbose: bool) -> Result<ContainerStatusResponse, CriError> {
         let req = ContainerStatusRequest { container_id: id.to_owned(), verbose };
-        self.call("ContainerStatus", self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.container_status(req).await }
-        })
-        .await
+        rpc!(self, runtime.container_status("ContainerStatus", req, self.timeout))
     }
 
     /// `ExecSync`: the runtime kills the command after `timeout` (zero: never).
@@ -331,48 +276,25 @@ impl CriClient {
             cmd: cmd.to_vec(),
             timeout: i64::try_from(secs).unwrap_or(i64::MAX),
         };
-        self.call("ExecSync", timeout + self.timeout, || {
-            let mut c = self.runtime();
-            let req = req.clone();
-            async move { c.exec_sync(req).await }
-        })
-        .await
+        rpc!(self, runtime.exec_sync("ExecSync", req, timeout + self.timeout))
     }
 
     /// `ImageStatus`: `None` when the image is absent.
     pub async fn image_status(&self, image: &str) -> Result<Option<Image>, CriError> {
         let req = ImageStatusRequest { image: Some(image_spec(image)), verbose: false };
-        self.call("ImageStatus", self.timeout, || {
-            let mut c = self.images();
-            let req = req.clone();
-            async move { c.image_status(req).await }
-        })
-        .await
-        .map(|r| r.image)
+        rpc!(self, images.image_status("ImageStatus", req, self.timeout)).map(|r| r.image)
     }
 
     /// `ListImages`.
     pub async fn list_images(&self) -> Result<Vec<Image>, CriError> {
         let req = ListImagesRequest { filter: None };
-        self.call("ListImages", self.timeout, || {
-            let mut c = self.images();
-            let req = req.clone();
-            async move { c.list_images(req).await }
-        })
-        .await
-        .map(|r| r.images)
+        rpc!(self, images.list_images("ListImages", req, self.timeout)).map(|r| r.images)
     }
 
     /// `PullImage`: the image reference the runtime resolved. Pulls are not bounded by the request timeout (the
     /// kubelet's are not either); `deadline` bounds them.
     pub async fn pull_image(&self, req: PullImageRequest, deadline: Duration) -> Result<String, CriError> {
-        self.call("PullImage", deadline, || {
-            let mut c = self.images();
-            let req = req.clone();
-            async move { c.pull_image(req).await }
-        })
-        .await
-        .map(|r| r.image_ref)
+        rpc!(self, images.pull_image("PullImage", req, deadline)).map(|r| r.image_ref)
     }
 }
 
