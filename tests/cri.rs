@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::*;
 use serde_json::Value;
@@ -58,14 +58,6 @@ fn cri_err(args: &[&str]) -> (i32, String, String) {
 
 fn cri_node(name: &str, top: &str) -> Node {
     node_with(name, "", &format!("containerRuntimeEndpoint: {ENDPOINT}\n{top}"))
-}
-
-fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(secs), "{what} did not happen within {secs}s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// A host-network pod with one busybox container running `command`.

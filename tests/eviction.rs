@@ -23,15 +23,6 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(secs), "{what} did not happen within {secs}s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    t0.elapsed()
-}
-
 fn metrics(n: &Node) -> String {
     get(n.d.port, "/metrics").unwrap().1
 }

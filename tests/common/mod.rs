@@ -151,6 +151,16 @@ impl Drop for Daemon {
     }
 }
 
+/// Polls `f` every 50 ms until it holds; fails the test after `secs`. Returns how long it took.
+pub fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(secs), "{what} did not happen within {secs}s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t0.elapsed()
+}
+
 /// Kills whatever runs in a cgroup tree and removes it, retrying while the processes die.
 pub fn remove_tree(cg: &CgroupPath) {
     let fs = CgroupFs::new(MOUNT, CgroupPath::root());
