@@ -173,6 +173,20 @@ pub struct ExitInfo {
     pub finished_at: Timestamp,
 }
 
+impl ExitInfo {
+    /// The kubelet's `ContainerStatusUnknown` (exit code 137) for a container whose end was not seen, with why.
+    pub fn unknown(message: impl Into<String>, started_at: Timestamp) -> Self {
+        Self {
+            exit_code: 137,
+            signal: None,
+            reason: "ContainerStatusUnknown".into(),
+            message: Some(message.into()),
+            started_at,
+            finished_at: Timestamp::now(),
+        }
+    }
+}
+
 /// The result of running a command in a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {

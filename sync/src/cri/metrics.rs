@@ -56,7 +56,7 @@ impl RuntimeMetrics {
 }
 
 /// The kubelet's `operation_type` of a CRI method.
-pub fn operation_type(rpc: &str) -> &'static str {
+fn operation_type(rpc: &str) -> &'static str {
     match rpc {
         "Version" => "version",
         "RunPodSandbox" => "run_podsandbox",

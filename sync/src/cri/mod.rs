@@ -18,9 +18,9 @@ use nodewarden_proto::v1::{
 };
 use tokio::sync::watch;
 
-pub use client::{CRI_API_VERSION, CriClient, CriError, socket_path};
+pub use client::{CRI_API_VERSION, CriClient, CriError};
 pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL};
-pub use metrics::{RuntimeMetrics, operation_type};
+pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
     ContainerSpec, ExecOutput, ExitInfo, PullPolicy, Runtime, RuntimeError, SIGKILL, SandboxSpec, Started, exit_reason,
@@ -115,11 +115,6 @@ impl CriRuntime {
         })
     }
 
-    /// The client (for the CLI and tests).
-    pub fn client(&self) -> &CriClient {
-        &self.client
-    }
-
     /// `Version`: checks that the runtime serves CRI `runtime.v1` and returns its name and version.
     pub async fn check_version(&self) -> Result<(String, String), VersionError> {
         let v = self.client.version().await;
@@ -181,7 +176,7 @@ impl CriRuntime {
         let states: HashMap<&str, ContainerState> = containers.iter().map(|c| (c.id.as_str(), c.state())).collect();
         let watched: Vec<String> = lock(&self.waiters).keys().cloned().collect();
         if check_sandboxes && !watched.is_empty() {
-            self.stop_orphaned_containers(&containers).await;
+            self.stop_orphaned_containers(&containers, &watched).await;
         }
         for id in watched {
             if let Some(ContainerState::ContainerRunning | ContainerState::ContainerCreated) = states.get(id.as_str()) {
@@ -196,7 +191,7 @@ impl CriRuntime {
 
     /// Stops the running containers of sandboxes that are no longer ready (their pause container died): as the
     /// kubelet does, the pod is then started again in a new sandbox (the restart finds the sandbox not ready).
-    async fn stop_orphaned_containers(&self, containers: &[nodewarden_proto::v1::Container]) {
+    async fn stop_orphaned_containers(&self, containers: &[nodewarden_proto::v1::Container], watched: &[String]) {
         let filter = PodSandboxFilter {
             state: Some(PodSandboxStateValue { state: PodSandboxState::SandboxNotready.into() }),
             label_selector: [(MANAGED_LABEL.to_owned(), "true".to_owned())].into(),
@@ -206,9 +201,8 @@ impl CriRuntime {
         if dead.is_empty() {
             return;
         }
-        let waiters = lock(&self.waiters).keys().cloned().collect::<BTreeSet<String>>();
         for c in containers.iter().filter(|c| c.state() == ContainerState::ContainerRunning) {
-            if waiters.contains(&c.id) && dead.iter().any(|s| s.id == c.pod_sandbox_id) {
+            if watched.contains(&c.id) && dead.iter().any(|s| s.id == c.pod_sandbox_id) {
                 tracing::warn!(container_id = %c.id, sandbox = %c.pod_sandbox_id, "the pod sandbox is not ready; stopping its container so the pod starts again in a new one");
                 self.spawn_stop(&c.id, Duration::ZERO);
             }
@@ -234,14 +228,10 @@ impl CriRuntime {
                     finished_at: timestamp(s.finished_at),
                 })
             }
-            Err(e) if e.is_not_found() => Some(ExitInfo {
-                exit_code: 137,
-                signal: None,
-                reason: "ContainerStatusUnknown".into(),
-                message: Some("The container could not be located when the pod was terminated".into()),
-                started_at: Timestamp::UNIX_EPOCH,
-                finished_at: Timestamp::now(),
-            }),
+            Err(e) if e.is_not_found() => Some(ExitInfo::unknown(
+                "The container could not be located when the pod was terminated",
+                Timestamp::UNIX_EPOCH,
+            )),
             Err(e) => {
                 tracing::debug!(container_id = %id, error = %e, "no container status yet");
                 None
@@ -521,14 +511,7 @@ impl Runtime for CriRuntime {
 
 /// The exit of a container whose watch ended without one (the runtime was dropped).
 fn unreachable_exit() -> ExitInfo {
-    ExitInfo {
-        exit_code: 137,
-        signal: None,
-        reason: "ContainerStatusUnknown".into(),
-        message: Some("the runtime stopped watching the container".into()),
-        started_at: Timestamp::UNIX_EPOCH,
-        finished_at: Timestamp::now(),
-    }
+    ExitInfo::unknown("the runtime stopped watching the container", Timestamp::UNIX_EPOCH)
 }
 
 #[cfg(test)]

@@ -254,14 +254,7 @@ impl Runtime for ProcessRuntime {
 
     async fn wait(&self, id: &str) -> ExitInfo {
         let rx = self.containers.lock().unwrap_or_else(PoisonError::into_inner).get(id).map(|e| e.exit.clone());
-        let unknown = || ExitInfo {
-            exit_code: 137,
-            signal: None,
-            reason: "ContainerStatusUnknown".into(),
-            message: Some(format!("container {id} is not known to the runtime")),
-            started_at: Timestamp::now(),
-            finished_at: Timestamp::now(),
-        };
+        let unknown = || ExitInfo::unknown(format!("container {id} is not known to the runtime"), Timestamp::now());
         let Some(mut rx) = rx else { return unknown() };
         match rx.wait_for(Option::is_some).await {
             Ok(v) => v.clone().unwrap_or_else(unknown),
