@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use nodewarden_proto::v1::ContainerState;
 use nodewarden_sync::cri::{CriClient, POD_NAME_LABEL};
 use serde_json::{Value, json};
 
@@ -79,8 +80,9 @@ fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
-fn state_name(s: &str) -> String {
-    s.trim_start_matches("Container").trim_start_matches("Sandbox").to_uppercase()
+/// `RUNNING`, `EXITED`, `READY`, `NOTREADY`: the protobuf name without its `CONTAINER_`/`SANDBOX_` prefix.
+fn state_name(proto_name: &str) -> &str {
+    proto_name.trim_start_matches("CONTAINER_").trim_start_matches("SANDBOX_")
 }
 
 /// The one ID among `ids` that `prefix` names.
@@ -139,14 +141,14 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
             ];
             let containers = client.list_containers(None).await?;
             let pods = client.list_pod_sandbox(None).await?;
-            for c in containers.iter().filter(|c| all || c.state().as_str_name() == "CONTAINER_RUNNING") {
+            for c in containers.iter().filter(|c| all || c.state() == ContainerState::ContainerRunning) {
                 let meta = c.metadata.clone().unwrap_or_default();
                 let pod = pods.iter().find(|p| p.id == c.pod_sandbox_id);
                 rows.push(vec![
                     short(&c.id).to_owned(),
                     c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
                     ago(c.created_at),
-                    state_name(&format!("{:?}", c.state())),
+                    state_name(c.state().as_str_name()).to_owned(),
                     meta.name,
                     meta.attempt.to_string(),
                     short(&c.pod_sandbox_id).to_owned(),
@@ -163,7 +165,7 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
                 rows.push(vec![
                     short(&p.id).to_owned(),
                     ago(p.created_at),
-                    state_name(&format!("{:?}", p.state())),
+                    state_name(p.state().as_str_name()).to_owned(),
                     meta.name,
                     meta.namespace,
                     meta.attempt.to_string(),
@@ -196,7 +198,7 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
                 json!({
                     "status": {
                         "id": s.id, "name": meta.name, "attempt": meta.attempt,
-                        "state": state_name(&format!("{:?}", s.state())),
+                        "state": state_name(s.state().as_str_name()).to_owned(),
                         "createdAt": s.created_at, "startedAt": s.started_at, "finishedAt": s.finished_at,
                         "exitCode": s.exit_code, "reason": s.reason, "message": s.message,
                         "image": s.image.map(|i| i.image), "imageRef": s.image_ref, "logPath": s.log_path,
@@ -212,7 +214,7 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
                 json!({
                     "status": {
                         "id": s.id, "name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
-                        "attempt": meta.attempt, "state": state_name(&format!("{:?}", s.state())),
+                        "attempt": meta.attempt, "state": state_name(s.state().as_str_name()).to_owned(),
                         "createdAt": s.created_at, "ip": s.network.map(|n| n.ip),
                         "labels": s.labels, "annotations": s.annotations,
                     },
@@ -261,6 +263,14 @@ mod tests {
                     2026-11-30T13:00:00.4Z stdout F \n\
                     not a cri line\n";
         assert_eq!(cri_log_messages(text), ["hello", "partial", "", "not a cri line"]);
+    }
+
+    #[test]
+    fn states_are_shown_as_crictl_shows_them() {
+        assert_eq!(state_name(ContainerState::ContainerRunning.as_str_name()), "RUNNING");
+        assert_eq!(state_name(ContainerState::ContainerExited.as_str_name()), "EXITED");
+        let notready = nodewarden_proto::v1::PodSandboxState::SandboxNotready;
+        assert_eq!(state_name(notready.as_str_name()), "NOTREADY");
     }
 
     #[test]

@@ -141,7 +141,7 @@ async fn select_runtime(
         Err(e) if e.is_transient() => {
             tracing::error!(error = %e, "the CRI runtime does not answer; pods wait until it does")
         }
-        Err(e) => return Err(anyhow::anyhow!("{e}").into()),
+        Err(e) => return Err(anyhow::Error::new(e).into()),
     }
     tasks.push(tokio::spawn(cri.clone().monitor(drain.clone())));
     Ok(SelectedRuntime::Cri(cri))
