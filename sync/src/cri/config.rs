@@ -59,12 +59,20 @@ fn namespaces(spec: &SandboxSpec) -> NamespaceOption {
     }
 }
 
+/// The labels that identify a pod's sandbox and containers: the kubelet's, and nodewarden's mark.
+fn kubelet_labels(spec: &SandboxSpec) -> HashMap<String, String> {
+    HashMap::from([
+        (POD_NAME_LABEL.to_owned(), spec.name.clone()),
+        (POD_NAMESPACE_LABEL.to_owned(), spec.namespace.clone()),
+        (POD_UID_LABEL.to_owned(), spec.pod_uid.clone()),
+        (MANAGED_LABEL.to_owned(), "true".to_owned()),
+    ])
+}
+
+/// The sandbox's labels: the pod's own, then [`kubelet_labels`] (which win).
 fn pod_labels(spec: &SandboxSpec) -> HashMap<String, String> {
     let mut labels: HashMap<String, String> = spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    labels.insert(POD_NAME_LABEL.into(), spec.name.clone());
-    labels.insert(POD_NAMESPACE_LABEL.into(), spec.namespace.clone());
-    labels.insert(POD_UID_LABEL.into(), spec.pod_uid.clone());
-    labels.insert(MANAGED_LABEL.into(), "true".into());
+    labels.extend(kubelet_labels(spec));
     labels
 }
 
@@ -101,8 +109,7 @@ pub fn container_config(spec: &ContainerSpec, pod: &SandboxSpec) -> ContainerCon
         .log_path
         .strip_prefix(&pod.log_directory)
         .map_or_else(|_| format!("{}/{}.log", spec.name, spec.attempt), |p| p.to_string_lossy().into_owned());
-    let mut labels = pod_labels(pod);
-    labels.retain(|k, _| k.starts_with("io.kubernetes.") || k == MANAGED_LABEL);
+    let mut labels = kubelet_labels(pod);
     labels.insert(CONTAINER_NAME_LABEL.into(), spec.name.clone());
     let id = |v: Option<u32>| v.map(|v| Int64Value { value: i64::from(v) });
     ContainerConfig {
