@@ -84,7 +84,6 @@ fn eviction_settings(c: &Config) -> EvictionSettings {
         thresholds: c.thresholds.clone(),
         transition_period: c.pressure_transition_period,
         max_pod_grace_period: Duration::from_secs(u64::from(c.max_pod_grace_period)),
-        static_pods_critical: c.static_pods_critical,
         poll_min: c.eviction_poll_min,
         poll_max: c.housekeeping_interval,
     }

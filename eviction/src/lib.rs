@@ -20,8 +20,9 @@ pub use manager::{
     grace_period, next_poll, select,
 };
 pub use metrics::EvictionMetrics;
+pub use nodewarden_resources::Condition;
 pub use observe::{SignalObservation, signal_observations};
-pub use pressure::{Breach, Condition, Evaluation, PressureState};
+pub use pressure::{Breach, Evaluation, PressureState};
 pub use rank::{Candidate, rank};
 pub use signal::Signal;
 pub use status::{EvictionRecord, EvictionStatus, HISTORY, Ranked};

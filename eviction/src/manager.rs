@@ -11,17 +11,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use nodewarden_resources::{
-    CgroupError, NodePressure, Observations, PodResources, ResourceManager, is_critical, parse_non_negative,
-    pod_priority,
-};
+use nodewarden_resources::{CgroupError, Condition, NodePressure, Observations, ResourceManager};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::metrics::EvictionMetrics;
 use crate::observe::{SignalObservation, signal_observations};
-use crate::pressure::{Breach, Condition, Evaluation, PressureState};
+use crate::pressure::{Breach, Evaluation, PressureState};
 use crate::rank::{Candidate, rank};
 use crate::signal::Signal;
 use crate::status::{EvictionRecord, EvictionStatus, Ranked};
@@ -43,19 +39,25 @@ pub struct EvictionSettings {
     pub transition_period: Duration,
     /// `evictionMaxPodGracePeriod`.
     pub max_pod_grace_period: Duration,
-    /// Every static pod is critical (the kubelet's rule).
-    pub static_pods_critical: bool,
     /// The shortest poll period, used when headroom is nearly gone.
     pub poll_min: Duration,
     /// The longest poll period, used when headroom is ample.
     pub poll_max: Duration,
 }
 
-/// Carries out evictions; pod sync implements it.
-pub trait Evictor: Send + Sync + 'static {
-    /// The pods that run now and are not terminating.
-    fn pods(&self) -> Vec<Pod>;
+/// How long a victim has to confirm SIGTERM beyond its grace period (preStop hooks run first) before the
+/// eviction counts as failed and the victim is skipped.
+pub const SIGTERM_SLACK: Duration = Duration::from_secs(5);
 
+/// The first back-off of a victim whose eviction failed; it doubles on each failure up to [`MAX_VICTIM_BACKOFF`].
+pub const VICTIM_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The longest a victim whose evictions keep failing is skipped.
+pub const MAX_VICTIM_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger
+/// ([`ResourceManager::eviction_candidates`]).
+pub trait Evictor: Send + Sync + 'static {
     /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
     fn disk_usage(&self, uid: &str) -> u64;
 
@@ -91,6 +93,25 @@ struct InFlight {
     until: Instant,
 }
 
+/// A victim whose eviction failed: skipped until `until`.
+struct Failed {
+    until: Instant,
+    backoff: Duration,
+}
+
+/// What an eviction task reports about its victim.
+type Report = (String, Outcome);
+
+/// How an eviction went.
+enum Outcome {
+    /// SIGTERM was sent; the pod still counts as pending until it has terminated.
+    Signalled,
+    /// The pod has terminated.
+    Terminated,
+    /// The pod could not be evicted.
+    Failed,
+}
+
 /// The eviction loop and its state.
 pub struct EvictionManager<E: Evictor> {
     resources: Arc<Mutex<ResourceManager>>,
@@ -102,7 +123,8 @@ pub struct EvictionManager<E: Evictor> {
     state: PressureState,
     pressure: NodePressure,
     in_flight: HashMap<String, InFlight>,
-    done: (mpsc::UnboundedSender<String>, mpsc::UnboundedReceiver<String>),
+    failed: HashMap<String, Failed>,
+    done: (mpsc::UnboundedSender<Report>, mpsc::UnboundedReceiver<Report>),
     warned_no_candidates: bool,
     /// The last pass that read everything (PSI too) and told the observer.
     last_full: Option<Instant>,
@@ -161,8 +183,8 @@ pub fn select(signal: Signal, ranked: &[Candidate], needed: u64) -> Vec<Candidat
 
 /// The grace period for an eviction: [`HARD_EVICTION_GRACE`] for hard thresholds, else the pod's own capped at
 /// `evictionMaxPodGracePeriod`.
-pub fn grace_period(hard: bool, pod_grace_seconds: u64, max_pod_grace: Duration) -> Duration {
-    if hard { HARD_EVICTION_GRACE } else { Duration::from_secs(pod_grace_seconds).min(max_pod_grace) }
+pub fn grace_period(hard: bool, pod_grace: Duration, max_pod_grace: Duration) -> Duration {
+    if hard { HARD_EVICTION_GRACE } else { pod_grace.min(max_pod_grace) }
 }
 
 fn resource_name(signal: Signal) -> &'static str {
@@ -196,62 +218,33 @@ pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
     )
 }
 
-/// The pod's ephemeral-storage request: the sum over app containers, or the largest init container's if larger.
-fn ephemeral_request(pod: &Pod) -> u64 {
-    let Some(spec) = pod.spec.as_ref() else { return 0 };
-    let req = |c: &k8s_openapi::api::core::v1::Container| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("ephemeral-storage"))
-            .and_then(|q| parse_non_negative(&q.0).ok())
-            .unwrap_or(0)
-    };
-    let apps: u64 = spec.containers.iter().map(req).sum();
-    let init = spec.init_containers.iter().flatten().map(req).max().unwrap_or(0);
-    apps.max(init)
-}
-
-/// The pods that may be evicted for `signal`, with their usage; pods in `skip` (already being evicted) and pods
-/// whose cgroup vanished meanwhile are left out. Reads files, so it runs off the async threads.
+/// The pods that may be evicted for `signal`, with their usage, from the ledger; pods in `skip` (already being
+/// evicted, or backing off after a failed eviction) are left out. Reads files, so it runs off the async threads.
 fn candidates<E: Evictor>(
     resources: &Mutex<ResourceManager>,
     evictor: &E,
     signal: Signal,
     skip: &HashSet<String>,
-    static_critical: bool,
 ) -> Vec<Candidate> {
-    let pods = evictor.pods();
-    let usage: HashMap<String, (u64, u64)> = {
-        let m = resources.lock().unwrap_or_else(PoisonError::into_inner);
-        m.pod_usage().into_iter().map(|u| (u.uid, (u.memory_working_set, u.pids))).collect()
-    };
-    let disk = Condition::of(signal) == Condition::DiskPressure;
-    pods.iter()
-        .filter_map(|pod| {
-            let uid = pod.metadata.uid.clone()?;
-            if skip.contains(&uid) {
-                return None;
+    let found = resources.lock().unwrap_or_else(PoisonError::into_inner).eviction_candidates();
+    let disk = signal.condition() == Condition::DiskPressure;
+    found
+        .into_iter()
+        .filter(|c| !skip.contains(&c.placement.uid))
+        .map(|c| {
+            let p = c.placement;
+            Candidate {
+                disk_usage: if disk { evictor.disk_usage(&p.uid) } else { 0 },
+                name: p.pod,
+                priority: p.priority,
+                critical: c.critical,
+                memory_request: p.memory_request,
+                memory_usage: c.usage.memory_working_set,
+                disk_request: p.ephemeral_request,
+                pids: c.usage.pids,
+                grace: p.grace_period,
+                uid: p.uid,
             }
-            let (memory_usage, pids) = *usage.get(&uid)?;
-            let memory_request = PodResources::from_pod(pod).map(|r| r.memory_request()).unwrap_or(0);
-            let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
-            Some(Candidate {
-                name: format!(
-                    "{}/{}",
-                    pod.metadata.namespace.as_deref().unwrap_or("default"),
-                    pod.metadata.name.as_deref().unwrap_or_default()
-                ),
-                priority: pod_priority(pod),
-                critical: is_critical(pod, static_critical),
-                memory_request,
-                memory_usage,
-                disk_request: ephemeral_request(pod),
-                disk_usage: if disk { evictor.disk_usage(&uid) } else { 0 },
-                pids,
-                grace_seconds: u64::try_from(grace).unwrap_or(0),
-                uid,
-            })
         })
         .collect()
 }
@@ -275,6 +268,7 @@ impl<E: Evictor> EvictionManager<E> {
             state: PressureState::default(),
             pressure: NodePressure::default(),
             in_flight: HashMap::new(),
+            failed: HashMap::new(),
             done: mpsc::unbounded_channel(),
             warned_no_candidates: false,
             last_full: None,
@@ -299,8 +293,12 @@ impl<E: Evictor> EvictionManager<E> {
                     self.last_full = None;
                     Wake::Config
                 }
-                Some(uid) = self.done.1.recv() => {
-                    self.in_flight.remove(&uid);
+                Some((uid, outcome)) = self.done.1.recv() => {
+                    let wake = !matches!(outcome, Outcome::Signalled);
+                    self.finished(uid, outcome);
+                    if !wake {
+                        continue;
+                    }
                     Wake::Evicted
                 }
                 _ = drain.wait_for(|d| *d) => return,
@@ -372,6 +370,25 @@ impl<E: Evictor> EvictionManager<E> {
         period
     }
 
+    /// News from an eviction task: a victim that has terminated no longer counts as pending; one that could not be
+    /// evicted is skipped, with a back-off, so that the next candidate is taken.
+    fn finished(&mut self, uid: String, outcome: Outcome) {
+        match outcome {
+            Outcome::Signalled => {
+                self.failed.remove(&uid);
+            }
+            Outcome::Terminated => {
+                self.in_flight.remove(&uid);
+            }
+            Outcome::Failed => {
+                self.in_flight.remove(&uid);
+                let backoff = self.failed.get(&uid).map_or(VICTIM_BACKOFF, |f| (f.backoff * 2).min(MAX_VICTIM_BACKOFF));
+                tracing::warn!(pod_uid = %uid, backoff_seconds = backoff.as_secs(), "skipping a pod that could not be evicted");
+                self.failed.insert(uid, Failed { until: Instant::now() + backoff, backoff });
+            }
+        }
+    }
+
     async fn set_pressure(&mut self, p: NodePressure) {
         if p == self.pressure {
             return;
@@ -384,16 +401,14 @@ impl<E: Evictor> EvictionManager<E> {
         if let Err(e) = tokio::task::spawn_blocking(set).await {
             tracing::error!(error = %e, "cannot pass the node conditions to admission");
         }
-        for (c, on) in
-            [(Condition::MemoryPressure, p.memory), (Condition::DiskPressure, p.disk), (Condition::PidPressure, p.pid)]
-        {
-            self.metrics.conditions.with_label_values(&[c.as_str()]).set(i64::from(on));
+        for c in Condition::ALL {
+            self.metrics.conditions.with_label_values(&[c.as_str()]).set(i64::from(p.contains(c)));
         }
     }
 
     async fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) {
         let signal = breach.threshold.signal;
-        let condition = Condition::of(signal);
+        let condition = signal.condition();
         let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
         let any_pending = self.in_flight.values().any(|f| f.condition == condition);
         let needed = breach.deficit().saturating_sub(pending);
@@ -401,12 +416,14 @@ impl<E: Evictor> EvictionManager<E> {
             return;
         }
         let (resources, evictor) = (self.resources.clone(), self.evictor.clone());
-        let skip: HashSet<String> = self.in_flight.keys().cloned().collect();
-        let critical = settings.static_pods_critical;
-        let found =
-            tokio::task::spawn_blocking(move || candidates(&resources, evictor.as_ref(), signal, &skip, critical))
-                .await
-                .unwrap_or_default();
+        let now = Instant::now();
+        // A failure is remembered (so the next back-off is longer) until it has been over for the longest back-off.
+        self.failed.retain(|_, f| f.until + MAX_VICTIM_BACKOFF > now);
+        let backing_off = self.failed.iter().filter(|(_, f)| f.until > now).map(|(uid, _)| uid);
+        let skip: HashSet<String> = self.in_flight.keys().chain(backing_off).cloned().collect();
+        let found = tokio::task::spawn_blocking(move || candidates(&resources, evictor.as_ref(), signal, &skip))
+            .await
+            .unwrap_or_default();
         let ranked = rank(signal, &found);
         if ranked.is_empty() {
             if !self.warned_no_candidates && !any_pending {
@@ -425,7 +442,7 @@ impl<E: Evictor> EvictionManager<E> {
             })
             .collect();
         for victim in select(signal, &ranked, needed) {
-            let grace = grace_period(breach.hard, victim.grace_seconds, settings.max_pod_grace_period);
+            let grace = grace_period(breach.hard, victim.grace, settings.max_pod_grace_period);
             let message = eviction_message(breach, &victim);
             let reclaims = victim.reclaims(signal);
             tracing::warn!(
@@ -469,20 +486,28 @@ impl<E: Evictor> EvictionManager<E> {
             let latency = self.metrics.latency.with_label_values(&[signal.as_str()]);
             let done = self.done.0.clone();
             tokio::spawn(async move {
-                match evictor.evict(&victim.uid, grace, message).await {
+                let signalled = tokio::time::timeout(grace + SIGTERM_SLACK, evictor.evict(&victim.uid, grace, message));
+                let result = match signalled.await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("SIGTERM was not sent within {}s", (grace + SIGTERM_SLACK).as_secs())),
+                };
+                let outcome = match result {
                     Ok(terminated) => {
                         let l = observed_at.elapsed().as_secs_f64();
                         latency.observe(l);
                         status.update(id, |r| r.sigterm_latency_seconds = Some(l));
+                        let _ = done.send((victim.uid.clone(), Outcome::Signalled));
                         let _ = terminated.await;
                         status.update(id, |r| r.completed = true);
+                        Outcome::Terminated
                     }
                     Err(e) => {
                         tracing::warn!(pod = %victim.name, error = %e, "eviction failed");
                         status.update(id, |r| r.error = Some(e));
+                        Outcome::Failed
                     }
-                }
-                let _ = done.send(victim.uid);
+                };
+                let _ = done.send((victim.uid, outcome));
             });
         }
     }

@@ -3,8 +3,8 @@
 
 use prometheus::{Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use crate::pressure::Condition;
 use crate::signal::Signal;
+use nodewarden_resources::Condition;
 
 /// The metrics the eviction loop updates.
 #[derive(Debug, Clone)]

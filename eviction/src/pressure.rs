@@ -10,49 +10,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use nodewarden_resources::NodePressure;
+use nodewarden_resources::{Condition, NodePressure};
 use tokio::time::Instant;
 
 use crate::observe::SignalObservation;
 use crate::signal::Signal;
 use crate::threshold::{Threshold, Thresholds};
-
-/// The node condition a signal raises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-pub enum Condition {
-    /// From `memory.available` and `allocatableMemory.available`.
-    MemoryPressure,
-    /// From the `nodefs.*` and `imagefs.*` signals.
-    DiskPressure,
-    /// From `pid.available`.
-    PidPressure,
-}
-
-impl Condition {
-    /// Every condition.
-    pub const ALL: [Condition; 3] = [Condition::MemoryPressure, Condition::DiskPressure, Condition::PidPressure];
-
-    /// The Kubernetes name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Condition::MemoryPressure => "MemoryPressure",
-            Condition::DiskPressure => "DiskPressure",
-            Condition::PidPressure => "PIDPressure",
-        }
-    }
-
-    /// The condition of a signal.
-    pub fn of(signal: Signal) -> Self {
-        match signal {
-            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Condition::MemoryPressure,
-            Signal::NodeFsAvailable
-            | Signal::NodeFsInodesFree
-            | Signal::ImageFsAvailable
-            | Signal::ImageFsInodesFree => Condition::DiskPressure,
-            Signal::PidAvailable => Condition::PidPressure,
-        }
-    }
-}
 
 /// A threshold that is met, with what was observed.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -106,7 +69,7 @@ pub struct PressureState {
 }
 
 fn order(signal: Signal) -> u8 {
-    match Condition::of(signal) {
+    match signal.condition() {
         Condition::MemoryPressure => 0,
         Condition::DiskPressure => 1,
         Condition::PidPressure => 2,
@@ -139,7 +102,7 @@ impl PressureState {
             let since = *self.first_met.entry(key).or_insert(now);
             let met_for = now.saturating_duration_since(since);
             let breach = Breach { threshold: *t, hard, observed: obs.available, value, target, met_for };
-            self.last_observed.insert(Condition::of(t.signal), now);
+            self.last_observed.insert(t.signal.condition(), now);
             if met_for >= t.grace_period {
                 out.act.push(breach.clone());
             }
@@ -153,11 +116,7 @@ impl PressureState {
                 age.is_zero() || age < transition_period
             })
         };
-        out.pressure = NodePressure {
-            memory: on(Condition::MemoryPressure),
-            disk: on(Condition::DiskPressure),
-            pid: on(Condition::PidPressure),
-        };
+        out.pressure = NodePressure::of(Condition::ALL.into_iter().filter(|c| on(*c)));
         out
     }
 }
@@ -194,7 +153,7 @@ mod tests {
         let e = s.evaluate(Instant::now(), &t, &mem(90 * MIB), p);
         assert_eq!(e.act.len(), 1);
         assert_eq!((e.act[0].value, e.act[0].target, e.act[0].deficit()), (100 * MIB, 150 * MIB, 60 * MIB));
-        assert!(e.pressure.memory);
+        assert!(e.pressure.contains(Condition::MemoryPressure));
         // Above the threshold but below threshold + minimum reclaim: still met.
         assert_eq!(s.evaluate(Instant::now(), &t, &mem(120 * MIB), p).act.len(), 1);
         // Above the target: no longer met; a fresh dip below threshold + reclaim does not count until below.
@@ -211,7 +170,7 @@ mod tests {
         let mut s = PressureState::default();
         let p = Duration::from_secs(30);
         let e = s.evaluate(Instant::now(), &t, &mem(400 * MIB), p);
-        assert_eq!((e.met.len(), e.act.len(), e.pressure.memory), (1, 0, true));
+        assert_eq!((e.met.len(), e.act.len(), e.pressure.contains(Condition::MemoryPressure)), (1, 0, true));
         tokio::time::advance(Duration::from_secs(89)).await;
         assert!(s.evaluate(Instant::now(), &t, &mem(400 * MIB), p).act.is_empty());
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -231,19 +190,22 @@ mod tests {
             |available| BTreeMap::from([(Signal::PidAvailable, SignalObservation { available, capacity: 1000 })]);
         let mut s = PressureState::default();
         let p = Duration::from_secs(5);
-        assert!(s.evaluate(Instant::now(), &t, &pids(50), p).pressure.pid);
+        assert!(s.evaluate(Instant::now(), &t, &pids(50), p).pressure.contains(Condition::PidPressure));
         tokio::time::advance(Duration::from_secs(1)).await;
         let e = s.evaluate(Instant::now(), &t, &pids(500), p);
-        assert!(e.act.is_empty() && e.pressure.pid, "recovered, but within the transition period");
+        assert!(
+            e.act.is_empty() && e.pressure.contains(Condition::PidPressure),
+            "recovered, but within the transition period"
+        );
         tokio::time::advance(Duration::from_millis(3_999)).await;
-        assert!(s.evaluate(Instant::now(), &t, &pids(500), p).pressure.pid);
+        assert!(s.evaluate(Instant::now(), &t, &pids(500), p).pressure.contains(Condition::PidPressure));
         tokio::time::advance(Duration::from_millis(1)).await;
         let e = s.evaluate(Instant::now(), &t, &pids(500), p);
         assert_eq!(e.pressure, NodePressure::default());
         // A new breach within the period extends it.
         s.evaluate(Instant::now(), &t, &pids(10), p);
         tokio::time::advance(Duration::from_secs(4)).await;
-        assert!(s.evaluate(Instant::now(), &t, &pids(500), p).pressure.pid);
+        assert!(s.evaluate(Instant::now(), &t, &pids(500), p).pressure.contains(Condition::PidPressure));
     }
 
     #[tokio::test(start_paused = true)]
@@ -263,6 +225,6 @@ mod tests {
         let e = PressureState::default().evaluate(Instant::now(), &t, &signals, Duration::ZERO);
         let order: Vec<Signal> = e.act.iter().map(|b| b.threshold.signal).collect();
         assert_eq!(order, [Signal::MemoryAvailable, Signal::NodeFsAvailable, Signal::PidAvailable]);
-        assert_eq!(e.pressure, NodePressure { memory: true, disk: true, pid: true });
+        assert_eq!(e.pressure, NodePressure::of(Condition::ALL));
     }
 }

@@ -8,8 +8,8 @@
 
 use std::cmp::Ordering;
 
-use crate::pressure::Condition;
 use crate::signal::Signal;
+use nodewarden_resources::Condition;
 
 /// A pod the eviction manager may choose, with what ranking needs.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -32,14 +32,14 @@ pub struct Candidate {
     pub disk_usage: u64,
     /// Processes and threads in the pod cgroup.
     pub pids: u64,
-    /// The pod's own `terminationGracePeriodSeconds`.
-    pub grace_seconds: u64,
+    /// The pod's own termination grace period.
+    pub grace: std::time::Duration,
 }
 
 impl Candidate {
     /// The usage ranking compares for a signal and the matching request (bytes, or processes and 0).
     pub fn usage(&self, signal: Signal) -> (u64, u64) {
-        match Condition::of(signal) {
+        match signal.condition() {
             Condition::MemoryPressure => (self.memory_usage, self.memory_request),
             Condition::DiskPressure => (self.disk_usage, self.disk_request),
             Condition::PidPressure => (self.pids, 0),
@@ -66,7 +66,7 @@ fn by_usage(a: (u64, u64, i32), b: (u64, u64, i32)) -> Ordering {
 pub fn rank(signal: Signal, pods: &[Candidate]) -> Vec<Candidate> {
     let mut out: Vec<Candidate> = pods.iter().filter(|p| !p.critical).cloned().collect();
     out.sort_by(|a, b| {
-        let primary = match Condition::of(signal) {
+        let primary = match signal.condition() {
             Condition::MemoryPressure | Condition::DiskPressure => {
                 let ((ua, ra), (ub, rb)) = (a.usage(signal), b.usage(signal));
                 by_usage((ua, ra, a.priority), (ub, rb, b.priority))
@@ -95,7 +95,7 @@ mod tests {
             disk_request: request,
             disk_usage: usage,
             pids,
-            grace_seconds: 30,
+            grace: std::time::Duration::from_secs(30),
         }
     }
 

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use nodewarden_resources::Condition;
+
 /// An eviction signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Signal {
@@ -44,6 +46,18 @@ impl Signal {
             Signal::ImageFsAvailable => "imagefs.available",
             Signal::ImageFsInodesFree => "imagefs.inodesFree",
             Signal::PidAvailable => "pid.available",
+        }
+    }
+
+    /// The node condition the signal raises.
+    pub fn condition(self) -> Condition {
+        match self {
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Condition::MemoryPressure,
+            Signal::NodeFsAvailable
+            | Signal::NodeFsInodesFree
+            | Signal::ImageFsAvailable
+            | Signal::ImageFsInodesFree => Condition::DiskPressure,
+            Signal::PidAvailable => Condition::PidPressure,
         }
     }
 }

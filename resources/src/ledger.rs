@@ -2,6 +2,7 @@
 //! release, and adoption of the pods whose cgroups exist when nodewarden starts.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -12,7 +13,8 @@ use crate::error::{CgroupError, NameError};
 use crate::limits::{self, CgroupLimits, LimitSettings};
 use crate::names::validate_pod_uid;
 use crate::observe::{self, Observations, PodUsage};
-use crate::priority::{NodePressure, is_critical};
+use crate::pressure::NodePressure;
+use crate::priority::{is_critical, is_static_pod, pod_priority};
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::tree::{self, Tree};
 
@@ -109,9 +111,38 @@ pub struct Placement {
     pub cpu_request: u64,
     /// The pod's memory request in bytes.
     pub memory_request: u64,
+    /// The pod's ephemeral-storage request in bytes, which disk eviction ranks by.
+    pub ephemeral_request: u64,
+    /// `spec.priority`.
+    pub priority: i32,
+    /// Critical by its priority or priority class alone (see [`is_critical`]).
+    pub priority_critical: bool,
+    /// A static pod (from a manifest file), critical too under the kubelet's rule.
+    pub is_static: bool,
+    /// The termination grace period of the pod's spec.
+    pub grace_period: Duration,
     /// True when rebuilt from an existing cgroup at start and not yet placed again from a spec. Its requests are
-    /// inferred from `cpu.weight` and `memory.min`.
+    /// inferred from `cpu.weight` and `memory.min`; its priority and grace period are the defaults.
     pub adopted: bool,
+}
+
+impl Placement {
+    /// Whether the pod is critical (never evicted, admitted under any pressure): by its priority, or as a static
+    /// pod when `static_pods_critical` restores the kubelet's rule.
+    pub fn is_critical(&self, static_pods_critical: bool) -> bool {
+        self.priority_critical || (static_pods_critical && self.is_static)
+    }
+}
+
+/// A placed pod that may be evicted, with its usage when it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictionCandidate {
+    /// The placement.
+    pub placement: Placement,
+    /// Its usage.
+    pub usage: PodUsage,
+    /// Critical under the configuration in force.
+    pub critical: bool,
 }
 
 /// Why a pod was not admitted. `reason()` gives the kubelet's reason string.
@@ -420,17 +451,18 @@ impl ResourceManager {
             .map_err(|e| cg_err(e.into()))?;
         let placement = Placement {
             uid: uid.clone(),
-            pod: format!(
-                "{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or("default"),
-                pod.metadata.name.as_deref().unwrap_or_default()
-            ),
+            pod: crate::pod::full_name(pod),
             qos,
             limits: limits::pod_limits(&res, qos, &s),
             cgroup,
             containers,
             cpu_request: res.cpu_request(),
             memory_request: res.memory_request(),
+            ephemeral_request: res.ephemeral_storage_request(),
+            priority: pod_priority(pod),
+            priority_critical: is_critical(pod, false),
+            is_static: is_static_pod(pod),
+            grace_period: crate::pod::grace_period(pod),
             adopted: false,
         };
         let mut created = Vec::new();
@@ -593,6 +625,11 @@ impl ResourceManager {
             containers,
             cpu_request,
             memory_request,
+            ephemeral_request: 0,
+            priority: 0,
+            priority_critical: false,
+            is_static: false,
+            grace_period: crate::pod::DEFAULT_GRACE_PERIOD,
             adopted: true,
         })
     }
@@ -607,16 +644,33 @@ impl ResourceManager {
         observe::observe_signals(&self.host, &self.fs, &self.tree.kubepods)
     }
 
-    /// Reads every placed pod's usage, for ranking. A pod whose cgroup vanished meanwhile is skipped.
+    /// Reads every placed pod's usage. A pod whose cgroup vanished meanwhile is skipped.
     pub fn pod_usage(&self) -> Vec<PodUsage> {
+        self.pods.values().filter_map(|p| self.usage_of(p)).collect()
+    }
+
+    fn usage_of(&self, p: &Placement) -> Option<PodUsage> {
+        match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage");
+                None
+            }
+        }
+    }
+
+    /// What eviction ranks: every pod placed from a spec that is not being terminated, with its usage and its
+    /// criticality under the configuration in force. Pods whose cgroup vanished meanwhile are left out.
+    pub fn eviction_candidates(&self) -> Vec<EvictionCandidate> {
         self.pods
             .values()
-            .filter_map(|p| match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
-                Ok(u) => Some(u),
-                Err(e) => {
-                    tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage");
-                    None
-                }
+            .filter(|p| !p.adopted && !self.terminating.contains(&p.uid))
+            .filter_map(|p| {
+                Some(EvictionCandidate {
+                    usage: self.usage_of(p)?,
+                    critical: p.is_critical(self.config.static_pods_critical),
+                    placement: p.clone(),
+                })
             })
             .collect()
     }

@@ -23,6 +23,8 @@ mod limits;
 mod names;
 mod observe;
 mod parse;
+pub mod pod;
+mod pressure;
 mod priority;
 mod qos;
 mod quantity;
@@ -45,9 +47,8 @@ pub use parse::{
     CpuMax, Limit, Meminfo, NestedKeyed, Psi, PsiLine, parse_cpu_list_count, parse_cpu_max, parse_flat_keyed,
     parse_limit, parse_loadavg_threads, parse_meminfo, parse_nested_keyed, parse_psi, parse_u64,
 };
-pub use priority::{
-    CONFIG_SOURCE_ANNOTATION, NodePressure, SYSTEM_CRITICAL_PRIORITY, is_critical, is_static_pod, pod_priority,
-};
+pub use pressure::{Condition, NodePressure};
+pub use priority::{CONFIG_SOURCE_ANNOTATION, SYSTEM_CRITICAL_PRIORITY, is_critical, is_static_pod, pod_priority};
 pub use qos::{
     BEST_EFFORT_OOM_SCORE_ADJ, ContainerResources, DEFAULT_CFS_PERIOD_US, GUARANTEED_OOM_SCORE_ADJ, PodResources,
     PodSpecError, QosClass, cpu_quota, cpu_shares, memory_high, oom_score_adj, shares_to_weight,

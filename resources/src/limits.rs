@@ -45,8 +45,9 @@ fn quota(millis: Option<u64>, s: &LimitSettings) -> CpuMax {
     CpuMax { quota, period: s.cpu_cfs_period_us }
 }
 
+/// A limit in bytes or a count; a total that saturated at `u64::MAX` is no limit at all.
 fn limit(v: Option<u64>) -> Limit {
-    v.map_or(Limit::Max, Limit::Value)
+    v.filter(|v| *v != u64::MAX).map_or(Limit::Max, Limit::Value)
 }
 
 /// The pod-level cgroup's values (the kubelet's pod resource config).
@@ -108,7 +109,24 @@ mod tests {
             cpu_limit: cpu.1,
             memory_request: mem.0,
             memory_limit: mem.1,
+            ephemeral_storage_request: None,
         }
+    }
+
+    #[test]
+    fn memory_limits_whose_sum_overflows_are_no_limit_not_zero() {
+        let huge = Some(1u64 << 63);
+        let r = PodResources {
+            app: vec![cr("a", (None, None), (huge, huge)), cr("b", (None, None), (huge, huge))],
+            ..PodResources::default()
+        };
+        assert_eq!(r.memory_limit(), Some(u64::MAX));
+        assert_eq!(r.memory_request(), u64::MAX);
+        let p = pod_limits(&r, r.qos_class(), &settings());
+        assert_eq!(p.memory_max, Limit::Max);
+        assert_eq!(p.memory_min, Some(u64::MAX));
+        // One container's own limit is still written as given.
+        assert_eq!(container_limits(&r.app[0], r.qos_class(), &settings()).memory_max, Limit::Value(1 << 63));
     }
 
     #[test]

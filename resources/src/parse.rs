@@ -207,6 +207,15 @@ pub fn parse_meminfo(text: &str) -> Result<Meminfo, String> {
 /// Parses a CPU list such as `/sys/devices/system/cpu/online` or `cpuset.cpus.effective` (`0-3,8,10-11`) and
 /// returns the number of CPUs in it.
 pub fn parse_cpu_list_count(text: &str) -> Result<u64, String> {
+    // No kernel numbers CPUs this high (`CONFIG_NR_CPUS` is at most 8192): a larger ID is not a CPU list.
+    const MAX_CPU_ID: u64 = 1 << 20;
+    let cpu_id = |s: &str| {
+        let id = parse_u64(s)?;
+        if id > MAX_CPU_ID {
+            return Err(format!("CPU {id} is beyond any kernel's CPU count"));
+        }
+        Ok(id)
+    };
     let t = text.trim();
     if t.is_empty() {
         return Ok(0);
@@ -215,14 +224,14 @@ pub fn parse_cpu_list_count(text: &str) -> Result<u64, String> {
     for part in t.split(',') {
         let n = match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b) = (parse_u64(a)?, parse_u64(b)?);
+                let (a, b) = (cpu_id(a)?, cpu_id(b)?);
                 if b < a {
                     return Err(format!("descending CPU range {part:?}"));
                 }
                 b - a + 1
             }
             None => {
-                parse_u64(part)?;
+                cpu_id(part)?;
                 1
             }
         };
@@ -300,6 +309,10 @@ mod tests {
         assert_eq!(parse_cpu_list_count("\n"), Ok(0));
         assert!(parse_cpu_list_count("3-1").is_err());
         assert!(parse_cpu_list_count("a").is_err());
+        // A range whose count overflows u64 is refused, not a panic or a wrapped count.
+        assert!(parse_cpu_list_count("0-18446744073709551615").is_err());
+        assert!(parse_cpu_list_count("18446744073709551615").is_err());
+        assert_eq!(parse_cpu_list_count("0-1048575"), Ok(1 << 20));
     }
 
     #[test]

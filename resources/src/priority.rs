@@ -1,12 +1,10 @@
-//! Pod priority and criticality, and the node conditions that admission under pressure looks at.
+//! Pod priority and criticality.
 //!
 //! The kubelet treats every static pod as critical. Static pods are nodewarden's main workload source, so here a
 //! pod is critical by its priority alone (at least [`SYSTEM_CRITICAL_PRIORITY`], or one of the two system
 //! priority classes), unless the operator restores the kubelet's rule.
 
 use k8s_openapi::api::core::v1::Pod;
-
-use crate::qos::QosClass;
 
 /// The priority from which a pod is critical (the kubelet's `SystemCriticalPriority`).
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
@@ -33,38 +31,6 @@ pub fn is_critical(pod: &Pod, static_pods_critical: bool) -> bool {
     pod_priority(pod) >= SYSTEM_CRITICAL_PRIORITY
         || matches!(class, Some("system-node-critical" | "system-cluster-critical"))
         || (static_pods_critical && is_static_pod(pod))
-}
-
-/// The node's pressure conditions, as the eviction manager last decided them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct NodePressure {
-    /// `MemoryPressure`.
-    pub memory: bool,
-    /// `DiskPressure`.
-    pub disk: bool,
-    /// `PIDPressure`.
-    pub pid: bool,
-}
-
-impl NodePressure {
-    /// The conditions that are true, by their Kubernetes names.
-    pub fn names(&self) -> Vec<&'static str> {
-        [(self.memory, "MemoryPressure"), (self.disk, "DiskPressure"), (self.pid, "PIDPressure")]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect()
-    }
-
-    /// Whether a pod may start under these conditions, by the kubelet's rules: anything when there is no pressure;
-    /// critical pods always; under memory pressure alone, every pod but BestEffort ones; under any other pressure,
-    /// nothing else. The error is the kubelet's message.
-    pub fn admit(&self, qos: QosClass, critical: bool) -> Result<(), String> {
-        let names = self.names();
-        if names.is_empty() || critical || (names == ["MemoryPressure"] && qos != QosClass::BestEffort) {
-            return Ok(());
-        }
-        Err(format!("The node had condition: [{}]. ", names.join(", ")))
-    }
 }
 
 #[cfg(test)]
@@ -95,23 +61,5 @@ mod tests {
         assert!(!is_critical(&pod(None, None, Some("file")), false));
         assert!(is_critical(&pod(None, None, Some("file")), true));
         assert!(!is_critical(&pod(None, None, Some("api")), true));
-    }
-
-    #[test]
-    fn admission_under_pressure() {
-        let none = NodePressure::default();
-        let memory = NodePressure { memory: true, ..none };
-        let disk = NodePressure { disk: true, ..none };
-        let both = NodePressure { memory: true, pid: true, ..none };
-        assert_eq!(none.admit(QosClass::BestEffort, false), Ok(()));
-        assert_eq!(memory.admit(QosClass::Burstable, false), Ok(()));
-        assert_eq!(memory.admit(QosClass::BestEffort, false), Err("The node had condition: [MemoryPressure]. ".into()));
-        assert_eq!(memory.admit(QosClass::BestEffort, true), Ok(()));
-        assert!(disk.admit(QosClass::Guaranteed, false).is_err());
-        assert_eq!(disk.admit(QosClass::Guaranteed, true), Ok(()));
-        assert_eq!(
-            both.admit(QosClass::Guaranteed, false),
-            Err("The node had condition: [MemoryPressure, PIDPressure]. ".into())
-        );
     }
 }

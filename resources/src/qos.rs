@@ -89,6 +89,8 @@ pub struct ContainerResources {
     pub memory_request: Option<u64>,
     /// Memory limit in bytes.
     pub memory_limit: Option<u64>,
+    /// Ephemeral-storage request in bytes.
+    pub ephemeral_storage_request: Option<u64>,
 }
 
 impl ContainerResources {
@@ -109,12 +111,14 @@ impl ContainerResources {
         };
         let cpu_limit = get("limits", limits, "cpu")?;
         let memory_limit = get("limits", limits, "memory")?;
+        let ephemeral_limit = get("limits", limits, "ephemeral-storage")?;
         Ok(Self {
             name: c.name.clone(),
             cpu_request: get("requests", requests, "cpu")?.or(cpu_limit),
             cpu_limit,
             memory_request: get("requests", requests, "memory")?.or(memory_limit),
             memory_limit,
+            ephemeral_storage_request: get("requests", requests, "ephemeral-storage")?.or(ephemeral_limit),
         })
     }
 }
@@ -130,16 +134,18 @@ pub struct PodResources {
     pub app: Vec<ContainerResources>,
 }
 
-/// A `sum`-and-`max` view of one resource across a pod's containers.
+/// A `sum`-and-`max` view of one resource across a pod's containers. Sums saturate: limits whose sum would
+/// overflow `u64` give `u64::MAX` (no limit a kernel could enforce), never a wrapped, tiny value.
 fn pod_total(p: &PodResources, get: impl Fn(&ContainerResources) -> Option<u64>) -> u64 {
-    let sum_app: u64 = p.app.iter().chain(p.sidecars.iter().map(|(_, c)| c)).map(|c| get(c).unwrap_or(0)).sum();
+    let sum = |a: u64, b: u64| a.saturating_add(b);
+    let sum_app = p.app.iter().chain(p.sidecars.iter().map(|(_, c)| c)).map(|c| get(c).unwrap_or(0)).fold(0, sum);
     // A regular init container runs beside the sidecars started before it.
     let init_peak = p
         .init
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let before: u64 = p.sidecars.iter().filter(|(pos, _)| *pos < i).map(|(_, s)| get(s).unwrap_or(0)).sum();
+            let before = p.sidecars.iter().filter(|(pos, _)| *pos < i).map(|(_, s)| get(s).unwrap_or(0)).fold(0, sum);
             get(c).unwrap_or(0).saturating_add(before)
         })
         .max()
@@ -235,6 +241,11 @@ impl PodResources {
     /// The pod's effective memory request in bytes.
     pub fn memory_request(&self) -> u64 {
         pod_total(self, |c| c.memory_request)
+    }
+
+    /// The pod's ephemeral-storage request in bytes, by the same rule.
+    pub fn ephemeral_storage_request(&self) -> u64 {
+        pod_total(self, |c| c.ephemeral_storage_request)
     }
 
     /// The pod's CPU limit in millicores, or `None` when some container has none.

@@ -105,8 +105,6 @@ pub struct Config {
     pub daemon_cgroup: Option<String>,
     /// The daemon cgroup's `memory.min` in bytes (`nodewarden.daemonMemoryMin`).
     pub daemon_memory_min: u64,
-    /// Treat every static pod as critical, as the kubelet does.
-    pub static_pods_critical: bool,
     /// `fileCheckFrequency`.
     pub file_check_frequency: Duration,
     /// `podLogsDir`.
@@ -414,7 +412,6 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         pressure_events: *required(&nw.pressure_events, "nodewarden.pressureEvents")?,
         daemon_cgroup: (!daemon_cgroup.is_empty()).then(|| daemon_cgroup.clone()),
         daemon_memory_min,
-        static_pods_critical: *required(&nw.static_pods_critical, "nodewarden.staticPodsCritical")?,
         file_check_frequency,
         pod_logs_dir,
         root_dir,

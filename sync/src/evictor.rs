@@ -1,13 +1,11 @@
-//! Pod sync as the eviction manager's [`Evictor`]: the pods that run, what they write to node storage, and
+//! Pod sync as the eviction manager's [`Evictor`]: what pods write to node storage, and
 //! eviction through the pod workers (the same graceful termination as a deletion; the pod stays `Failed` with
 //! reason `Evicted`).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::PoisonError;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::Evictor;
 use tokio::sync::oneshot;
 
@@ -43,22 +41,6 @@ pub(crate) fn du(dir: &Path) -> u64 {
 }
 
 impl<R: Runtime> Evictor for PodManager<R> {
-    fn pods(&self) -> Vec<Pod> {
-        let placed: Vec<String> = {
-            let m = self.resources().lock().unwrap_or_else(PoisonError::into_inner);
-            m.placements().filter(|p| !m.is_terminating(&p.uid)).map(|p| p.uid.clone()).collect()
-        };
-        let store = self.store();
-        placed
-            .iter()
-            .filter_map(|uid| store.get(uid))
-            .filter(|p| {
-                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                !matches!(phase, Some("Failed" | "Succeeded"))
-            })
-            .collect()
-    }
-
     fn disk_usage(&self, uid: &str) -> u64 {
         let settings = self.settings();
         let volumes = pod_dir(&settings.root_dir, uid).join("volumes");

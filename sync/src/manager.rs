@@ -82,10 +82,6 @@ impl<R: Runtime> PodManager<R> {
         self.ctx.store.clone()
     }
 
-    pub(crate) fn resources(&self) -> &Mutex<ResourceManager> {
-        &self.ctx.resources
-    }
-
     pub(crate) fn settings(&self) -> &SyncSettings {
         &self.ctx.settings
     }

@@ -13,8 +13,7 @@ pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
 
 /// The annotation that holds a static pod's content hash, as the kubelet sets it.
 pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
-/// The annotation that names where a pod came from (`file` for static pods).
-pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+pub use nodewarden_resources::CONFIG_SOURCE_ANNOTATION;
 
 /// Why a manifest was refused. The message is shown in the log and in the pod's `/pods` entry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,6 +1,8 @@
 //! The eviction loop over a stand-in host and a scripted evictor, with time paused.
 
-use std::sync::Mutex as StdMutex;
+use std::sync::{Mutex as StdMutex, OnceLock};
+
+use k8s_openapi::api::core::v1::Pod;
 
 use nodewarden_resources::testing::FakeHost;
 use nodewarden_resources::{Amount, CgroupPath, ResourceConfig};
@@ -11,25 +13,32 @@ use crate::threshold::Threshold;
 
 const MIB: u64 = 1 << 20;
 
+/// Evicts as pod sync does: the pod is marked terminating in the ledger once SIGTERM is sent. Pods in `refuse`
+/// fail to be evicted; pods in `hang` never confirm SIGTERM.
 #[derive(Default)]
 struct FakeEvictor {
-    pods: StdMutex<Vec<Pod>>,
+    resources: OnceLock<Arc<Mutex<ResourceManager>>>,
+    refuse: StdMutex<HashSet<String>>,
+    hang: StdMutex<HashSet<String>>,
+    attempts: StdMutex<Vec<String>>,
     evicted: StdMutex<Vec<(String, Duration, String)>>,
     terminations: StdMutex<Vec<oneshot::Sender<()>>>,
 }
 
 impl Evictor for FakeEvictor {
-    fn pods(&self) -> Vec<Pod> {
-        let evicted: Vec<String> = self.evicted.lock().unwrap().iter().map(|e| e.0.clone()).collect();
-        let pods = self.pods.lock().unwrap();
-        pods.iter().filter(|p| !evicted.contains(p.metadata.uid.as_ref().unwrap())).cloned().collect()
-    }
-
     fn disk_usage(&self, uid: &str) -> u64 {
         if uid.starts_with("writer") { 50 * MIB } else { MIB }
     }
 
     async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<oneshot::Receiver<()>, String> {
+        self.attempts.lock().unwrap().push(uid.into());
+        if self.refuse.lock().unwrap().contains(uid) {
+            return Err(format!("pod {uid} is not known"));
+        }
+        if self.hang.lock().unwrap().contains(uid) {
+            std::future::pending::<()>().await;
+        }
+        self.resources.get().unwrap().lock().unwrap().set_terminating(uid);
         self.evicted.lock().unwrap().push((uid.into(), grace, message));
         let (tx, rx) = oneshot::channel();
         self.terminations.lock().unwrap().push(tx);
@@ -88,7 +97,6 @@ fn settings(hard: &[(Signal, Amount, Option<Amount>)], soft: &[(Signal, Amount, 
         },
         transition_period: Duration::from_secs(30),
         max_pod_grace_period: Duration::from_secs(20),
-        static_pods_critical: false,
         poll_min: Duration::from_millis(10),
         poll_max: Duration::from_secs(1),
     }
@@ -106,12 +114,11 @@ fn rig(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>) -> Rig {
         let placed = m.place(p).unwrap();
         host.set_usage(&placed.cgroup, *mem, *pids);
     }
-    let evictor = Arc::new(FakeEvictor {
-        pods: StdMutex::new(pods.into_iter().map(|p| p.0).collect()),
-        ..FakeEvictor::default()
-    });
+    drop(pods);
+    let evictor = Arc::new(FakeEvictor::default());
     let (tx, rx) = watch::channel(Arc::new(s));
     let resources = Arc::new(Mutex::new(m));
+    assert!(evictor.resources.set(resources.clone()).is_ok());
     let metrics = EvictionMetrics::new(&prometheus::Registry::new()).unwrap();
     let manager = EvictionManager::new(resources.clone(), evictor.clone(), rx, metrics, None);
     Rig { host, resources, evictor, settings: tx, manager }
@@ -122,6 +129,62 @@ async fn settle() {
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
+}
+
+impl Rig {
+    /// Hands the manager what its eviction tasks reported, as its loop does.
+    fn deliver(&mut self) {
+        while let Ok((uid, outcome)) = self.manager.done.1.try_recv() {
+            self.manager.finished(uid, outcome);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_victim_that_cannot_be_evicted_is_skipped_with_a_back_off() {
+    let mut r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![
+            (pod("broken", None, json!({})), 700 * MIB, 1),
+            (pod("stuck", None, json!({})), 500 * MIB, 1),
+            (pod("next", None, json!({})), 300 * MIB, 1),
+        ],
+    );
+    r.evictor.refuse.lock().unwrap().insert("broken".into());
+    r.evictor.hang.lock().unwrap().insert("stuck".into());
+    r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
+    r.manager.pass().await;
+    settle().await;
+    r.deliver();
+    assert_eq!(*r.evictor.attempts.lock().unwrap(), ["broken"]);
+    assert!(r.manager.status().history()[0].error.as_deref().is_some_and(|e| e.contains("not known")));
+    // The next pass takes the next candidate instead of trying the broken pod again.
+    r.manager.pass().await;
+    settle().await;
+    r.deliver();
+    assert_eq!(*r.evictor.attempts.lock().unwrap(), ["broken", "stuck"]);
+    // A victim whose SIGTERM is never confirmed holds nothing up past its grace period + the slack.
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(*r.evictor.attempts.lock().unwrap(), ["broken", "stuck"], "stuck is pending, not evicted twice");
+    tokio::time::advance(HARD_EVICTION_GRACE + SIGTERM_SLACK).await;
+    settle().await;
+    r.deliver();
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(*r.evictor.attempts.lock().unwrap(), ["broken", "stuck", "next"]);
+    assert_eq!(r.evictor.victims(), ["next"]);
+    // Once its back-off is over, the broken pod is a candidate again (the others are terminating).
+    r.evictor.terminations.lock().unwrap().drain(..).for_each(|t| t.send(()).unwrap());
+    settle().await;
+    r.deliver();
+    tokio::time::advance(VICTIM_BACKOFF).await;
+    r.manager.pass().await;
+    settle().await;
+    r.deliver();
+    assert_eq!(r.evictor.attempts.lock().unwrap().last().map(String::as_str), Some("broken"));
+    // A second failure backs off for twice as long.
+    assert_eq!(r.manager.failed["broken"].backoff, VICTIM_BACKOFF * 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -150,7 +213,7 @@ async fn memory_pressure_evicts_the_besteffort_hog_not_the_guaranteed_pod() {
         "{message}"
     );
     // Admission now refuses BestEffort pods.
-    assert!(r.resources.lock().unwrap().pressure().memory);
+    assert!(r.resources.lock().unwrap().pressure().contains(Condition::MemoryPressure));
     // While the hog terminates, what it will give back covers the deficit: nobody else is evicted.
     r.manager.pass().await;
     settle().await;
@@ -204,7 +267,10 @@ async fn soft_thresholds_evict_after_their_grace_period_with_the_capped_pod_grac
     r.host.set_memory(1 << 30, 200 * MIB, 200 * MIB);
     let wait = r.manager.pass().await;
     assert_eq!(wait, Duration::from_secs(1), "bounded by the longest period");
-    assert!(r.resources.lock().unwrap().pressure().memory, "the condition is raised within the grace period");
+    assert!(
+        r.resources.lock().unwrap().pressure().contains(Condition::MemoryPressure),
+        "the condition is raised within the grace period"
+    );
     tokio::time::advance(Duration::from_secs(59)).await;
     r.manager.pass().await;
     settle().await;
@@ -233,7 +299,7 @@ async fn critical_pods_are_never_evicted_and_a_reload_applies_at_once() {
     r.manager.pass().await;
     settle().await;
     assert!(r.evictor.victims().is_empty());
-    assert!(r.resources.lock().unwrap().pressure().memory);
+    assert!(r.resources.lock().unwrap().pressure().contains(Condition::MemoryPressure));
 }
 
 #[tokio::test(start_paused = true)]
@@ -251,7 +317,7 @@ async fn pid_pressure_ranks_by_priority_then_process_count() {
     settle().await;
     assert_eq!(r.evictor.victims(), ["forker"]);
     let p = r.resources.lock().unwrap().pressure();
-    assert!(p.pid && !p.memory);
+    assert_eq!(p, NodePressure::of([Condition::PidPressure]));
 }
 
 #[tokio::test(start_paused = true)]
@@ -297,7 +363,7 @@ fn select_stops_once_the_deficit_is_covered_and_skips_pods_that_give_nothing() {
         disk_request: 0,
         disk_usage: 0,
         pids: 0,
-        grace_seconds: 30,
+        grace: Duration::from_secs(30),
     };
     let ranked = [c("a", 50), c("b", 0), c("c", 40), c("d", 30)];
     let names = |v: Vec<Candidate>| v.into_iter().map(|c| c.name).collect::<Vec<_>>();

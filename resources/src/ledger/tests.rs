@@ -281,3 +281,45 @@ fn observation_reads_kubepods_and_pod_usage_skips_vanished_pods() {
     std::fs::remove_file(f.mount.join("nw/kubepods/memory.current")).unwrap();
     assert!(m.observe().is_err(), "an unreadable kubepods cgroup fails the pass");
 }
+
+#[test]
+fn eviction_candidates_carry_what_eviction_ranks_by() {
+    let f = fixture();
+    let mut m = manager(&f);
+    let burstable: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "w", "uid": "w", "annotations": {"kubernetes.io/config.source": "file"}},
+        "spec": {
+            "priority": 7,
+            "terminationGracePeriodSeconds": i64::MAX,
+            "containers": [{"name": "a", "resources": {"requests": {"memory": "10Mi", "ephemeral-storage": "1Gi"}}}],
+        }
+    }))
+    .unwrap();
+    m.place(&burstable).unwrap();
+    m.place(&guaranteed("g", "10Mi")).unwrap();
+    for uid in ["w", "g"] {
+        let dir = f.mount.join(format!("nw/kubepods/{}pod{uid}", if uid == "w" { "burstable/" } else { "" }));
+        std::fs::write(dir.join("memory.current"), "1000").unwrap();
+        std::fs::write(dir.join("memory.stat"), "inactive_file 100\n").unwrap();
+        std::fs::write(dir.join("pids.current"), "3").unwrap();
+    }
+    let mut found = m.eviction_candidates();
+    found.sort_by(|a, b| a.placement.uid.cmp(&b.placement.uid));
+    assert_eq!(found.iter().map(|c| c.placement.uid.as_str()).collect::<Vec<_>>(), ["g", "w"]);
+    let w = &found[1];
+    assert_eq!(w.placement.pod, "default/w");
+    assert_eq!((w.placement.priority, w.placement.memory_request), (7, 10 * MIB));
+    assert_eq!(w.placement.ephemeral_request, 1 << 30);
+    assert_eq!(w.placement.grace_period, crate::pod::MAX_GRACE_PERIOD, "saturated, not wrapped");
+    assert_eq!((w.usage.memory_working_set, w.usage.pids), (900, 3));
+    assert!(w.placement.is_static && !w.critical, "static pods are critical only under the kubelet's rule");
+    assert!(w.placement.is_critical(true));
+    // A pod being terminated is no candidate; nor is one adopted from a cgroup whose spec was not seen yet.
+    m.set_terminating("g");
+    assert_eq!(m.eviction_candidates().len(), 1);
+    drop(m);
+    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
+    let mut m2 = ResourceManager::new(fs, f.host.clone(), config()).unwrap();
+    m2.setup().unwrap();
+    assert!(m2.eviction_candidates().is_empty());
+}
