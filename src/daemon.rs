@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use anyhow::Context;
 use nodewarden_eviction::{
     EvictionManager, EvictionMetrics, EvictionSettings, EvictionStatus, PassObserver, Signal, SignalObservation,
+    Thresholds,
 };
 use nodewarden_resources::{CgroupError, CgroupFs, CgroupPath, HostPaths, Observations, ResourceManager, check_host};
 use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
@@ -92,7 +93,6 @@ fn eviction_settings(c: &Config) -> EvictionSettings {
 /// Keeps the node gauges current from the eviction loop's observations.
 struct Gauges {
     metrics: Arc<Metrics>,
-    config: watch::Receiver<Arc<Config>>,
 }
 
 impl PassObserver for Gauges {
@@ -101,9 +101,10 @@ impl PassObserver for Gauges {
         m: &ResourceManager,
         obs: &Observations,
         signals: &BTreeMap<Signal, SignalObservation>,
+        thresholds: &Thresholds,
         took: Duration,
     ) {
-        self.metrics.set_thresholds(&self.config.borrow().thresholds, signals);
+        self.metrics.set_thresholds(thresholds, signals);
         self.metrics.set_pods(m.placements());
         self.metrics.observe(obs, signals, took.as_secs_f64());
     }
@@ -260,9 +261,9 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     let store = pods.store();
 
     let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
-    let (config_tx, config_rx) = watch::channel(Arc::new(config));
+    let config_tx = watch::Sender::new(Arc::new(config));
     let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
-    let gauges = Arc::new(Gauges { metrics: metrics.clone(), config: config_rx });
+    let gauges = Arc::new(Gauges { metrics: metrics.clone() });
     let evictor = pods.clone();
     let eviction = EvictionManager::new(manager.clone(), evictor, settings_rx, eviction_metrics, Some(gauges));
     let (wake_tx, wake_rx) = mpsc::channel(8);
@@ -368,9 +369,9 @@ mod tests {
         host.set_usage(&manager.tree().kubepods, 0, 0);
         let metrics = Arc::new(Metrics::new().unwrap());
         let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
-        let (config_tx, config_rx) = watch::channel(Arc::new(config));
+        let config_tx = watch::Sender::new(Arc::new(config));
         let manager = Arc::new(Mutex::new(manager));
-        let gauges = Arc::new(Gauges { metrics: metrics.clone(), config: config_rx });
+        let gauges = Arc::new(Gauges { metrics: metrics.clone() });
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).unwrap();
         let fs = manager.lock().unwrap().cgroupfs().clone();
         let runtime = SelectedRuntime::Process(ProcessRuntime::new("/bin/false", fs));
@@ -424,6 +425,25 @@ mod tests {
         // The kubepods cgroup disappearing fails the cgroupfs check.
         std::fs::remove_file(r.host.cgroup_mount().join("nw/kubepods/memory.max")).unwrap();
         assert!(s.readiness()[1].1.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pass_that_applies_new_thresholds_shows_them() {
+        // The gauges follow the eviction settings of the pass itself: a reload sends those before it replaces
+        // the config, and the pass it wakes must not show the old thresholds for another second.
+        let mut r = rig();
+        let s = r.shared.clone();
+        r.eviction.pass().await;
+        let mut edited = (*s.eviction_settings.borrow().clone()).clone();
+        let th = edited.thresholds.hard.iter_mut().find(|t| t.signal == Signal::MemoryAvailable).unwrap();
+        th.amount = nodewarden_resources::Amount::Quantity(123 << 20);
+        s.eviction_settings.send_replace(Arc::new(edited));
+        r.eviction.pass().await;
+        let text = s.metrics.render().unwrap();
+        assert!(
+            text.contains(&format!("kubelet_eviction_stats{{eviction_signal=\"memory.available\"}} {}", 123u64 << 20)),
+            "{text}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -74,12 +74,14 @@ pub trait Evictor: Send + Sync + 'static {
 
 /// Told about each observation, for the daemon's gauges.
 pub trait PassObserver: Send + Sync + 'static {
-    /// An observation was read in `took`.
+    /// An observation was read in `took`, and evaluated against `thresholds` (those of the settings this pass
+    /// runs with, so a reload shows in the very pass that applies it).
     fn observed(
         &self,
         resources: &ResourceManager,
         obs: &Observations,
         signals: &BTreeMap<Signal, SignalObservation>,
+        thresholds: &Thresholds,
         took: Duration,
     );
 
@@ -330,7 +332,7 @@ impl<E: Evictor> EvictionManager<E> {
         if full {
             self.last_full = Some(Instant::now());
         }
-        let (resources, observer) = (self.resources.clone(), self.observer.clone());
+        let (resources, observer, in_force) = (self.resources.clone(), self.observer.clone(), settings.clone());
         // Off the async threads: the lock may be held by a pod being placed, and the reads are file I/O.
         let read = tokio::task::spawn_blocking(move || {
             let start = Instant::now();
@@ -339,7 +341,7 @@ impl<E: Evictor> EvictionManager<E> {
             let read = obs.map(|obs| {
                 let signals = signal_observations(&obs, m.allocatable());
                 if let (true, Some(o)) = (full, &observer) {
-                    o.observed(&m, &obs, &signals, start.elapsed());
+                    o.observed(&m, &obs, &signals, &in_force.thresholds, start.elapsed());
                 }
                 signals
             });
