@@ -36,11 +36,7 @@ fn watch_paths(mut watches: Watches, path: &Path) {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if meta.len() > MAX_CONFIG_BYTES {
-        return Err(format!("{} bytes is larger than the {MAX_CONFIG_BYTES} byte limit", meta.len()));
-    }
-    std::fs::read(path).map_err(|e| e.to_string())
+    nodewarden_resources::read_bounded(path, MAX_CONFIG_BYTES).map_err(|e| e.to_string())
 }
 
 /// Watches `path` until drained, applying each changed version to the daemon.

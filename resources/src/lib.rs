@@ -14,6 +14,7 @@
 //! [`parse_psi`]), with the same never-panic parsers as the cgroup files.
 
 mod allocatable;
+mod bounded;
 mod capacity;
 mod cgroupfs;
 mod error;
@@ -33,6 +34,7 @@ pub mod testing;
 mod tree;
 
 pub use allocatable::{Allocatable, EvictionReserve, Reserved, Resources, compute as compute_allocatable};
+pub use bounded::{BoundedReadError, read_bounded};
 pub use capacity::{Capacity, FsStats, HostPaths, fs_stats, read_capacity, read_meminfo};
 pub use cgroupfs::{CgroupFs, CgroupPath, open_psi_trigger};
 pub use error::{CgroupError, IoError, NameError, Op, ParseError};

@@ -118,11 +118,8 @@ pub struct Config {
 /// Reads and validates a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let read_err = |reason: String| ConfigError::Read { path: path.display().to_string(), reason };
-    let meta = std::fs::metadata(path).map_err(|e| read_err(e.to_string()))?;
-    if meta.len() > MAX_CONFIG_BYTES {
-        return Err(read_err(format!("{} bytes is larger than the {} byte limit", meta.len(), MAX_CONFIG_BYTES)));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
+    let bytes = nodewarden_resources::read_bounded(path, MAX_CONFIG_BYTES).map_err(|e| read_err(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| read_err("the file is not UTF-8".into()))?;
     parse(&text)
 }
 

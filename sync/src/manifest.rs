@@ -13,6 +13,7 @@ pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
 
 /// The annotation that holds a static pod's content hash, as the kubelet sets it.
 pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
+use nodewarden_resources::BoundedReadError;
 pub use nodewarden_resources::CONFIG_SOURCE_ANNOTATION;
 
 /// Why a manifest was refused. The message is shown in the log and in the pod's `/pods` entry.
@@ -67,19 +68,10 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> ManifestErro
 
 /// Reads a manifest file, refusing large ones before reading them.
 pub fn read_manifest(path: &Path) -> Result<Vec<u8>, ManifestError> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| ManifestError::Read(e.to_string()))?;
-    let size = file.metadata().map_err(|e| ManifestError::Read(e.to_string()))?.len();
-    if size > MAX_MANIFEST_BYTES {
-        return Err(ManifestError::TooLarge { size, max: MAX_MANIFEST_BYTES });
-    }
-    let mut bytes = Vec::new();
-    // The file may grow while read: never take more than the limit.
-    file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(|e| ManifestError::Read(e.to_string()))?;
-    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err(ManifestError::TooLarge { size: bytes.len() as u64, max: MAX_MANIFEST_BYTES });
-    }
-    Ok(bytes)
+    nodewarden_resources::read_bounded(path, MAX_MANIFEST_BYTES).map_err(|e| match e {
+        BoundedReadError::Io(e) => ManifestError::Read(e),
+        BoundedReadError::TooLarge { size, max } => ManifestError::TooLarge { size, max },
+    })
 }
 
 /// Parses and checks a static pod manifest and applies the kubelet's static pod defaults: namespace `default`,
