@@ -214,15 +214,10 @@ fn place_pods(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Kills whatever runs in a cgroup tree and removes it, retrying while the processes die.
+/// Kills whatever runs in a cgroup tree and removes it.
 fn remove_tree(cg: &CgroupPath) {
-    let fs = CgroupFs::new("/sys/fs/cgroup", CgroupPath::root());
-    let _ = fs.kill(cg);
-    for _ in 0..50 {
-        if fs.remove_tree(cg).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if let Err(e) = CgroupFs::new("/sys/fs/cgroup", CgroupPath::root()).purge(cg) {
+        eprintln!("cannot remove {cg}: {e}");
     }
 }
 

@@ -242,6 +242,34 @@ impl CgroupFs {
         Ok(())
     }
 
+    /// Kills whatever runs in a cgroup tree (`cgroup.kill`) and removes the tree, retrying for up to about a second
+    /// while the killed processes exit. Blocks the thread: for tools and tests, not for async code.
+    pub fn purge(&self, cg: &CgroupPath) -> Result<(), CgroupError> {
+        if !self.exists(cg) {
+            return Ok(());
+        }
+        // A tree whose processes are already gone has nothing to kill; a refused kill shows in the removal.
+        let _ = self.kill(cg);
+        let mut last = Ok(());
+        for _ in 0..50 {
+            last = self.remove_tree(cg);
+            if last.is_ok() {
+                return last;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        last
+    }
+
+    /// The processes in a cgroup and every cgroup below it.
+    pub fn subtree_procs(&self, cg: &CgroupPath) -> Result<Vec<u32>, CgroupError> {
+        let mut pids = Vec::new();
+        for c in self.subtree(cg)? {
+            pids.extend(self.read_procs(&c)?);
+        }
+        Ok(pids)
+    }
+
     /// The controllers available in a cgroup (`cgroup.controllers`).
     pub fn controllers(&self, cg: &CgroupPath) -> Result<Vec<String>, IoError> {
         Ok(self.read(cg, "cgroup.controllers")?.split_whitespace().map(str::to_owned).collect())

@@ -514,10 +514,7 @@ impl ResourceManager {
         // Every cgroup below the pod, including ones a runtime made there (containerd nests sandbox and container
         // cgroups under the pod), children first.
         let all = self.fs.subtree(&p.cgroup).map_err(cg_err)?;
-        let mut pids = Vec::new();
-        for cg in &all {
-            pids.extend(self.fs.read_procs(cg).map_err(cg_err)?);
-        }
+        let pids = self.fs.subtree_procs(&p.cgroup).map_err(cg_err)?;
         if !pids.is_empty() {
             return Err(PlaceError::Busy { uid: uid.to_owned(), pids });
         }
@@ -537,6 +534,25 @@ impl ResourceManager {
         self.fs.kill(&p.cgroup).map_err(|e| PlaceError::Cgroup { uid: uid.to_owned(), source: e.into() })
     }
 
+    /// The processes in a placed pod's cgroups (empty for a pod not placed).
+    pub fn procs(&self, uid: &str) -> Result<Vec<u32>, PlaceError> {
+        let Some(p) = self.pods.get(uid) else { return Ok(Vec::new()) };
+        self.fs.subtree_procs(&p.cgroup).map_err(|e| PlaceError::Cgroup { uid: uid.to_owned(), source: e })
+    }
+
+    /// Sends `signal` to every process in a placed pod's cgroups; returns how many were signalled. A process
+    /// that exited meanwhile is not an error.
+    pub fn signal(&self, uid: &str, signal: rustix::process::Signal) -> Result<usize, PlaceError> {
+        let mut sent = 0;
+        for pid in self.procs(uid)? {
+            let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else { continue };
+            if rustix::process::kill_process(pid, signal).is_ok() {
+                sent += 1;
+            }
+        }
+        Ok(sent)
+    }
+
     /// Updates the QoS-level cgroups after the ledger changed. A failure leaves the pods' own cgroups correct, so
     /// it is logged rather than undoing the change; the next change retries.
     fn refresh_qos_parents(&self) {
@@ -549,7 +565,7 @@ impl ResourceManager {
     /// and with Memory QoS, `memory.min` of `burstable` and `kubepods` from the memory requests below them.
     fn update_qos_parents(&self) -> Result<(), CgroupError> {
         let sum = |f: fn(&Placement) -> u64, classes: &[QosClass]| -> u64 {
-            self.pods.values().filter(|p| classes.contains(&p.qos)).map(f).sum()
+            self.pods.values().filter(|p| classes.contains(&p.qos)).map(f).fold(0, u64::saturating_add)
         };
         let burstable_cpu = sum(|p| p.cpu_request, &[QosClass::Burstable]);
         self.fs.write(

@@ -59,15 +59,10 @@ impl Drop for Root {
     }
 }
 
-/// Kills whatever runs in a cgroup tree and removes it, retrying while the processes die.
+/// Kills whatever runs in a cgroup tree and removes it.
 fn remove_tree(cg: &CgroupPath) {
-    let fs = CgroupFs::new(MOUNT, CgroupPath::root());
-    let _ = fs.kill(cg);
-    for _ in 0..50 {
-        if fs.remove_tree(cg).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if let Err(e) = CgroupFs::new(MOUNT, CgroupPath::root()).purge(cg) {
+        eprintln!("cannot remove {cg}: {e}");
     }
 }
 

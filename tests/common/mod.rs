@@ -161,14 +161,9 @@ pub fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) -> Duratio
     t0.elapsed()
 }
 
-/// Kills whatever runs in a cgroup tree and removes it, retrying while the processes die.
+/// Kills whatever runs in a cgroup tree and removes it.
 pub fn remove_tree(cg: &CgroupPath) {
-    let fs = CgroupFs::new(MOUNT, CgroupPath::root());
-    let _ = fs.kill(cg);
-    for _ in 0..50 {
-        if fs.remove_tree(cg).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if let Err(e) = CgroupFs::new(MOUNT, CgroupPath::root()).purge(cg) {
+        eprintln!("cannot remove {cg}: {e}");
     }
 }
