@@ -25,6 +25,26 @@ const SLEEPER: &str =
     "  containers:\n  - name: app\n    image: busybox\n    command: [sh, -c, 'echo started; exec sleep 1000']\n";
 
 #[test]
+fn the_example_manifests_run_and_become_ready() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("examples");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/manifests");
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        n.write(e.file_name().to_str().unwrap(), &std::fs::read_to_string(e.path()).unwrap());
+    }
+    let ready = |p: &Value| container(p, "httpd")["ready"] == true;
+    let web = n.wait_pod("web", 30, "became ready (its HTTP readiness probe passes)", ready);
+    assert_eq!(web["status"]["qosClass"], "Guaranteed");
+    let worker = n.wait_pod("worker", 30, "ran its init container, then its worker", |p| phase(p) == "Running");
+    assert_eq!(worker["status"]["qosClass"], "Burstable");
+    let batch = n.wait_pod("batch", 30, "ran", |p| matches!(phase(p), "Running" | "Succeeded"));
+    assert_eq!(batch["status"]["qosClass"], "BestEffort");
+}
+
+#[test]
 fn manifests_start_edits_replace_and_deletions_terminate() {
     if !cgroup2_available() {
         return;
