@@ -29,7 +29,7 @@ mod pressure;
 mod priority;
 mod qos;
 mod quantity;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tree;
 

@@ -1,35 +1,10 @@
 use super::*;
 use crate::parse::{CpuMax, Limit};
 use crate::quantity::Amount;
+use crate::testing::FakeHost;
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    mount: std::path::PathBuf,
-    host: HostPaths,
-}
-
-fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path();
-    for d in ["proc/sys/kernel", "sys/devices/system/cpu", "cgroup"] {
-        std::fs::create_dir_all(p.join(d)).unwrap();
-    }
-    // 1 GiB of memory, 2 CPUs, 32768 PIDs.
-    std::fs::write(
-        p.join("proc/meminfo"),
-        "MemTotal: 1048576 kB\nMemFree: 524288 kB\nMemAvailable: 600000 kB\nBuffers: 0 kB\nCached: 0 kB\n",
-    )
-    .unwrap();
-    std::fs::write(p.join("proc/sys/kernel/pid_max"), "32768\n").unwrap();
-    std::fs::write(p.join("proc/sys/kernel/threads-max"), "100000\n").unwrap();
-    std::fs::write(p.join("proc/loadavg"), "0 0 0 1/100 5\n").unwrap();
-    std::fs::write(p.join("sys/devices/system/cpu/online"), "0-1\n").unwrap();
-    let host = HostPaths { proc: p.join("proc"), sys: p.join("sys"), nodefs: p.into(), imagefs: p.into() };
-    Fixture { mount: p.join("cgroup"), _dir: dir, host }
-}
 
 fn config() -> ResourceConfig {
     ResourceConfig {
@@ -52,9 +27,9 @@ fn config() -> ResourceConfig {
     }
 }
 
-fn manager(f: &Fixture) -> ResourceManager {
-    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
-    let mut m = ResourceManager::new(fs, f.host.clone(), config()).unwrap();
+fn manager(f: &FakeHost) -> ResourceManager {
+    let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw").unwrap());
+    let mut m = ResourceManager::new(fs, f.host(), config()).unwrap();
     m.setup().unwrap();
     m
 }
@@ -71,13 +46,13 @@ fn guaranteed(uid: &str, mem: &str) -> Pod {
     pod(uid, json!([{"name": "app", "resources": {"limits": {"cpu": "500m", "memory": mem}}}]))
 }
 
-fn read(f: &Fixture, rel: &str) -> String {
-    std::fs::read_to_string(f.mount.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}")).trim().to_owned()
+fn read(f: &FakeHost, rel: &str) -> String {
+    std::fs::read_to_string(f.cgroup_mount().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}")).trim().to_owned()
 }
 
 #[test]
 fn setup_enforces_allocatable_on_kubepods() {
-    let f = fixture();
+    let f = FakeHost::new();
     let m = manager(&f);
     // capacity 1024Mi − (100Mi + 24Mi) reserved = 900Mi enforced; reported subtracts the 100Mi threshold too.
     assert_eq!(read(&f, "nw/kubepods/memory.max"), (900 * MIB).to_string());
@@ -91,7 +66,7 @@ fn setup_enforces_allocatable_on_kubepods() {
 
 #[test]
 fn places_each_class_where_the_kubelet_does() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     let g = m.place(&guaranteed("g1", "128Mi")).unwrap();
     assert_eq!(g.cgroup.as_str(), "/nw/kubepods/podg1");
@@ -120,24 +95,23 @@ fn places_each_class_where_the_kubelet_does() {
 
 #[test]
 fn for_a_cri_runtime_only_the_pod_cgroup_is_made() {
-    let f = fixture();
-    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
-    let mut m =
-        ResourceManager::new(fs, f.host.clone(), ResourceConfig { container_cgroups: false, ..config() }).unwrap();
+    let f = FakeHost::new();
+    let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw").unwrap());
+    let mut m = ResourceManager::new(fs, f.host(), ResourceConfig { container_cgroups: false, ..config() }).unwrap();
     m.setup().unwrap();
     let g = m.place(&guaranteed("g1", "128Mi")).unwrap();
     assert_eq!(read(&f, "nw/kubepods/podg1/memory.max"), (128 * MIB).to_string());
-    assert!(!f.mount.join("nw/kubepods/podg1/app").exists(), "containerd makes the container cgroups");
+    assert!(!f.cgroup_mount().join("nw/kubepods/podg1/app").exists(), "containerd makes the container cgroups");
     // The container's limits are still computed, for the runtime to apply.
     assert_eq!(g.containers[0].limits.memory_max, Limit::Value(128 * MIB));
     assert_eq!(g.containers[0].cpu_shares, 512);
     m.release("g1").unwrap();
-    assert!(!f.mount.join("nw/kubepods/podg1").exists());
+    assert!(!f.cgroup_mount().join("nw/kubepods/podg1").exists());
 }
 
 #[test]
 fn admission_refuses_with_kubelet_reasons() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     m.place(&guaranteed("a", "700Mi")).unwrap();
     let err = m.place(&guaranteed("b", "200Mi")).unwrap_err();
@@ -147,7 +121,7 @@ fn admission_refuses_with_kubelet_reasons() {
         a,
         AdmitError::Insufficient { resource: "memory", requested: 200 * MIB, used: 700 * MIB, allocatable: 800 * MIB }
     );
-    assert!(!f.mount.join("nw/kubepods/podb").exists(), "a refused pod leaves no cgroup");
+    assert!(!f.cgroup_mount().join("nw/kubepods/podb").exists(), "a refused pod leaves no cgroup");
     // Re-placing an admitted pod is not counted against itself.
     m.place(&guaranteed("a", "700Mi")).unwrap();
     m.place(&pod("c", json!([{"name": "x"}]))).unwrap();
@@ -166,7 +140,7 @@ fn admission_refuses_with_kubelet_reasons() {
 
 #[test]
 fn hostile_names_never_become_paths() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     for uid in ["../../etc", "a/b", "", "x\0y"] {
         let err = m.place(&guaranteed(uid, "1Mi")).unwrap_err();
@@ -179,30 +153,30 @@ fn hostile_names_never_become_paths() {
 
 #[test]
 fn release_removes_cgroups_and_refuses_while_busy() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     m.place(&guaranteed("r1", "10Mi")).unwrap();
-    std::fs::write(f.mount.join("nw/kubepods/podr1/app/cgroup.procs"), "4242\n").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/podr1/app/cgroup.procs"), "4242\n").unwrap();
     let err = m.release("r1").unwrap_err();
     assert!(matches!(err, PlaceError::Busy { ref pids, .. } if pids == &[4242]), "{err}");
     assert!(m.placement("r1").is_some(), "a busy pod stays in the ledger");
-    std::fs::write(f.mount.join("nw/kubepods/podr1/app/cgroup.procs"), "").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/podr1/app/cgroup.procs"), "").unwrap();
     // A runtime's own nested cgroups below the pod are removed with it; a process there keeps the pod busy.
-    std::fs::create_dir_all(f.mount.join("nw/kubepods/podr1/sandbox/inner")).unwrap();
-    std::fs::write(f.mount.join("nw/kubepods/podr1/sandbox/inner/cgroup.procs"), "77\n").unwrap();
+    std::fs::create_dir_all(f.cgroup_mount().join("nw/kubepods/podr1/sandbox/inner")).unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/podr1/sandbox/inner/cgroup.procs"), "77\n").unwrap();
     assert!(matches!(m.release("r1"), Err(PlaceError::Busy { ref pids, .. }) if pids == &[77]));
-    std::fs::write(f.mount.join("nw/kubepods/podr1/sandbox/inner/cgroup.procs"), "").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/podr1/sandbox/inner/cgroup.procs"), "").unwrap();
     m.release("r1").unwrap();
-    assert!(!f.mount.join("nw/kubepods/podr1").exists());
+    assert!(!f.cgroup_mount().join("nw/kubepods/podr1").exists());
     assert!(matches!(m.release("r1"), Err(PlaceError::NotPlaced(_))));
 }
 
 #[test]
 fn failed_placement_removes_what_it_created() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     // A cgroup file that cannot be written: b's memory.max is a directory.
-    std::fs::create_dir_all(f.mount.join("nw/kubepods/podx/b/memory.max")).unwrap();
+    std::fs::create_dir_all(f.cgroup_mount().join("nw/kubepods/podx/b/memory.max")).unwrap();
     let p = pod(
         "x",
         json!([{"name": "a", "resources": {"limits": {"cpu": "500m", "memory": "1Mi"}}}, {"name": "b", "resources": {"limits": {"cpu": "500m", "memory": "1Mi"}}}]),
@@ -210,13 +184,16 @@ fn failed_placement_removes_what_it_created() {
     let err = m.place(&p).unwrap_err();
     assert!(matches!(err, PlaceError::Cgroup { .. }), "{err}");
     assert!(err.to_string().contains("memory.max"), "{err}");
-    assert!(!f.mount.join("nw/kubepods/podx/a").exists(), "container a was created by the failed call and removed");
+    assert!(
+        !f.cgroup_mount().join("nw/kubepods/podx/a").exists(),
+        "container a was created by the failed call and removed"
+    );
     assert!(m.placement("x").is_none());
 }
 
 #[test]
 fn update_rewrites_limits_and_refuses_class_changes() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     assert!(matches!(m.update(&guaranteed("u", "10Mi")), Err(PlaceError::NotPlaced(_))));
     m.place(&guaranteed("u", "10Mi")).unwrap();
@@ -231,16 +208,16 @@ fn update_rewrites_limits_and_refuses_class_changes() {
 
 #[test]
 fn a_new_manager_adopts_existing_pods() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     m.place(&guaranteed("g", "64Mi")).unwrap();
     m.place(&pod("b", json!([{"name": "w", "resources": {"requests": {"cpu": "1", "memory": "100Mi"}}}]))).unwrap();
     m.place(&pod("e", json!([{"name": "x"}]))).unwrap();
-    std::fs::create_dir_all(f.mount.join("nw/kubepods/not-a-pod")).unwrap();
+    std::fs::create_dir_all(f.cgroup_mount().join("nw/kubepods/not-a-pod")).unwrap();
     drop(m);
 
-    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
-    let mut m2 = ResourceManager::new(fs, f.host.clone(), config()).unwrap();
+    let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw").unwrap());
+    let mut m2 = ResourceManager::new(fs, f.host(), config()).unwrap();
     let mut adopted = m2.setup().unwrap();
     adopted.sort();
     assert_eq!(adopted, ["b", "e", "g"]);
@@ -262,29 +239,29 @@ fn a_new_manager_adopts_existing_pods() {
 
 #[test]
 fn observation_reads_kubepods_and_pod_usage_skips_vanished_pods() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     m.place(&guaranteed("o", "10Mi")).unwrap();
-    std::fs::write(f.mount.join("nw/kubepods/memory.current"), "5000").unwrap();
-    std::fs::write(f.mount.join("nw/kubepods/memory.stat"), "anon 4000\ninactive_file 1000\n").unwrap();
-    std::fs::write(f.mount.join("nw/kubepods/podo/memory.current"), "1000").unwrap();
-    std::fs::write(f.mount.join("nw/kubepods/podo/memory.stat"), "inactive_file 100\n").unwrap();
-    std::fs::write(f.mount.join("nw/kubepods/podo/pids.current"), "2").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/memory.current"), "5000").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/memory.stat"), "anon 4000\ninactive_file 1000\n").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/podo/memory.current"), "1000").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/podo/memory.stat"), "inactive_file 100\n").unwrap();
+    std::fs::write(f.cgroup_mount().join("nw/kubepods/podo/pids.current"), "2").unwrap();
     let obs = m.observe().unwrap();
     assert_eq!(obs.kubepods_working_set, 4000);
     assert_eq!(obs.memory.available, 524_288 * 1024, "the kubelet view (MemFree) is below MemAvailable here");
     let usage = m.pod_usage();
     assert_eq!(usage.len(), 1);
     assert_eq!(usage[0].memory_working_set, 900);
-    std::fs::remove_file(f.mount.join("nw/kubepods/podo/memory.current")).unwrap();
+    std::fs::remove_file(f.cgroup_mount().join("nw/kubepods/podo/memory.current")).unwrap();
     assert!(m.pod_usage().is_empty());
-    std::fs::remove_file(f.mount.join("nw/kubepods/memory.current")).unwrap();
+    std::fs::remove_file(f.cgroup_mount().join("nw/kubepods/memory.current")).unwrap();
     assert!(m.observe().is_err(), "an unreadable kubepods cgroup fails the pass");
 }
 
 #[test]
 fn eviction_candidates_carry_what_eviction_ranks_by() {
-    let f = fixture();
+    let f = FakeHost::new();
     let mut m = manager(&f);
     let burstable: Pod = serde_json::from_value(json!({
         "metadata": {"name": "w", "uid": "w", "annotations": {"kubernetes.io/config.source": "file"}},
@@ -298,7 +275,7 @@ fn eviction_candidates_carry_what_eviction_ranks_by() {
     m.place(&burstable).unwrap();
     m.place(&guaranteed("g", "10Mi")).unwrap();
     for uid in ["w", "g"] {
-        let dir = f.mount.join(format!("nw/kubepods/{}pod{uid}", if uid == "w" { "burstable/" } else { "" }));
+        let dir = f.cgroup_mount().join(format!("nw/kubepods/{}pod{uid}", if uid == "w" { "burstable/" } else { "" }));
         std::fs::write(dir.join("memory.current"), "1000").unwrap();
         std::fs::write(dir.join("memory.stat"), "inactive_file 100\n").unwrap();
         std::fs::write(dir.join("pids.current"), "3").unwrap();
@@ -318,8 +295,8 @@ fn eviction_candidates_carry_what_eviction_ranks_by() {
     m.set_terminating("g");
     assert_eq!(m.eviction_candidates().len(), 1);
     drop(m);
-    let fs = CgroupFs::emulated(&f.mount, CgroupPath::parse("/nw").unwrap());
-    let mut m2 = ResourceManager::new(fs, f.host.clone(), config()).unwrap();
+    let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw").unwrap());
+    let mut m2 = ResourceManager::new(fs, f.host(), config()).unwrap();
     m2.setup().unwrap();
     assert!(m2.eviction_candidates().is_empty());
 }
