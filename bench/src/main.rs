@@ -10,6 +10,8 @@
 //! `cri`: pod start latency through containerd next to the process runtime's, and the daemon's own cost per CRI
 //! pod (see `cri.rs`).
 //!
+//! `reload`: a threshold edit → the new threshold in `/metrics` (see `reload.rs`).
+//!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
 //! nodewarden (see `eviction.rs`); `hog` is their workload.
 
@@ -19,6 +21,7 @@ mod cri;
 mod eviction;
 mod hog;
 mod pods;
+mod reload;
 mod svg;
 
 use std::io::{Read, Write};
@@ -120,6 +123,21 @@ enum Cmd {
     },
     /// The benchmark's workload (run as a pod): grows memory, processes or files; records SIGTERM's delivery.
     Hog(hog::HogArgs),
+    /// A threshold edit (`sed -i`, in place, rename) → the new value in `kubelet_eviction_stats`.
+    Reload {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// Runs (a daemon each).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Edits of each kind per run.
+        #[arg(long, default_value_t = 4)]
+        edits: usize,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/reload.md")]
+        out: PathBuf,
+    },
 }
 
 const ROOT: &str = "/nwbench";
@@ -137,6 +155,7 @@ fn main() -> Result<()> {
             eviction::run(&nodewarden, &scenarios, &agents, runs, &out)
         }
         Cmd::Hog(args) => hog::run(&args),
+        Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
     }
 }
 
