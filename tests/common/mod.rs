@@ -2,13 +2,8 @@
 //! HTTP client, and cgroup clean-up.
 #![allow(dead_code)] // each test crate uses a different subset
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-use nodewarden_resources::{CgroupFs, CgroupPath};
 
 mod node;
 #[allow(unused_imports)] // the daemon tests run no pods
@@ -32,25 +27,11 @@ pub fn cgroup2_available() -> bool {
     ok
 }
 
+#[allow(unused_imports)] // each test crate uses a different subset
+pub use nodewarden_testkit::{get, metric, remove_tree};
+
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A plain HTTP/1.1 GET; returns the status code and the body.
-pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
-}
-
-/// The value of a metric line that starts with `prefix` (name and labels).
-pub fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+    nodewarden_testkit::free_port().unwrap()
 }
 
 pub fn meminfo(key: &str) -> u64 {
@@ -59,77 +40,51 @@ pub fn meminfo(key: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
-/// A daemon under test with its own cgroup root, config and port; killed and cleaned up when dropped.
+/// A daemon under test with its own cgroup root, config and port; killed and cleaned up when dropped, its log
+/// printed when the test failed.
 pub struct Daemon {
+    inner: nodewarden_testkit::Daemon,
     pub dir: tempfile::TempDir,
-    pub root: String,
-    pub port: u16,
-    pub child: Option<Child>,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = nodewarden_testkit::Daemon;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
+    }
 }
 
 impl Daemon {
     pub fn new(name: &str, extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let root = format!("/nwtest-d-{name}");
-        remove_tree(&CgroupPath::parse(&root).unwrap());
-        let port = free_port();
-        let config = format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {root}\n\
-             healthzPort: {port}\nsystemReserved:\n  memory: 64Mi\nkubeReserved:\n  memory: 16Mi\n\
+        let extra = format!(
+            "systemReserved:\n  memory: 64Mi\nkubeReserved:\n  memory: 16Mi\n\
              authentication:\n  anonymous:\n    enabled: false\nnodewarden:\n  housekeepingInterval: 200ms\n{extra}"
         );
-        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-        Daemon { dir, root, port, child: None }
-    }
-
-    pub fn cgroup(&self, rel: &str) -> PathBuf {
-        Path::new(MOUNT).join(&self.root[1..]).join(rel)
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+        let inner =
+            nodewarden_testkit::Daemon::configure(Path::new(BIN), dir.path(), &format!("/nwtest-d-{name}"), &extra)
+                .unwrap();
+        Daemon { inner, dir }
     }
 
     pub fn start(&mut self) {
-        let log = std::fs::File::create(self.dir.path().join("log")).unwrap();
-        let child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(self.dir.path().join("config.yaml"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+        self.inner.start().unwrap();
     }
 
     /// Waits for /readyz to answer 200.
     pub fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Some((200, _)) = get(self.port, "/readyz") {
-                return;
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!("nodewarden exited with {status} before it was ready:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("nodewarden was not ready within 60 s:\n{}", self.log());
+        self.inner.wait_ready(Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Sends SIGTERM and returns the exit code.
     pub fn stop(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Some(s) = child.try_wait().unwrap() {
-                return s.code();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        panic!("nodewarden did not stop within 30 s of SIGTERM:\n{}", self.log());
+        self.inner.stop(Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -143,11 +98,6 @@ impl Drop for Daemon {
                 eprintln!("{l}");
             }
         }
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        remove_tree(&CgroupPath::parse(&self.root).unwrap());
     }
 }
 
@@ -159,11 +109,4 @@ pub fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) -> Duratio
         std::thread::sleep(Duration::from_millis(50));
     }
     t0.elapsed()
-}
-
-/// Kills whatever runs in a cgroup tree and removes it.
-pub fn remove_tree(cg: &CgroupPath) {
-    if let Err(e) = CgroupFs::new(MOUNT, CgroupPath::root()).purge(cg) {
-        eprintln!("cannot remove {cg}: {e}");
-    }
 }
