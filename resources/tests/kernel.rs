@@ -96,9 +96,21 @@ fn pod(uid: &str, containers: serde_json::Value) -> k8s_openapi::api::core::v1::
 }
 
 /// Starts `sh -c SCRIPT` and moves it into `cgroup` before it runs anything else.
+/// Runs `script` in `cgroup`; returns once the process has joined it or already exited (a fixed sleep was too
+/// short on a loaded emulated guest).
 fn spawn_in(cgroup: &Path, script: &str) -> Child {
     let procs = cgroup.join("cgroup.procs");
-    Command::new("sh").arg("-c").arg(format!("echo $$ > {} && exec {script}", procs.display())).spawn().unwrap()
+    let mut child =
+        Command::new("sh").arg("-c").arg(format!("echo $$ > {} && exec {script}", procs.display())).spawn().unwrap();
+    let pid = child.id().to_string();
+    for _ in 0..500 {
+        let joined = std::fs::read_to_string(&procs).unwrap_or_default().lines().any(|l| l == pid);
+        if joined || child.try_wait().unwrap().is_some() {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("process {pid} never joined {}", cgroup.display());
 }
 
 fn mem_total() -> u64 {
@@ -251,7 +263,6 @@ fn refused_kernel_writes_are_errors_with_the_path() {
     let leaf = kp.child("busy").unwrap();
     fs.create(&leaf).unwrap();
     let mut child = spawn_in(&fs.dir(&leaf), "sleep 600");
-    std::thread::sleep(Duration::from_millis(200));
     let e = fs.enable_controllers(&leaf, &["memory"]).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(16), "EBUSY expected: {e}");
     let _ = child.kill();
