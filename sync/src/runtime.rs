@@ -187,6 +187,9 @@ impl ExitInfo {
     }
 }
 
+/// The most output of a command run in a container ([`ExecOutput`]) that is kept, in bytes.
+pub const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
+
 /// The result of running a command in a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {
@@ -194,6 +197,25 @@ pub struct ExecOutput {
     pub exit_code: Option<i32>,
     /// stdout and stderr, truncated.
     pub output: String,
+}
+
+impl ExecOutput {
+    /// The output of a command that ended with `exit_code`: stdout followed by stderr, invalid UTF-8 replaced, cut
+    /// to at most [`EXEC_OUTPUT_LIMIT`] bytes at a character boundary.
+    pub fn from_streams(exit_code: Option<i32>, stdout: &[u8], stderr: &[u8]) -> Self {
+        let mut output = String::from_utf8_lossy(stdout).into_owned();
+        output.push_str(&String::from_utf8_lossy(stderr));
+        if output.len() > EXEC_OUTPUT_LIMIT {
+            let end = (0..=EXEC_OUTPUT_LIMIT).rev().find(|i| output.is_char_boundary(*i)).unwrap_or(0);
+            output.truncate(end);
+        }
+        Self { exit_code, output }
+    }
+
+    /// The output of a command killed at its timeout.
+    pub fn timed_out(timeout: Duration) -> Self {
+        Self { exit_code: None, output: format!("command timed out after {timeout:?}") }
+    }
 }
 
 /// A runtime failure.
@@ -300,5 +322,24 @@ pub fn exit_reason(exit_code: i32, oom_killed: bool) -> &'static str {
         (true, _) => "OOMKilled",
         (false, 0) => "Completed",
         (false, _) => "Error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_output_is_cut_at_a_char_boundary() {
+        // 'é' is two bytes: with one ASCII byte first, the limit falls inside a character.
+        let stdout = format!("x{}", "é".repeat(EXEC_OUTPUT_LIMIT));
+        let out = ExecOutput::from_streams(Some(0), stdout.as_bytes(), b"never seen");
+        assert_eq!(out.output.len(), EXEC_OUTPUT_LIMIT - 1);
+        assert!(out.output.starts_with("xé") && out.output.ends_with('é'));
+        // stdout then stderr, both kept when short; a three-byte character across the cut.
+        let out = ExecOutput::from_streams(Some(1), b"out", "€".repeat(EXEC_OUTPUT_LIMIT).as_bytes());
+        assert!(out.output.starts_with("out€"));
+        assert!(out.output.len() <= EXEC_OUTPUT_LIMIT && out.output.len() > EXEC_OUTPUT_LIMIT - 3);
+        assert_eq!(ExecOutput::from_streams(None, b"a", b"\xffb").output, "a\u{fffd}b");
     }
 }

@@ -26,9 +26,6 @@ use crate::runtime::{
     ContainerSpec, ExecOutput, ExitInfo, PullPolicy, Runtime, RuntimeError, SIGKILL, SandboxSpec, Started, exit_reason,
 };
 
-/// The most output an exec probe keeps.
-const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
-
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
 /// cost the daemon about 1 % of a CPU with 10 pods in the emulated guest.
 const SANDBOX_CHECK_EVERY: u32 = 10;
@@ -474,20 +471,9 @@ impl Runtime for CriRuntime {
         timeout: Duration,
     ) -> Result<ExecOutput, RuntimeError> {
         match self.client.exec_sync(id, argv, timeout).await {
-            Ok(r) => {
-                let mut output = String::from_utf8_lossy(&r.stdout).into_owned();
-                output.push_str(&String::from_utf8_lossy(&r.stderr));
-                if output.len() > EXEC_OUTPUT_LIMIT {
-                    let mut end = EXEC_OUTPUT_LIMIT;
-                    while !output.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    output.truncate(end);
-                }
-                Ok(ExecOutput { exit_code: Some(r.exit_code), output })
-            }
+            Ok(r) => Ok(ExecOutput::from_streams(Some(r.exit_code), &r.stdout, &r.stderr)),
             Err(e) if e.code() == Some(tonic::Code::DeadlineExceeded) || matches!(e, CriError::Timeout { .. }) => {
-                Ok(ExecOutput { exit_code: None, output: format!("command timed out after {timeout:?}") })
+                Ok(ExecOutput::timed_out(timeout))
             }
             Err(e) if e.is_not_found() => Err(RuntimeError::NotFound(id.to_owned())),
             Err(e) => Err(runtime_error(e)),

@@ -21,7 +21,9 @@ use tokio::sync::watch;
 
 pub use exec::{ExecRequest, START_FAILED, container_exec};
 
-use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxSpec, Started, exit_reason};
+use crate::runtime::{
+    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxSpec, Started, exit_reason,
+};
 
 /// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -38,9 +40,6 @@ fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
 
 /// How long `start` waits for a new process to join its container cgroup.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The most output an exec probe keeps.
-const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
 
 struct Entry {
     pidfd: Option<OwnedFd>,
@@ -311,17 +310,12 @@ impl Runtime for ProcessRuntime {
             };
             tokio::join!(read_out, read_err);
             let status = child.wait().await;
-            out.extend_from_slice(&err);
-            (status, out)
+            (status, out, err)
         };
         match tokio::time::timeout(timeout, run).await {
-            Ok((Ok(status), out)) => {
-                let mut output = String::from_utf8_lossy(&out).into_owned();
-                output.truncate(EXEC_OUTPUT_LIMIT);
-                Ok(ExecOutput { exit_code: Some(decode(status).0), output })
-            }
-            Ok((Err(e), _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
-            Err(_) => Ok(ExecOutput { exit_code: None, output: format!("command timed out after {timeout:?}") }),
+            Ok((Ok(status), out, err)) => Ok(ExecOutput::from_streams(Some(decode(status).0), &out, &err)),
+            Ok((Err(e), _, _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
+            Err(_) => Ok(ExecOutput::timed_out(timeout)),
         }
     }
 
