@@ -31,11 +31,12 @@ pub use manifest::{
 pub use metrics::SyncMetrics;
 pub use process::{ExecRequest, ProcessRuntime, START_FAILED, container_exec};
 pub use runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, LinuxResources, Mount, PullPolicy, Runtime, RuntimeError, SIGKILL, SIGTERM,
-    SandboxSpec, Started,
+    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, LinuxResources, Mount, NoSandboxes, PullPolicy, Runtime,
+    RuntimeError, SIGKILL, SIGTERM, SandboxRuntime, SandboxSpec, Started,
 };
 pub use selected::SelectedRuntime;
 pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
+pub use status::{PodPhase, Terminal};
 pub use store::{MANIFEST_ANNOTATION, StatusStore};
 pub use worker::SyncSettings;
 

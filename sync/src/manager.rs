@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use nodewarden_resources::ResourceManager;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -16,10 +17,8 @@ use crate::runtime::Runtime;
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
 use crate::volumes;
-use crate::worker::{Ctx, Msg, Reason, SyncSettings, Worker, kill_and_release};
+use crate::worker::{Reason, Shared, SyncSettings, TerminateRequest, Worker, kill_and_release};
 
-/// How many messages wait for a worker; more are dropped, since a worker always acts on the latest spec.
-const WORKER_QUEUE: usize = 8;
 /// The manager loop's period, which `/readyz` checks.
 pub const TICK: Duration = Duration::from_secs(1);
 /// A sync pass running longer than this makes `/readyz` fail: a runtime call is stuck.
@@ -27,8 +26,11 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(60);
 /// The grace period of pods found at start that no source has (their spec, and so their own grace, is unknown).
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 
+/// A worker, as the manager reaches it: the latest spec (a newer one replaces it) and its terminations (never
+/// dropped).
 struct Handle {
-    tx: mpsc::Sender<Msg>,
+    spec: watch::Sender<Pod>,
+    terminations: mpsc::UnboundedSender<TerminateRequest>,
     task: tokio::task::JoinHandle<()>,
     busy: Arc<Mutex<Option<Instant>>>,
     name: String,
@@ -48,7 +50,7 @@ pub enum TerminateError {
 
 /// The pod manager.
 pub struct PodManager<R: Runtime> {
-    ctx: Arc<Ctx<R>>,
+    ctx: Arc<Shared<R>>,
     workers: Mutex<HashMap<String, Handle>>,
     name_locks: Mutex<HashMap<String, Arc<Semaphore>>>,
     last_tick: Mutex<Option<Instant>>,
@@ -68,7 +70,7 @@ impl<R: Runtime> PodManager<R> {
         settings: SyncSettings,
         metrics: SyncMetrics,
     ) -> Arc<Self> {
-        let ctx = Arc::new(Ctx { resources, runtime, settings, store: Arc::new(StatusStore::default()), metrics });
+        let ctx = Arc::new(Shared { resources, runtime, settings, store: Arc::new(StatusStore::default()), metrics });
         Arc::new(Self {
             ctx,
             workers: Mutex::new(HashMap::new()),
@@ -142,15 +144,21 @@ impl<R: Runtime> PodManager<R> {
         workers.retain(|_, h| !h.task.is_finished());
         for (uid, h) in workers.iter().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
-            let msg = Msg::Terminate { grace: None, reason: Reason::Deleted, signalled: None, done: None };
-            if h.tx.try_send(msg).is_err() {
-                tracing::warn!(pod_uid = %uid, "worker queue full; the pod will be terminated on the next change");
+            let req = TerminateRequest { grace: None, reason: Reason::Deleted, signalled: None, done: None };
+            if h.terminations.send(req).is_err() {
+                tracing::warn!(pod_uid = %uid, "the pod's worker is gone");
             }
         }
         for pod in snap.pods {
             let Some(uid) = pod.metadata.uid.clone() else { continue };
             if let Some(h) = workers.get(&uid) {
-                let _ = h.tx.try_send(Msg::Update(Box::new(pod)));
+                h.spec.send_if_modified(|current| {
+                    let changed = *current != pod;
+                    if changed {
+                        *current = pod.clone();
+                    }
+                    changed
+                });
                 continue;
             }
             let name = format!(
@@ -165,12 +173,13 @@ impl<R: Runtime> PodManager<R> {
                 .entry(name.clone())
                 .or_insert_with(|| Arc::new(Semaphore::new(1)))
                 .clone();
-            let (tx, rx) = mpsc::channel(WORKER_QUEUE);
+            let (spec, spec_rx) = watch::channel(pod.clone());
+            let (terminations, terminations_rx) = mpsc::unbounded_channel();
             let (events_tx, events_rx) = mpsc::unbounded_channel();
             let busy = Arc::new(Mutex::new(None));
             let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock);
-            let task = tokio::spawn(worker.run(rx, events_rx));
-            workers.insert(uid, Handle { tx, task, busy, name, source: snap.source });
+            let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
+            workers.insert(uid, Handle { spec, terminations, task, busy, name, source: snap.source });
         }
         drop(workers);
         if initial {
@@ -217,14 +226,18 @@ impl<R: Runtime> PodManager<R> {
     ) -> Result<oneshot::Receiver<()>, TerminateError> {
         let (done_tx, done_rx) = oneshot::channel();
         let (signalled_tx, signalled_rx) = oneshot::channel();
-        let tx = self.workers().get(uid).map(|h| h.tx.clone()).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        let msg = Msg::Terminate {
+        let req = TerminateRequest {
             grace: Some(grace),
             reason: Reason::Evicted(message),
             signalled: Some(signalled_tx),
             done: Some(done_tx),
         };
-        tx.send(msg).await.map_err(|_| TerminateError::WorkerGone(uid.into()))?;
+        self.workers()
+            .get(uid)
+            .ok_or_else(|| TerminateError::UnknownPod(uid.into()))?
+            .terminations
+            .send(req)
+            .map_err(|_| TerminateError::WorkerGone(uid.into()))?;
         // A worker that had nothing running drops the sender without a word.
         let _ = signalled_rx.await;
         Ok(done_rx)

@@ -254,18 +254,15 @@ pub enum RuntimeError {
 
 /// A container runtime.
 pub trait Runtime: Send + Sync + 'static {
+    /// The runtime's pod sandboxes, where it has them.
+    type Sandboxes: SandboxRuntime;
+
+    /// The pod sandboxes of a runtime that has them (CRI); `None` where the pod cgroup is the sandbox (the process
+    /// runtime).
+    fn sandboxes(&self) -> Option<&Self::Sandboxes>;
+
     /// The scheme of container IDs (`process`, `containerd`).
     fn scheme(&self) -> &'static str;
-
-    /// Creates a pod's sandbox and returns its ID. The process runtime has nothing to do: the pod cgroup is the
-    /// sandbox.
-    fn run_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
-
-    /// Finds the ready sandbox of a pod an earlier daemon ran, so that no new one is created.
-    fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<String>> + Send;
-
-    /// Stops and removes every sandbox of the pod (what is left of its containers with them).
-    fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
 
     /// At start, once the pods are known: removes what the runtime holds for pods that are not in `keep`.
     fn reconcile(&self, keep: &BTreeSet<String>) -> impl Future<Output = ()> + Send {
@@ -287,28 +284,50 @@ pub trait Runtime: Send + Sync + 'static {
     /// Resolves when the container has exited.
     fn wait(&self, id: &str) -> impl Future<Output = ExitInfo> + Send;
 
-    /// Sends a signal to the container's main process. A runtime that can only stop containers (CRI) stops it:
-    /// at once for SIGKILL, with the stop signal for anything else.
-    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError>;
-
-    /// Starts a graceful stop: the stop signal now, and the runtime's own SIGKILL after `grace` where it has one
-    /// (CRI's `StopContainer` timeout). The worker kills what is left after the grace period either way.
-    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
-        let _ = grace;
-        self.signal(id, SIGTERM)
-    }
+    /// Stops a container: the stop signal, then SIGKILL once `grace` has passed (a zero grace kills at once).
+    /// Resolves once the container has exited or has been sent SIGKILL; its exit arrives through [`Runtime::wait`].
+    fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
     /// Runs a command in the container `id` (its cgroup, user and environment), killed at `timeout`.
     fn exec(
         &self,
         id: &str,
-        spec: &ContainerSpec,
         argv: &[String],
         timeout: Duration,
     ) -> impl Future<Output = Result<ExecOutput, RuntimeError>> + Send;
 
     /// Forgets a container that exited (and frees what the runtime kept for it).
-    fn remove(&self, id: &str);
+    fn remove(&self, id: &str) -> impl Future<Output = ()> + Send;
+}
+
+/// The pod sandboxes of a runtime that has them.
+pub trait SandboxRuntime: Send + Sync + 'static {
+    /// Creates a pod's sandbox and returns its ID.
+    fn run_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// Finds the ready sandbox of a pod an earlier daemon ran, so that no new one is created.
+    fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<String>> + Send;
+
+    /// Stops and removes every sandbox of the pod (what is left of its containers with them).
+    fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
+}
+
+/// The sandboxes of a runtime that has none: this type has no values, so [`Runtime::sandboxes`] can only be `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoSandboxes {}
+
+impl SandboxRuntime for NoSandboxes {
+    async fn run_sandbox(&self, _spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        match *self {}
+    }
+
+    async fn adopt_sandbox(&self, _spec: &SandboxSpec) -> Option<String> {
+        match *self {}
+    }
+
+    async fn remove_sandbox(&self, _spec: &SandboxSpec) {
+        match *self {}
+    }
 }
 
 /// SIGTERM.

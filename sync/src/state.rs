@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use jiff::Timestamp;
 
 use crate::runtime::ExitInfo;
+use crate::status::Terminal;
 use crate::volumes::pod_dir;
 
 /// One container's saved state.
@@ -29,9 +30,9 @@ pub struct SavedPod {
     pub containers: BTreeMap<String, SavedContainer>,
     /// When the pod was first started.
     pub start_time: Option<Timestamp>,
-    /// Set once the pod is over (evicted, failed or succeeded): its phase, reason and message. A restarted daemon
-    /// keeps it that way instead of running the pod again.
-    pub terminal: Option<(String, Option<String>, Option<String>)>,
+    /// Set once the pod is over (evicted, failed or succeeded). A restarted daemon keeps it that way instead of
+    /// running the pod again.
+    pub terminal: Option<Terminal>,
 }
 
 fn path(root: &Path, uid: &str) -> PathBuf {
@@ -71,8 +72,14 @@ mod tests {
         assert_eq!(load(dir.path(), "u"), SavedPod::default());
         let mut s = SavedPod::default();
         s.containers.insert("app".into(), SavedContainer { restarts: 3, pid: Some(42), ..Default::default() });
+        s.terminal = Some(Terminal::failed(Some("Evicted".into()), Some("low on memory".into())));
         save(dir.path(), "u", &s).unwrap();
         assert_eq!(load(dir.path(), "u"), s);
+        let text = std::fs::read_to_string(path(dir.path(), "u")).unwrap();
+        assert!(
+            text.contains(r#""terminal":{"phase":"Failed","reason":"Evicted","message":"low on memory"}"#),
+            "{text}"
+        );
         std::fs::write(path(dir.path(), "u"), "{").unwrap();
         assert_eq!(load(dir.path(), "u"), SavedPod::default());
     }

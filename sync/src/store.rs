@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::manifest::CONFIG_SOURCE_ANNOTATION;
 use crate::source::{InvalidManifest, manifest_name};
+use crate::status::PodPhase;
 
 /// The annotation that names the manifest file of a refused manifest's `/pods` entry.
 pub const MANIFEST_ANNOTATION: &str = "nodewarden.io/manifest";
@@ -48,7 +49,7 @@ impl StatusStore {
         let mut containers: BTreeMap<&'static str, i64> = [("running", 0), ("exited", 0), ("created", 0)].into();
         for p in pods.values() {
             let Some(s) = &p.status else { continue };
-            if s.phase.as_deref() == Some("Running") {
+            if s.phase.as_deref() == Some(PodPhase::Running.as_str()) {
                 running_pods += 1;
             }
             for c in s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()) {
@@ -90,7 +91,7 @@ impl StatusStore {
                 },
                 spec: None,
                 status: Some(PodStatus {
-                    phase: Some("Failed".into()),
+                    phase: Some(PodPhase::Failed.as_str().into()),
                     reason: Some("InvalidManifest".into()),
                     message: Some(m.error.to_string()),
                     ..PodStatus::default()

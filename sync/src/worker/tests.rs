@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SIGKILL, SIGTERM, SandboxSpec, Started,
+    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SIGKILL, SIGTERM, SandboxRuntime, SandboxSpec, Started,
 };
 use crate::source::SourceSnapshot;
 use crate::worker::SyncSettings;
@@ -71,11 +71,23 @@ impl Fake {
     }
 }
 
-impl Runtime for Fake {
-    fn scheme(&self) -> &'static str {
-        "fake"
+impl Fake {
+    /// Ends a container with `signal` (unless it ignores SIGTERM), as a kernel would.
+    fn signal(&self, id: &str, signal: i32) {
+        self.signals.lock().unwrap().push((id.to_owned(), signal));
+        let running = self.running.lock().unwrap();
+        let (name, tx) = &running[id];
+        if signal == SIGKILL || !self.stubborn.lock().unwrap().contains(name) {
+            tx.send_if_modified(|v| v.is_none() && v.replace(exit(128 + signal)).is_none());
+        }
     }
 
+    fn has_exited(&self, id: &str) -> bool {
+        self.running.lock().unwrap()[id].1.borrow().is_some()
+    }
+}
+
+impl SandboxRuntime for Fake {
     async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
         self.sandboxes.lock().unwrap().push(format!("run {}", spec.pod_uid));
         Ok(format!("sb-{}", spec.pod_uid))
@@ -87,6 +99,18 @@ impl Runtime for Fake {
 
     async fn remove_sandbox(&self, spec: &SandboxSpec) {
         self.sandboxes.lock().unwrap().push(format!("remove {}", spec.pod_uid));
+    }
+}
+
+impl Runtime for Fake {
+    type Sandboxes = Self;
+
+    fn sandboxes(&self) -> Option<&Self> {
+        Some(self)
+    }
+
+    fn scheme(&self) -> &'static str {
+        "fake"
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
@@ -112,28 +136,23 @@ impl Runtime for Fake {
         v.unwrap()
     }
 
-    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
-        self.signals.lock().unwrap().push((id.to_owned(), signal));
-        let running = self.running.lock().unwrap();
-        let (name, tx) = &running[id];
-        if signal == SIGKILL || !self.stubborn.lock().unwrap().contains(name) {
-            tx.send_if_modified(|v| v.is_none() && v.replace(exit(128 + signal)).is_none());
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        if !grace.is_zero() {
+            self.signal(id, SIGTERM);
+            tokio::time::sleep(grace).await;
+        }
+        if !self.has_exited(id) {
+            self.signal(id, SIGKILL);
         }
         Ok(())
     }
 
-    async fn exec(
-        &self,
-        _id: &str,
-        _spec: &ContainerSpec,
-        argv: &[String],
-        _t: Duration,
-    ) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, _id: &str, argv: &[String], _t: Duration) -> Result<ExecOutput, RuntimeError> {
         let fails = self.failing.lock().unwrap().contains(&argv[0]);
         Ok(ExecOutput { exit_code: Some(i32::from(fails)), output: String::new() })
     }
 
-    fn remove(&self, _id: &str) {}
+    async fn remove(&self, _id: &str) {}
 }
 
 struct Harness {
