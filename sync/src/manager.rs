@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_resources::ResourceManager;
 use rustix::process::{Pid, Signal, kill_process};
@@ -26,6 +27,9 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(60);
 /// The grace period of pods found at start that no source has (their spec, and so their own grace, is unknown).
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 
+/// How often a pod's worker is replaced after panicking before the pod is given up.
+pub const MAX_WORKER_PANICS: u32 = 5;
+
 /// A worker, as the manager reaches it: the latest spec (a newer one replaces it) and its terminations (never
 /// dropped).
 struct Handle {
@@ -35,6 +39,10 @@ struct Handle {
     busy: Arc<Mutex<Option<Instant>>>,
     name: String,
     source: &'static str,
+    /// Its source no longer has the pod: a replacement worker is told again.
+    deleted: bool,
+    /// How often the pod's worker panicked.
+    panics: u32,
 }
 
 /// Why a pod could not be terminated on request.
@@ -124,7 +132,7 @@ impl<R: Runtime> PodManager<R> {
 
     fn tick(&self) {
         *self.last_tick.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        self.workers().retain(|_, h| !h.task.is_finished());
+        self.reap(&mut self.workers());
         self.name_locks.lock().unwrap_or_else(PoisonError::into_inner).retain(|_, s| Arc::strong_count(s) > 1);
         let (pods, containers) = self.ctx.store.counts();
         self.ctx.metrics.running_pods.set(pods);
@@ -141,8 +149,9 @@ impl<R: Runtime> PodManager<R> {
         self.ctx.store.set_invalid(snap.invalid);
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let mut workers = self.workers();
-        workers.retain(|_, h| !h.task.is_finished());
-        for (uid, h) in workers.iter().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
+        self.reap(&mut workers);
+        for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
+            h.deleted = true;
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
             let req = TerminateRequest { grace: None, reason: Reason::Deleted, signalled: None, done: None };
             if h.terminations.send(req).is_err() {
@@ -161,29 +170,69 @@ impl<R: Runtime> PodManager<R> {
                 });
                 continue;
             }
-            let name = format!(
-                "{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                pod.metadata.name.as_deref().unwrap_or_default()
-            );
-            let lock = self
-                .name_locks
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(name.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(1)))
-                .clone();
-            let (spec, spec_rx) = watch::channel(pod.clone());
-            let (terminations, terminations_rx) = mpsc::unbounded_channel();
-            let (events_tx, events_rx) = mpsc::unbounded_channel();
-            let busy = Arc::new(Mutex::new(None));
-            let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock);
-            let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
-            workers.insert(uid, Handle { spec, terminations, task, busy, name, source: snap.source });
+            workers.insert(uid, self.spawn_worker(pod, snap.source, None));
         }
         drop(workers);
         if initial {
             self.clean_orphans(&wanted);
+        }
+    }
+
+    /// Starts a worker for a pod; `incident` says why the pod needed a new one.
+    fn spawn_worker(&self, pod: Pod, source: &'static str, incident: Option<String>) -> Handle {
+        let name = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        let lock = self
+            .name_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(name.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone();
+        let (spec, spec_rx) = watch::channel(pod.clone());
+        let (terminations, terminations_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let busy = Arc::new(Mutex::new(None));
+        let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock).with_incident(incident);
+        let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
+        Handle { spec, terminations, task, busy, name, source, deleted: false, panics: 0 }
+    }
+
+    /// Forgets the workers that ended. One that panicked is logged and replaced by a new worker, which takes the
+    /// pod over as after a daemon restart and says so in the pod's status; after [`MAX_WORKER_PANICS`] the pod
+    /// is left as it is, its status saying why.
+    fn reap(&self, workers: &mut HashMap<String, Handle>) {
+        let ended: Vec<String> = workers.iter().filter(|(_, h)| h.task.is_finished()).map(|(u, _)| u.clone()).collect();
+        for uid in ended {
+            let Some(mut h) = workers.remove(&uid) else { continue };
+            let Some(Err(e)) = (&mut h.task).now_or_never() else { continue };
+            if !e.is_panic() {
+                continue;
+            }
+            let panic = panic_message(e.into_panic());
+            let panics = h.panics.saturating_add(1);
+            if panics > MAX_WORKER_PANICS {
+                tracing::error!(pod_uid = %uid, pod = %h.name, %panic, panics, "pod worker panicked again; the pod is no longer synced");
+                self.ctx.store.mark_unsynced(
+                    &uid,
+                    &format!("the pod worker panicked {panics} times, last: {panic}; the pod is no longer synced"),
+                );
+                continue;
+            }
+            tracing::error!(pod_uid = %uid, pod = %h.name, %panic, panics, "pod worker panicked; a new worker takes the pod over");
+            let incident = format!("the pod worker panicked ({panic}); a new worker took the pod over");
+            let pod = h.spec.borrow().clone();
+            let mut replacement = self.spawn_worker(pod, h.source, Some(incident));
+            replacement.panics = panics;
+            if h.deleted {
+                replacement.deleted = true;
+                let req = TerminateRequest { grace: None, reason: Reason::Deleted, signalled: None, done: None };
+                let _ = replacement.terminations.send(req);
+            }
+            workers.insert(uid, replacement);
         }
     }
 
@@ -270,6 +319,16 @@ impl<R: Runtime> PodManager<R> {
             }
         }
         Ok(())
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => {
+            payload.downcast_ref::<&str>().map_or_else(|| "a panic without a message".into(), |s| (*s).to_owned())
+        }
     }
 }
 

@@ -121,6 +121,8 @@ pub(crate) struct Worker<R> {
     signalled: Vec<oneshot::Sender<()>>,
     awaiting_signal: bool,
     done: Vec<oneshot::Sender<()>>,
+    /// Why this worker took the pod over from one that panicked (a pod condition says so).
+    incident: Option<k8s_openapi::api::core::v1::PodCondition>,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -152,7 +154,14 @@ impl<R: Runtime> Worker<R> {
             signalled: Vec::new(),
             awaiting_signal: false,
             done: Vec::new(),
+            incident: None,
         }
+    }
+
+    /// A worker that takes the pod over from one that panicked, for this reason.
+    pub(crate) fn with_incident(mut self, incident: Option<String>) -> Self {
+        self.incident = incident.as_deref().map(crate::store::worker_condition);
+        self
     }
 
     fn full_name(&self) -> String {

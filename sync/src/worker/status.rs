@@ -172,7 +172,10 @@ impl<R: Runtime> Worker<R> {
             scheme: self.shared.runtime.scheme(),
             qos: self.placement.as_ref().map(|p| p.qos.as_str()),
         };
-        let status = pod_status(&self.lifecycle, &view, &mut self.conditions, Instant::now());
+        let mut status = pod_status(&self.lifecycle, &view, &mut self.conditions, Instant::now());
+        if let Some(c) = &self.incident {
+            status.conditions.get_or_insert_with(Vec::new).push(c.clone());
+        }
         let pod = Pod { metadata: self.pod.metadata.clone(), spec: self.pod.spec.clone(), status: Some(status) };
         self.shared.store.set(&self.uid, pod);
     }
