@@ -32,7 +32,7 @@ pub use metrics::SyncMetrics;
 pub use process::{ExecRequest, ProcessRuntime, START_FAILED, container_exec};
 pub use runtime::{
     ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, LinuxResources, Mount, NoSandboxes, PullPolicy, Runtime,
-    RuntimeError, SIGKILL, SIGTERM, SandboxRuntime, SandboxSpec, Started,
+    RuntimeError, SandboxRuntime, SandboxSpec, Started,
 };
 pub use selected::SelectedRuntime;
 pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};

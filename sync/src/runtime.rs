@@ -330,11 +330,6 @@ impl SandboxRuntime for NoSandboxes {
     }
 }
 
-/// SIGTERM.
-pub const SIGTERM: i32 = 15;
-/// SIGKILL.
-pub const SIGKILL: i32 = 9;
-
 /// The kubelet's reason for an exit: `OOMKilled`, `Completed` (0) or `Error`.
 pub fn exit_reason(exit_code: i32, oom_killed: bool) -> &'static str {
     match (oom_killed, exit_code) {

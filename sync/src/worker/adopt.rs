@@ -5,7 +5,6 @@ use super::lifecycle::{ContainerSlot, ContainerState, LastExit, Lifecycle, PodSt
 use super::{Sandbox, Worker};
 use crate::runtime::{Runtime, SandboxRuntime};
 use crate::state::{self, SavedContainer, SavedPod};
-use crate::volumes;
 
 /// The state to save for the next daemon.
 pub(super) fn saved(pod: &Lifecycle) -> SavedPod {
@@ -56,9 +55,9 @@ impl<R: Runtime> Worker<R> {
             }
         }
         self.lifecycle.start_time = saved.start_time;
-        let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
-        let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
-        self.volumes = volumes::prepare(&root, &self.uid, &vols, memory_limit).unwrap_or_default();
+        if let Err(e) = self.prepare_volumes() {
+            tracing::warn!(pod = %self.full_name(), error = %e, "cannot prepare an adopted pod's volumes");
+        }
         let sandbox = match (self.shared.runtime.sandboxes(), self.sandbox_spec()) {
             (None, _) => Some(self.uid.clone()),
             (Some(sandboxes), Some(spec)) => sandboxes.adopt_sandbox(&spec).await,

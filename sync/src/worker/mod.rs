@@ -289,12 +289,7 @@ impl<R: Runtime> Worker<R> {
     async fn execute(&mut self, action: Action) -> Option<Input> {
         match action {
             Action::Place => Some(self.place()),
-            Action::PrepareVolumes => {
-                let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
-                let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
-                let prepared = volumes::prepare(&self.shared.settings.root_dir, &self.uid, &vols, memory_limit);
-                Some(Input::VolumesPrepared(prepared.map(|v| self.volumes = v)))
-            }
+            Action::PrepareVolumes => Some(Input::VolumesPrepared(self.prepare_volumes())),
             Action::RunSandbox => self.run_sandbox(),
             Action::UpdateResources => {
                 if self.placement.is_some() {
@@ -379,6 +374,14 @@ impl<R: Runtime> Worker<R> {
                 Input::Placed(Err(PlaceFailure::Failed(format!("cannot place the pod: {e}"))))
             }
         }
+    }
+
+    /// Makes the pod's volumes (a memory-backed emptyDir is sized to the pod's memory limit).
+    fn prepare_volumes(&mut self) -> Result<(), String> {
+        let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
+        let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+        self.volumes = volumes::prepare(&self.shared.settings.root_dir, &self.uid, &vols, memory_limit)?;
+        Ok(())
     }
 
     fn save(&self) {

@@ -16,8 +16,11 @@ use tokio::time::Instant;
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SIGKILL, SIGTERM, SandboxRuntime, SandboxSpec, Started,
+    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
 };
+
+const SIGTERM: i32 = 15;
+const SIGKILL: i32 = 9;
 use crate::source::SourceSnapshot;
 use crate::worker::SyncSettings;
 
