@@ -112,8 +112,8 @@ pub(crate) enum Stage {
 /// A retry of a pod-level step (placement, volumes, sandbox) after a failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Retry {
-    /// When.
-    pub at: Instant,
+    /// When; `None` once the retry is under way.
+    pub at: Option<Instant>,
     /// The wait that led to `at`; the next failure waits twice as long, up to 30 s.
     pub wait: Duration,
     /// Why, shown as the pod's status message.
@@ -360,7 +360,7 @@ impl Lifecycle {
                 Stage::Killing { until } => Some(*until),
                 Stage::CleaningUp => None,
             },
-            PodState::Admitting | PodState::Preparing { .. } => self.retry.as_ref().map(|r| r.at),
+            PodState::Admitting | PodState::Preparing { .. } => self.retry.as_ref().and_then(|r| r.at),
             PodState::Initializing | PodState::Running => self
                 .containers
                 .iter()

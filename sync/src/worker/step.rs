@@ -139,15 +139,15 @@ impl Lifecycle {
 
     fn retry_later(&mut self, message: String, now: Instant) {
         let wait = self.retry.as_ref().map_or(RETRY_FIRST, |r| (r.wait * 2).min(RETRY_MAX));
-        self.retry = Some(Retry { at: now + wait, wait, message });
+        self.retry = Some(Retry { at: Some(now + wait), wait, message });
     }
 
     fn timer(&mut self, now: Instant, out: &mut Vec<Action>) {
         match &mut self.state {
             PodState::Admitting | PodState::Preparing { .. } => {
-                if self.retry.as_ref().is_none_or(|r| now < r.at) {
-                    return;
-                }
+                // The retry is due once; its message stays until the step succeeds.
+                let Some(retry) = self.retry.as_mut().filter(|r| r.at.is_some_and(|at| at <= now)) else { return };
+                retry.at = None;
                 out.push(match self.state {
                     PodState::Preparing { step: PrepareStep::Volumes, .. } => Action::PrepareVolumes,
                     PodState::Preparing { step: PrepareStep::Sandbox, .. } => Action::RunSandbox,
@@ -259,7 +259,8 @@ impl Lifecycle {
     }
 
     fn exited(&mut self, i: usize, id: String, info: crate::runtime::ExitInfo, now: Instant, out: &mut Vec<Action>) {
-        let over = !matches!(self.state, PodState::Initializing | PodState::Running);
+        // A pod waiting for a new sandbox restarts its containers once it has one.
+        let over = matches!(self.state, PodState::Terminating { .. } | PodState::Finished(_) | PodState::Removed);
         let policy = self.policy;
         let c = &mut self.containers[i];
         let since = c.running().map_or(now, |r| r.since);

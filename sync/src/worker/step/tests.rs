@@ -338,3 +338,37 @@ fn all_app_containers_done_ends_the_pod() {
     let (p, _) = step(p, Input::CleanedUp, now);
     assert_eq!(p.state, PodState::Finished(done));
 }
+
+#[test]
+fn a_pod_waiting_for_a_new_sandbox_restarts_its_containers_once_it_has_one() {
+    let now = Instant::now();
+    let preparing = PodState::Preparing { step: PrepareStep::Sandbox, then: Resume::Running };
+    let p = pod(preparing.clone(), vec![slot("app", Role::App, running("c1", now))]);
+    let (p, actions) = step(p, Input::ContainerExited { id: "c1".into(), info: exit(137) }, now);
+    assert_eq!((&p.state, actions), (&preparing, vec![Action::RemoveContainer { id: "c1".into() }, Action::Save]));
+    assert_eq!(p.containers[0].state, ContainerState::BackOff { until: now });
+    let (p, actions) = step(p, Input::SandboxReady(Ok(())), now);
+    assert_eq!(p.state, PodState::Running);
+    assert_eq!(actions, [Action::StartContainer { index: 0, attempt: 1 }]);
+}
+
+#[test]
+fn a_failed_step_is_retried_once_when_due_with_a_doubling_wait() {
+    let now = Instant::now();
+    let preparing = PodState::Preparing { step: PrepareStep::Sandbox, then: Resume::Initializing };
+    let p = pod(preparing.clone(), vec![slot("app", Role::App, ContainerState::Pending)]);
+    let (p, actions) = step(p, Input::SandboxReady(Err("no".into())), now);
+    assert_eq!((p.next_wakeup(), actions), (Some(now + Duration::from_secs(1)), vec![]));
+    let later = now + Duration::from_secs(1);
+    let (p, actions) = step(p, Input::Timer, later);
+    assert_eq!(actions, [Action::RunSandbox]);
+    assert_eq!(p.next_wakeup(), None, "no second call while the first is under way");
+    let (p, actions) = step(p, Input::Timer, later);
+    assert_eq!(actions, []);
+    let (p, _) = step(p, Input::SandboxReady(Err("no".into())), later);
+    assert_eq!(p.next_wakeup(), Some(later + Duration::from_secs(2)));
+    assert_eq!(p.retry.as_ref().map(|r| r.message.as_str()), Some("cannot create the pod sandbox: no"));
+    let (p, actions) = step(p, Input::SandboxReady(Ok(())), later);
+    assert_eq!((p.state, p.retry), (PodState::Running, None), "no init containers: straight to running");
+    assert_eq!(actions, [Action::StartContainer { index: 0, attempt: 0 }]);
+}
