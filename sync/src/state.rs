@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use jiff::Timestamp;
 
 use crate::runtime::ExitInfo;
-use crate::status::Terminal;
+use crate::status::{PodPhase, Terminal};
 use crate::volumes::pod_dir;
 
 /// One container's saved state.
@@ -31,8 +31,33 @@ pub struct SavedPod {
     /// When the pod was first started.
     pub start_time: Option<Timestamp>,
     /// Set once the pod is over (evicted, failed or succeeded). A restarted daemon keeps it that way instead of
-    /// running the pod again.
+    /// running the pod again. Files written before it was a struct hold a `[phase, reason, message]` array.
+    #[serde(default, deserialize_with = "terminal_or_array")]
     pub terminal: Option<Terminal>,
+}
+
+/// `SavedPod.terminal` as saved now, or as an array by earlier versions.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum SavedTerminal {
+    Struct(Terminal),
+    Array(String, Option<String>, Option<String>),
+}
+
+fn terminal_or_array<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Terminal>, D::Error> {
+    let saved: Option<SavedTerminal> = serde::Deserialize::deserialize(d)?;
+    Ok(saved.and_then(|t| match t {
+        SavedTerminal::Struct(t) => Some(t),
+        SavedTerminal::Array(phase, reason, message) => {
+            let phase = match phase.as_str() {
+                "Succeeded" => PodPhase::Succeeded,
+                "Failed" => PodPhase::Failed,
+                // A deleted pod's placeholder: nothing to keep.
+                _ => return None,
+            };
+            Some(Terminal { phase, reason, message })
+        }
+    }))
 }
 
 fn path(root: &Path, uid: &str) -> PathBuf {
@@ -80,6 +105,10 @@ mod tests {
             text.contains(r#""terminal":{"phase":"Failed","reason":"Evicted","message":"low on memory"}"#),
             "{text}"
         );
+        // An earlier version's array.
+        std::fs::write(path(dir.path(), "u"), r#"{"containers":{},"terminal":["Failed","Evicted","low"]}"#).unwrap();
+        let evicted = Terminal::failed(Some("Evicted".into()), Some("low".into()));
+        assert_eq!(load(dir.path(), "u").terminal, Some(evicted));
         std::fs::write(path(dir.path(), "u"), "{").unwrap();
         assert_eq!(load(dir.path(), "u"), SavedPod::default());
     }
