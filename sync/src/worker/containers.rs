@@ -192,7 +192,8 @@ impl<R: Runtime> Worker<R> {
 
     /// Stops a container whose liveness or startup probe failed; its exit arrives through its watcher.
     pub(super) fn stop_container(&mut self, id: String, grace: Duration, why: &str) {
-        tracing::info!(pod = %self.full_name(), container_id = %id, output = %why, "probe failed; restarting the container");
+        let name = self.lifecycle.index_of(&id).map(|i| self.lifecycle.containers[i].name.as_str()).unwrap_or_default();
+        tracing::info!(pod = %self.full_name(), container = %name, container_id = %id, output = %why, "probe failed; restarting the container");
         let runtime = self.shared.runtime.clone();
         let Some(tasks) = self.containers.get_mut(&id) else { return };
         tasks.spawn(async move {
