@@ -23,7 +23,7 @@ mod store;
 mod volumes;
 mod worker;
 
-pub use manager::{ORPHAN_GRACE, PodManager, STUCK_AFTER, TICK, TerminateError};
+pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{
     CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, MAX_MANIFEST_BYTES, ManifestError, parse_static_pod,
     read_manifest,
@@ -31,12 +31,13 @@ pub use manifest::{
 pub use metrics::SyncMetrics;
 pub use process::{ExecRequest, ProcessRuntime, START_FAILED, container_exec};
 pub use runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, LinuxResources, Mount, PullPolicy, Runtime, RuntimeError, SIGKILL, SIGTERM,
-    SandboxSpec, Started,
+    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, LinuxResources, Mount, NoSandboxes, PullPolicy, Runtime,
+    RuntimeError, SandboxRuntime, SandboxSpec, Started,
 };
 pub use selected::SelectedRuntime;
 pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
-pub use store::{MANIFEST_ANNOTATION, StatusStore};
+pub use status::{PodPhase, Terminal};
+pub use store::{MANIFEST_ANNOTATION, StatusStore, WORKER_CONDITION};
 pub use worker::SyncSettings;
 
 /// Resolves once the drain signal is given (or its sender is gone).

@@ -6,6 +6,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use k8s_openapi::api::core::v1::Pod;
 use nodewarden_resources::ResourceManager;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -16,10 +18,8 @@ use crate::runtime::Runtime;
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
 use crate::volumes;
-use crate::worker::{Ctx, Msg, Reason, SyncSettings, Worker, kill_and_release};
+use crate::worker::{Reason, Shared, SyncSettings, TerminateRequest, Worker, kill_and_release};
 
-/// How many messages wait for a worker; more are dropped, since a worker always acts on the latest spec.
-const WORKER_QUEUE: usize = 8;
 /// The manager loop's period, which `/readyz` checks.
 pub const TICK: Duration = Duration::from_secs(1);
 /// A sync pass running longer than this makes `/readyz` fail: a runtime call is stuck.
@@ -27,12 +27,22 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(60);
 /// The grace period of pods found at start that no source has (their spec, and so their own grace, is unknown).
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 
+/// How often a pod's worker is replaced after panicking before the pod is given up.
+pub const MAX_WORKER_PANICS: u32 = 5;
+
+/// A worker, as the manager reaches it: the latest spec (a newer one replaces it) and its terminations (never
+/// dropped).
 struct Handle {
-    tx: mpsc::Sender<Msg>,
+    spec: watch::Sender<Pod>,
+    terminations: mpsc::UnboundedSender<TerminateRequest>,
     task: tokio::task::JoinHandle<()>,
     busy: Arc<Mutex<Option<Instant>>>,
     name: String,
     source: &'static str,
+    /// Its source no longer has the pod: a replacement worker is told again.
+    deleted: bool,
+    /// How often the pod's worker panicked.
+    panics: u32,
 }
 
 /// Why a pod could not be terminated on request.
@@ -48,7 +58,7 @@ pub enum TerminateError {
 
 /// The pod manager.
 pub struct PodManager<R: Runtime> {
-    ctx: Arc<Ctx<R>>,
+    ctx: Arc<Shared<R>>,
     workers: Mutex<HashMap<String, Handle>>,
     name_locks: Mutex<HashMap<String, Arc<Semaphore>>>,
     last_tick: Mutex<Option<Instant>>,
@@ -68,7 +78,7 @@ impl<R: Runtime> PodManager<R> {
         settings: SyncSettings,
         metrics: SyncMetrics,
     ) -> Arc<Self> {
-        let ctx = Arc::new(Ctx { resources, runtime, settings, store: Arc::new(StatusStore::default()), metrics });
+        let ctx = Arc::new(Shared { resources, runtime, settings, store: Arc::new(StatusStore::default()), metrics });
         Arc::new(Self {
             ctx,
             workers: Mutex::new(HashMap::new()),
@@ -118,7 +128,7 @@ impl<R: Runtime> PodManager<R> {
 
     fn tick(&self) {
         *self.last_tick.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        self.workers().retain(|_, h| !h.task.is_finished());
+        self.reap(&mut self.workers());
         self.name_locks.lock().unwrap_or_else(PoisonError::into_inner).retain(|_, s| Arc::strong_count(s) > 1);
         let (pods, containers) = self.ctx.store.counts();
         self.ctx.metrics.running_pods.set(pods);
@@ -135,42 +145,90 @@ impl<R: Runtime> PodManager<R> {
         self.ctx.store.set_invalid(snap.invalid);
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let mut workers = self.workers();
-        workers.retain(|_, h| !h.task.is_finished());
-        for (uid, h) in workers.iter().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
+        self.reap(&mut workers);
+        for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
+            h.deleted = true;
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
-            let msg = Msg::Terminate { grace: None, reason: Reason::Deleted, signalled: None, done: None };
-            if h.tx.try_send(msg).is_err() {
-                tracing::warn!(pod_uid = %uid, "worker queue full; the pod will be terminated on the next change");
+            let req = TerminateRequest { grace: None, reason: Reason::Deleted, signalled: None, done: None };
+            if h.terminations.send(req).is_err() {
+                tracing::warn!(pod_uid = %uid, "the pod's worker is gone");
             }
         }
         for pod in snap.pods {
             let Some(uid) = pod.metadata.uid.clone() else { continue };
             if let Some(h) = workers.get(&uid) {
-                let _ = h.tx.try_send(Msg::Update(Box::new(pod)));
+                h.spec.send_if_modified(|current| {
+                    let changed = *current != pod;
+                    if changed {
+                        *current = pod.clone();
+                    }
+                    changed
+                });
                 continue;
             }
-            let name = format!(
-                "{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                pod.metadata.name.as_deref().unwrap_or_default()
-            );
-            let lock = self
-                .name_locks
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(name.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(1)))
-                .clone();
-            let (tx, rx) = mpsc::channel(WORKER_QUEUE);
-            let (events_tx, events_rx) = mpsc::unbounded_channel();
-            let busy = Arc::new(Mutex::new(None));
-            let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock);
-            let task = tokio::spawn(worker.run(rx, events_rx));
-            workers.insert(uid, Handle { tx, task, busy, name, source: snap.source });
+            workers.insert(uid, self.spawn_worker(pod, snap.source, None));
         }
         drop(workers);
         if initial {
             self.clean_orphans(&wanted);
+        }
+    }
+
+    /// Starts a worker for a pod; `incident` says why the pod needed a new one.
+    fn spawn_worker(&self, pod: Pod, source: &'static str, incident: Option<String>) -> Handle {
+        let name = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        let lock = self
+            .name_locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(name.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone();
+        let (spec, spec_rx) = watch::channel(pod.clone());
+        let (terminations, terminations_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let busy = Arc::new(Mutex::new(None));
+        let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock).with_incident(incident);
+        let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
+        Handle { spec, terminations, task, busy, name, source, deleted: false, panics: 0 }
+    }
+
+    /// Forgets the workers that ended. One that panicked is logged and replaced by a new worker, which takes the
+    /// pod over as after a daemon restart and says so in the pod's status; after [`MAX_WORKER_PANICS`] the pod
+    /// is left as it is, its status saying why.
+    fn reap(&self, workers: &mut HashMap<String, Handle>) {
+        let ended: Vec<String> = workers.iter().filter(|(_, h)| h.task.is_finished()).map(|(u, _)| u.clone()).collect();
+        for uid in ended {
+            let Some(mut h) = workers.remove(&uid) else { continue };
+            let Some(Err(e)) = (&mut h.task).now_or_never() else { continue };
+            if !e.is_panic() {
+                continue;
+            }
+            let panic = panic_message(e.into_panic());
+            let panics = h.panics.saturating_add(1);
+            if panics > MAX_WORKER_PANICS {
+                tracing::error!(pod_uid = %uid, pod = %h.name, %panic, panics, "pod worker panicked again; the pod is no longer synced");
+                self.ctx.store.mark_unsynced(
+                    &uid,
+                    &format!("the pod worker panicked {panics} times, last: {panic}; the pod is no longer synced"),
+                );
+                continue;
+            }
+            tracing::error!(pod_uid = %uid, pod = %h.name, %panic, panics, "pod worker panicked; a new worker takes the pod over");
+            let incident = format!("the pod worker panicked ({panic}); a new worker took the pod over");
+            let pod = h.spec.borrow().clone();
+            let mut replacement = self.spawn_worker(pod, h.source, Some(incident));
+            replacement.panics = panics;
+            if h.deleted {
+                replacement.deleted = true;
+                let req = TerminateRequest { grace: None, reason: Reason::Deleted, signalled: None, done: None };
+                let _ = replacement.terminations.send(req);
+            }
+            workers.insert(uid, replacement);
         }
     }
 
@@ -213,14 +271,18 @@ impl<R: Runtime> PodManager<R> {
     ) -> Result<oneshot::Receiver<()>, TerminateError> {
         let (done_tx, done_rx) = oneshot::channel();
         let (signalled_tx, signalled_rx) = oneshot::channel();
-        let tx = self.workers().get(uid).map(|h| h.tx.clone()).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        let msg = Msg::Terminate {
+        let req = TerminateRequest {
             grace: Some(grace),
             reason: Reason::Evicted(message),
             signalled: Some(signalled_tx),
             done: Some(done_tx),
         };
-        tx.send(msg).await.map_err(|_| TerminateError::WorkerGone(uid.into()))?;
+        self.workers()
+            .get(uid)
+            .ok_or_else(|| TerminateError::UnknownPod(uid.into()))?
+            .terminations
+            .send(req)
+            .map_err(|_| TerminateError::WorkerGone(uid.into()))?;
         // A worker that had nothing running drops the sender without a word.
         let _ = signalled_rx.await;
         Ok(done_rx)
@@ -253,6 +315,16 @@ impl<R: Runtime> PodManager<R> {
             }
         }
         Ok(())
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => {
+            payload.downcast_ref::<&str>().map_or_else(|| "a panic without a message".into(), |s| (*s).to_owned())
+        }
     }
 }
 

@@ -187,6 +187,9 @@ impl ExitInfo {
     }
 }
 
+/// The most output of a command run in a container ([`ExecOutput`]) that is kept, in bytes.
+pub const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
+
 /// The result of running a command in a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {
@@ -194,6 +197,25 @@ pub struct ExecOutput {
     pub exit_code: Option<i32>,
     /// stdout and stderr, truncated.
     pub output: String,
+}
+
+impl ExecOutput {
+    /// The output of a command that ended with `exit_code`: stdout followed by stderr, invalid UTF-8 replaced, cut
+    /// to at most [`EXEC_OUTPUT_LIMIT`] bytes at a character boundary.
+    pub fn from_streams(exit_code: Option<i32>, stdout: &[u8], stderr: &[u8]) -> Self {
+        let mut output = String::from_utf8_lossy(stdout).into_owned();
+        output.push_str(&String::from_utf8_lossy(stderr));
+        if output.len() > EXEC_OUTPUT_LIMIT {
+            let end = (0..=EXEC_OUTPUT_LIMIT).rev().find(|i| output.is_char_boundary(*i)).unwrap_or(0);
+            output.truncate(end);
+        }
+        Self { exit_code, output }
+    }
+
+    /// The output of a command killed at its timeout.
+    pub fn timed_out(timeout: Duration) -> Self {
+        Self { exit_code: None, output: format!("command timed out after {timeout:?}") }
+    }
 }
 
 /// A runtime failure.
@@ -232,18 +254,15 @@ pub enum RuntimeError {
 
 /// A container runtime.
 pub trait Runtime: Send + Sync + 'static {
+    /// The runtime's pod sandboxes, where it has them.
+    type Sandboxes: SandboxRuntime;
+
+    /// The pod sandboxes of a runtime that has them (CRI); `None` where the pod cgroup is the sandbox (the process
+    /// runtime).
+    fn sandboxes(&self) -> Option<&Self::Sandboxes>;
+
     /// The scheme of container IDs (`process`, `containerd`).
     fn scheme(&self) -> &'static str;
-
-    /// Creates a pod's sandbox and returns its ID. The process runtime has nothing to do: the pod cgroup is the
-    /// sandbox.
-    fn run_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
-
-    /// Finds the ready sandbox of a pod an earlier daemon ran, so that no new one is created.
-    fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<String>> + Send;
-
-    /// Stops and removes every sandbox of the pod (what is left of its containers with them).
-    fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
 
     /// At start, once the pods are known: removes what the runtime holds for pods that are not in `keep`.
     fn reconcile(&self, keep: &BTreeSet<String>) -> impl Future<Output = ()> + Send {
@@ -265,34 +284,51 @@ pub trait Runtime: Send + Sync + 'static {
     /// Resolves when the container has exited.
     fn wait(&self, id: &str) -> impl Future<Output = ExitInfo> + Send;
 
-    /// Sends a signal to the container's main process. A runtime that can only stop containers (CRI) stops it:
-    /// at once for SIGKILL, with the stop signal for anything else.
-    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError>;
-
-    /// Starts a graceful stop: the stop signal now, and the runtime's own SIGKILL after `grace` where it has one
-    /// (CRI's `StopContainer` timeout). The worker kills what is left after the grace period either way.
-    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
-        let _ = grace;
-        self.signal(id, SIGTERM)
-    }
+    /// Stops a container: the stop signal, then SIGKILL once `grace` has passed (a zero grace kills at once).
+    /// Resolves once the container has exited or has been sent SIGKILL; its exit arrives through [`Runtime::wait`].
+    fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
     /// Runs a command in the container `id` (its cgroup, user and environment), killed at `timeout`.
     fn exec(
         &self,
         id: &str,
-        spec: &ContainerSpec,
         argv: &[String],
         timeout: Duration,
     ) -> impl Future<Output = Result<ExecOutput, RuntimeError>> + Send;
 
     /// Forgets a container that exited (and frees what the runtime kept for it).
-    fn remove(&self, id: &str);
+    fn remove(&self, id: &str) -> impl Future<Output = ()> + Send;
 }
 
-/// SIGTERM.
-pub const SIGTERM: i32 = 15;
-/// SIGKILL.
-pub const SIGKILL: i32 = 9;
+/// The pod sandboxes of a runtime that has them.
+pub trait SandboxRuntime: Send + Sync + 'static {
+    /// Creates a pod's sandbox and returns its ID.
+    fn run_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// Finds the ready sandbox of a pod an earlier daemon ran, so that no new one is created.
+    fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<String>> + Send;
+
+    /// Stops and removes every sandbox of the pod (what is left of its containers with them).
+    fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
+}
+
+/// The sandboxes of a runtime that has none: this type has no values, so [`Runtime::sandboxes`] can only be `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoSandboxes {}
+
+impl SandboxRuntime for NoSandboxes {
+    async fn run_sandbox(&self, _spec: &SandboxSpec) -> Result<String, RuntimeError> {
+        match *self {}
+    }
+
+    async fn adopt_sandbox(&self, _spec: &SandboxSpec) -> Option<String> {
+        match *self {}
+    }
+
+    async fn remove_sandbox(&self, _spec: &SandboxSpec) {
+        match *self {}
+    }
+}
 
 /// The kubelet's reason for an exit: `OOMKilled`, `Completed` (0) or `Error`.
 pub fn exit_reason(exit_code: i32, oom_killed: bool) -> &'static str {
@@ -300,5 +336,24 @@ pub fn exit_reason(exit_code: i32, oom_killed: bool) -> &'static str {
         (true, _) => "OOMKilled",
         (false, 0) => "Completed",
         (false, _) => "Error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_output_is_cut_at_a_char_boundary() {
+        // 'é' is two bytes: with one ASCII byte first, the limit falls inside a character.
+        let stdout = format!("x{}", "é".repeat(EXEC_OUTPUT_LIMIT));
+        let out = ExecOutput::from_streams(Some(0), stdout.as_bytes(), b"never seen");
+        assert_eq!(out.output.len(), EXEC_OUTPUT_LIMIT - 1);
+        assert!(out.output.starts_with("xé") && out.output.ends_with('é'));
+        // stdout then stderr, both kept when short; a three-byte character across the cut.
+        let out = ExecOutput::from_streams(Some(1), b"out", "€".repeat(EXEC_OUTPUT_LIMIT).as_bytes());
+        assert!(out.output.starts_with("out€"));
+        assert!(out.output.len() <= EXEC_OUTPUT_LIMIT && out.output.len() > EXEC_OUTPUT_LIMIT - 3);
+        assert_eq!(ExecOutput::from_streams(None, b"a", b"\xffb").output, "a\u{fffd}b");
     }
 }

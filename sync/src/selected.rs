@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
-use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxSpec, Started};
+use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, Started};
 
 /// The runtime in use.
 #[derive(Debug)]
@@ -28,20 +28,17 @@ macro_rules! each {
 }
 
 impl Runtime for SelectedRuntime {
+    type Sandboxes = CriRuntime;
+
+    fn sandboxes(&self) -> Option<&CriRuntime> {
+        match self {
+            SelectedRuntime::Process(_) => None,
+            SelectedRuntime::Cri(r) => Some(r),
+        }
+    }
+
     fn scheme(&self) -> &'static str {
         each!(self, r => r.scheme())
-    }
-
-    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
-        each!(self, r => r.run_sandbox(spec).await)
-    }
-
-    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Option<String> {
-        each!(self, r => r.adopt_sandbox(spec).await)
-    }
-
-    async fn remove_sandbox(&self, spec: &SandboxSpec) {
-        each!(self, r => r.remove_sandbox(spec).await)
     }
 
     async fn reconcile(&self, keep: &BTreeSet<String>) {
@@ -64,25 +61,15 @@ impl Runtime for SelectedRuntime {
         each!(self, r => r.wait(id).await)
     }
 
-    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
-        each!(self, r => r.signal(id, signal))
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        each!(self, r => r.stop(id, grace).await)
     }
 
-    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
-        each!(self, r => r.stop(id, grace))
+    async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+        each!(self, r => r.exec(id, argv, timeout).await)
     }
 
-    async fn exec(
-        &self,
-        id: &str,
-        spec: &ContainerSpec,
-        argv: &[String],
-        timeout: Duration,
-    ) -> Result<ExecOutput, RuntimeError> {
-        each!(self, r => r.exec(id, spec, argv, timeout).await)
-    }
-
-    fn remove(&self, id: &str) {
-        each!(self, r => r.remove(id))
+    async fn remove(&self, id: &str) {
+        each!(self, r => r.remove(id).await)
     }
 }

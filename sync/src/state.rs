@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use jiff::Timestamp;
 
 use crate::runtime::ExitInfo;
+use crate::status::{PodPhase, Terminal};
 use crate::volumes::pod_dir;
 
 /// One container's saved state.
@@ -29,9 +30,34 @@ pub struct SavedPod {
     pub containers: BTreeMap<String, SavedContainer>,
     /// When the pod was first started.
     pub start_time: Option<Timestamp>,
-    /// Set once the pod is over (evicted, failed or succeeded): its phase, reason and message. A restarted daemon
-    /// keeps it that way instead of running the pod again.
-    pub terminal: Option<(String, Option<String>, Option<String>)>,
+    /// Set once the pod is over (evicted, failed or succeeded). A restarted daemon keeps it that way instead of
+    /// running the pod again. Files written before it was a struct hold a `[phase, reason, message]` array.
+    #[serde(default, deserialize_with = "terminal_or_array")]
+    pub terminal: Option<Terminal>,
+}
+
+/// `SavedPod.terminal` as saved now, or as an array by earlier versions.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum SavedTerminal {
+    Struct(Terminal),
+    Array(String, Option<String>, Option<String>),
+}
+
+fn terminal_or_array<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Terminal>, D::Error> {
+    let saved: Option<SavedTerminal> = serde::Deserialize::deserialize(d)?;
+    Ok(saved.and_then(|t| match t {
+        SavedTerminal::Struct(t) => Some(t),
+        SavedTerminal::Array(phase, reason, message) => {
+            let phase = match phase.as_str() {
+                "Succeeded" => PodPhase::Succeeded,
+                "Failed" => PodPhase::Failed,
+                // A deleted pod's placeholder: nothing to keep.
+                _ => return None,
+            };
+            Some(Terminal { phase, reason, message })
+        }
+    }))
 }
 
 fn path(root: &Path, uid: &str) -> PathBuf {
@@ -71,8 +97,18 @@ mod tests {
         assert_eq!(load(dir.path(), "u"), SavedPod::default());
         let mut s = SavedPod::default();
         s.containers.insert("app".into(), SavedContainer { restarts: 3, pid: Some(42), ..Default::default() });
+        s.terminal = Some(Terminal::failed(Some("Evicted".into()), Some("low on memory".into())));
         save(dir.path(), "u", &s).unwrap();
         assert_eq!(load(dir.path(), "u"), s);
+        let text = std::fs::read_to_string(path(dir.path(), "u")).unwrap();
+        assert!(
+            text.contains(r#""terminal":{"phase":"Failed","reason":"Evicted","message":"low on memory"}"#),
+            "{text}"
+        );
+        // An earlier version's array.
+        std::fs::write(path(dir.path(), "u"), r#"{"containers":{},"terminal":["Failed","Evicted","low"]}"#).unwrap();
+        let evicted = Terminal::failed(Some("Evicted".into()), Some("low".into()));
+        assert_eq!(load(dir.path(), "u").terminal, Some(evicted));
         std::fs::write(path(dir.path(), "u"), "{").unwrap();
         assert_eq!(load(dir.path(), "u"), SavedPod::default());
     }

@@ -56,12 +56,56 @@ impl RestartPolicy {
     }
 }
 
+/// A pod's phase (`status.phase`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PodPhase {
+    /// Not all containers have started yet.
+    Pending,
+    /// Bound and at least one container runs or will be restarted.
+    Running,
+    /// Every container ended with exit code 0 and none is restarted.
+    Succeeded,
+    /// Every container ended and at least one failed, or the pod was refused or evicted.
+    Failed,
+}
+
+impl PodPhase {
+    /// The phase as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
+/// How a pod ended: its phase, with the reason and message its status shows (`Evicted`, an admission refusal).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Terminal {
+    /// `Succeeded` or `Failed`.
+    pub phase: PodPhase,
+    /// `status.reason`.
+    pub reason: Option<String>,
+    /// `status.message`.
+    pub message: Option<String>,
+}
+
+impl Terminal {
+    /// A pod that failed with this reason and message.
+    pub fn failed(reason: Option<String>, message: Option<String>) -> Self {
+        Self { phase: PodPhase::Failed, reason, message }
+    }
+}
+
 /// The pod phase from its app containers, following the kubelet: `Pending` while initialising or while a
 /// container has never run; `Running` while one runs or will be restarted; `Succeeded` or `Failed` once all have
 /// ended for good.
-pub fn pod_phase(policy: RestartPolicy, initializing: bool, containers: &[Observed]) -> &'static str {
+pub fn pod_phase(policy: RestartPolicy, initializing: bool, containers: &[Observed]) -> PodPhase {
+    use PodPhase::{Failed, Pending, Running, Succeeded};
     if initializing {
-        return "Pending";
+        return Pending;
     }
     let running = containers.iter().filter(|c| **c == Observed::Running).count();
     let waiting = containers.iter().filter(|c| **c == Observed::Waiting { restarted: false }).count();
@@ -69,18 +113,18 @@ pub fn pod_phase(policy: RestartPolicy, initializing: bool, containers: &[Observ
     let failed = containers.iter().filter(|c| **c == Observed::Terminated { ok: false }).count();
     let restarting = containers.contains(&Observed::Waiting { restarted: true });
     if running > 0 {
-        return "Running";
+        return Running;
     }
     if waiting > 0 || containers.is_empty() {
-        return "Pending";
+        return Pending;
     }
     debug_assert_eq!(stopped, containers.len());
     match policy {
-        RestartPolicy::Always => "Running",
-        _ if restarting => "Running",
-        RestartPolicy::OnFailure if failed > 0 => "Running",
-        _ if failed == 0 => "Succeeded",
-        _ => "Failed",
+        RestartPolicy::Always => Running,
+        _ if restarting => Running,
+        RestartPolicy::OnFailure if failed > 0 => Running,
+        _ if failed == 0 => Succeeded,
+        _ => Failed,
     }
 }
 
@@ -128,7 +172,7 @@ mod tests {
             (Never, false, &[Running, Terminated { ok: false }], "Running"),
         ];
         for (policy, init, cs, want) in cases {
-            assert_eq!(pod_phase(*policy, *init, cs), *want, "{policy:?} {init} {cs:?}");
+            assert_eq!(pod_phase(*policy, *init, cs).as_str(), *want, "{policy:?} {init} {cs:?}");
         }
     }
 

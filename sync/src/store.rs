@@ -4,14 +4,32 @@
 use std::collections::BTreeMap;
 use std::sync::{PoisonError, RwLock};
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::manifest::CONFIG_SOURCE_ANNOTATION;
 use crate::source::{InvalidManifest, manifest_name};
+use crate::status::PodPhase;
 
 /// The annotation that names the manifest file of a refused manifest's `/pods` entry.
 pub const MANIFEST_ANNOTATION: &str = "nodewarden.io/manifest";
+
+/// The pod condition that says a pod's worker panicked (status `True`, reason `WorkerPanicked`, and what
+/// happened as its message).
+pub const WORKER_CONDITION: &str = "nodewarden.io/WorkerPanicked";
+
+/// The [`WORKER_CONDITION`] condition with `message`.
+pub(crate) fn worker_condition(message: &str) -> PodCondition {
+    PodCondition {
+        type_: WORKER_CONDITION.to_owned(),
+        status: "True".to_owned(),
+        reason: Some("WorkerPanicked".to_owned()),
+        message: Some(message.to_owned()),
+        last_transition_time: Some(Time(jiff::Timestamp::now())),
+        ..PodCondition::default()
+    }
+}
 
 /// Pods and their status.
 #[derive(Debug, Default)]
@@ -24,6 +42,16 @@ impl StatusStore {
     /// Sets a pod's latest state.
     pub fn set(&self, uid: &str, pod: Pod) {
         self.pods.write().unwrap_or_else(PoisonError::into_inner).insert(uid.to_owned(), pod);
+    }
+
+    /// Marks a pod whose worker is gone for good: its status keeps its last state, with `message` in the
+    /// [`WORKER_CONDITION`] condition.
+    pub fn mark_unsynced(&self, uid: &str, message: &str) {
+        let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(status) = pods.get_mut(uid).map(|p| p.status.get_or_insert_with(PodStatus::default)) else { return };
+        let conditions = status.conditions.get_or_insert_with(Vec::new);
+        conditions.retain(|c| c.type_ != WORKER_CONDITION);
+        conditions.push(worker_condition(message));
     }
 
     /// Forgets a pod.
@@ -48,7 +76,7 @@ impl StatusStore {
         let mut containers: BTreeMap<&'static str, i64> = [("running", 0), ("exited", 0), ("created", 0)].into();
         for p in pods.values() {
             let Some(s) = &p.status else { continue };
-            if s.phase.as_deref() == Some("Running") {
+            if s.phase.as_deref() == Some(PodPhase::Running.as_str()) {
                 running_pods += 1;
             }
             for c in s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()) {
@@ -90,7 +118,7 @@ impl StatusStore {
                 },
                 spec: None,
                 status: Some(PodStatus {
-                    phase: Some("Failed".into()),
+                    phase: Some(PodPhase::Failed.as_str().into()),
                     reason: Some("InvalidManifest".into()),
                     message: Some(m.error.to_string()),
                     ..PodStatus::default()

@@ -247,7 +247,7 @@ impl CriClient {
             container_id: id.to_owned(),
             timeout: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
         };
-        rpc!(self, runtime.stop_container("StopContainer", req, grace + self.timeout)).map(|_| ())
+        rpc!(self, runtime.stop_container("StopContainer", req, grace.saturating_add(self.timeout))).map(|_| ())
     }
 
     /// `RemoveContainer`.

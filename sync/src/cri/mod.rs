@@ -23,11 +23,9 @@ pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESP
 pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, PullPolicy, Runtime, RuntimeError, SIGKILL, SandboxSpec, Started, exit_reason,
+    ContainerSpec, ExecOutput, ExitInfo, PullPolicy, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
+    exit_reason,
 };
-
-/// The most output an exec probe keeps.
-const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
 /// cost the daemon about 1 % of a CPU with 10 pods in the emulated guest.
@@ -204,7 +202,9 @@ impl CriRuntime {
         for c in containers.iter().filter(|c| c.state() == ContainerState::ContainerRunning) {
             if watched.contains(&c.id) && dead.iter().any(|s| s.id == c.pod_sandbox_id) {
                 tracing::warn!(container_id = %c.id, sandbox = %c.pod_sandbox_id, "the pod sandbox is not ready; stopping its container so the pod starts again in a new one");
-                self.spawn_stop(&c.id, Duration::ZERO);
+                if let Err(e) = self.stop(&c.id, Duration::ZERO).await {
+                    tracing::debug!(container_id = %c.id, error = %e, "StopContainer failed");
+                }
             }
         }
     }
@@ -311,26 +311,9 @@ impl CriRuntime {
         }
         lock(&self.sandboxes).remove(id);
     }
-
-    fn spawn_stop(&self, id: &str, grace: Duration) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
-        let client = self.client.clone();
-        let id = id.to_owned();
-        handle.spawn(async move {
-            if let Err(e) = client.stop_container(&id, grace).await
-                && !e.is_not_found()
-            {
-                tracing::debug!(container_id = %id, error = %e, "StopContainer failed");
-            }
-        });
-    }
 }
 
-impl Runtime for CriRuntime {
-    fn scheme(&self) -> &'static str {
-        "containerd"
-    }
-
+impl SandboxRuntime for CriRuntime {
     async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
         // Each sandbox of a pod gets the next attempt number: the runtime reserves (name, attempt).
         let earlier = self.pod_sandboxes(&spec.pod_uid, None).await.map_err(runtime_error)?;
@@ -370,6 +353,18 @@ impl Runtime for CriRuntime {
             }
             Err(e) => tracing::warn!(pod_uid = %spec.pod_uid, error = %e, "cannot list the pod's sandboxes"),
         }
+    }
+}
+
+impl Runtime for CriRuntime {
+    type Sandboxes = Self;
+
+    fn sandboxes(&self) -> Option<&Self> {
+        Some(self)
+    }
+
+    fn scheme(&self) -> &'static str {
+        "containerd"
     }
 
     async fn reconcile(&self, keep: &BTreeSet<String>) {
@@ -453,59 +448,32 @@ impl Runtime for CriRuntime {
         }
     }
 
-    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
-        // CRI stops containers rather than signalling them. Anything but SIGKILL is a stop with the image's stop
-        // signal and a deadline past any grace period: the worker sends SIGKILL (a stop with no grace) itself.
-        let grace = if signal == SIGKILL { Duration::ZERO } else { self.settings.request_timeout };
-        self.spawn_stop(id, grace);
-        Ok(())
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        match self.client.stop_container(id, grace).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(runtime_error(e)),
+        }
     }
 
-    fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
-        self.spawn_stop(id, grace);
-        Ok(())
-    }
-
-    async fn exec(
-        &self,
-        id: &str,
-        _spec: &ContainerSpec,
-        argv: &[String],
-        timeout: Duration,
-    ) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
         match self.client.exec_sync(id, argv, timeout).await {
-            Ok(r) => {
-                let mut output = String::from_utf8_lossy(&r.stdout).into_owned();
-                output.push_str(&String::from_utf8_lossy(&r.stderr));
-                if output.len() > EXEC_OUTPUT_LIMIT {
-                    let mut end = EXEC_OUTPUT_LIMIT;
-                    while !output.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    output.truncate(end);
-                }
-                Ok(ExecOutput { exit_code: Some(r.exit_code), output })
-            }
+            Ok(r) => Ok(ExecOutput::from_streams(Some(r.exit_code), &r.stdout, &r.stderr)),
             Err(e) if e.code() == Some(tonic::Code::DeadlineExceeded) || matches!(e, CriError::Timeout { .. }) => {
-                Ok(ExecOutput { exit_code: None, output: format!("command timed out after {timeout:?}") })
+                Ok(ExecOutput::timed_out(timeout))
             }
             Err(e) if e.is_not_found() => Err(RuntimeError::NotFound(id.to_owned())),
             Err(e) => Err(runtime_error(e)),
         }
     }
 
-    fn remove(&self, id: &str) {
+    async fn remove(&self, id: &str) {
         lock(&self.waiters).remove(id);
-        let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
-        let client = self.client.clone();
-        let id = id.to_owned();
-        handle.spawn(async move {
-            if let Err(e) = client.remove_container(&id).await
-                && !e.is_not_found()
-            {
-                tracing::debug!(container_id = %id, error = %e, "RemoveContainer failed");
-            }
-        });
+        if let Err(e) = self.client.remove_container(id).await
+            && !e.is_not_found()
+        {
+            tracing::debug!(container_id = %id, error = %e, "RemoveContainer failed");
+        }
     }
 }
 

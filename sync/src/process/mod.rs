@@ -21,7 +21,9 @@ use tokio::sync::watch;
 
 pub use exec::{ExecRequest, START_FAILED, container_exec};
 
-use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxSpec, Started, exit_reason};
+use crate::runtime::{
+    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, NoSandboxes, Runtime, RuntimeError, Started, exit_reason,
+};
 
 /// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -39,12 +41,11 @@ fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
 /// How long `start` waits for a new process to join its container cgroup.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The most output an exec probe keeps.
-const EXEC_OUTPUT_LIMIT: usize = 10 * 1024;
-
 struct Entry {
     pidfd: Option<OwnedFd>,
     exit: watch::Receiver<Option<ExitInfo>>,
+    /// What a command run in the container needs: its cgroup, user, environment and mounts.
+    spec: ContainerSpec,
 }
 
 /// The process runtime.
@@ -98,10 +99,25 @@ impl ProcessRuntime {
         self.fs.read_flat_keyed(cg, "memory.events").ok().and_then(|m| m.get("oom_kill").copied()).unwrap_or(0)
     }
 
-    fn insert(&self, id: &str, pid: u32, exit: watch::Receiver<Option<ExitInfo>>) {
+    fn insert(&self, id: &str, pid: u32, exit: watch::Receiver<Option<ExitInfo>>, spec: &ContainerSpec) {
         let pidfd =
             Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
-        self.containers.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), Entry { pidfd, exit });
+        let entry = Entry { pidfd, exit, spec: spec.clone() };
+        self.containers.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), entry);
+    }
+
+    /// Sends `signal` to the container's main process unless it has exited; returns its exit watch.
+    fn signal(&self, id: &str, signal: Signal) -> Result<watch::Receiver<Option<ExitInfo>>, RuntimeError> {
+        let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.get(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        if entry.exit.borrow().is_some() {
+            return Ok(entry.exit.clone());
+        }
+        let fd = entry.pidfd.as_ref().ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        match pidfd_send_signal(fd, signal) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(entry.exit.clone()),
+            Err(e) => Err(RuntimeError::Other(format!("cannot signal container {id}: {e}"))),
+        }
     }
 }
 
@@ -127,19 +143,15 @@ fn decode(status: std::process::ExitStatus) -> (i32, Option<i32>) {
 }
 
 impl Runtime for ProcessRuntime {
+    type Sandboxes = NoSandboxes;
+
+    fn sandboxes(&self) -> Option<&NoSandboxes> {
+        None
+    }
+
     fn scheme(&self) -> &'static str {
         "process"
     }
-
-    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
-        Ok(spec.pod_uid.clone())
-    }
-
-    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Option<String> {
-        Some(spec.pod_uid.clone())
-    }
-
-    async fn remove_sandbox(&self, _spec: &SandboxSpec) {}
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
         if spec.command.is_empty() {
@@ -173,7 +185,7 @@ impl Runtime for ProcessRuntime {
         let started_at = Timestamp::now();
         let id = container_id(spec);
         let (tx, rx) = watch::channel(None);
-        self.insert(&id, pid, rx);
+        self.insert(&id, pid, rx, spec);
         let fs = self.fs.clone();
         let cgroup = spec.cgroup.clone();
         tokio::spawn(async move {
@@ -211,7 +223,7 @@ impl Runtime for ProcessRuntime {
         };
         let id = container_id(spec);
         let (tx, rx) = watch::channel(None);
-        self.insert(&id, pid, rx);
+        self.insert(&id, pid, rx, spec);
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
             map.get(&id).and_then(|e| e.pidfd.as_ref().and_then(|fd| fd.try_clone().ok()))
@@ -262,31 +274,25 @@ impl Runtime for ProcessRuntime {
         }
     }
 
-    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
-        let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.get(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
-        if entry.exit.borrow().is_some() {
-            return Ok(());
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        if !grace.is_zero() {
+            let mut exit = self.signal(id, Signal::TERM)?;
+            if tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await.is_ok() {
+                return Ok(());
+            }
         }
-        let sig = Signal::from_named_raw(signal).ok_or_else(|| RuntimeError::Other(format!("signal {signal}")))?;
-        let fd = entry.pidfd.as_ref().ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
-        match pidfd_send_signal(fd, sig) {
-            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
-            Err(e) => Err(RuntimeError::Other(format!("cannot signal container {id}: {e}"))),
-        }
+        self.signal(id, Signal::KILL).map(drop)
     }
 
-    async fn exec(
-        &self,
-        _id: &str,
-        spec: &ContainerSpec,
-        argv: &[String],
-        timeout: Duration,
-    ) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+        let spec = {
+            let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
+            map.get(id).map(|e| e.spec.clone()).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?
+        };
         if argv.is_empty() {
             return Err(RuntimeError::Config("exec: no command".into()));
         }
-        let req = self.request(spec, argv, None);
+        let req = self.request(&spec, argv, None);
         let mut child = self
             .command(&req)?
             .stdout(Stdio::piped())
@@ -311,21 +317,16 @@ impl Runtime for ProcessRuntime {
             };
             tokio::join!(read_out, read_err);
             let status = child.wait().await;
-            out.extend_from_slice(&err);
-            (status, out)
+            (status, out, err)
         };
         match tokio::time::timeout(timeout, run).await {
-            Ok((Ok(status), out)) => {
-                let mut output = String::from_utf8_lossy(&out).into_owned();
-                output.truncate(EXEC_OUTPUT_LIMIT);
-                Ok(ExecOutput { exit_code: Some(decode(status).0), output })
-            }
-            Ok((Err(e), _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
-            Err(_) => Ok(ExecOutput { exit_code: None, output: format!("command timed out after {timeout:?}") }),
+            Ok((Ok(status), out, err)) => Ok(ExecOutput::from_streams(Some(decode(status).0), &out, &err)),
+            Ok((Err(e), _, _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
+            Err(_) => Ok(ExecOutput::timed_out(timeout)),
         }
     }
 
-    fn remove(&self, id: &str) {
+    async fn remove(&self, id: &str) {
         self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
     }
 }

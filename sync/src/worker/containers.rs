@@ -1,263 +1,213 @@
-//! Starting containers (with the crash-loop back-off), watching their exits, running their probes, and restarting
-//! them when a liveness or startup probe fails.
+//! Running containers for the executor: the sandbox, the runtime spec of each run, starting (as a task a
+//! termination can drop), watching exits, running probes, and stopping a container whose probe failed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
-use tokio::time::Instant;
+use tokio::task::JoinSet;
 
-use super::{AbortOnDrop, CState, Event, Kind, Run, Worker};
-use crate::probe::{self, Action, ProbeConfig, ProbeKind, ProbeState};
-use crate::runtime::{ContainerSpec, Runtime, RuntimeError, SIGKILL};
+use super::lifecycle::{Input, Role, StartFailure, StartedContainer};
+use super::{Event, Sandbox, Worker};
+
+/// A runtime call that completed.
+pub(super) enum Completed {
+    /// The sandbox was made (its ID), or why not.
+    Sandbox(Result<String, String>),
+    /// Container `index` was started for run `attempt`, or why not.
+    Started { index: usize, attempt: u32, result: Result<Started, StartFailure> },
+}
+use crate::probe::{self, ProbeConfig, ProbeKind};
+use crate::runtime::{ContainerSpec, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started};
 use crate::spec::container_spec;
 
 impl<R: Runtime> Worker<R> {
-    /// The runtime spec of container `i` for its next run.
-    pub(super) fn build_spec(&self, i: usize) -> Result<ContainerSpec, String> {
-        let c = &self.containers[i];
-        let container = self.container(c).ok_or("container not in the pod spec")?;
+    /// The sandbox spec, once the pod is placed.
+    pub(super) fn sandbox_spec(&self) -> Option<SandboxSpec> {
+        let placement = self.placement.as_ref()?;
+        Some(crate::spec::sandbox_spec(&self.pod, placement, &self.shared.settings.log_dir))
+    }
+
+    /// Creates the sandbox as a task, where the runtime has sandboxes; the pod cgroup is the sandbox otherwise.
+    pub(super) fn run_sandbox(&mut self) -> Option<Input> {
+        if self.shared.runtime.sandboxes().is_none() {
+            self.sandbox = Sandbox::Running(self.uid.clone());
+            return Some(Input::SandboxReady(Ok(())));
+        }
+        let Some(spec) = self.sandbox_spec() else { return Some(Input::SandboxReady(Err("pod not placed".into()))) };
+        self.sandbox = Sandbox::Requested;
+        let runtime = self.shared.runtime.clone();
+        let full_name = self.full_name();
+        self.in_flight.spawn(async move {
+            let Some(sandboxes) = runtime.sandboxes() else { return Completed::Sandbox(Err("no sandboxes".into())) };
+            match sandboxes.run_sandbox(&spec).await {
+                Ok(id) => {
+                    tracing::info!(pod = %full_name, sandbox = %id, "pod sandbox running");
+                    Completed::Sandbox(Ok(id))
+                }
+                Err(e) => {
+                    // A half-made sandbox is not left behind.
+                    sandboxes.remove_sandbox(&spec).await;
+                    Completed::Sandbox(Err(e.to_string()))
+                }
+            }
+        });
+        None
+    }
+
+    /// Takes note of a runtime call that completed and turns it into the machine's input.
+    pub(super) fn completed(&mut self, done: Completed) -> Input {
+        match done {
+            Completed::Sandbox(result) => Input::SandboxReady(result.map(|id| self.sandbox = Sandbox::Running(id))),
+            Completed::Started { index, attempt, result } => {
+                let result = result.map(|started| {
+                    let name = self.lifecycle.containers.get(index).map(|c| c.name.clone()).unwrap_or_default();
+                    self.attach(started, &name)
+                });
+                Input::ContainerStarted { index, attempt, result }
+            }
+        }
+    }
+
+    /// The runtime spec of container `i` for its run number `attempt`.
+    pub(super) fn build_spec(&self, i: usize, attempt: u32) -> Result<ContainerSpec, String> {
+        let name = &self.lifecycle.containers[i].name;
+        let container = self.container(name).ok_or("container not in the pod spec")?;
         let placement = self
             .placement
             .as_ref()
-            .and_then(|p| p.containers.iter().find(|x| x.name == c.name))
+            .and_then(|p| p.containers.iter().find(|x| &x.name == name))
             .ok_or("container not placed")?;
-        let volumes = self.volumes.as_deref().unwrap_or_default();
         let mut spec =
-            container_spec(&self.pod, container, placement, volumes, &self.ctx.settings.log_dir, c.restarts)?;
-        spec.sandbox_id = self.sandbox.clone().unwrap_or_default();
+            container_spec(&self.pod, container, placement, &self.volumes, &self.shared.settings.log_dir, attempt)?;
+        spec.sandbox_id = match &self.sandbox {
+            Sandbox::Running(id) => id.clone(),
+            Sandbox::None | Sandbox::Requested => String::new(),
+        };
         Ok(spec)
     }
 
-    /// Starts container `i` unless its back-off has not expired. Returns true when it runs.
-    pub(super) async fn try_start(&mut self, i: usize) -> bool {
-        let now = Instant::now();
-        if let Some(at) = self.containers[i].next_start
-            && now < at
-        {
-            return false;
-        }
-        let restarting = self.containers[i].last.is_some();
-        if restarting {
-            self.containers[i].restarts += 1;
-        }
-        let kind = match self.containers[i].kind {
-            Kind::App => "container",
-            Kind::Init | Kind::Sidecar => "init_container",
-        };
-        let spec = match self.build_spec(i) {
-            Ok(s) => s,
-            Err(e) => {
-                if restarting {
-                    self.containers[i].restarts -= 1;
-                }
-                self.ctx
-                    .metrics
-                    .started_container_errors
-                    .with_label_values(&["CreateContainerConfigError", kind])
-                    .inc();
-                self.containers[i].waiting = Some(("CreateContainerConfigError".into(), e.clone()));
-                self.retry_later(format!("container {}: {e}", self.containers[i].name));
-                return false;
-            }
-        };
-        self.ctx.metrics.started_containers.with_label_values(&[kind]).inc();
-        match self.ctx.runtime.start(&spec).await {
-            Ok(started) => {
-                tracing::info!(pod = %self.full_name(), container = %spec.name, pid = started.pid, restarts = self.containers[i].restarts, "container started");
-                self.containers[i].waiting = None;
-                self.attach(i, spec, started.id, started.pid, started.started_at);
-                self.save();
-                true
-            }
-            Err(e) => {
-                let reason = match &e {
-                    RuntimeError::Config(_) => "CreateContainerConfigError",
-                    RuntimeError::Image { reason, .. } => reason,
-                    RuntimeError::Create(_) => "CreateContainerError",
-                    _ => "RunContainerError",
-                };
-                if let RuntimeError::SandboxNotFound(_) = e {
-                    // The runtime lost the sandbox: the next sync creates a new one.
-                    self.sandbox = None;
-                }
-                self.ctx.metrics.started_container_errors.with_label_values(&[reason, kind]).inc();
-                tracing::warn!(pod = %self.full_name(), container = %spec.name, error = %e, "cannot start container");
-                let c = &mut self.containers[i];
-                c.waiting = Some((reason.into(), e.to_string()));
-                c.next_start = Some(c.backoff.restart_at(now, now));
-                false
-            }
-        }
+    fn container(&self, name: &str) -> Option<&k8s_openapi::api::core::v1::Container> {
+        let spec = self.pod.spec.as_ref()?;
+        spec.init_containers.iter().flatten().chain(&spec.containers).find(|c| c.name == name)
     }
 
-    /// Records container `i` as running and starts watching it: its exit and its probes.
-    pub(super) fn attach(&mut self, i: usize, spec: ContainerSpec, id: String, pid: u32, started_at: Timestamp) {
-        let runtime = self.ctx.runtime.clone();
+    /// Starts container `i` as a task; a spec that cannot be built fails at once.
+    pub(super) fn start_container(&mut self, index: usize, attempt: u32) -> Option<Input> {
+        let kind = match self.lifecycle.containers[index].role {
+            Role::App => "container",
+            Role::Init | Role::Sidecar => "init_container",
+        };
+        let spec = match self.build_spec(index, attempt) {
+            Ok(s) => s,
+            Err(message) => {
+                let reason = "CreateContainerConfigError";
+                self.shared.metrics.started_container_errors.with_label_values(&[reason, kind]).inc();
+                let name = &self.lifecycle.containers[index].name;
+                tracing::warn!(pod = %self.full_name(), container = %name, error = %message, "cannot build the container's spec");
+                let result = Err(StartFailure { reason: reason.into(), message, sandbox_lost: false });
+                return Some(Input::ContainerStarted { index, attempt, result });
+            }
+        };
+        self.shared.metrics.started_containers.with_label_values(&[kind]).inc();
+        let runtime = self.shared.runtime.clone();
+        let metrics = self.shared.metrics.clone();
+        let full_name = self.full_name();
+        self.in_flight.spawn(async move {
+            let result = match runtime.start(&spec).await {
+                Ok(started) => {
+                    tracing::info!(pod = %full_name, container = %spec.name, pid = started.pid, attempt, "container started");
+                    Ok(started)
+                }
+                Err(e) => {
+                    let reason = match &e {
+                        RuntimeError::Config(_) => "CreateContainerConfigError",
+                        RuntimeError::Image { reason, .. } => reason,
+                        RuntimeError::Create(_) => "CreateContainerError",
+                        _ => "RunContainerError",
+                    };
+                    metrics.started_container_errors.with_label_values(&[reason, kind]).inc();
+                    tracing::warn!(pod = %full_name, container = %spec.name, error = %e, "cannot start container");
+                    let sandbox_lost = matches!(e, RuntimeError::SandboxNotFound(_));
+                    Err(StartFailure { reason: reason.into(), message: e.to_string(), sandbox_lost })
+                }
+            };
+            Completed::Started { index, attempt, result }
+        });
+        None
+    }
+
+    /// The probes of a container, with the kubelet's defaults.
+    pub(super) fn probes(&self, name: &str) -> Vec<(ProbeKind, ProbeConfig)> {
+        let Some(container) = self.container(name) else { return Vec::new() };
+        let mut out = Vec::new();
+        for (kind, p) in [
+            (ProbeKind::Startup, &container.startup_probe),
+            (ProbeKind::Liveness, &container.liveness_probe),
+            (ProbeKind::Readiness, &container.readiness_probe),
+        ] {
+            let Some(p) = p else { continue };
+            match ProbeConfig::from_probe(p, container) {
+                Ok(cfg) => out.push((kind, cfg)),
+                Err(e) => tracing::warn!(pod = %self.full_name(), container = %name, error = %e, "probe not run"),
+            }
+        }
+        out
+    }
+
+    /// Watches a running container: its exit and its probes, until it is removed.
+    fn watch(&mut self, id: String, probes: Vec<(ProbeKind, ProbeConfig)>) {
+        let mut tasks = JoinSet::new();
+        let runtime = self.shared.runtime.clone();
         let events = self.events.clone();
         let watched = id.clone();
-        let mut tasks = vec![AbortOnDrop(tokio::spawn(async move {
+        tasks.spawn(async move {
             let info = runtime.wait(&watched).await;
             let _ = events.send(Event::Exited { id: watched, info });
-        }))];
-        let mut probes = std::collections::BTreeMap::new();
-        if let Some(container) = self.container(&self.containers[i]).cloned() {
-            for (kind, p) in [
-                (ProbeKind::Startup, &container.startup_probe),
-                (ProbeKind::Liveness, &container.liveness_probe),
-                (ProbeKind::Readiness, &container.readiness_probe),
-            ] {
-                let Some(p) = p else { continue };
-                match ProbeConfig::from_probe(p, &container) {
-                    Ok(cfg) => {
-                        probes.insert(kind, ProbeState::default());
-                        tasks.push(self.spawn_probe(kind, cfg, spec.clone(), id.clone()));
-                    }
-                    Err(e) => {
-                        tracing::warn!(pod = %self.full_name(), container = %container.name, error = %e, "probe not run")
-                    }
-                }
-            }
-        }
-        let started = !probes.contains_key(&ProbeKind::Startup);
-        let ready = started && !probes.contains_key(&ProbeKind::Readiness);
-        self.containers[i].run = Some(Run {
-            id,
-            pid,
-            started_at,
-            since: Instant::now(),
-            spec,
-            tasks,
-            probes,
-            started,
-            ready,
-            killing: false,
         });
-    }
-
-    fn spawn_probe(&self, kind: ProbeKind, cfg: ProbeConfig, spec: ContainerSpec, id: String) -> AbortOnDrop {
-        let runtime = self.ctx.runtime.clone();
-        let events = self.events.clone();
-        AbortOnDrop(tokio::spawn(async move {
-            tokio::time::sleep(cfg.initial_delay).await;
-            let mut tick = tokio::time::interval(cfg.period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let result = run_probe(&*runtime, &cfg, &id, &spec).await;
-                if events.send(Event::Probe { id: id.clone(), kind, result }).is_err() {
-                    return;
-                }
-            }
-        }))
-    }
-
-    fn find_run(&mut self, id: &str) -> Option<usize> {
-        self.containers.iter().position(|c| c.run.as_ref().is_some_and(|r| r.id == id))
-    }
-
-    /// Applies an event from a container's watcher or probes.
-    pub(super) fn handle(&mut self, ev: Event) {
-        match ev {
-            Event::Exited { id, info } => {
-                let Some(i) = self.find_run(&id) else { return };
-                let policy = self.policy;
-                let full = self.full_name();
-                let c = &mut self.containers[i];
-                let Some(run) = c.run.take() else { return };
-                self.ctx.runtime.remove(&id);
-                tracing::info!(pod = %full, container = %c.name, exit_code = info.exit_code, reason = %info.reason, "container exited");
-                let now = Instant::now();
-                let restart = match c.kind {
-                    Kind::Sidecar => true,
-                    Kind::Init => info.exit_code != 0 && policy != crate::status::RestartPolicy::Never,
-                    Kind::App => policy.restarts(info.exit_code),
-                };
-                if restart && self.terminal.is_none() {
-                    c.next_start = Some(c.backoff.restart_at(run.since, now));
-                } else if c.kind == Kind::App {
-                    c.done = true;
-                }
-                if c.kind == Kind::Init && info.exit_code == 0 {
-                    c.done = true;
-                }
-                let scheme = self.ctx.runtime.scheme();
-                c.last = Some((info, format!("{scheme}://{id}")));
-                self.save();
-            }
-            Event::Probe { id, kind, result } => {
-                let Some(i) = self.find_run(&id) else { return };
-                let labels = [
-                    kind.as_str().to_owned(),
-                    if result.is_ok() { "successful" } else { "failed" }.to_owned(),
-                    self.containers[i].name.clone(),
-                    self.pod.metadata.name.clone().unwrap_or_default(),
-                    self.pod.metadata.namespace.clone().unwrap_or_default(),
-                    self.uid.clone(),
-                ];
-                let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-                self.ctx.metrics.probes.with_label_values(&labels).inc();
-                let Some(cfg) = self.probe_config(i, kind) else { return };
-                let full = self.full_name();
-                let grace = self.grace_period();
-                let c = &mut self.containers[i];
-                let Some(run) = c.run.as_mut() else { return };
-                if kind != ProbeKind::Startup && !run.started {
-                    return;
-                }
-                let Some(state) = run.probes.get_mut(&kind) else { return };
-                let verdict = state.record(result.is_ok(), &cfg);
-                match (kind, verdict) {
-                    (ProbeKind::Startup, Some(true)) => run.started = true,
-                    (ProbeKind::Readiness, Some(v)) => run.ready = v,
-                    (ProbeKind::Startup | ProbeKind::Liveness, Some(false)) if !run.killing => {
-                        run.killing = true;
-                        let why = result.err().unwrap_or_default();
-                        tracing::info!(pod = %full, container = %c.name, probe = kind.as_str(), output = %why, "probe failed; restarting the container");
-                        let runtime = self.ctx.runtime.clone();
-                        let id = run.id.clone();
-                        run.tasks.push(AbortOnDrop(tokio::spawn(stop_container(runtime, id, grace))));
+        for (kind, cfg) in probes {
+            let runtime = self.shared.runtime.clone();
+            let events = self.events.clone();
+            let id = id.clone();
+            tasks.spawn(async move {
+                tokio::time::sleep(cfg.initial_delay).await;
+                let mut tick = tokio::time::interval(cfg.period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let result = run_probe(&*runtime, &cfg, &id).await;
+                    if events.send(Event::Probe { id: id.clone(), kind, result }).is_err() {
+                        return;
                     }
-                    _ => {}
                 }
-                if kind == ProbeKind::Startup && run.started && !run.probes.contains_key(&ProbeKind::Readiness) {
-                    run.ready = true;
-                }
-            }
+            });
         }
+        self.containers.insert(id, tasks);
     }
 
-    fn probe_config(&self, i: usize, kind: ProbeKind) -> Option<ProbeConfig> {
-        let c = self.container(&self.containers[i])?;
-        let p = match kind {
-            ProbeKind::Startup => c.startup_probe.as_ref(),
-            ProbeKind::Liveness => c.liveness_probe.as_ref(),
-            ProbeKind::Readiness => c.readiness_probe.as_ref(),
-        }?;
-        ProbeConfig::from_probe(p, c).ok()
+    /// Watches a container that started (or that an earlier daemon started).
+    pub(super) fn attach(&mut self, started: Started, name: &str) -> StartedContainer {
+        let probes = self.probes(name);
+        self.watch(started.id.clone(), probes.clone());
+        StartedContainer { id: started.id, pid: started.pid, started_at: started.started_at, probes }
     }
-}
 
-/// SIGTERM, then SIGKILL once `grace` has passed; the exit arrives through the container's watcher.
-pub(super) async fn stop_container<R: Runtime>(runtime: Arc<R>, id: String, grace: Duration) {
-    if let Err(e) = runtime.stop(&id, grace) {
-        tracing::debug!(container_id = %id, error = %e, "SIGTERM not delivered");
-    }
-    tokio::time::sleep(grace).await;
-    if let Err(e) = runtime.signal(&id, SIGKILL) {
-        tracing::debug!(container_id = %id, error = %e, "SIGKILL not delivered");
+    /// Stops a container whose liveness or startup probe failed; its exit arrives through its watcher.
+    pub(super) fn stop_container(&mut self, id: String, grace: Duration, why: &str) {
+        let name = self.lifecycle.index_of(&id).map(|i| self.lifecycle.containers[i].name.as_str()).unwrap_or_default();
+        tracing::info!(pod = %self.full_name(), container = %name, container_id = %id, output = %why, "probe failed; restarting the container");
+        let runtime = self.shared.runtime.clone();
+        let Some(tasks) = self.containers.get_mut(&id) else { return };
+        tasks.spawn(async move {
+            if let Err(e) = runtime.stop(&id, grace).await {
+                tracing::debug!(container_id = %id, error = %e, "cannot stop the container");
+            }
+        });
     }
 }
 
 /// Runs one probe: `Ok` with its output on success, `Err` with why on failure.
-pub(super) async fn run_probe<R: Runtime>(
-    runtime: &R,
-    cfg: &ProbeConfig,
-    id: &str,
-    spec: &ContainerSpec,
-) -> Result<String, String> {
+pub(super) async fn run_probe<R: Runtime>(runtime: &R, cfg: &ProbeConfig, id: &str) -> Result<String, String> {
     match &cfg.action {
-        Action::Exec(argv) => match runtime.exec(id, spec, argv, cfg.timeout).await {
+        probe::Action::Exec(argv) => match runtime.exec(id, argv, cfg.timeout).await {
             Ok(out) if out.exit_code == Some(0) => Ok(out.output),
             Ok(out) => Err(match out.exit_code {
                 Some(code) => format!("command {argv:?} exited with {code}: {}", out.output.trim()),
@@ -265,14 +215,9 @@ pub(super) async fn run_probe<R: Runtime>(
             }),
             Err(e) => Err(e.to_string()),
         },
-        Action::Http { host, port, path, headers } => probe::http_get(host, *port, path, headers, cfg.timeout).await,
-        Action::Tcp { host, port } => probe::tcp(host, *port, cfg.timeout).await,
-    }
-}
-
-impl CState {
-    /// True while the container waits out a crash-loop back-off.
-    pub(super) fn in_backoff(&self, now: Instant) -> bool {
-        self.run.is_none() && !self.done && self.last.is_some() && self.next_start.is_some_and(|t| now < t)
+        probe::Action::Http { host, port, path, headers } => {
+            probe::http_get(host, *port, path, headers, cfg.timeout).await
+        }
+        probe::Action::Tcp { host, port } => probe::tcp(host, *port, cfg.timeout).await,
     }
 }

@@ -1,32 +1,38 @@
 //! One pod worker per pod UID: a task that owns the pod's lifecycle, so two syncs of one pod never run at once.
-//! It runs the syncPod steps in the kubelet's order (admit and place → volumes → sandbox → init containers in
-//! order, each to completion → app containers → probes → status), restarts containers under the restart policy
-//! with the crash-loop back-off, and terminates the pod when it is deleted or evicted.
+//! The lifecycle is a state machine ([`lifecycle`], [`step`]) in the kubelet's order (admit and place → volumes
+//! → sandbox → init containers in order, each to completion → app containers → probes → status), with restarts
+//! under the restart policy and the crash-loop back-off, and termination when the pod is deleted or evicted.
+//! This module is the executor: it feeds the machine its inputs (spec updates, terminations, container exits,
+//! probe results, timers, the results of runtime calls) and carries out the actions it returns. Long runtime
+//! calls (image pulls, starts, sandboxes) run as tasks that a termination drops.
 
+mod adopt;
 mod containers;
+mod lifecycle;
 mod status;
+mod step;
 mod terminate;
 
+pub(crate) use lifecycle::Reason;
 pub(crate) use terminate::kill_and_release;
 
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use nodewarden_resources::{PlaceError, Placement, ResourceManager};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
 use crate::metrics::SyncMetrics;
-use crate::probe::{ProbeKind, ProbeState};
-use crate::runtime::{ContainerSpec, ExitInfo, Runtime};
-use crate::state::{self, SavedPod};
-use crate::status::RestartPolicy;
+use crate::probe::ProbeKind;
+use crate::runtime::{ExitInfo, Runtime};
 use crate::store::StatusStore;
 use crate::volumes::{self, PreparedVolume};
+use lifecycle::{Action, Input, Lifecycle, PlaceFailure, PodState, grace_period};
 
 /// Settings of pod sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +46,7 @@ pub struct SyncSettings {
 }
 
 /// What the workers share.
-pub(crate) struct Ctx<R> {
+pub(crate) struct Shared<R> {
     pub resources: Arc<Mutex<ResourceManager>>,
     pub runtime: Arc<R>,
     pub settings: SyncSettings,
@@ -48,320 +54,114 @@ pub(crate) struct Ctx<R> {
     pub metrics: SyncMetrics,
 }
 
-impl<R> Ctx<R> {
+impl<R> Shared<R> {
     fn resources(&self) -> std::sync::MutexGuard<'_, ResourceManager> {
         self.resources.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// Why a pod is terminated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reason {
-    /// Its source no longer has it: remove it entirely.
-    Deleted,
-    /// The eviction manager evicted it: it stays, `Failed` with reason `Evicted` and this message.
-    Evicted(String),
+/// A request to terminate a pod.
+pub(crate) struct TerminateRequest {
+    /// The grace period; the pod's own when `None`.
+    pub grace: Option<Duration>,
+    /// Why.
+    pub reason: Reason,
+    /// Told once SIGTERM has gone to every running container (dropped when nothing ran).
+    pub signalled: Option<oneshot::Sender<()>>,
+    /// Told once the pod has terminated.
+    pub done: Option<oneshot::Sender<()>>,
 }
 
-/// A message to a worker.
-pub(crate) enum Msg {
-    /// The source has a newer spec for the pod.
-    Update(Box<Pod>),
-    /// Terminate the pod, with this grace period (the pod's own when `None`). `signalled` is told once SIGTERM
-    /// has been sent to every running container, `done` once the pod has terminated.
-    Terminate {
-        grace: Option<Duration>,
-        reason: Reason,
-        signalled: Option<oneshot::Sender<()>>,
-        done: Option<oneshot::Sender<()>>,
-    },
-}
-
-/// Something that happened to a container.
+/// What a worker's own tasks report.
 pub(crate) enum Event {
+    /// A container exited.
     Exited { id: String, info: ExitInfo },
+    /// One probe result: its output on success, why on failure.
     Probe { id: String, kind: ProbeKind, result: Result<String, String> },
+    /// The termination's stop signals went out.
+    Signalled,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Init,
-    Sidecar,
-    App,
+/// The pod's sandbox, as far as the worker knows.
+enum Sandbox {
+    /// None was asked for.
+    None,
+    /// Asked for (it may exist even if the call was dropped).
+    Requested,
+    /// Running, with this ID.
+    Running(String),
 }
 
-/// A task that is aborted when its handle is dropped.
-pub(crate) struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A running container.
-pub(crate) struct Run {
-    pub id: String,
-    pub pid: u32,
-    pub started_at: Timestamp,
-    pub since: Instant,
-    pub spec: ContainerSpec,
-    pub tasks: Vec<AbortOnDrop>,
-    pub probes: std::collections::BTreeMap<ProbeKind, ProbeState>,
-    pub started: bool,
-    pub ready: bool,
-    pub killing: bool,
-}
-
-/// One container's lifecycle.
-pub(crate) struct CState {
-    pub name: String,
-    pub kind: Kind,
-    pub restarts: u32,
-    pub backoff: Backoff,
-    pub next_start: Option<Instant>,
-    pub run: Option<Run>,
-    pub last: Option<(ExitInfo, String)>,
-    /// Waiting with this reason and message (`CreateContainerConfigError`, `RunContainerError`).
-    pub waiting: Option<(String, String)>,
-    /// Ended and not restarting.
-    pub done: bool,
-}
-
-/// A pod that is over: its phase, reason and message.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Terminal {
-    pub phase: String,
-    pub reason: Option<String>,
-    pub message: Option<String>,
-}
+/// The worker's handles on a running container: its exit watcher, its probes and a stop in progress.
+type ContainerTasks = HashMap<String, JoinSet<()>>;
 
 pub(crate) struct Worker<R> {
-    ctx: Arc<Ctx<R>>,
+    shared: Arc<Shared<R>>,
     uid: String,
     pod: Pod,
-    policy: RestartPolicy,
+    lifecycle: Lifecycle,
     placement: Option<Placement>,
-    volumes: Option<Vec<PreparedVolume>>,
-    /// The runtime's sandbox ID, once the sandbox runs.
-    sandbox: Option<String>,
-    containers: Vec<CState>,
-    initialized: bool,
-    terminal: Option<Terminal>,
-    retry: Option<Instant>,
-    retry_backoff: Duration,
-    pending: Option<String>,
-    start_time: Option<Timestamp>,
-    seen: Instant,
-    start_reported: bool,
-    conditions: std::collections::BTreeMap<&'static str, (bool, Timestamp)>,
+    volumes: Vec<PreparedVolume>,
+    sandbox: Sandbox,
+    conditions: status::ConditionTimes,
+    /// Runtime calls in flight.
+    in_flight: JoinSet<containers::Completed>,
+    /// The termination's preStop hooks and stops.
+    stopping: JoinSet<()>,
+    /// Removals and kills nobody waits for.
+    background: JoinSet<()>,
+    containers: ContainerTasks,
     events: mpsc::UnboundedSender<Event>,
     busy: Arc<Mutex<Option<Instant>>>,
     name_lock: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
-}
-
-fn all_containers(pod: &Pod) -> Vec<(Kind, &Container)> {
-    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
-    let init = spec.init_containers.iter().flatten().map(|c| {
-        let sidecar = c.restart_policy.as_deref() == Some("Always");
-        (if sidecar { Kind::Sidecar } else { Kind::Init }, c)
-    });
-    init.chain(spec.containers.iter().map(|c| (Kind::App, c))).collect()
+    /// When the worker was made, until the pod-start metric has counted it.
+    created: Option<Instant>,
+    /// Termination requesters to tell once SIGTERM is out, and those to tell once the pod is over.
+    signalled: Vec<oneshot::Sender<()>>,
+    awaiting_signal: bool,
+    done: Vec<oneshot::Sender<()>>,
+    /// Why this worker took the pod over from one that panicked (a pod condition says so).
+    incident: Option<k8s_openapi::api::core::v1::PodCondition>,
 }
 
 impl<R: Runtime> Worker<R> {
     pub(crate) fn new(
-        ctx: Arc<Ctx<R>>,
+        shared: Arc<Shared<R>>,
         pod: Pod,
         events: mpsc::UnboundedSender<Event>,
         busy: Arc<Mutex<Option<Instant>>>,
         name_lock: Arc<Semaphore>,
     ) -> Self {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let containers = all_containers(&pod)
-            .into_iter()
-            .map(|(kind, c)| CState {
-                name: c.name.clone(),
-                kind,
-                restarts: 0,
-                backoff: Backoff::default(),
-                next_start: None,
-                run: None,
-                last: None,
-                waiting: None,
-                done: false,
-            })
-            .collect();
         Self {
-            policy: RestartPolicy::parse(pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref())),
-            ctx,
-            uid,
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            lifecycle: Lifecycle::new(&pod),
             pod,
+            shared,
             placement: None,
-            volumes: None,
-            sandbox: None,
-            containers,
-            initialized: false,
-            terminal: None,
-            retry: None,
-            retry_backoff: Duration::ZERO,
-            pending: None,
-            start_time: None,
-            seen: Instant::now(),
-            start_reported: false,
-            conditions: std::collections::BTreeMap::new(),
+            volumes: Vec::new(),
+            sandbox: Sandbox::None,
+            conditions: status::ConditionTimes::default(),
+            in_flight: JoinSet::new(),
+            stopping: JoinSet::new(),
+            background: JoinSet::new(),
+            containers: HashMap::new(),
             events,
             busy,
             name_lock,
             permit: None,
+            created: Some(Instant::now()),
+            signalled: Vec::new(),
+            awaiting_signal: false,
+            done: Vec::new(),
+            incident: None,
         }
     }
 
-    fn container(&self, c: &CState) -> Option<&Container> {
-        all_containers(&self.pod).into_iter().map(|(_, c)| c).find(|x| x.name == c.name)
-    }
-
-    /// The sandbox spec, once the pod is placed.
-    fn sandbox_spec(&self) -> Option<crate::runtime::SandboxSpec> {
-        let placement = self.placement.as_ref()?;
-        Some(crate::spec::sandbox_spec(&self.pod, placement, &self.ctx.settings.log_dir))
-    }
-
-    fn grace_period(&self) -> Duration {
-        let secs = self.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
-        Duration::from_secs(u64::try_from(secs).unwrap_or(0))
-    }
-
-    fn save(&self) {
-        let mut saved = SavedPod { start_time: self.start_time, ..SavedPod::default() };
-        for c in &self.containers {
-            saved.containers.insert(
-                c.name.clone(),
-                state::SavedContainer {
-                    restarts: c.restarts,
-                    pid: c.run.as_ref().map(|r| r.pid),
-                    started_at: c.run.as_ref().map(|r| r.started_at),
-                    last: c.last.as_ref().map(|(i, _)| i.clone()),
-                },
-            );
-        }
-        saved.terminal = self.terminal.clone().map(|t| (t.phase, t.reason, t.message));
-        if let Err(e) = state::save(&self.ctx.settings.root_dir, &self.uid, &saved) {
-            tracing::warn!(pod_uid = %self.uid, error = %e, "cannot save pod state");
-        }
-    }
-
-    /// The worker's life: wait until no other pod of the same name runs, take over what survives of an earlier
-    /// daemon, then sync until terminated.
-    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Msg>, mut events: mpsc::UnboundedReceiver<Event>) {
-        self.publish();
-        // The kubelet runs one static pod of a given full name at a time: an edited manifest's pod starts once the
-        // old one has terminated.
-        let lock = self.name_lock.clone();
-        let acquire = lock.acquire_owned();
-        tokio::pin!(acquire);
-        loop {
-            tokio::select! {
-                p = &mut acquire => {
-                    self.permit = p.ok();
-                    break;
-                }
-                msg = rx.recv() => match msg {
-                    Some(Msg::Update(p)) => self.pod = *p,
-                    Some(Msg::Terminate { reason, done, .. }) => {
-                        if let Reason::Evicted(m) = reason {
-                            self.terminal = Some(Terminal {
-                                phase: "Failed".into(),
-                                reason: Some("Evicted".into()),
-                                message: Some(m),
-                            });
-                            self.publish();
-                        } else {
-                            self.ctx.store.remove(&self.uid);
-                        }
-                        if let Some(d) = done {
-                            let _ = d.send(());
-                        }
-                        if self.terminal.is_none() {
-                            return;
-                        }
-                        break;
-                    }
-                    None => return,
-                },
-            }
-        }
-        if self.permit.is_some() {
-            self.adopt().await;
-        }
-        loop {
-            if self.terminal.is_none() && self.permit.is_some() {
-                let started = Instant::now();
-                self.set_busy(true);
-                self.sync().await;
-                self.set_busy(false);
-                let op = if self.placement.is_some() { "sync" } else { "create" };
-                self.ctx.metrics.pod_worker_duration.with_label_values(&[op]).observe(started.elapsed().as_secs_f64());
-            }
-            self.publish();
-            let deadline = self.next_deadline();
-            tokio::select! {
-                msg = rx.recv() => match msg {
-                    None => return,
-                    Some(Msg::Update(p)) => self.update(*p),
-                    Some(Msg::Terminate { grace, reason, signalled, done }) => {
-                        let deleted = reason == Reason::Deleted;
-                        self.terminate(grace, reason, signalled, &mut events).await;
-                        if let Some(d) = done { let _ = d.send(()); }
-                        if deleted {
-                            self.ctx.store.remove(&self.uid);
-                            return;
-                        }
-                    }
-                },
-                Some(ev) = events.recv() => self.handle(ev),
-                () = sleep_until(deadline) => {}
-            }
-        }
-    }
-
-    fn set_busy(&self, busy: bool) {
-        *self.busy.lock().unwrap_or_else(PoisonError::into_inner) = busy.then(Instant::now);
-    }
-
-    fn update(&mut self, pod: Pod) {
-        if pod == self.pod {
-            return;
-        }
-        self.pod = pod;
-        if self.placement.is_some() && self.terminal.is_none() {
-            let res = self.ctx.resources().update(&self.pod);
-            match res {
-                Ok(p) => self.placement = Some(p),
-                Err(e) => tracing::warn!(pod_uid = %self.uid, error = %e, "cannot apply the pod's new resources"),
-            }
-        }
-    }
-
-    fn next_deadline(&self) -> Option<Instant> {
-        if self.terminal.is_some() {
-            return None;
-        }
-        self.containers
-            .iter()
-            .filter(|c| c.run.is_none() && !c.done)
-            .filter_map(|c| c.next_start)
-            .chain(self.retry)
-            .min()
-    }
-
-    /// A step failed: retry with a back-off of 1 s doubling to 30 s, showing why in the status.
-    fn retry_later(&mut self, why: String) {
-        tracing::warn!(pod = %self.full_name(), error = %why, "pod sync failed; retrying");
-        self.retry_backoff = (self.retry_backoff * 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
-        self.retry = Some(Instant::now() + self.retry_backoff);
-        self.pending = Some(why);
+    /// A worker that takes the pod over from one that panicked, for this reason.
+    pub(crate) fn with_incident(mut self, incident: Option<String>) -> Self {
+        self.incident = incident.as_deref().map(crate::store::worker_condition);
+        self
     }
 
     fn full_name(&self) -> String {
@@ -372,185 +172,223 @@ impl<R: Runtime> Worker<R> {
         )
     }
 
-    /// Takes over a pod an earlier daemon ran: its saved state and its running containers. No process is started
-    /// for a container that is still running.
-    async fn adopt(&mut self) {
-        let root = self.ctx.settings.root_dir.clone();
-        let saved = state::load(&root, &self.uid);
-        if let Some((phase, reason, message)) = saved.terminal.clone() {
-            self.terminal = Some(Terminal { phase, reason, message });
-            return;
-        }
-        let placed = self.ctx.resources().placement(&self.uid).is_some();
-        if !placed {
-            return;
-        }
-        self.start_time = saved.start_time;
-        let res = self.ctx.resources().place(&self.pod);
-        match res {
-            Ok(p) => self.placement = Some(p),
-            Err(e) => {
-                tracing::warn!(pod_uid = %self.uid, error = %e, "cannot place an adopted pod again");
-                return;
-            }
-        }
-        let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
-        let volumes = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
-        self.volumes = volumes::prepare(&root, &self.uid, &volumes, memory_limit).ok();
-        self.sandbox = match self.sandbox_spec() {
-            Some(spec) => self.ctx.runtime.adopt_sandbox(&spec).await,
-            None => None,
-        };
-        if self.sandbox.is_none() {
-            // The runtime lost the sandbox, and its containers with it: the next sync creates a new one.
-            tracing::warn!(pod = %self.full_name(), "no ready sandbox found for an adopted pod; creating a new one");
-            self.start_reported = true;
-            self.save();
-            return;
-        }
-        let mut any_app = false;
-        for i in 0..self.containers.len() {
-            let name = self.containers[i].name.clone();
-            let s = saved.containers.get(&name).cloned().unwrap_or_default();
-            self.containers[i].restarts = s.restarts;
-            self.containers[i].last = s.last.map(|l| (l, String::new()));
-            if let Some(spec) = self.build_spec(i).ok()
-                && let Some(started) = self.ctx.runtime.adopt(&spec, s.pid).await
-            {
-                let started_at = s.started_at.unwrap_or(started.started_at);
-                tracing::info!(pod = %self.full_name(), container = %name, pid = started.pid, "adopted running container");
-                self.attach(i, spec, started.id, started.pid, started_at);
-                any_app |= self.containers[i].kind == Kind::App;
-            }
-            any_app |= self.containers[i].kind == Kind::App && self.containers[i].last.is_some();
-        }
-        if any_app {
-            // App containers ran, so initialisation was over.
-            for c in self.containers.iter_mut().filter(|c| c.kind == Kind::Init && c.run.is_none()) {
-                c.done = true;
-            }
-        }
-        self.start_reported = true;
-        self.save();
-    }
-
-    /// One sync pass.
-    async fn sync(&mut self) {
-        let now = Instant::now();
-        if self.retry.is_some_and(|t| now < t) {
-            return;
-        }
-        self.retry = None;
-        if self.placement.is_none() {
-            let placed = self.ctx.resources().place(&self.pod);
-            match placed {
-                Ok(p) => {
-                    self.placement = Some(p);
-                    self.start_time.get_or_insert_with(Timestamp::now);
+    /// The worker's life: wait until no other pod of the same name runs, take over what survives of an earlier
+    /// daemon, then follow the pod until it is removed. Terminations are never dropped; of the specs, the latest
+    /// wins.
+    pub(crate) async fn run(
+        mut self,
+        mut spec: watch::Receiver<Pod>,
+        mut terminations: mpsc::UnboundedReceiver<TerminateRequest>,
+        mut events: mpsc::UnboundedReceiver<Event>,
+    ) {
+        self.publish();
+        let acquire = self.name_lock.clone().acquire_owned();
+        tokio::pin!(acquire);
+        while self.lifecycle.state != PodState::Removed {
+            let wakeup = self.lifecycle.next_wakeup();
+            let awaiting_name = self.lifecycle.state == PodState::AwaitingName;
+            while self.background.try_join_next().is_some() {}
+            let input = tokio::select! {
+                biased;
+                req = terminations.recv() => {
+                    let Some(req) = req else { return };
+                    self.signalled.extend(req.signalled);
+                    self.done.extend(req.done);
+                    Input::Terminate { grace: req.grace, reason: req.reason }
                 }
-                Err(PlaceError::Admit(e)) => {
-                    tracing::warn!(pod = %self.full_name(), reason = e.reason(), error = %e, "pod refused at admission");
-                    self.terminal = Some(Terminal {
-                        phase: "Failed".into(),
-                        reason: Some(e.reason().into()),
-                        message: Some(e.to_string()),
-                    });
-                    self.release_name();
-                    return;
+                permit = &mut acquire, if awaiting_name => {
+                    self.permit = permit.ok();
+                    if self.adopt().await { Input::Adopted } else { Input::NameFree }
                 }
-                Err(e) => return self.retry_later(format!("cannot place the pod: {e}")),
-            }
-        }
-        if self.volumes.is_none() {
-            let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
-            let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
-            match volumes::prepare(&self.ctx.settings.root_dir, &self.uid, &vols, memory_limit) {
-                Ok(v) => self.volumes = Some(v),
-                Err(e) => return self.retry_later(format!("cannot prepare volumes: {e}")),
-            }
-        }
-        if self.sandbox.is_none() {
-            let Some(spec) = self.sandbox_spec() else { return self.retry_later("pod not placed".into()) };
-            match self.ctx.runtime.run_sandbox(&spec).await {
-                Ok(id) => {
-                    tracing::info!(pod = %self.full_name(), sandbox = %id, "pod sandbox running");
-                    self.sandbox = Some(id);
-                }
-                Err(e) => {
-                    // A half-made sandbox is not left behind.
-                    self.ctx.runtime.remove_sandbox(&spec).await;
-                    return self.retry_later(format!("cannot create the pod sandbox: {e}"));
-                }
-            }
-        }
-        self.pending = None;
-        self.retry_backoff = Duration::ZERO;
-        if !self.sync_init().await {
-            return;
-        }
-        self.initialized = true;
-        for i in 0..self.containers.len() {
-            let c = &self.containers[i];
-            if c.kind != Kind::App || c.run.is_some() || c.done {
-                continue;
-            }
-            self.try_start(i).await;
-        }
-        let apps = self.containers.iter().filter(|c| c.kind == Kind::App);
-        if apps.clone().all(|c| c.done) {
-            let ok = apps.clone().all(|c| c.last.as_ref().is_some_and(|(l, _)| l.exit_code == 0));
-            let phase = if ok { "Succeeded" } else { "Failed" };
-            self.finish(Terminal { phase: phase.into(), reason: None, message: None }).await;
-        } else if !self.start_reported && apps.clone().all(|c| c.run.is_some()) {
-            self.start_reported = true;
-            self.ctx.metrics.pod_start_duration.observe(self.seen.elapsed().as_secs_f64());
-        }
-    }
-
-    /// Init containers in order, each to completion; sidecars (init containers with `restartPolicy: Always`) only
-    /// need to have started. Returns true once initialisation is complete.
-    async fn sync_init(&mut self) -> bool {
-        if self.initialized {
-            // Sidecars keep being restarted after initialisation.
-            for i in 0..self.containers.len() {
-                if self.containers[i].kind == Kind::Sidecar && self.containers[i].run.is_none() {
-                    self.try_start(i).await;
-                }
-            }
-            return true;
-        }
-        for i in 0..self.containers.len() {
-            let c = &self.containers[i];
-            match c.kind {
-                Kind::App => continue,
-                Kind::Sidecar => {
-                    if c.run.is_none() && !self.try_start(i).await {
-                        return false;
+                changed = spec.changed() => {
+                    if changed.is_err() {
+                        return;
                     }
-                    if !self.containers[i].run.as_ref().is_some_and(|r| r.started) {
-                        return false;
-                    }
-                }
-                Kind::Init => {
-                    if c.done || c.last.as_ref().is_some_and(|(l, _)| l.exit_code == 0) && c.run.is_none() {
+                    let pod = spec.borrow_and_update().clone();
+                    if pod == self.pod {
                         continue;
                     }
-                    if c.run.is_some() {
-                        return false;
-                    }
-                    if let Some((l, _)) = &c.last
-                        && self.policy == RestartPolicy::Never
-                    {
-                        let message = format!("init container {} failed with exit code {}", c.name, l.exit_code);
-                        self.finish(Terminal { phase: "Failed".into(), reason: None, message: Some(message) }).await;
-                        return false;
-                    }
-                    self.try_start(i).await;
-                    return false;
+                    self.pod = pod;
+                    Input::SpecUpdate { grace: grace_period(&self.pod) }
                 }
+                Some(done) = self.in_flight.join_next() => match done {
+                    Ok(done) => self.completed(done),
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(_) => continue,
+                },
+                Some(ev) = events.recv() => match ev {
+                    Event::Exited { id, info } => Input::ContainerExited { id, info },
+                    Event::Probe { id, kind, result } => self.probe_input(id, kind, result),
+                    Event::Signalled => {
+                        self.awaiting_signal = false;
+                        self.after_input();
+                        continue;
+                    }
+                },
+                () = sleep_until(wakeup) => Input::Timer,
+            };
+            self.handle(input).await;
+        }
+    }
+
+    /// Steps the machine with `input` and carries out its actions, and the inputs they produce at once.
+    async fn handle(&mut self, input: Input) {
+        let started = Instant::now();
+        let mut queue = VecDeque::from([input]);
+        while let Some(input) = queue.pop_front() {
+            let (next, actions) = step::step(std::mem::take(&mut self.lifecycle), input, Instant::now());
+            self.lifecycle = next;
+            for action in actions {
+                queue.extend(self.execute(action).await);
             }
         }
-        true
+        self.shared.metrics.pod_worker_duration.with_label_values(&["sync"]).observe(started.elapsed().as_secs_f64());
+        self.after_input();
+    }
+
+    /// Publishes the status and tells the termination requesters what they wait for.
+    fn after_input(&mut self) {
+        if !self.awaiting_signal {
+            for s in self.signalled.drain(..) {
+                let _ = s.send(());
+            }
+        }
+        if matches!(self.lifecycle.state, PodState::Finished(_) | PodState::Removed) {
+            for d in self.done.drain(..) {
+                let _ = d.send(());
+            }
+        }
+        let busy = (!self.in_flight.is_empty()).then(Instant::now);
+        {
+            let mut b = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+            if busy.is_none() || b.is_none() {
+                *b = busy;
+            }
+        }
+        if self.lifecycle.state != PodState::Removed {
+            self.publish();
+        }
+    }
+
+    fn probe_input(&self, id: String, kind: ProbeKind, result: Result<String, String>) -> Input {
+        let name = self.lifecycle.index_of(&id).map(|i| self.lifecycle.containers[i].name.clone()).unwrap_or_default();
+        let labels = [
+            kind.as_str(),
+            if result.is_ok() { "successful" } else { "failed" },
+            &name,
+            self.pod.metadata.name.as_deref().unwrap_or_default(),
+            self.pod.metadata.namespace.as_deref().unwrap_or_default(),
+            &self.uid,
+        ];
+        self.shared.metrics.probes.with_label_values(&labels).inc();
+        let ok = result.is_ok();
+        Input::ProbeResult { id, kind, ok, output: result.unwrap_or_else(|e| e) }
+    }
+
+    /// Carries out one action; returns the input it produces at once, if any.
+    async fn execute(&mut self, action: Action) -> Option<Input> {
+        match action {
+            Action::Place => Some(self.place()),
+            Action::PrepareVolumes => Some(Input::VolumesPrepared(self.prepare_volumes())),
+            Action::RunSandbox => self.run_sandbox(),
+            Action::UpdateResources => {
+                if self.placement.is_some() {
+                    let res = self.shared.resources().update(&self.pod);
+                    match res {
+                        Ok(p) => self.placement = Some(p),
+                        Err(e) => {
+                            tracing::warn!(pod_uid = %self.uid, error = %e, "cannot apply the pod's new resources")
+                        }
+                    }
+                }
+                None
+            }
+            Action::StartContainer { index, attempt } => self.start_container(index, attempt),
+            Action::StopContainer { id, grace, why } => {
+                self.stop_container(id, grace, &why);
+                None
+            }
+            Action::RemoveContainer { id } => {
+                self.containers.remove(&id);
+                let runtime = self.shared.runtime.clone();
+                self.background.spawn(async move { runtime.remove(&id).await });
+                None
+            }
+            Action::Abandon => {
+                self.in_flight = JoinSet::new();
+                None
+            }
+            Action::MarkTerminating => {
+                tracing::info!(pod = %self.full_name(), state = ?self.lifecycle.state, "terminating pod");
+                self.shared.resources().set_terminating(&self.uid);
+                None
+            }
+            Action::StopAll { ids, deadline } => {
+                self.stop_all(ids, deadline);
+                None
+            }
+            Action::KillAll { ids } => {
+                self.kill_all(ids);
+                None
+            }
+            Action::CleanUp { deleted } => {
+                self.clean_up(deleted).await;
+                Some(Input::CleanedUp)
+            }
+            Action::Save => {
+                self.save();
+                None
+            }
+            Action::ReleaseName => {
+                self.permit = None;
+                None
+            }
+            Action::Forget => {
+                self.shared.store.remove(&self.uid);
+                None
+            }
+            Action::ReportStarted => {
+                if let Some(t) = self.created.take() {
+                    self.shared.metrics.pod_start_duration.observe(t.elapsed().as_secs_f64());
+                }
+                None
+            }
+        }
+    }
+
+    fn place(&mut self) -> Input {
+        let started = Instant::now();
+        let placed = self.shared.resources().place(&self.pod);
+        self.shared.metrics.pod_worker_duration.with_label_values(&["create"]).observe(started.elapsed().as_secs_f64());
+        match placed {
+            Ok(p) => {
+                self.placement = Some(p);
+                Input::Placed(Ok(jiff::Timestamp::now()))
+            }
+            Err(PlaceError::Admit(e)) => {
+                tracing::warn!(pod = %self.full_name(), reason = e.reason(), error = %e, "pod refused at admission");
+                Input::Placed(Err(PlaceFailure::Refused { reason: e.reason().into(), message: e.to_string() }))
+            }
+            Err(e) => {
+                tracing::warn!(pod = %self.full_name(), error = %e, "cannot place the pod; retrying");
+                Input::Placed(Err(PlaceFailure::Failed(format!("cannot place the pod: {e}"))))
+            }
+        }
+    }
+
+    /// Makes the pod's volumes (a memory-backed emptyDir is sized to the pod's memory limit).
+    fn prepare_volumes(&mut self) -> Result<(), String> {
+        let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
+        let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+        self.volumes = volumes::prepare(&self.shared.settings.root_dir, &self.uid, &vols, memory_limit)?;
+        Ok(())
+    }
+
+    fn save(&self) {
+        let saved = adopt::saved(&self.lifecycle);
+        if let Err(e) = crate::state::save(&self.shared.settings.root_dir, &self.uid, &saved) {
+            tracing::warn!(pod_uid = %self.uid, error = %e, "cannot save pod state");
+        }
     }
 }
 

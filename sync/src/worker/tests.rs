@@ -16,8 +16,11 @@ use tokio::time::Instant;
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SIGKILL, SIGTERM, SandboxSpec, Started,
+    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
 };
+
+const SIGTERM: i32 = 15;
+const SIGKILL: i32 = 9;
 use crate::source::SourceSnapshot;
 use crate::worker::SyncSettings;
 
@@ -39,6 +42,10 @@ struct Fake {
     sandboxes: Mutex<Vec<String>>,
     /// Images that cannot be pulled.
     unpullable: Mutex<Vec<String>>,
+    /// Images whose pull never ends.
+    slow: Mutex<Vec<String>>,
+    /// Containers (by name) whose next start panics.
+    panics: Mutex<Vec<String>>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -71,11 +78,23 @@ impl Fake {
     }
 }
 
-impl Runtime for Fake {
-    fn scheme(&self) -> &'static str {
-        "fake"
+impl Fake {
+    /// Ends a container with `signal` (unless it ignores SIGTERM), as a kernel would.
+    fn signal(&self, id: &str, signal: i32) {
+        self.signals.lock().unwrap().push((id.to_owned(), signal));
+        let running = self.running.lock().unwrap();
+        let (name, tx) = &running[id];
+        if signal == SIGKILL || !self.stubborn.lock().unwrap().contains(name) {
+            tx.send_if_modified(|v| v.is_none() && v.replace(exit(128 + signal)).is_none());
+        }
     }
 
+    fn has_exited(&self, id: &str) -> bool {
+        self.running.lock().unwrap()[id].1.borrow().is_some()
+    }
+}
+
+impl SandboxRuntime for Fake {
     async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
         self.sandboxes.lock().unwrap().push(format!("run {}", spec.pod_uid));
         Ok(format!("sb-{}", spec.pod_uid))
@@ -88,11 +107,34 @@ impl Runtime for Fake {
     async fn remove_sandbox(&self, spec: &SandboxSpec) {
         self.sandboxes.lock().unwrap().push(format!("remove {}", spec.pod_uid));
     }
+}
+
+impl Runtime for Fake {
+    type Sandboxes = Self;
+
+    fn sandboxes(&self) -> Option<&Self> {
+        Some(self)
+    }
+
+    fn scheme(&self) -> &'static str {
+        "fake"
+    }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
         assert_eq!(spec.sandbox_id, format!("sb-{}", spec.pod_uid), "containers start in the pod's sandbox");
         if self.unpullable.lock().unwrap().contains(&spec.image) {
             return Err(RuntimeError::Image { reason: "ErrImagePull", message: format!("cannot pull {}", spec.image) });
+        }
+        let panics = {
+            let mut p = self.panics.lock().unwrap();
+            let found = p.iter().position(|n| *n == spec.name);
+            found.map(|i| p.remove(i))
+        };
+        if let Some(name) = panics {
+            panic!("the runtime broke starting {name}");
+        }
+        if self.slow.lock().unwrap().contains(&spec.image) {
+            std::future::pending::<()>().await;
         }
         let mut n = self.next.lock().unwrap();
         *n += 1;
@@ -112,28 +154,23 @@ impl Runtime for Fake {
         v.unwrap()
     }
 
-    fn signal(&self, id: &str, signal: i32) -> Result<(), RuntimeError> {
-        self.signals.lock().unwrap().push((id.to_owned(), signal));
-        let running = self.running.lock().unwrap();
-        let (name, tx) = &running[id];
-        if signal == SIGKILL || !self.stubborn.lock().unwrap().contains(name) {
-            tx.send_if_modified(|v| v.is_none() && v.replace(exit(128 + signal)).is_none());
+    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+        if !grace.is_zero() {
+            self.signal(id, SIGTERM);
+            tokio::time::sleep(grace).await;
+        }
+        if !self.has_exited(id) {
+            self.signal(id, SIGKILL);
         }
         Ok(())
     }
 
-    async fn exec(
-        &self,
-        _id: &str,
-        _spec: &ContainerSpec,
-        argv: &[String],
-        _t: Duration,
-    ) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, _id: &str, argv: &[String], _t: Duration) -> Result<ExecOutput, RuntimeError> {
         let fails = self.failing.lock().unwrap().contains(&argv[0]);
         Ok(ExecOutput { exit_code: Some(i32::from(fails)), output: String::new() })
     }
 
-    fn remove(&self, _id: &str) {}
+    async fn remove(&self, _id: &str) {}
 }
 
 struct Harness {
@@ -409,4 +446,75 @@ async fn without_sources_the_loop_keeps_ticking() {
     drop(h.tx);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(h.manager.readiness(), Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn termination_does_not_wait_for_an_image_pull() {
+    let h = harness();
+    h.fake.slow.lock().unwrap().push("registry.invalid/huge:1".into());
+    let mut slow = app("slow");
+    slow["image"] = json!("registry.invalid/huge:1");
+    h.set(vec![pod("u10", json!({"terminationGracePeriodSeconds": 600, "containers": [app("a"), slow]}))]).await;
+    h.until("u10", "runs a", |v| container(v, "a")["state"]["running"].is_object()).await;
+    // An eviction in the middle of the pull: the pull is dropped, the running container stopped.
+    let done = h.manager.evict("u10", Duration::from_secs(1), "evicted".into()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), done).await.expect("evicted within the grace period").unwrap();
+    let v = h.until("u10", "is evicted", |v| phase(v) == "Failed").await;
+    assert_eq!(container(&v, "a")["state"]["terminated"]["exitCode"], 128 + SIGTERM);
+    assert_eq!(h.fake.starts("slow").len(), 0, "the pull never finished");
+    // A deletion during a pull, with the pod's own grace period: done at once, nothing runs.
+    h.set(vec![pod("u11", json!({"containers": [slow_app()]}))]).await;
+    h.until("u11", "pulls", |v| container(v, "slow")["state"]["waiting"]["reason"] == "ContainerCreating").await;
+    let t0 = Instant::now();
+    h.set(vec![]).await;
+    while h.manager.store().get("u11").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
+    assert!(!h.cg.join("besteffort/podu11").exists(), "cgroup released");
+}
+
+fn slow_app() -> serde_json::Value {
+    let mut c = app("slow");
+    c["image"] = json!("registry.invalid/huge:1");
+    c
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_later_termination_only_shortens_the_grace_period() {
+    let h = harness();
+    h.set(vec![pod("u12", json!({"terminationGracePeriodSeconds": 300, "containers": [app("stubborn")]}))]).await;
+    h.until("u12", "runs", |v| phase(v) == "Running").await;
+    h.fake.stubborn.lock().unwrap().push("stubborn".into());
+    let t0 = Instant::now();
+    // Deleted with 300 s, then evicted with 2 s: the 2 s win.
+    h.set(vec![]).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let done = h.manager.evict("u12", Duration::from_secs(2), "evicted".into()).await.unwrap();
+    done.await.unwrap();
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(3), "took {took:?}");
+    // A deletion is never turned into an eviction: the pod is gone.
+    while h.manager.store().get("u12").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_panics_is_replaced_and_the_status_says_so() {
+    let h = harness();
+    h.fake.panics.lock().unwrap().push("app".into());
+    h.set(vec![pod("u13", json!({"containers": [app("app")]}))]).await;
+    let v = h.until("u13", "runs under a new worker", |v| phase(v) == "Running").await;
+    let conditions = v["status"]["conditions"].as_array().unwrap();
+    let c = conditions.iter().find(|c| c["type"] == crate::WORKER_CONDITION).expect("a condition says so");
+    assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("True"), Some("WorkerPanicked")));
+    assert!(c["message"].as_str().unwrap().contains("the runtime broke starting app"), "{c}");
+    assert_eq!(h.fake.starts("app").len(), 1, "the new worker started the container");
+    // The new worker terminates the pod as the old one would have.
+    h.set(vec![]).await;
+    while h.manager.store().get("u13").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!h.cg.join("besteffort/podu13").exists(), "cgroup released");
 }

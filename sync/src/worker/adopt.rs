@@ -1,0 +1,115 @@
+//! Taking over a pod an earlier daemon ran, from its saved state and the containers that still run; and the
+//! state saved for the next daemon.
+
+use super::lifecycle::{ContainerSlot, ContainerState, LastExit, Lifecycle, PodState, PrepareStep, Resume, Role};
+use super::{Sandbox, Worker};
+use crate::runtime::{Runtime, SandboxRuntime};
+use crate::state::{self, SavedContainer, SavedPod};
+
+/// The state to save for the next daemon.
+pub(super) fn saved(pod: &Lifecycle) -> SavedPod {
+    let containers = pod
+        .containers
+        .iter()
+        .map(|c| {
+            let running = c.running();
+            let saved = SavedContainer {
+                restarts: c.restarts,
+                pid: running.map(|r| r.pid),
+                started_at: running.map(|r| r.started_at),
+                last: c.last_exit.as_ref().map(|l| l.info.clone()),
+            };
+            (c.name.clone(), saved)
+        })
+        .collect();
+    SavedPod { containers, start_time: pod.start_time, terminal: pod.terminal() }
+}
+
+/// The saved counts and exits, restored into a container that is not running.
+fn restore(c: &mut ContainerSlot, saved: &SavedContainer) {
+    c.restarts = saved.restarts;
+    c.last_exit = saved.last.clone().map(|info| LastExit { info, container_id: None });
+}
+
+impl<R: Runtime> Worker<R> {
+    /// Takes over what an earlier daemon left: a pod that was over stays over; a placed pod is placed again and
+    /// its running containers are adopted, no process is started for them. Returns false when there was nothing
+    /// to take over.
+    pub(super) async fn adopt(&mut self) -> bool {
+        let root = self.shared.settings.root_dir.clone();
+        let saved = state::load(&root, &self.uid);
+        if let Some(terminal) = saved.terminal.clone() {
+            self.lifecycle.state = PodState::Finished(terminal);
+            self.permit = None;
+            return true;
+        }
+        if self.shared.resources().placement(&self.uid).is_none() {
+            return false;
+        }
+        let res = self.shared.resources().place(&self.pod);
+        match res {
+            Ok(p) => self.placement = Some(p),
+            Err(e) => {
+                tracing::warn!(pod_uid = %self.uid, error = %e, "cannot place an adopted pod again");
+                return false;
+            }
+        }
+        self.lifecycle.start_time = saved.start_time;
+        if let Err(e) = self.prepare_volumes() {
+            tracing::warn!(pod = %self.full_name(), error = %e, "cannot prepare an adopted pod's volumes");
+        }
+        let sandbox = match (self.shared.runtime.sandboxes(), self.sandbox_spec()) {
+            (None, _) => Some(self.uid.clone()),
+            (Some(sandboxes), Some(spec)) => sandboxes.adopt_sandbox(&spec).await,
+            (Some(_), None) => None,
+        };
+        let sandbox_lost = sandbox.is_none();
+        if let Some(id) = sandbox {
+            self.sandbox = Sandbox::Running(id);
+        } else {
+            // The runtime lost the sandbox, and its containers with it: a new one is made.
+            tracing::warn!(pod = %self.full_name(), "no ready sandbox found for an adopted pod; creating a new one");
+            self.sandbox = Sandbox::Requested;
+        }
+        let now = tokio::time::Instant::now();
+        let mut any_app = false;
+        for i in 0..self.lifecycle.containers.len() {
+            let name = self.lifecycle.containers[i].name.clone();
+            let s = saved.containers.get(&name).cloned().unwrap_or_default();
+            restore(&mut self.lifecycle.containers[i], &s);
+            let role = self.lifecycle.containers[i].role;
+            if !sandbox_lost
+                && let Ok(spec) = self.build_spec(i, s.restarts)
+                && let Some(mut started) = self.shared.runtime.adopt(&spec, s.pid).await
+            {
+                started.started_at = s.started_at.unwrap_or(started.started_at);
+                tracing::info!(pod = %self.full_name(), container = %name, pid = started.pid, "adopted running container");
+                let running = self.attach(started, &name).running(now);
+                self.lifecycle.containers[i].state = ContainerState::Running(running);
+                any_app |= role == Role::App;
+            }
+            any_app |= role == Role::App && s.last.is_some();
+        }
+        let policy = self.lifecycle.policy;
+        for c in &mut self.lifecycle.containers {
+            let done = match c.role {
+                // App containers ran, so initialisation was over.
+                Role::Init => any_app || c.exited_ok(),
+                Role::Sidecar => false,
+                Role::App => c.last_exit.as_ref().is_some_and(|l| !policy.restarts(l.info.exit_code)),
+            };
+            if done && c.running().is_none() {
+                c.state = ContainerState::Exited;
+            }
+        }
+        let then = if any_app { Resume::Running } else { Resume::Initializing };
+        self.lifecycle.state = match (sandbox_lost, then) {
+            (true, then) => PodState::Preparing { step: PrepareStep::Sandbox, then },
+            (false, Resume::Running) => PodState::Running,
+            (false, Resume::Initializing) => PodState::Initializing,
+        };
+        self.created = None;
+        self.save();
+        true
+    }
+}

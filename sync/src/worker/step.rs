@@ -1,0 +1,394 @@
+//! The pod worker's transitions: [`step`] takes the lifecycle and one input and returns the next lifecycle and
+//! the actions to carry out. It is pure: the time comes in as `now`, and every effect is an [`Action`].
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::lifecycle::{
+    Action, ContainerState, Input, KILL_WAIT, LastExit, Lifecycle, MAX_GRACE, PlaceFailure, PodState, PrepareStep,
+    Readiness, Reason, Resume, Retry, Role, Stage, StartFailure, after,
+};
+use crate::probe::ProbeKind;
+use crate::status::{PodPhase, Terminal};
+
+/// The first wait before a failed pod-level step is retried, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Moves the pod on by one input.
+pub(crate) fn step(mut pod: Lifecycle, input: Input, now: Instant) -> (Lifecycle, Vec<Action>) {
+    let mut actions = Vec::new();
+    pod.apply(input, now, &mut actions);
+    (pod, actions)
+}
+
+impl Lifecycle {
+    fn apply(&mut self, input: Input, now: Instant, out: &mut Vec<Action>) {
+        match input {
+            Input::Terminate { grace, reason } => return self.terminate(grace.unwrap_or(self.grace), reason, now, out),
+            Input::SpecUpdate { grace } => {
+                self.grace = grace.min(MAX_GRACE);
+                if matches!(self.state, PodState::Preparing { .. } | PodState::Initializing | PodState::Running) {
+                    out.push(Action::UpdateResources);
+                }
+                return;
+            }
+            Input::ContainerExited { id, info } => {
+                let Some(i) = self.index_of(&id) else { return };
+                self.exited(i, id, info, now, out);
+            }
+            Input::ProbeResult { id, kind, ok, output } => {
+                let Some(i) = self.index_of(&id) else { return };
+                self.probed(i, kind, ok, output, out);
+            }
+            Input::ContainerStarted { index, attempt, result } => {
+                let Some(c) = self.containers.get_mut(index) else { return };
+                if c.state != ContainerState::Starting {
+                    return;
+                }
+                match result {
+                    Ok(started) => {
+                        c.restarts = attempt;
+                        c.state = ContainerState::Running(started.running(now));
+                        out.push(Action::Save);
+                        if self.containers.iter().filter(|c| c.role == Role::App).all(|c| c.running().is_some()) {
+                            out.push(Action::ReportStarted);
+                        }
+                    }
+                    Err(StartFailure { reason, message, sandbox_lost }) => {
+                        let retry_at = c.backoff.restart_at(now, now);
+                        c.state = ContainerState::StartFailed { reason, message, retry_at };
+                        if sandbox_lost && let Some(then) = self.resume_point() {
+                            self.state = PodState::Preparing { step: PrepareStep::Sandbox, then };
+                            out.push(Action::RunSandbox);
+                            return;
+                        }
+                    }
+                }
+            }
+            Input::NameFree => {
+                if self.state == PodState::AwaitingName {
+                    self.state = PodState::Admitting;
+                    out.push(Action::Place);
+                }
+                return;
+            }
+            Input::Adopted => match self.state {
+                PodState::Preparing { step: PrepareStep::Volumes, .. } => return out.push(Action::PrepareVolumes),
+                PodState::Preparing { step: PrepareStep::Sandbox, .. } => return out.push(Action::RunSandbox),
+                _ => {}
+            },
+            Input::Placed(result) => {
+                if self.state != PodState::Admitting {
+                    return;
+                }
+                match result {
+                    Ok(at) => {
+                        self.retry = None;
+                        self.start_time.get_or_insert(at);
+                        self.state = PodState::Preparing { step: PrepareStep::Volumes, then: Resume::Initializing };
+                        out.push(Action::PrepareVolumes);
+                    }
+                    Err(PlaceFailure::Refused { reason, message }) => {
+                        self.state = PodState::Finished(Terminal::failed(Some(reason), Some(message)));
+                        out.push(Action::ReleaseName);
+                    }
+                    Err(PlaceFailure::Failed(why)) => self.retry_later(why, now),
+                }
+                return;
+            }
+            Input::VolumesPrepared(result) => {
+                let PodState::Preparing { step: PrepareStep::Volumes, then } = self.state else { return };
+                match result {
+                    Ok(()) => {
+                        self.state = PodState::Preparing { step: PrepareStep::Sandbox, then };
+                        out.push(Action::RunSandbox);
+                    }
+                    Err(why) => self.retry_later(format!("cannot prepare volumes: {why}"), now),
+                }
+                return;
+            }
+            Input::SandboxReady(result) => {
+                let PodState::Preparing { step: PrepareStep::Sandbox, then } = self.state else { return };
+                match result {
+                    Ok(()) => {
+                        self.retry = None;
+                        self.state = match then {
+                            Resume::Initializing => PodState::Initializing,
+                            Resume::Running => PodState::Running,
+                        };
+                    }
+                    Err(why) => return self.retry_later(format!("cannot create the pod sandbox: {why}"), now),
+                }
+            }
+            Input::Timer => return self.timer(now, out),
+            Input::CleanedUp => return self.cleaned_up(out),
+        }
+        self.advance(now, out);
+    }
+
+    /// Where a pod whose sandbox is lost goes once it has a new one; `None` when it is not running.
+    fn resume_point(&self) -> Option<Resume> {
+        match self.state {
+            PodState::Initializing => Some(Resume::Initializing),
+            PodState::Running => Some(Resume::Running),
+            _ => None,
+        }
+    }
+
+    fn retry_later(&mut self, message: String, now: Instant) {
+        let wait = self.retry.as_ref().map_or(RETRY_FIRST, |r| (r.wait * 2).min(RETRY_MAX));
+        self.retry = Some(Retry { at: Some(now + wait), wait, message });
+    }
+
+    fn timer(&mut self, now: Instant, out: &mut Vec<Action>) {
+        match &mut self.state {
+            PodState::Admitting | PodState::Preparing { .. } => {
+                // The retry is due once; its message stays until the step succeeds.
+                let Some(retry) = self.retry.as_mut().filter(|r| r.at.is_some_and(|at| at <= now)) else { return };
+                retry.at = None;
+                out.push(match self.state {
+                    PodState::Preparing { step: PrepareStep::Volumes, .. } => Action::PrepareVolumes,
+                    PodState::Preparing { step: PrepareStep::Sandbox, .. } => Action::RunSandbox,
+                    _ => Action::Place,
+                });
+            }
+            PodState::Terminating { deadline, stage: stage @ Stage::Stopping, .. } if now >= *deadline => {
+                *stage = Stage::Killing { until: now + KILL_WAIT };
+                out.push(Action::KillAll { ids: self.running_ids() });
+                self.advance(now, out);
+            }
+            PodState::Terminating { stage: stage @ Stage::Killing { .. }, reason, .. } => {
+                if let Stage::Killing { until } = *stage
+                    && now >= until
+                {
+                    *stage = Stage::CleaningUp;
+                    out.push(Action::CleanUp { deleted: *reason == Reason::Deleted });
+                }
+            }
+            _ => self.advance(now, out),
+        }
+    }
+
+    fn running_ids(&self) -> Vec<String> {
+        self.containers.iter().filter_map(|c| c.running().map(|r| r.id.clone())).collect()
+    }
+
+    /// Termination is accepted in every state; a later request can only bring the deadline forward, and a deletion
+    /// wins over an eviction.
+    fn terminate(&mut self, grace: Duration, reason: Reason, now: Instant, out: &mut Vec<Action>) {
+        let deadline = after(now, grace);
+        match &mut self.state {
+            PodState::Removed => {}
+            PodState::AwaitingName | PodState::Admitting => match reason.terminal() {
+                None => {
+                    self.state = PodState::Removed;
+                    out.extend([Action::ReleaseName, Action::Forget]);
+                }
+                Some(t) => {
+                    self.state = PodState::Finished(t);
+                    out.push(Action::ReleaseName);
+                }
+            },
+            PodState::Finished(_) => {
+                if reason == Reason::Deleted {
+                    self.state = PodState::Terminating { reason, deadline, stage: Stage::CleaningUp };
+                    out.push(Action::CleanUp { deleted: true });
+                }
+            }
+            PodState::Terminating { reason: current, deadline: old, stage } => {
+                if reason == Reason::Deleted {
+                    *current = Reason::Deleted;
+                }
+                if deadline < *old {
+                    *old = deadline;
+                    if *stage == Stage::Stopping && deadline <= now {
+                        *stage = Stage::Killing { until: now + KILL_WAIT };
+                        out.push(Action::KillAll { ids: self.running_ids() });
+                        self.advance(now, out);
+                    }
+                }
+            }
+            PodState::Preparing { .. } | PodState::Initializing | PodState::Running => {
+                self.retry = None;
+                for c in &mut self.containers {
+                    if c.state == ContainerState::Starting {
+                        c.state = ContainerState::Pending;
+                    }
+                }
+                out.extend([Action::Abandon, Action::MarkTerminating]);
+                self.begin_termination(reason, deadline, now, out);
+            }
+        }
+    }
+
+    /// From a placed pod: SIGTERM what runs, or clean up at once when nothing does.
+    fn begin_termination(&mut self, reason: Reason, deadline: Instant, now: Instant, out: &mut Vec<Action>) {
+        let ids = self.running_ids();
+        if ids.is_empty() || deadline <= now {
+            self.state = PodState::Terminating { reason, deadline, stage: Stage::Killing { until: now + KILL_WAIT } };
+            if !ids.is_empty() {
+                out.push(Action::KillAll { ids });
+            }
+        } else {
+            self.state = PodState::Terminating { reason, deadline, stage: Stage::Stopping };
+            out.push(Action::StopAll { ids, deadline });
+        }
+        self.advance(now, out);
+    }
+
+    fn cleaned_up(&mut self, out: &mut Vec<Action>) {
+        let PodState::Terminating { reason, stage: Stage::CleaningUp, .. } = &self.state else { return };
+        // What was left running went with the pod cgroup.
+        for c in &mut self.containers {
+            if matches!(c.state, ContainerState::Running(_)) {
+                c.state = ContainerState::Exited;
+            }
+        }
+        match reason.terminal() {
+            None => {
+                self.state = PodState::Removed;
+                out.extend([Action::ReleaseName, Action::Forget]);
+            }
+            Some(t) => {
+                self.state = PodState::Finished(t);
+                out.extend([Action::Save, Action::ReleaseName]);
+            }
+        }
+    }
+
+    fn exited(&mut self, i: usize, id: String, info: crate::runtime::ExitInfo, now: Instant, out: &mut Vec<Action>) {
+        // A pod waiting for a new sandbox restarts its containers once it has one.
+        let over = matches!(self.state, PodState::Terminating { .. } | PodState::Finished(_) | PodState::Removed);
+        let policy = self.policy;
+        let c = &mut self.containers[i];
+        let since = c.running().map_or(now, |r| r.since);
+        let restart = match c.role {
+            Role::Sidecar => true,
+            Role::Init => info.exit_code != 0 && policy != crate::status::RestartPolicy::Never,
+            Role::App => policy.restarts(info.exit_code),
+        };
+        c.state = if restart && !over {
+            ContainerState::BackOff { until: c.backoff.restart_at(since, now) }
+        } else {
+            ContainerState::Exited
+        };
+        c.last_exit = Some(LastExit { info, container_id: Some(id.clone()) });
+        out.extend([Action::RemoveContainer { id }, Action::Save]);
+    }
+
+    fn probed(&mut self, i: usize, kind: ProbeKind, ok: bool, output: String, out: &mut Vec<Action>) {
+        if !matches!(self.state, PodState::Initializing | PodState::Running) {
+            return;
+        }
+        let grace = self.grace;
+        let ContainerState::Running(run) = &mut self.containers[i].state else { return };
+        if kind != ProbeKind::Startup && run.readiness == Readiness::AwaitingStartup {
+            return;
+        }
+        let has_readiness = run.probes.contains_key(&ProbeKind::Readiness);
+        let Some((cfg, probe)) = run.probes.get_mut(&kind) else { return };
+        let Some(verdict) = probe.record(ok, cfg) else { return };
+        match (kind, verdict, run.readiness) {
+            (_, _, Readiness::Stopping) => {}
+            (ProbeKind::Startup, true, _) => {
+                run.readiness = if has_readiness { Readiness::NotReady } else { Readiness::Ready };
+            }
+            (ProbeKind::Readiness, v, _) => run.readiness = if v { Readiness::Ready } else { Readiness::NotReady },
+            (ProbeKind::Startup | ProbeKind::Liveness, false, _) => {
+                run.readiness = Readiness::Stopping;
+                out.push(Action::StopContainer { id: run.id.clone(), grace, why: output });
+            }
+            (ProbeKind::Liveness, true, _) => {}
+        }
+    }
+
+    /// After any change: start what may start, finish the pod when its containers are done, end a termination
+    /// once nothing runs.
+    fn advance(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if self.state == PodState::Initializing {
+            if !self.initialize(now, out) {
+                return;
+            }
+            self.state = PodState::Running;
+        }
+        match &mut self.state {
+            PodState::Running => self.run(now, out),
+            PodState::Terminating { reason, stage, .. }
+                if *stage != Stage::CleaningUp && self.containers.iter().all(|c| c.running().is_none()) =>
+            {
+                *stage = Stage::CleaningUp;
+                out.push(Action::CleanUp { deleted: *reason == Reason::Deleted });
+            }
+            _ => {}
+        }
+    }
+
+    fn start(&mut self, i: usize, out: &mut Vec<Action>) {
+        let c = &mut self.containers[i];
+        let attempt = if c.last_exit.is_some() { c.restarts.saturating_add(1) } else { c.restarts };
+        c.state = ContainerState::Starting;
+        out.push(Action::StartContainer { index: i, attempt });
+    }
+
+    /// Init containers in order, each to completion; sidecars only need to have started. True once done.
+    fn initialize(&mut self, now: Instant, out: &mut Vec<Action>) -> bool {
+        for i in 0..self.containers.len() {
+            let c = &self.containers[i];
+            match c.role {
+                Role::App => {}
+                Role::Sidecar => {
+                    if c.startable(now) {
+                        self.start(i, out);
+                        return false;
+                    }
+                    if !self.containers[i].running().is_some_and(|r| r.readiness != Readiness::AwaitingStartup) {
+                        return false;
+                    }
+                }
+                Role::Init => match &c.state {
+                    ContainerState::Exited if c.exited_ok() => {}
+                    ContainerState::Exited => {
+                        let code = c.last_exit.as_ref().map_or(0, |l| l.info.exit_code);
+                        let message = format!("init container {} failed with exit code {code}", c.name);
+                        let terminal = Terminal::failed(None, Some(message));
+                        self.finish(terminal, now, out);
+                        return false;
+                    }
+                    _ => {
+                        if c.startable(now) {
+                            self.start(i, out);
+                        }
+                        return false;
+                    }
+                },
+            }
+        }
+        true
+    }
+
+    fn run(&mut self, now: Instant, out: &mut Vec<Action>) {
+        for i in 0..self.containers.len() {
+            let c = &self.containers[i];
+            if c.role != Role::Init && c.startable(now) {
+                self.start(i, out);
+            }
+        }
+        let apps = || self.containers.iter().filter(|c| c.role == Role::App);
+        if apps().all(|c| c.state == ContainerState::Exited) {
+            let phase = if apps().all(|c| c.exited_ok()) { PodPhase::Succeeded } else { PodPhase::Failed };
+            self.finish(Terminal { phase, reason: None, message: None }, now, out);
+        }
+    }
+
+    /// The pod ended on its own: stop what is left (sidecars) within its grace period, then clean up.
+    fn finish(&mut self, terminal: Terminal, now: Instant, out: &mut Vec<Action>) {
+        out.push(Action::MarkTerminating);
+        let deadline = after(now, self.grace);
+        self.begin_termination(Reason::Completed(terminal), deadline, now, out);
+    }
+}
+
+#[cfg(test)]
+mod tests;
