@@ -18,6 +18,8 @@ use nodewarden_sync::{
     PodManager, PodSource, ProcessRuntime, SelectedRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings,
 };
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Config, Reloaded};
 use crate::metrics::Metrics;
@@ -121,8 +123,8 @@ async fn select_runtime(
     config: &Config,
     fs: &CgroupFs,
     metrics: &Metrics,
-    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
-    drain: &watch::Receiver<bool>,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
 ) -> Result<SelectedRuntime, DaemonError> {
     let Some(endpoint) = &config.container_runtime_endpoint else {
         let helper = std::env::current_exe().context("cannot find nodewarden's own executable")?;
@@ -143,7 +145,7 @@ async fn select_runtime(
         }
         Err(e) => return Err(anyhow::Error::new(e).into()),
     }
-    tasks.push(tokio::spawn(cri.clone().monitor(drain.clone())));
+    tasks.spawn(cri.clone().monitor(shutdown.clone()));
     Ok(SelectedRuntime::Cri(cri))
 }
 
@@ -187,6 +189,9 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
 
 /// How long shutdown waits for open HTTP connections.
 const SERVER_DRAIN: Duration = Duration::from_secs(5);
+
+/// How long the exit waits for each group of tasks after the shutdown token is cancelled.
+const TASK_DRAIN: Duration = Duration::from_secs(5);
 
 /// Why the daemon stopped.
 #[derive(Debug, thiserror::Error)]
@@ -241,9 +246,10 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let fs = manager.cgroupfs().clone();
     let manager = Arc::new(Mutex::new(manager));
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
-    let runtime = select_runtime(&config, &fs, &metrics, &mut tasks, &drain_rx).await?;
+    // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let runtime = select_runtime(&config, &fs, &metrics, &tasks, &shutdown).await?;
     let settings = SyncSettings {
         root_dir: config.root_dir.clone(),
         log_dir: config.pod_logs_dir.clone(),
@@ -255,9 +261,9 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     if let Some(dir) = &config.static_pod_path {
         tracing::info!(dir = %dir.display(), "watching static pod manifests");
         let source = StaticPodSource::new(dir, &config.node_name, config.file_check_frequency);
-        tasks.push(tokio::spawn(source.run(tx, drain_rx.clone())));
+        tasks.spawn(source.run(tx, shutdown.clone()));
     }
-    tasks.push(tokio::spawn(pods.clone().run(rx, drain_rx.clone())));
+    tasks.spawn(pods.clone().run(rx, shutdown.clone()));
     let store = pods.store();
 
     let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
@@ -283,8 +289,9 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
         metrics,
         config: config_tx,
     });
-    tasks.push(tokio::spawn(eviction.run(wake_rx, drain_rx.clone())));
-    tasks.push(tokio::spawn(crate::reload::watch(path, shared.clone(), drain_rx.clone())));
+    let eviction_tasks = eviction.tasks();
+    tasks.spawn(eviction.run(wake_rx, shutdown.clone()));
+    tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
     let healthz = shared.config().healthz;
     let server = match healthz {
@@ -293,10 +300,10 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
                 .await
                 .with_context(|| format!("cannot listen on {addr} (healthzBindAddress:healthzPort)"))?;
             tracing::info!(%addr, "serving /healthz /readyz /metrics /pods /evictions /configz");
-            let mut rx = drain_rx.clone();
+            let stop = shutdown.clone();
             let app = crate::http::router(shared.clone());
             Some(tokio::spawn(async move {
-                axum::serve(listener, app).with_graceful_shutdown(async move { drained(&mut rx).await }).await
+                axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
             }))
         }
         None => None,
@@ -304,9 +311,17 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
 
     let signal = wait_for_signal().await.context("cannot install signal handlers")?;
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
-    let _ = drain_tx.send(true);
-    for t in tasks {
-        let _ = t.await;
+    shutdown.cancel();
+    let pod_tasks = shared.pods.tasks();
+    for (what, tracker) in [("daemon", &tasks), ("pod sync", &pod_tasks), ("eviction", &eviction_tasks)] {
+        tracker.close();
+        if tokio::time::timeout(TASK_DRAIN, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                tasks = what,
+                left = tracker.len(),
+                "tasks still running {TASK_DRAIN:?} after shutdown; leaving them"
+            );
+        }
     }
     if let Some(mut server) = server {
         // Open connections get a moment to finish; a client that holds one open does not hold up the exit.
@@ -321,11 +336,6 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
         }
     }
     Ok(())
-}
-
-/// Resolves once the drain signal is given (or its sender is gone).
-pub(crate) async fn drained(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|d| *d).await.map(|_| ());
 }
 
 async fn wait_for_signal() -> std::io::Result<&'static str> {

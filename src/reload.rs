@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use inotify::{Inotify, WatchMask, Watches};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::MAX_CONFIG_BYTES;
 use crate::daemon::Shared;
@@ -40,13 +40,13 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// Watches `path` until drained, applying each changed version to the daemon.
-pub async fn watch(path: PathBuf, shared: Arc<Shared>, mut drain: watch::Receiver<bool>) {
+pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut last = read(&path).ok();
     let inotify = match Inotify::init() {
         Ok(i) => i,
         Err(e) => {
             tracing::warn!(error = %e, "cannot use inotify; the config file is checked every 10s");
-            return recheck_only(path, shared, drain, last).await;
+            return recheck_only(path, shared, shutdown, last).await;
         }
     };
     watch_paths(inotify.watches(), &path);
@@ -54,7 +54,7 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, mut drain: watch::Receive
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read inotify events; the config file is checked every 10s");
-            return recheck_only(path, shared, drain, last).await;
+            return recheck_only(path, shared, shutdown, last).await;
         }
     };
     let mut tick = tokio::time::interval(RECHECK);
@@ -69,7 +69,7 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, mut drain: watch::Receive
                 true
             }
             _ = tick.tick() => false,
-            () = crate::daemon::drained(&mut drain) => return,
+            () = shutdown.cancelled() => return,
         };
         if event {
             // Let the rest of the edit arrive, then take everything that queued up.
@@ -80,15 +80,15 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, mut drain: watch::Receive
         }
         check(&path, &shared, &mut last);
     }
-    recheck_only(path, shared, drain, last).await;
+    recheck_only(path, shared, shutdown, last).await;
 }
 
-async fn recheck_only(path: PathBuf, shared: Arc<Shared>, mut drain: watch::Receiver<bool>, mut last: Option<Vec<u8>>) {
+async fn recheck_only(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken, mut last: Option<Vec<u8>>) {
     let mut tick = tokio::time::interval(RECHECK);
     loop {
         tokio::select! {
             _ = tick.tick() => check(&path, &shared, &mut last),
-            () = crate::daemon::drained(&mut drain) => return,
+            () = shutdown.cancelled() => return,
         }
     }
 }

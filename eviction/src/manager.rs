@@ -14,6 +14,8 @@ use std::time::Duration;
 use nodewarden_resources::{CgroupError, Condition, NodePressure, Observations, ResourceManager};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::metrics::EvictionMetrics;
 use crate::observe::{SignalObservation, signal_observations};
@@ -130,6 +132,9 @@ pub struct EvictionManager<E: Evictor> {
     warned_no_candidates: bool,
     /// The last pass that read everything (PSI too) and told the observer.
     last_full: Option<Instant>,
+    /// The eviction tasks, which outlive a pass, and what stops them at shutdown.
+    tasks: TaskTracker,
+    stop: CancellationToken,
 }
 
 /// The fastest a signal is assumed to fall (per second), to decide the next poll: a hog allocating 1 GiB/s, a
@@ -274,6 +279,8 @@ impl<E: Evictor> EvictionManager<E> {
             done: mpsc::unbounded_channel(),
             warned_no_candidates: false,
             last_full: None,
+            tasks: TaskTracker::new(),
+            stop: CancellationToken::new(),
         }
     }
 
@@ -282,8 +289,14 @@ impl<E: Evictor> EvictionManager<E> {
         self.status.clone()
     }
 
-    /// Runs until `drain` turns true. `wakeups` carries pressure events.
-    pub async fn run(mut self, mut wakeups: mpsc::Receiver<Wake>, mut drain: watch::Receiver<bool>) {
+    /// The eviction tasks (each waits for its victim's SIGTERM and termination), for the daemon to wait on once
+    /// [`EvictionManager::run`] has ended.
+    pub fn tasks(&self) -> TaskTracker {
+        self.tasks.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled, then closes its task tracker. `wakeups` carries pressure events.
+    pub async fn run(mut self, mut wakeups: mpsc::Receiver<Wake>, shutdown: CancellationToken) {
         let mut next = Instant::now();
         let mut last = None::<Instant>;
         loop {
@@ -303,7 +316,11 @@ impl<E: Evictor> EvictionManager<E> {
                     }
                     Wake::Evicted
                 }
-                _ = drain.wait_for(|d| *d) => return,
+                () = shutdown.cancelled() => {
+                    self.stop.cancel();
+                    self.tasks.close();
+                    return;
+                }
             };
             self.metrics.wakeups.with_label_values(&[wake.as_str()]).inc();
             // Pressure events come in bursts (measured: with every daemon's triggers firing during a 100-pod start
@@ -487,29 +504,35 @@ impl<E: Evictor> EvictionManager<E> {
             let status = self.status.clone();
             let latency = self.metrics.latency.with_label_values(&[signal.as_str()]);
             let done = self.done.0.clone();
-            tokio::spawn(async move {
-                let signalled = tokio::time::timeout(grace + SIGTERM_SLACK, evictor.evict(&victim.uid, grace, message));
-                let result = match signalled.await {
-                    Ok(r) => r,
-                    Err(_) => Err(format!("SIGTERM was not sent within {}s", (grace + SIGTERM_SLACK).as_secs())),
-                };
-                let outcome = match result {
-                    Ok(terminated) => {
-                        let l = observed_at.elapsed().as_secs_f64();
-                        latency.observe(l);
-                        status.update(id, |r| r.sigterm_latency_seconds = Some(l));
-                        let _ = done.send((victim.uid.clone(), Outcome::Signalled));
-                        let _ = terminated.await;
-                        status.update(id, |r| r.completed = true);
-                        Outcome::Terminated
-                    }
-                    Err(e) => {
-                        tracing::warn!(pod = %victim.name, error = %e, "eviction failed");
-                        status.update(id, |r| r.error = Some(e));
-                        Outcome::Failed
-                    }
-                };
-                let _ = done.send((victim.uid, outcome));
+            let stop = self.stop.clone();
+            // A shutdown abandons the wait; the pod's worker carries on with the termination until it stops too.
+            self.tasks.spawn(async move {
+                stop.run_until_cancelled(async move {
+                    let signalled =
+                        tokio::time::timeout(grace + SIGTERM_SLACK, evictor.evict(&victim.uid, grace, message));
+                    let result = match signalled.await {
+                        Ok(r) => r,
+                        Err(_) => Err(format!("SIGTERM was not sent within {}s", (grace + SIGTERM_SLACK).as_secs())),
+                    };
+                    let outcome = match result {
+                        Ok(terminated) => {
+                            let l = observed_at.elapsed().as_secs_f64();
+                            latency.observe(l);
+                            status.update(id, |r| r.sigterm_latency_seconds = Some(l));
+                            let _ = done.send((victim.uid.clone(), Outcome::Signalled));
+                            let _ = terminated.await;
+                            status.update(id, |r| r.completed = true);
+                            Outcome::Terminated
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %victim.name, error = %e, "eviction failed");
+                            status.update(id, |r| r.error = Some(e));
+                            Outcome::Failed
+                        }
+                    };
+                    let _ = done.send((victim.uid, outcome));
+                })
+                .await;
             });
         }
     }

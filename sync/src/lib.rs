@@ -39,8 +39,3 @@ pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is
 pub use status::{PodPhase, Terminal};
 pub use store::{MANIFEST_ANNOTATION, StatusStore, WORKER_CONDITION};
 pub use worker::SyncSettings;
-
-/// Resolves once the drain signal is given (or its sender is gone).
-pub(crate) async fn drained(rx: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = rx.wait_for(|d| *d).await.map(|_| ());
-}

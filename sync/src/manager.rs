@@ -9,9 +9,11 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_resources::ResourceManager;
-use rustix::process::{Pid, Signal, kill_process};
+use rustix::process::Signal;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::metrics::SyncMetrics;
 use crate::runtime::Runtime;
@@ -62,6 +64,9 @@ pub struct PodManager<R: Runtime> {
     workers: Mutex<HashMap<String, Handle>>,
     name_locks: Mutex<HashMap<String, Arc<Semaphore>>>,
     last_tick: Mutex<Option<Instant>>,
+    /// The detached tasks (orphan termination, reconciliation), which end on the shutdown token.
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
 }
 
 impl<R: Runtime> std::fmt::Debug for PodManager<R> {
@@ -84,7 +89,14 @@ impl<R: Runtime> PodManager<R> {
             workers: Mutex::new(HashMap::new()),
             name_locks: Mutex::new(HashMap::new()),
             last_tick: Mutex::new(None),
+            tasks: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
         })
+    }
+
+    /// The manager's detached tasks, for the daemon to wait on after [`PodManager::run`] ended.
+    pub fn tasks(&self) -> TaskTracker {
+        self.tasks.clone()
     }
 
     /// The status store (`/pods`).
@@ -100,9 +112,9 @@ impl<R: Runtime> PodManager<R> {
         self.workers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs until drained: applies snapshots from the sources and ticks. On drain the workers stop; containers
-    /// keep running for the next daemon to adopt.
-    pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<SourceSnapshot>, mut drain: watch::Receiver<bool>) {
+    /// Runs until `shutdown` is cancelled: applies snapshots from the sources and ticks. Then the workers and the
+    /// detached tasks stop (the tracker is closed); containers keep running for the next daemon to adopt.
+    pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<SourceSnapshot>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut first = BTreeSet::new();
@@ -118,9 +130,11 @@ impl<R: Runtime> PodManager<R> {
                     None => open = false,
                 },
                 _ = tick.tick() => self.tick(),
-                () = crate::drained(&mut drain) => break,
+                () = shutdown.cancelled() => break,
             }
         }
+        self.shutdown.cancel();
+        self.tasks.close();
         for (_, h) in self.workers().drain() {
             h.task.abort();
         }
@@ -241,10 +255,15 @@ impl<R: Runtime> PodManager<R> {
         };
         let runtime = self.ctx.runtime.clone();
         let keep: BTreeSet<String> = wanted.clone();
-        tokio::spawn(async move { runtime.reconcile(&keep).await });
+        let stop = self.shutdown.clone();
+        self.tasks.spawn(async move { stop.run_until_cancelled(runtime.reconcile(&keep)).await });
         for uid in &orphans {
             tracing::info!(pod_uid = %uid, "pod cgroup from an earlier run has no manifest; terminating it");
-            tokio::spawn(terminate_orphan(self.ctx.resources.clone(), uid.clone(), self.ctx.settings.root_dir.clone()));
+            let terminate =
+                terminate_orphan(self.ctx.resources.clone(), uid.clone(), self.ctx.settings.root_dir.clone());
+            // Cut short by a shutdown: the next daemon finds the orphan again.
+            let stop = self.shutdown.clone();
+            self.tasks.spawn(async move { stop.run_until_cancelled(terminate).await });
         }
         if let Ok(entries) = std::fs::read_dir(self.ctx.settings.root_dir.join("pods")) {
             for e in entries.flatten() {
@@ -330,22 +349,14 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 
 /// SIGTERM to every process of a pod nobody has any more, `cgroup.kill` after [`ORPHAN_GRACE`], then release.
 async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, root: std::path::PathBuf) {
-    let procs = |r: &ResourceManager| -> Vec<u32> {
-        let Some(p) = r.placement(&uid) else { return Vec::new() };
-        let fs = r.cgroupfs();
-        fs.subtree(&p.cgroup)
-            .map(|cgs| cgs.iter().flat_map(|cg| fs.read_procs(cg).unwrap_or_default()).collect())
-            .unwrap_or_default()
-    };
     let lock = || resources.lock().unwrap_or_else(PoisonError::into_inner);
+    let running = || lock().procs(&uid).is_ok_and(|p| !p.is_empty());
     lock().set_terminating(&uid);
-    for pid in procs(&lock()) {
-        if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
-            let _ = kill_process(pid, Signal::TERM);
-        }
+    if let Err(e) = lock().signal(&uid, Signal::TERM) {
+        tracing::warn!(pod_uid = %uid, error = %e, "cannot signal an orphaned pod's processes");
     }
     let deadline = Instant::now() + ORPHAN_GRACE;
-    while Instant::now() < deadline && !procs(&lock()).is_empty() {
+    while Instant::now() < deadline && running() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     kill_and_release(&resources, &uid).await;

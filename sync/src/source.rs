@@ -10,7 +10,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use inotify::{EventMask, Inotify, WatchMask};
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::manifest::{ManifestError, parse_static_pod, read_manifest};
 
@@ -38,7 +39,7 @@ pub struct SourceSnapshot {
 pub trait PodSource: Send + 'static {
     /// Runs the source. The first snapshot is the initial state; the manager treats pods it adopted and that no
     /// first snapshot names as gone.
-    fn run(self, tx: mpsc::Sender<SourceSnapshot>, shutdown: watch::Receiver<bool>) -> impl Future<Output = ()> + Send;
+    fn run(self, tx: mpsc::Sender<SourceSnapshot>, shutdown: CancellationToken) -> impl Future<Output = ()> + Send;
 }
 
 /// True for files in the manifest directory that are not manifests: hidden files (as the kubelet skips them),
@@ -184,7 +185,7 @@ fn wants_rescan(mask: EventMask, name: Option<&std::ffi::OsStr>) -> Option<bool>
 }
 
 impl PodSource for StaticPodSource {
-    async fn run(mut self, tx: mpsc::Sender<SourceSnapshot>, mut shutdown: watch::Receiver<bool>) {
+    async fn run(mut self, tx: mpsc::Sender<SourceSnapshot>, shutdown: CancellationToken) {
         let mut events = self.watch();
         if events.is_none() && !self.dir.exists() {
             tracing::warn!(dir = %self.dir.display(), "the static pod directory does not exist; checking again every {:?}", self.resync);
@@ -208,7 +209,7 @@ impl PodSource for StaticPodSource {
                         }
                         break;
                     }
-                    () = crate::drained(&mut shutdown) => return,
+                    () = shutdown.cancelled() => return,
                     ev = next_event(&mut events) => match ev {
                         Some(true) => break,
                         Some(false) => {}
@@ -286,8 +287,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let src = StaticPodSource::new(dir.path(), "n", Duration::from_secs(3600));
         let (tx, mut rx) = mpsc::channel(4);
-        let (_stop_tx, stop) = watch::channel(false);
-        tokio::spawn(src.run(tx, stop));
+        tokio::spawn(src.run(tx, CancellationToken::new()));
         async fn recv(rx: &mut mpsc::Receiver<SourceSnapshot>) -> SourceSnapshot {
             tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("no snapshot within 5 s").unwrap()
         }

@@ -373,3 +373,24 @@ fn select_stops_once_the_deficit_is_covered_and_skips_pods_that_give_nothing() {
     // Nothing gives anything back (disk usage unknown): only the first ranked goes, as the kubelet would do.
     assert_eq!(names(select(Signal::NodeFsAvailable, &ranked, 1000)), ["a"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_ends_the_loop_and_its_pending_eviction_tasks() {
+    let r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![(pod("stuck", None, json!({})), 500 * MIB, 1)],
+    );
+    r.evictor.hang.lock().unwrap().insert("stuck".into());
+    r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
+    let tasks = r.manager.tasks();
+    let shutdown = CancellationToken::new();
+    let (_wake_tx, wake_rx) = mpsc::channel(1);
+    let loop_task = tokio::spawn(r.manager.run(wake_rx, shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(*r.evictor.attempts.lock().unwrap(), ["stuck"]);
+    assert_eq!(tasks.len(), 1, "the eviction waits for a SIGTERM that never comes");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_millis(100), loop_task).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_millis(100), tasks.wait()).await.expect("the eviction task ended");
+    assert!(tasks.is_closed());
+}

@@ -17,6 +17,7 @@ use nodewarden_proto::v1::{
     PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
 };
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub use client::{CRI_API_VERSION, CriClient, CriError};
 pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL};
@@ -136,7 +137,7 @@ impl CriRuntime {
     /// Watches the runtime until `drain`: lists the containers every poll period, resolves the waits of those
     /// that exited or vanished, and records whether the runtime answers; every [`SANDBOX_CHECK_EVERY`] periods it
     /// also looks for sandboxes that died under running containers.
-    pub async fn monitor(self: Arc<Self>, mut drain: watch::Receiver<bool>) {
+    pub async fn monitor(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.settings.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut n: u32 = 0;
@@ -146,7 +147,7 @@ impl CriRuntime {
                     n = n.wrapping_add(1);
                     self.relist(n.is_multiple_of(SANDBOX_CHECK_EVERY)).await;
                 }
-                () = crate::drained(&mut drain) => return,
+                () = shutdown.cancelled() => return,
             }
         }
     }

@@ -359,8 +359,7 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
     let fake = Fake::default();
     fake.state().pullable.insert("localhost/app:1".into());
     let rt = started(&fake, dir.path());
-    let (_drain_tx, drain) = watch::channel(false);
-    tokio::spawn(rt.clone().monitor(drain));
+    tokio::spawn(rt.clone().monitor(CancellationToken::new()));
     assert_eq!(rt.check_version().await.unwrap(), ("fake".to_owned(), "1".to_owned()));
 
     let sb = rt.run_sandbox(&sandbox("u1")).await.unwrap();
@@ -491,8 +490,7 @@ async fn an_unreachable_runtime_is_reported_and_its_return_noticed() {
     let err = rt.run_sandbox(&sandbox("u3")).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Unavailable(_)), "{err:?}");
 
-    let (_drain_tx, drain) = watch::channel(false);
-    tokio::spawn(rt.clone().monitor(drain));
+    tokio::spawn(rt.clone().monitor(CancellationToken::new()));
     let fake = Fake::default();
     fake.state().api_version = "v1".into();
     serve(&fake, &path);

@@ -179,7 +179,7 @@ struct Harness {
     fake: Arc<Fake>,
     manager: Arc<PodManager<Fake>>,
     tx: mpsc::Sender<SourceSnapshot>,
-    _drain: watch::Sender<bool>,
+    _drain: tokio_util::sync::DropGuard,
 }
 
 fn harness() -> Harness {
@@ -201,8 +201,9 @@ fn harness() -> Harness {
     let metrics = SyncMetrics::new(&prometheus::Registry::new()).unwrap();
     let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics);
     let (tx, rx) = mpsc::channel(4);
-    let (drain_tx, drain_rx) = watch::channel(false);
-    tokio::spawn(manager.clone().run(rx, drain_rx));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(manager.clone().run(rx, shutdown.clone()));
+    let drain_tx = shutdown.drop_guard();
     Harness { cg: host.cgroup_mount().join("nw/kubepods"), _host: host, fake, manager, tx, _drain: drain_tx }
 }
 
