@@ -190,11 +190,7 @@ impl<R: Runtime> PodManager<R> {
 
     /// Starts a worker for a pod; `incident` says why the pod needed a new one.
     fn spawn_worker(&self, pod: Pod, source: &'static str, incident: Option<String>) -> Handle {
-        let name = format!(
-            "{}/{}",
-            pod.metadata.namespace.as_deref().unwrap_or_default(),
-            pod.metadata.name.as_deref().unwrap_or_default()
-        );
+        let name = nodewarden_resources::pod::full_name(&pod);
         let lock = self
             .name_locks
             .lock()

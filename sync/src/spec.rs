@@ -22,7 +22,7 @@ pub fn pod_log_dir_name(pod: &Pod) -> String {
     let m = &pod.metadata;
     format!(
         "{}_{}_{}",
-        m.namespace.as_deref().unwrap_or("default"),
+        nodewarden_resources::pod::namespace(pod),
         m.name.as_deref().unwrap_or_default(),
         m.uid.as_deref().unwrap_or_default()
     )

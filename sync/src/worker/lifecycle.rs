@@ -15,20 +15,14 @@ use crate::status::{RestartPolicy, Terminal};
 
 /// The longest grace period a pod gets: a larger `terminationGracePeriodSeconds` is cut to this, so that a deadline
 /// never overflows.
-pub(crate) const MAX_GRACE: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// The grace period used when the pod names none.
-pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const MAX_GRACE: Duration = nodewarden_resources::pod::MAX_GRACE_PERIOD;
 
 /// How long the pod's processes get to disappear after `cgroup.kill` before the clean-up goes ahead.
 pub(crate) const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// The pod's own grace period (`terminationGracePeriodSeconds`), at most [`MAX_GRACE`].
 pub(crate) fn grace_period(pod: &Pod) -> Duration {
-    match pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds) {
-        None => DEFAULT_GRACE,
-        Some(secs) => Duration::from_secs(u64::try_from(secs).unwrap_or(0)).min(MAX_GRACE),
-    }
+    nodewarden_resources::pod::grace_period(pod)
 }
 
 /// `now + wait`, saturating at `now + MAX_GRACE`.

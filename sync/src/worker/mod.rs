@@ -165,11 +165,7 @@ impl<R: Runtime> Worker<R> {
     }
 
     fn full_name(&self) -> String {
-        format!(
-            "{}/{}",
-            self.pod.metadata.namespace.as_deref().unwrap_or("default"),
-            self.pod.metadata.name.as_deref().unwrap_or_default()
-        )
+        nodewarden_resources::pod::full_name(&self.pod)
     }
 
     /// The worker's life: wait until no other pod of the same name runs, take over what survives of an earlier
@@ -277,7 +273,7 @@ impl<R: Runtime> Worker<R> {
             if result.is_ok() { "successful" } else { "failed" },
             &name,
             self.pod.metadata.name.as_deref().unwrap_or_default(),
-            self.pod.metadata.namespace.as_deref().unwrap_or_default(),
+            nodewarden_resources::pod::namespace(&self.pod),
             &self.uid,
         ];
         self.shared.metrics.probes.with_label_values(&labels).inc();

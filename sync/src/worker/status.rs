@@ -84,7 +84,7 @@ fn container_status(pod: &Lifecycle, c: &ContainerSlot, view: &View<'_>, now: In
                 wait.as_secs().max(1),
                 c.name,
                 view.pod.metadata.name.as_deref().unwrap_or_default(),
-                view.pod.metadata.namespace.as_deref().unwrap_or_default(),
+                nodewarden_resources::pod::namespace(view.pod),
                 view.uid
             );
             (waiting("CrashLoopBackOff", Some(message)), last, None)
