@@ -69,8 +69,18 @@ fn cpu_percent(pid: u32, seconds: u64) -> Result<f64> {
     Ok((c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0)
 }
 
+/// Copies the daemon's log out of its directory when dropped, so a failed run leaves it too.
+struct KeepLog<'a>(PathBuf, &'a Path);
+
+impl Drop for KeepLog<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::copy(&self.0, self.1);
+    }
+}
+
 fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Result<Run> {
     let node = StaticNode::start(bin, "pods", "")?;
+    let _log = KeepLog(node.dir.join("daemon.log"), log);
     let (manifests, port, pid) = (node.manifests.clone(), node.port, node.pid());
     eprintln!("pods: daemon ready");
 
@@ -130,15 +140,13 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
         let p = u16::try_from(20000 + i).context("too many pods")?;
         write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), None, Some(p)))?;
     }
-    wait("all pods ready", 300, || count(port, ready) == n)?;
+    wait("all pods ready", 300, || count(port, ready) == n)
+        .with_context(|| format!("{} of {n} pods ready", count(port, ready)))?;
     eprintln!("pods: {n} probed pods ready");
     std::thread::sleep(Duration::from_secs(5));
     let cpu_percent = cpu_percent(pid, seconds)?;
     let rss = rss_kib(pid)?;
     clear(&manifests, port)?;
-    // The last run's daemon log stays for a look at where the time went.
-    let _ = std::fs::copy(node.dir.join("daemon.log"), log);
-    drop(node);
     #[allow(clippy::cast_precision_loss)]
     Ok(Run { start_s, rename_s, idle_cpu_percent, edit_ms, cpu_percent, rss_mib: rss as f64 / 1024.0 })
 }
