@@ -135,6 +135,15 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
         .map_err(|e| RuntimeError::Start(format!("cannot open the log file {}: {e}", path.display())))
 }
 
+/// Spawns a container process. The spawn returns once the child has exec'd its command (or failed to), so the
+/// process runs in its cgroup by then: started means running in the container, as a runtime reports it. Until
+/// then the calling thread waits, through the child's move into its cgroup (which waits for an RCU grace period
+/// in the kernel, tens of milliseconds under emulation), so it waits on a blocking-pool thread, not on one of the
+/// runtime's two workers.
+async fn spawn(mut cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    tokio::task::spawn_blocking(move || cmd.spawn()).await.map_err(std::io::Error::other)?
+}
+
 /// The exit code and signal of a wait status.
 fn decode(status: std::process::ExitStatus) -> (i32, Option<i32>) {
     use std::os::unix::process::ExitStatusExt;
@@ -176,9 +185,8 @@ impl Runtime for ProcessRuntime {
             Ok(cmd) => cmd,
             Err(e) => return Ok(self.start_failed(id, e.to_string())),
         };
-        // The spawn returns once the child has exec'd the command (or failed to), so the process runs in its
-        // cgroup by then: started means running in the container, as a runtime reports it.
-        let mut child = match cmd.stdout(Stdio::from(log)).stderr(Stdio::from(err_log)).spawn() {
+        cmd.stdout(Stdio::from(log)).stderr(Stdio::from(err_log));
+        let mut child = match spawn(cmd).await {
             Ok(c) => c,
             Err(e) => return Ok(self.start_failed(id, format!("cannot start {:?}: {e}", argv[0]))),
         };
