@@ -20,6 +20,7 @@ struct Run {
     idle_cpu_percent: f64,
     edit_ms: Vec<f64>,
     cpu_percent: f64,
+    ready_pods: usize,
     rss_mib: f64,
 }
 
@@ -140,15 +141,18 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
         let p = u16::try_from(20000 + i).context("too many pods")?;
         write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), None, Some(p)))?;
     }
-    wait("all pods ready", 300, || count(port, ready) == n)
-        .with_context(|| format!("{} of {n} pods ready", count(port, ready)))?;
-    eprintln!("pods: {n} probed pods ready");
+    wait("all probed pods running", 300, || count(port, running) == n)?;
+    // The CPU figure needs the probes running, not passing: on a loaded host some pods' probes keep failing (the
+    // old and the new daemon alike), so the sample is taken after at most a minute, with the count of ready pods.
+    let _ = wait("all pods ready", 60, || count(port, ready) == n);
+    let ready_pods = count(port, ready);
+    eprintln!("pods: {ready_pods} of {n} probed pods ready");
     std::thread::sleep(Duration::from_secs(5));
     let cpu_percent = cpu_percent(pid, seconds)?;
     let rss = rss_kib(pid)?;
     clear(&manifests, port)?;
     #[allow(clippy::cast_precision_loss)]
-    Ok(Run { start_s, rename_s, idle_cpu_percent, edit_ms, cpu_percent, rss_mib: rss as f64 / 1024.0 })
+    Ok(Run { start_s, rename_s, idle_cpu_percent, edit_ms, cpu_percent, ready_pods, rss_mib: rss as f64 / 1024.0 })
 }
 
 /// Runs the pod sync benchmark and writes a Markdown table.
@@ -158,13 +162,14 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         let run = one_run(bin, n, seconds, edits, &out.with_extension("daemon.log"))
             .with_context(|| format!("run {}", r + 1))?;
         eprintln!(
-            "run {}: start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({:.2} % without probes), \
-             rss {:.1} MiB",
+            "run {}: start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({} pods ready; {:.2} % \
+             without probes), rss {:.1} MiB",
             r + 1,
             run.start_s,
             run.rename_s,
             median(run.edit_ms.clone()),
             run.cpu_percent,
+            run.ready_pods,
             run.idle_cpu_percent,
             run.rss_mib
         );
@@ -173,6 +178,7 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
     let start: Vec<f64> = results.iter().map(|r| r.start_s).collect();
     let rename: Vec<f64> = results.iter().map(|r| r.rename_s).collect();
     let idle: Vec<f64> = results.iter().map(|r| r.idle_cpu_percent).collect();
+    let least_ready = results.iter().map(|r| r.ready_pods).min().unwrap_or(0);
     let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
     let cpu: Vec<f64> = results.iter().map(|r| r.cpu_percent).collect();
     let rss: Vec<f64> = results.iter().map(|r| r.rss_mib).collect();
@@ -183,7 +189,7 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
          | {n} manifests written → all Running | < 2 s | {:.2} s | {:.2} s |\n\
          | {n} manifests renamed into the directory at once → all Running | < 2 s | {:.2} s | {:.2} s |\n\
          | manifest edit → new memory.max in the replacement's cgroup | < 100 ms | {:.1} ms | {:.1} ms |\n\
-         | daemon CPU, {n} pods with HTTP readiness probes every 10 s | < 1 % | {:.2} % | {:.2} % |\n\
+         | daemon CPU, {n} pods with HTTP readiness probes every 10 s (≥ {least_ready} ready) | < 1 % | {:.2} % | {:.2} % |\n\
          | daemon RSS, same | | {:.1} MiB | {:.1} MiB |\n\
          | daemon CPU, {n} pods without probes | | {:.2} % | {:.2} % |\n",
         median(start.clone()),
