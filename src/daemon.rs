@@ -127,8 +127,7 @@ async fn select_runtime(
     shutdown: &CancellationToken,
 ) -> Result<SelectedRuntime, DaemonError> {
     let Some(endpoint) = &config.container_runtime_endpoint else {
-        let helper = std::env::current_exe().context("cannot find nodewarden's own executable")?;
-        return Ok(SelectedRuntime::Process(ProcessRuntime::new(helper, fs.clone())));
+        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone())));
     };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
@@ -384,7 +383,7 @@ mod tests {
         let gauges = Arc::new(Gauges { metrics: metrics.clone() });
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).unwrap();
         let fs = manager.lock().unwrap().cgroupfs().clone();
-        let runtime = SelectedRuntime::Process(ProcessRuntime::new("/bin/false", fs));
+        let runtime = SelectedRuntime::Process(ProcessRuntime::new(fs));
         let settings = SyncSettings {
             root_dir: host.path().join("root"),
             log_dir: host.path().join("logs"),

@@ -69,12 +69,6 @@ enum Command {
         #[command(subcommand)]
         command: cri::CriCommand,
     },
-    /// The first step of a container process started by the process runtime (internal).
-    #[command(hide = true)]
-    ContainerExec {
-        /// The request, as JSON.
-        request: String,
-    },
 }
 
 fn cri_command(endpoint: &str, timeout: u64, command: cri::CriCommand) -> ExitCode {
@@ -100,11 +94,6 @@ fn main() -> ExitCode {
         Command::CheckConfig { path } => check_config(&path).into(),
         Command::Run { config } => run(&config).into(),
         Command::Cri { endpoint, request_timeout, command } => cri_command(&endpoint, request_timeout, command),
-        Command::ContainerExec { request } => {
-            // Returns only when the container's command could not be started.
-            let code = nodewarden_sync::container_exec(&request);
-            ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
-        }
     }
 }
 

@@ -1,6 +1,9 @@
 //! `pods`: pod sync through static manifests with the process runtime.
 //!
-//! - start: N manifests written at once → all N pods `Running` in `/pods`;
+//! - start: N manifests written at once (one after the other, each written beside its name and renamed into place)
+//!   → all N pods `Running` in `/pods`;
+//! - rename: N manifests prepared outside the directory, then all renamed into it at once → all N `Running`;
+//!   the same N pods (no probes) then give the daemon's CPU floor;
 //! - edit: a manifest's memory limit changed → the replacement pod's cgroup shows the new `memory.max`;
 //! - steady: N pods, each a busybox httpd with an HTTP readiness probe every 10 s: the daemon's CPU and RSS.
 
@@ -13,8 +16,11 @@ use crate::{ROOT, StaticNode, cpu_ticks, median, pods, rss_kib, wait, worst, wri
 
 struct Run {
     start_s: f64,
+    rename_s: f64,
+    idle_cpu_percent: f64,
     edit_ms: Vec<f64>,
     cpu_percent: f64,
+    ready_pods: usize,
     rss_mib: f64,
 }
 
@@ -55,8 +61,27 @@ fn clear(dir: &Path, port: u16) -> Result<()> {
     wait("removal of every pod", 120, || pods(port).is_empty())
 }
 
-fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
+/// The daemon's CPU use in percent of one core over `seconds`.
+fn cpu_percent(pid: u32, seconds: u64) -> Result<f64> {
+    let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
+    #[allow(clippy::cast_precision_loss)]
+    Ok((c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0)
+}
+
+/// Copies the daemon's log out of its directory when dropped, so a failed run leaves it too.
+struct KeepLog<'a>(PathBuf, &'a Path);
+
+impl Drop for KeepLog<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::copy(&self.0, self.1);
+    }
+}
+
+fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Result<Run> {
     let node = StaticNode::start(bin, "pods", "")?;
+    let _log = KeepLog(node.dir.join("daemon.log"), log);
     let (manifests, port, pid) = (node.manifests.clone(), node.port, node.pid());
     eprintln!("pods: daemon ready");
 
@@ -68,6 +93,24 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
     wait("all pods running", 300, || count(port, running) == n)?;
     let start_s = t0.elapsed().as_secs_f64();
     eprintln!("pods: {n} pods running after {start_s:.2} s");
+    clear(&manifests, port)?;
+
+    // rename: N manifests made beside the directory, then all renamed into it at once.
+    let staging = node.dir.join("staging");
+    std::fs::create_dir_all(&staging)?;
+    for i in 0..n {
+        std::fs::write(staging.join(format!("r{i}.yaml")), manifest(&format!("r{i}"), None, None))?;
+    }
+    let t0 = Instant::now();
+    for i in 0..n {
+        let file = format!("r{i}.yaml");
+        std::fs::rename(staging.join(&file), manifests.join(&file))?;
+    }
+    wait("all renamed pods running", 300, || count(port, running) == n)?;
+    let rename_s = t0.elapsed().as_secs_f64();
+    eprintln!("pods: {n} renamed pods running after {rename_s:.2} s");
+    std::thread::sleep(Duration::from_secs(5));
+    let idle_cpu_percent = cpu_percent(pid, seconds)?;
     clear(&manifests, port)?;
 
     // edit: the replacement's cgroup carries the new limit.
@@ -98,40 +141,44 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
         let p = u16::try_from(20000 + i).context("too many pods")?;
         write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), None, Some(p)))?;
     }
-    wait("all pods ready", 300, || count(port, ready) == n)?;
-    eprintln!("pods: {n} probed pods ready");
+    wait("all probed pods running", 300, || count(port, running) == n)?;
+    // The CPU figure needs the probes running, not passing: on a loaded host some pods' probes keep failing (the
+    // old and the new daemon alike), so the sample is taken after at most a minute, with the count of ready pods.
+    let _ = wait("all pods ready", 60, || count(port, ready) == n);
+    let ready_pods = count(port, ready);
+    eprintln!("pods: {ready_pods} of {n} probed pods ready");
     std::thread::sleep(Duration::from_secs(5));
-    let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
-    std::thread::sleep(Duration::from_secs(seconds));
-    let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
+    let cpu_percent = cpu_percent(pid, seconds)?;
     let rss = rss_kib(pid)?;
     clear(&manifests, port)?;
-    drop(node);
     #[allow(clippy::cast_precision_loss)]
-    Ok(Run {
-        start_s,
-        edit_ms,
-        cpu_percent: (c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0,
-        rss_mib: rss as f64 / 1024.0,
-    })
+    Ok(Run { start_s, rename_s, idle_cpu_percent, edit_ms, cpu_percent, ready_pods, rss_mib: rss as f64 / 1024.0 })
 }
 
 /// Runs the pod sync benchmark and writes a Markdown table.
 pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &Path) -> Result<()> {
     let mut results = Vec::new();
     for r in 0..runs {
-        let run = one_run(bin, n, seconds, edits).with_context(|| format!("run {}", r + 1))?;
+        let run = one_run(bin, n, seconds, edits, &out.with_extension("daemon.log"))
+            .with_context(|| format!("run {}", r + 1))?;
         eprintln!(
-            "run {}: start {:.2} s, edit median {:.1} ms, cpu {:.2} %, rss {:.1} MiB",
+            "run {}: start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({} pods ready; {:.2} % \
+             without probes), rss {:.1} MiB",
             r + 1,
             run.start_s,
+            run.rename_s,
             median(run.edit_ms.clone()),
             run.cpu_percent,
+            run.ready_pods,
+            run.idle_cpu_percent,
             run.rss_mib
         );
         results.push(run);
     }
     let start: Vec<f64> = results.iter().map(|r| r.start_s).collect();
+    let rename: Vec<f64> = results.iter().map(|r| r.rename_s).collect();
+    let idle: Vec<f64> = results.iter().map(|r| r.idle_cpu_percent).collect();
+    let least_ready = results.iter().map(|r| r.ready_pods).min().unwrap_or(0);
     let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
     let cpu: Vec<f64> = results.iter().map(|r| r.cpu_percent).collect();
     let rss: Vec<f64> = results.iter().map(|r| r.rss_mib).collect();
@@ -140,17 +187,23 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
          1 GiB guest, 2 emulated vCPUs (TCG). Median (worst).\n\n\
          | measure | target | median | worst |\n|---|---|---|---|\n\
          | {n} manifests written → all Running | < 2 s | {:.2} s | {:.2} s |\n\
+         | {n} manifests renamed into the directory at once → all Running | < 2 s | {:.2} s | {:.2} s |\n\
          | manifest edit → new memory.max in the replacement's cgroup | < 100 ms | {:.1} ms | {:.1} ms |\n\
-         | daemon CPU, {n} pods with HTTP readiness probes every 10 s | < 1 % | {:.2} % | {:.2} % |\n\
-         | daemon RSS, same | | {:.1} MiB | {:.1} MiB |\n",
+         | daemon CPU, {n} pods with HTTP readiness probes every 10 s (≥ {least_ready} ready) | < 1 % | {:.2} % | {:.2} % |\n\
+         | daemon RSS, same | | {:.1} MiB | {:.1} MiB |\n\
+         | daemon CPU, {n} pods without probes | | {:.2} % | {:.2} % |\n",
         median(start.clone()),
         worst(&start),
+        median(rename.clone()),
+        worst(&rename),
         median(edit.clone()),
         worst(&edit),
         median(cpu.clone()),
         worst(&cpu),
         median(rss.clone()),
         worst(&rss),
+        median(idle.clone()),
+        worst(&idle),
     );
     std::fs::write(out, &table)?;
     print!("{table}");

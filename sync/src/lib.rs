@@ -3,7 +3,8 @@
 //! termination, pod status, and the runtimes that carry it out (the embedded process runtime here).
 //!
 //! Pod sync is a client of `nodewarden-resources`: it asks for admission and placement and never writes cgroupfs
-//! itself (a container process joins its cgroup through the resources crate, see [`container_exec`]).
+//! itself (a container process joins the cgroup the resources crate made for it, through that cgroup's
+//! `cgroup.procs`, before it execs its command).
 
 mod backoff;
 pub mod cri;
@@ -29,7 +30,7 @@ pub use manifest::{
     read_manifest,
 };
 pub use metrics::SyncMetrics;
-pub use process::{ExecRequest, ProcessRuntime, START_FAILED, container_exec};
+pub use process::{ProcessRuntime, START_FAILED};
 pub use runtime::{
     ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, LinuxResources, Mount, NoSandboxes, PullPolicy, Runtime,
     RuntimeError, SandboxRuntime, SandboxSpec, Started,

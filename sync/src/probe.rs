@@ -1,6 +1,7 @@
 //! Liveness, readiness and startup probes: their settings with the kubelet's defaults, the success and failure
 //! thresholds, and the exec, HTTP GET and TCP checks.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Probe};
@@ -170,6 +171,9 @@ impl ProbeState {
     }
 }
 
+/// Room for the request line and the fixed headers besides the path and host.
+const REQUEST_CAPACITY: usize = 128;
+
 /// Runs an HTTP GET as the kubelet's prober does; `Ok` with a message when it succeeded.
 pub async fn http_get(
     host: &str,
@@ -181,15 +185,19 @@ pub async fn http_get(
     let run = async {
         let mut s =
             TcpStream::connect((host, port)).await.map_err(|e| format!("Get http://{host}:{port}{path}: {e}"))?;
-        let mut req = format!(
+        // One buffer and one write: the request is small, and a probe runs for every probed container.
+        let mut req = String::with_capacity(REQUEST_CAPACITY + path.len() + host.len());
+        let _ = write!(
+            req,
             "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n"
         );
         for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
+            let _ = write!(req, "{k}: {v}\r\n");
         }
         req.push_str("\r\n");
         s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; 512];
+        // Only the status line is read.
+        let mut buf = [0u8; 512];
         let mut n = 0;
         while n < buf.len() && !buf[..n].contains(&b'\n') {
             match s.read(&mut buf[n..]).await.map_err(|e| e.to_string())? {

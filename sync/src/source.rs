@@ -2,12 +2,12 @@
 //! works out what was added, changed and removed. The static pod directory is the first source; an apiserver
 //! source implements the same trait.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use inotify::{EventMask, Inotify, WatchMask};
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
@@ -108,7 +108,8 @@ impl StaticPodSource {
             Err(e) => tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the static pod directory"),
         }
         files.sort();
-        self.cache.retain(|p, _| files.iter().any(|(f, _)| f == p));
+        let present: HashSet<&PathBuf> = files.iter().map(|(f, _)| f).collect();
+        self.cache.retain(|p, _| present.contains(p));
         let mut pods = Vec::new();
         let mut invalid = Vec::new();
         let mut names: BTreeMap<(String, String), PathBuf> = BTreeMap::new();
@@ -192,6 +193,14 @@ impl PodSource for StaticPodSource {
         }
         let mut last: Option<SourceSnapshot> = None;
         loop {
+            // Events that are already queued (a burst of renames, or those that came during the last scan) are
+            // taken by this one scan, instead of one scan and one snapshot each.
+            while let Some(ev) = next_event(&mut events).now_or_never() {
+                if ev.is_none() {
+                    events = self.watch();
+                    break;
+                }
+            }
             let snapshot = self.scan();
             if last.as_ref() != Some(&snapshot) {
                 if tx.send(snapshot.clone()).await.is_err() {
@@ -303,5 +312,30 @@ mod tests {
         assert_eq!(recv(&mut rx).await.pods[0].spec.as_ref().unwrap().containers[0].image.as_deref(), Some("c"));
         std::fs::remove_file(dir.path().join("w.yaml")).unwrap();
         assert!(recv(&mut rx).await.pods.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_renames_is_one_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = tempfile::tempdir_in(dir.path()).unwrap();
+        let manifests = dir.path().join("manifests");
+        std::fs::create_dir(&manifests).unwrap();
+        let src = StaticPodSource::new(&manifests, "n", Duration::from_secs(3600));
+        let (tx, mut rx) = mpsc::channel(64);
+        tokio::spawn(src.run(tx, CancellationToken::new()));
+        let first = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert!(first.pods.is_empty());
+        for i in 0..20 {
+            std::fs::write(staging.path().join(format!("p{i}.yaml")), POD.replace("NAME", &format!("p{i}"))).unwrap();
+        }
+        // The source task runs only once this (current-thread) test yields, with every event queued by then.
+        for i in 0..20 {
+            let f = format!("p{i}.yaml");
+            std::fs::rename(staging.path().join(&f), manifests.join(&f)).unwrap();
+        }
+        let snap = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        assert_eq!(snap.pods.len(), 20);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(rx.try_recv().is_err(), "one snapshot for the whole burst");
     }
 }

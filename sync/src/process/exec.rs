@@ -1,25 +1,22 @@
-//! The container entry point: the first thing that runs in a new container process. The daemon starts its own
-//! binary with a request; this code moves the process into the container cgroup (through resources/, the only
-//! writer of cgroupfs), sets its `oom_score_adj`, makes the volume mounts in a private mount namespace, and
-//! replaces itself with the container's command under the container's user. So the command's first instruction
-//! already runs inside its cgroup, and nothing it forks can escape the accounting.
+//! Launching a container process. The daemon forks and the child, before it execs the container's command, joins
+//! the container cgroup (through a descriptor of the cgroup's `cgroup.procs`, which the resources crate names and
+//! the daemon opens before the fork), sets its `oom_score_adj`, makes the volume mounts in a private mount
+//! namespace, changes to the working directory and takes the container's user. So the command's first instruction
+//! already runs inside its cgroup, and nothing it forks can escape the accounting. Everything the child needs is
+//! prepared here, in the daemon, so that the child only makes system calls (see `sys::ChildSetup`).
 
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
-use nodewarden_resources::{CgroupFs, CgroupPath};
-
+use super::sys::ChildSetup;
 use crate::runtime::Mount;
 
-/// What the entry point does, passed as JSON on its command line.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ExecRequest {
-    /// The cgroup2 mount.
-    pub cgroup_mount: PathBuf,
-    /// nodewarden's cgroup root (the write scope).
-    pub cgroup_root: String,
-    /// The container cgroup to join.
-    pub cgroup: String,
+/// What a container process is started with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ExecRequest {
+    /// The container cgroup's `cgroup.procs`.
+    pub cgroup_procs: PathBuf,
     /// Its `oom_score_adj`.
     pub oom_score_adj: i32,
     /// The command.
@@ -34,55 +31,87 @@ pub struct ExecRequest {
     pub group: Option<u32>,
     /// Bind mounts.
     pub mounts: Vec<Mount>,
-    /// Where a start failure is written for the daemon to read.
-    pub error_file: Option<PathBuf>,
 }
 
 /// The exit code of a container whose command could not be started, as runc reports one.
 pub const START_FAILED: i32 = 128;
 
-/// Runs the entry point. Returns only on failure, with the exit code to exit with.
-pub fn container_exec(request: &str) -> i32 {
-    let req: ExecRequest = match serde_json::from_str(request) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("nodewarden: invalid container request: {e}");
-            return START_FAILED;
-        }
-    };
-    let err = match prepare_and_exec(&req) {
-        Ok(never) => match never {},
-        Err(e) => e,
-    };
-    if let Some(f) = &req.error_file {
-        let _ = std::fs::write(f, &err);
-    }
-    eprintln!("nodewarden: cannot start container: {err}");
-    START_FAILED
+fn c_path(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("path {} contains a NUL byte", p.display()))
 }
 
-fn prepare_and_exec(req: &ExecRequest) -> Result<std::convert::Infallible, String> {
-    let root = CgroupPath::parse(&req.cgroup_root).map_err(|e| format!("cgroup root: {e}"))?;
-    let cgroup = CgroupPath::parse(&req.cgroup).map_err(|e| format!("cgroup: {e}"))?;
-    if !cgroup.is_within(&root) {
-        return Err(format!("cgroup {cgroup} is outside nodewarden's root {root}"));
+impl ExecRequest {
+    /// The command, with the steps its child takes before exec. The checks that can be made before the fork are
+    /// made here, with messages that name what is wrong; the child can only report an errno.
+    pub(super) fn command(&self) -> Result<tokio::process::Command, String> {
+        let (program, args) = self.argv.split_first().ok_or("no command")?;
+        let mut mounts = Vec::with_capacity(self.mounts.len());
+        for m in &self.mounts {
+            if !m.target.exists() {
+                return Err(format!(
+                    "mountPath {} does not exist on this node; the process runtime mounts volumes over existing directories or files",
+                    m.target.display()
+                ));
+            }
+            mounts.push((c_path(&m.source)?, c_path(&m.target)?, m.read_only));
+        }
+        if !self.working_dir.is_dir() && self.mounts.iter().all(|m| !self.working_dir.starts_with(&m.target)) {
+            return Err(format!("workingDir {} is not a directory on this node", self.working_dir.display()));
+        }
+        let procs = rustix::fs::open(
+            &self.cgroup_procs,
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open {}: {e}", self.cgroup_procs.display()))?;
+        let setup = ChildSetup {
+            procs,
+            oom_score_adj: self.oom_score_adj.to_string().into_bytes(),
+            mounts,
+            working_dir: c_path(&self.working_dir)?,
+            user: self.user,
+            group: self.group,
+        };
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args).env_clear().envs(self.env.iter().map(|(k, v)| (k, v))).stdin(std::process::Stdio::null());
+        setup.install(&mut cmd);
+        Ok(cmd)
     }
-    let fs = CgroupFs::new(&req.cgroup_mount, root);
-    fs.add_proc(&cgroup, std::process::id()).map_err(|e| format!("cannot join the container cgroup: {e}"))?;
-    std::fs::write("/proc/self/oom_score_adj", req.oom_score_adj.to_string())
-        .map_err(|e| format!("cannot set oom_score_adj: {e}"))?;
-    if !req.mounts.is_empty() {
-        super::sys::private_mounts(&req.mounts)?;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(dir: &Path) -> ExecRequest {
+        ExecRequest {
+            cgroup_procs: dir.join("cgroup.procs"),
+            oom_score_adj: 1000,
+            argv: vec!["true".into()],
+            env: vec![],
+            working_dir: "/".into(),
+            user: None,
+            group: None,
+            mounts: vec![],
+        }
     }
-    let (program, args) = req.argv.split_first().ok_or("no command")?;
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args).env_clear().envs(req.env.iter().map(|(k, v)| (k, v))).current_dir(&req.working_dir);
-    if let Some(g) = req.group {
-        cmd.gid(g);
+
+    #[test]
+    fn what_can_be_checked_before_the_fork_is_refused_with_a_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let mut req = request(dir.path());
+        req.argv.clear();
+        assert_eq!(req.command().err().as_deref(), Some("no command"));
+        let mut req = request(dir.path());
+        req.mounts.push(Mount { source: dir.path().into(), target: missing.clone(), read_only: false });
+        assert!(req.command().unwrap_err().starts_with(&format!("mountPath {} does not exist", missing.display())));
+        let mut req = request(dir.path());
+        req.working_dir = missing.clone();
+        assert!(req.command().unwrap_err().starts_with("workingDir"));
+        let req = request(dir.path());
+        assert!(req.command().unwrap_err().contains("cgroup.procs"), "no cgroup.procs to open");
+        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        assert!(req.command().is_ok());
     }
-    if let Some(u) = req.user {
-        cmd.uid(u);
-    }
-    let e = cmd.exec();
-    Err(format!("exec {program:?}: {e}"))
 }

@@ -1,5 +1,5 @@
-//! The embedded process runtime: each container is a host process started directly in its container cgroup, with
-//! stdout and stderr written to the container's log file. The log file descriptors belong to the process, not to
+//! The embedded process runtime: each container is a host process forked by the daemon and placed in its container
+//! cgroup before it execs its command (see `exec`), with stdout and stderr written to the container's log file. The log file descriptors belong to the process, not to
 //! nodewarden, so containers keep running and logging while the daemon restarts; the next daemon adopts them from
 //! their cgroups.
 
@@ -8,7 +8,6 @@ mod sys;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -19,7 +18,8 @@ use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-pub use exec::{ExecRequest, START_FAILED, container_exec};
+use exec::ExecRequest;
+pub use exec::START_FAILED;
 
 use crate::runtime::{
     ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, NoSandboxes, Runtime, RuntimeError, Started, exit_reason,
@@ -38,9 +38,6 @@ fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
     out
 }
 
-/// How long `start` waits for a new process to join its container cgroup.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
-
 struct Entry {
     pidfd: Option<OwnedFd>,
     exit: watch::Receiver<Option<ExitInfo>>,
@@ -50,14 +47,13 @@ struct Entry {
 
 /// The process runtime.
 pub struct ProcessRuntime {
-    helper: PathBuf,
     fs: CgroupFs,
     containers: Arc<Mutex<HashMap<String, Entry>>>,
 }
 
 impl std::fmt::Debug for ProcessRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProcessRuntime").field("helper", &self.helper).finish_non_exhaustive()
+        f.debug_struct("ProcessRuntime").field("cgroup_root", &self.fs.scope()).finish_non_exhaustive()
     }
 }
 
@@ -66,33 +62,56 @@ fn container_id(spec: &ContainerSpec) -> String {
 }
 
 impl ProcessRuntime {
-    /// A runtime that starts containers through `helper` (the nodewarden binary, whose `container-exec` command
-    /// calls [`container_exec`]), in cgroups of `fs`, which reads `memory.events` for OOM kills.
-    pub fn new(helper: impl Into<PathBuf>, fs: CgroupFs) -> Self {
-        Self { helper: helper.into(), fs, containers: Arc::new(Mutex::new(HashMap::new())) }
+    /// A runtime that starts containers in cgroups of `fs`, which reads `memory.events` for OOM kills.
+    pub fn new(fs: CgroupFs) -> Self {
+        Self { fs, containers: Arc::new(Mutex::new(HashMap::new())) }
     }
 
-    fn request(&self, spec: &ContainerSpec, argv: &[String], error_file: Option<PathBuf>) -> ExecRequest {
+    fn request(&self, spec: &ContainerSpec, argv: &[String]) -> ExecRequest {
         ExecRequest {
-            cgroup_mount: self.fs.mount().to_path_buf(),
-            cgroup_root: self.fs.scope().as_str().to_owned(),
-            cgroup: spec.cgroup.as_str().to_owned(),
+            cgroup_procs: self.fs.file(&spec.cgroup, "cgroup.procs"),
             oom_score_adj: spec.oom_score_adj,
             argv: argv.to_vec(),
             env: with_default_path(&spec.env),
-            working_dir: spec.working_dir.clone().unwrap_or_else(|| PathBuf::from("/")),
+            working_dir: spec.working_dir.clone().unwrap_or_else(|| "/".into()),
             user: spec.user,
             group: spec.group,
             mounts: spec.mounts.clone(),
-            error_file,
         }
     }
 
-    fn command(&self, req: &ExecRequest) -> Result<tokio::process::Command, RuntimeError> {
-        let json = serde_json::to_string(req).map_err(|e| RuntimeError::Other(e.to_string()))?;
-        let mut cmd = tokio::process::Command::new(&self.helper);
-        cmd.arg("container-exec").arg(json).stdin(Stdio::null());
-        Ok(cmd)
+    /// The command for a process of container `spec` (its entry point or an exec), which starts in the
+    /// container's cgroup, mount namespace and user. Only cgroups within nodewarden's root are joined.
+    fn command(&self, spec: &ContainerSpec, req: &ExecRequest) -> Result<tokio::process::Command, RuntimeError> {
+        if !spec.cgroup.is_within(self.fs.scope()) {
+            return Err(RuntimeError::Start(format!(
+                "cgroup {} is outside nodewarden's root {}",
+                spec.cgroup,
+                self.fs.scope()
+            )));
+        }
+        req.command().map_err(RuntimeError::Start)
+    }
+
+    /// A container whose process could not be started: known to the runtime, exited at once with `StartError`, as
+    /// runc reports a command that cannot be executed.
+    fn start_failed(&self, spec: &ContainerSpec, id: String, message: String) -> Started {
+        let now = Timestamp::now();
+        tracing::debug!(container_id = %id, error = %message, "container process not started");
+        let info = ExitInfo {
+            exit_code: START_FAILED,
+            signal: None,
+            reason: "StartError".into(),
+            message: Some(message),
+            started_at: now,
+            finished_at: now,
+        };
+        let (_tx, rx) = watch::channel(Some(info));
+        self.containers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone(), Entry { pidfd: None, exit: rx, spec: spec.clone() });
+        Started { id, pid: 0, started_at: now }
     }
 
     fn oom_kills(&self, cg: &CgroupPath) -> u64 {
@@ -132,6 +151,15 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
         .map_err(|e| RuntimeError::Start(format!("cannot open the log file {}: {e}", path.display())))
 }
 
+/// Spawns a container process. The spawn returns once the child has exec'd its command (or failed to), so the
+/// process runs in its cgroup by then: started means running in the container, as a runtime reports it. Until
+/// then the calling thread waits, through the child's move into its cgroup (which waits for an RCU grace period
+/// in the kernel, tens of milliseconds under emulation), so it waits on a blocking-pool thread, not on one of the
+/// runtime's two workers.
+async fn spawn(mut cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    tokio::task::spawn_blocking(move || cmd.spawn()).await.map_err(std::io::Error::other)?
+}
+
 /// The exit code and signal of a wait status.
 fn decode(status: std::process::ExitStatus) -> (i32, Option<i32>) {
     use std::os::unix::process::ExitStatusExt;
@@ -160,30 +188,22 @@ impl Runtime for ProcessRuntime {
             ));
         }
         let argv = spec.argv();
+        let id = container_id(spec);
         let log = open_log(&spec.log_path)?;
         let err_log = log.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
-        let error_file = spec.log_path.with_extension("start-error");
-        let _ = std::fs::remove_file(&error_file);
         let oom_before = self.oom_kills(&spec.cgroup);
-        let req = self.request(spec, &argv, Some(error_file.clone()));
-        let mut child = self
-            .command(&req)?
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(err_log))
-            .spawn()
-            .map_err(|e| RuntimeError::Start(format!("cannot start {}: {e}", self.helper.display())))?;
-        let pid = child.id().ok_or_else(|| RuntimeError::Start("the process exited at once".into()))?;
-        // Started means running in its cgroup, as a runtime reports a container started once its process runs
-        // in the container: wait until the entry point has joined (or has failed and exited).
-        let deadline = tokio::time::Instant::now() + JOIN_TIMEOUT;
-        while !self.fs.read_procs(&spec.cgroup).is_ok_and(|p| p.contains(&pid))
-            && matches!(child.try_wait(), Ok(None))
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let req = self.request(spec, &argv);
+        let mut cmd = match self.command(spec, &req) {
+            Ok(cmd) => cmd,
+            Err(e) => return Ok(self.start_failed(spec, id, e.to_string())),
+        };
+        cmd.stdout(Stdio::from(log)).stderr(Stdio::from(err_log));
+        let mut child = match spawn(cmd).await {
+            Ok(c) => c,
+            Err(e) => return Ok(self.start_failed(spec, id, format!("cannot start {:?}: {e}", argv[0]))),
+        };
+        let Some(pid) = child.id() else { return Err(RuntimeError::Start("the process exited at once".into())) };
         let started_at = Timestamp::now();
-        let id = container_id(spec);
         let (tx, rx) = watch::channel(None);
         self.insert(&id, pid, rx, spec);
         let fs = self.fs.clone();
@@ -196,18 +216,13 @@ impl Runtime for ProcessRuntime {
                     (START_FAILED, None)
                 }
             };
-            let start_error = std::fs::read_to_string(&error_file).ok();
             let oom = fs.read_flat_keyed(&cgroup, "memory.events").ok().and_then(|m| m.get("oom_kill").copied());
             let oom_killed = oom.is_some_and(|n| n > oom_before);
-            let (reason, message) = match start_error {
-                Some(msg) => ("StartError".to_owned(), Some(msg)),
-                None => (exit_reason(exit_code, oom_killed).to_owned(), None),
-            };
             let _ = tx.send(Some(ExitInfo {
                 exit_code,
                 signal,
-                reason,
-                message,
+                reason: exit_reason(exit_code, oom_killed).to_owned(),
+                message: None,
                 started_at,
                 finished_at: Timestamp::now(),
             }));
@@ -292,14 +307,14 @@ impl Runtime for ProcessRuntime {
         if argv.is_empty() {
             return Err(RuntimeError::Config("exec: no command".into()));
         }
-        let req = self.request(&spec, argv, None);
+        let req = self.request(&spec, argv);
         let mut child = self
-            .command(&req)?
+            .command(&spec, &req)?
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| RuntimeError::Start(format!("cannot start {}: {e}", self.helper.display())))?;
+            .map_err(|e| RuntimeError::Start(format!("cannot start {:?}: {e}", argv[0])))?;
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
         let run = async {

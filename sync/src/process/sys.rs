@@ -1,12 +1,13 @@
-//! The two system calls that need `unsafe`: a private mount namespace for a container's volume mounts, and
+//! The system calls that need `unsafe`: the steps a container process takes between fork and exec, and
 //! registering a pidfd with the async runtime to learn when an adopted process exits.
 
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+
+use rustix::fs::{Mode, OFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags, mount_bind, mount_change, mount_remount};
+use rustix::process::{Gid, Uid};
 use rustix::thread::UnshareFlags;
-
-use std::os::fd::OwnedFd;
-
-use crate::runtime::Mount;
 
 /// Resolves when the process behind `pidfd` has exited (a pidfd becomes readable then). Errors are returned when
 /// the descriptor cannot be watched.
@@ -20,31 +21,84 @@ pub async fn pidfd_exited(pidfd: OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Gives the calling process its own mount namespace, with nothing propagated back to the host, and bind-mounts
-/// each volume at its target. Targets must exist: the process runtime shares the host's file system, and
-/// nodewarden does not create directories there for a container.
-pub fn private_mounts(mounts: &[Mount]) -> Result<(), String> {
-    // SAFETY: `unshare_unsafe` is unsafe only for `CLONE_FILES`, which can leave other threads holding file
-    // descriptors from another table. Only `CLONE_NEWNS` is passed, and this runs in the single-threaded entry
-    // point of a container process just before it execs.
-    #[allow(unsafe_code)]
-    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }
-        .map_err(|e| format!("cannot create a mount namespace: {e}"))?;
-    mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
-        .map_err(|e| format!("cannot make the mount namespace private: {e}"))?;
-    for m in mounts {
-        if !m.target.exists() {
-            return Err(format!(
-                "mountPath {} does not exist on this node; the process runtime mounts volumes over existing directories or files",
-                m.target.display()
-            ));
-        }
-        mount_bind(&m.source, &m.target)
-            .map_err(|e| format!("cannot mount {} at {}: {e}", m.source.display(), m.target.display()))?;
-        if m.read_only {
-            mount_remount(&m.target, MountFlags::BIND | MountFlags::RDONLY, "")
-                .map_err(|e| format!("cannot make {} read-only: {e}", m.target.display()))?;
+/// What a new container process does after the fork and before it execs its command, all of it prepared by the
+/// daemon: the child of a multi-threaded process may only make async-signal-safe calls, so nothing here
+/// allocates, formats or takes a lock (another thread may have held the allocator's lock at the fork).
+pub struct ChildSetup {
+    /// The container cgroup's `cgroup.procs`, open for writing (close-on-exec): writing `0` moves the writer.
+    pub procs: OwnedFd,
+    /// The `oom_score_adj` value, in decimal.
+    pub oom_score_adj: Vec<u8>,
+    /// Bind mounts: source, target, read-only. Targets must exist: the process runtime shares the host's file
+    /// system, and nodewarden does not create directories there for a container.
+    pub mounts: Vec<(CString, CString, bool)>,
+    /// The working directory, entered after the mounts (it may be inside one).
+    pub working_dir: CString,
+    /// `runAsUser`.
+    pub user: Option<u32>,
+    /// `runAsGroup`.
+    pub group: Option<u32>,
+}
+
+fn write_all(fd: impl AsFd, mut buf: &[u8]) -> rustix::io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::io::write(&fd, buf) {
+            Ok(0) => return Err(rustix::io::Errno::IO),
+            Ok(n) => buf = buf.get(n..).unwrap_or_default(),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+impl ChildSetup {
+    /// Makes `cmd`'s child take these steps before it execs. The steps run while the child is still root, so
+    /// `cmd` must not set a user or group of its own (the standard library would switch before them).
+    pub fn install(self, cmd: &mut tokio::process::Command) {
+        // SAFETY: `pre_exec` requires that the closure only does what is safe in the child of a fork of a
+        // multi-threaded process: `run` makes raw system calls through rustix's linux_raw backend on data
+        // prepared before the fork (C strings, a descriptor, integers) and allocates nothing; errors are
+        // `Errno` values turned into `io::Error::from_raw_os_error`, which does not allocate either.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || self.run().map_err(std::io::Error::from));
+        }
+    }
+
+    fn run(&self) -> rustix::io::Result<()> {
+        write_all(&self.procs, b"0")?;
+        let adj = rustix::fs::open(c"/proc/self/oom_score_adj", OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
+        write_all(&adj, &self.oom_score_adj)?;
+        drop(adj);
+        if !self.mounts.is_empty() {
+            // SAFETY: `unshare_unsafe` is unsafe only for `CLONE_FILES`, which can leave other threads holding
+            // file descriptors from another table. Only `CLONE_NEWNS` is passed, and this runs in the
+            // single-threaded child between fork and exec.
+            #[allow(unsafe_code)]
+            unsafe {
+                rustix::thread::unshare_unsafe(UnshareFlags::NEWNS)?;
+            }
+            mount_change(c"/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)?;
+            for (source, target, read_only) in &self.mounts {
+                mount_bind(source.as_c_str(), target.as_c_str())?;
+                if *read_only {
+                    mount_remount(target.as_c_str(), MountFlags::BIND | MountFlags::RDONLY, c"")?;
+                }
+            }
+        }
+        rustix::process::chdir(self.working_dir.as_c_str())?;
+        // The child has one thread, so the per-thread system calls change the whole process, as setgid(2),
+        // setgroups(2) and setuid(2) would; the order is the standard library's.
+        if let Some(g) = self.group {
+            rustix::thread::set_thread_gid(Gid::from_raw(g))?;
+        }
+        if let Some(u) = self.user {
+            if rustix::process::getuid().is_root() {
+                rustix::thread::set_thread_groups(&[])?;
+            }
+            rustix::thread::set_thread_uid(Uid::from_raw(u))?;
+        }
+        Ok(())
+    }
 }
