@@ -11,7 +11,7 @@
 //! pod (see `cri.rs`).
 //!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
-//! nodewarden (see `eviction.rs`); `hog` is their workload.
+//! nodewarden, each alone (see `eviction/`); `hog` is their workload.
 
 #![allow(clippy::disallowed_types)] // benchmarks measure real time
 
@@ -114,7 +114,13 @@ enum Cmd {
         /// Runs per agent and scenario.
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Where eviction.md and the plots are written.
+        /// Where the runs (eviction-raw/), eviction.md and the plots are written.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+    },
+    /// Writes eviction.md and the plots from the runs in <out>/eviction-raw/ (on the host, no VM needed).
+    EvictionReport {
+        /// The directory holding eviction-raw/; the report is written there.
         #[arg(long, default_value = "results")]
         out: PathBuf,
     },
@@ -136,6 +142,7 @@ fn main() -> Result<()> {
         Cmd::Eviction { nodewarden, scenarios, agents, runs, out } => {
             eviction::run(&nodewarden, &scenarios, &agents, runs, &out)
         }
+        Cmd::EvictionReport { out } => eviction::report(&out),
         Cmd::Hog(args) => hog::run(&args),
     }
 }
