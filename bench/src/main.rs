@@ -243,6 +243,14 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
     Ok(get(11)? + get(12)?)
 }
 
+/// Major page faults of a process (pages it had to wait for from disk), from `/proc/PID/stat`.
+fn major_faults(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/PID/stat")?;
+    // After the command: state is field 0, majflt field 9.
+    Ok(after.split_whitespace().nth(9).context("short /proc/PID/stat")?.parse()?)
+}
+
 fn rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;

@@ -6,6 +6,8 @@
 //! configured bounds), when a pressure event arrives (PSI trigger, `memory.events`), when the configuration
 //! changes, and when an eviction finishes.
 
+mod schedule;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,20 +15,23 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_resources::{
-    CgroupError, NodePressure, Observations, PodResources, ResourceManager, is_critical, parse_non_negative,
-    pod_priority,
+    CgroupError, MeminfoReader, NodePressure, Observations, PodResources, ResourceManager, is_critical,
+    parse_non_negative, pod_priority,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::metrics::EvictionMetrics;
 use crate::observe::{SignalObservation, signal_observations};
-use crate::pressure::{Breach, Condition, Evaluation, PressureState};
+use crate::pressure::{Breach, Condition, PressureState};
 use crate::rank::{Candidate, rank};
 use crate::signal::Signal;
 use crate::status::{EvictionRecord, EvictionStatus, Ranked};
 use crate::threshold::Thresholds;
 use crate::wake::Wake;
+
+use schedule::{Rates, signal_periods};
+pub use schedule::{SETTLE_POLL, next_poll};
 
 /// The shortest time between two passes that events (not the poll) start.
 pub const EVENT_INTERVAL: Duration = Duration::from_millis(200);
@@ -106,39 +111,14 @@ pub struct EvictionManager<E: Evictor> {
     warned_no_candidates: bool,
     /// The last pass that read everything (PSI too) and told the observer.
     last_full: Option<Instant>,
-}
-
-/// The fastest a signal is assumed to fall (per second), to decide the next poll: a hog allocating 1 GiB/s, a
-/// writer at 256 MiB/s, 5000 files or 2000 processes created per second.
-fn drain_rate(signal: Signal) -> f64 {
-    match signal {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => 1024.0 * 1024.0 * 1024.0,
-        Signal::NodeFsAvailable | Signal::ImageFsAvailable => 256.0 * 1024.0 * 1024.0,
-        Signal::NodeFsInodesFree | Signal::ImageFsInodesFree => 5000.0,
-        Signal::PidAvailable => 2000.0,
-    }
-}
-
-/// How long until the next pass: headroom / drain rate for each threshold not met, the rest of the grace period
-/// for soft thresholds waiting, the shortest period while a threshold acts; within the bounds.
-pub fn next_poll(
-    settings: &EvictionSettings,
-    signals: &BTreeMap<Signal, SignalObservation>,
-    evaluation: &Evaluation,
-) -> Duration {
-    let mut period = settings.poll_max;
-    let t = &settings.thresholds;
-    for (th, hard) in t.hard.iter().map(|x| (x, true)).chain(t.soft.iter().map(|x| (x, false))) {
-        if let Some(b) = evaluation.met.iter().find(|b| b.threshold.signal == th.signal && b.hard == hard) {
-            period = period.min(th.grace_period.saturating_sub(b.met_for));
-            continue;
-        }
-        let Some(obs) = signals.get(&th.signal) else { continue };
-        #[allow(clippy::cast_precision_loss)]
-        let headroom = obs.available.saturating_sub(th.amount.resolve(obs.capacity)) as f64;
-        period = period.min(Duration::from_secs_f64(headroom / drain_rate(th.signal)));
-    }
-    period.clamp(settings.poll_min, settings.poll_max.max(settings.poll_min))
+    /// The signals as last read (a memory-only pass updates memory.available alone).
+    signals: BTreeMap<Signal, SignalObservation>,
+    /// When each signal with a threshold is due to be read again.
+    due: BTreeMap<Signal, Instant>,
+    /// How fast each signal fell between its last reads.
+    rates: Rates,
+    /// `/proc/meminfo`, kept open for memory-only passes; `None` when it cannot be opened.
+    meminfo: Option<MeminfoReader>,
 }
 
 /// The victims for a breach: the first ranked pod, then more in rank order until what they give back covers
@@ -278,6 +258,10 @@ impl<E: Evictor> EvictionManager<E> {
             done: mpsc::unbounded_channel(),
             warned_no_candidates: false,
             last_full: None,
+            signals: BTreeMap::new(),
+            due: BTreeMap::new(),
+            rates: Rates::default(),
+            meminfo: None,
         }
     }
 
@@ -314,27 +298,36 @@ impl<E: Evictor> EvictionManager<E> {
                 next = next.min(earliest.unwrap_or(next));
                 continue;
             }
-            let period = self.pass().await;
+            let period = self.pass_on(wake).await;
             last = Some(Instant::now());
             self.metrics.poll_period.set(period.as_secs_f64());
             next = Instant::now() + period;
         }
     }
 
-    /// One pass; returns the time until the next poll.
+    /// One pass that reads every signal; returns the time until the next poll.
     pub async fn pass(&mut self) -> Duration {
-        // New settings show in the gauges at once.
-        let reloaded = self.settings.has_changed().unwrap_or(false);
-        let settings = self.settings.borrow_and_update().clone();
-        // A full observation (with PSI, for the observer's gauges) at most once per longest poll period; the
-        // passes between read only what the signals need.
-        let full = reloaded || self.last_full.is_none_or(|t| t.elapsed() >= settings.poll_max);
-        if full {
-            self.last_full = Some(Instant::now());
+        self.pass_on(Wake::Config).await
+    }
+
+    /// True when the poll may read memory.available alone: no other signal with a threshold is due yet.
+    fn memory_only(&mut self, now: Instant) -> bool {
+        if self.meminfo.is_none() && !self.signals.is_empty() {
+            let host = self.resources.lock().unwrap_or_else(PoisonError::into_inner).host().clone();
+            self.meminfo = MeminfoReader::open(&host)
+                .inspect_err(|e| tracing::warn!(error = %e, "memory-only eviction passes are off"))
+                .ok();
         }
+        self.meminfo.is_some()
+            && self.signals.contains_key(&Signal::MemoryAvailable)
+            && self.due.iter().all(|(s, at)| *s == Signal::MemoryAvailable || *at > now)
+    }
+
+    /// Reads every signal (and, when `full`, the PSI averages for the observer) off the async threads: the lock
+    /// may be held by a pod being placed, and the reads are file I/O.
+    async fn read_all(&self, full: bool) -> Result<BTreeMap<Signal, SignalObservation>, String> {
         let (resources, observer) = (self.resources.clone(), self.observer.clone());
-        // Off the async threads: the lock may be held by a pod being placed, and the reads are file I/O.
-        let read = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let start = Instant::now();
             let m = resources.lock().unwrap_or_else(PoisonError::into_inner);
             let obs = if full { m.observe() } else { m.observe_signals() };
@@ -351,23 +344,84 @@ impl<E: Evictor> EvictionManager<E> {
             read.map_err(|e| e.to_string())
         })
         .await
-        .unwrap_or_else(|e| Err(format!("the observation task failed: {e}")));
-        let signals = match read {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "eviction pass cannot observe the node");
-                self.status.pass_failed(e);
-                return settings.poll_max;
+        .unwrap_or_else(|e| Err(format!("the observation task failed: {e}")))
+    }
+
+    /// One pass for a wake-up; returns the time until the next poll. A poll when only memory.available is due
+    /// reads `/proc/meminfo` alone, on this thread (one `pread`, no lock, no file opened); every other pass
+    /// reads every signal.
+    async fn pass_on(&mut self, wake: Wake) -> Duration {
+        // New settings show in the gauges at once.
+        let reloaded = self.settings.has_changed().unwrap_or(false);
+        let settings = self.settings.borrow_and_update().clone();
+        let now = Instant::now();
+        // A full observation (with PSI, for the observer's gauges) at most once per longest poll period; the
+        // passes between read only what the signals need.
+        let full = reloaded || self.last_full.is_none_or(|t| now.saturating_duration_since(t) >= settings.poll_max);
+        let fast = !full && wake == Wake::Poll && self.memory_only(now);
+        let memory = if fast { self.meminfo.as_mut().map(MeminfoReader::read) } else { None };
+        let read: Vec<Signal> = match memory {
+            Some(Ok(m)) => {
+                let o = SignalObservation { available: m.available, capacity: m.capacity };
+                self.signals.insert(Signal::MemoryAvailable, o);
+                vec![Signal::MemoryAvailable]
+            }
+            other => {
+                if let Some(Err(e)) = other {
+                    tracing::warn!(error = %e, "cannot read /proc/meminfo alone; reading every signal");
+                    self.meminfo = None;
+                }
+                if full {
+                    self.last_full = Some(now);
+                }
+                match self.read_all(full).await {
+                    Ok(s) => self.signals = s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "eviction pass cannot observe the node");
+                        self.status.pass_failed(e);
+                        self.due.clear();
+                        return settings.poll_max;
+                    }
+                }
+                self.signals.keys().copied().collect()
             }
         };
         let observed_at = Instant::now();
+        for s in &read {
+            if let Some(o) = self.signals.get(s) {
+                self.rates.record(*s, observed_at, o.available);
+            }
+        }
         self.in_flight.retain(|_, f| f.until > observed_at);
-        let evaluation = self.state.evaluate(observed_at, &settings.thresholds, &signals, settings.transition_period);
-        self.set_pressure(evaluation.pressure).await;
+        let evaluation =
+            self.state.evaluate(observed_at, &settings.thresholds, &self.signals, settings.transition_period);
+        // Evictions first: admission hears of the new conditions right after, off the path to SIGTERM.
         for breach in &evaluation.act {
             self.act(breach, observed_at, &settings).await;
         }
-        let period = next_poll(&settings, &signals, &evaluation);
+        self.set_pressure(evaluation.pressure).await;
+        // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
+        let settled: Vec<Signal> = evaluation.act.iter().map(|b| b.threshold.signal).collect();
+        let periods = signal_periods(&settings, &self.signals, &evaluation, &settled, |s| self.rates.planning(s));
+        self.due.retain(|s, _| periods.contains_key(s));
+        for (s, p) in &periods {
+            if read.contains(s) || !self.due.contains_key(s) {
+                self.due.insert(*s, observed_at + *p);
+            }
+        }
+        let last_full = self.last_full.unwrap_or(observed_at);
+        let next = self.due.values().copied().chain([last_full + settings.poll_max]).min().unwrap_or(observed_at);
+        let period = next.saturating_duration_since(Instant::now()).max(settings.poll_min);
+        tracing::debug!(
+            wake = wake.as_str(),
+            fast,
+            full,
+            memory_available = self.signals.get(&Signal::MemoryAvailable).map(|s| s.available),
+            acted = evaluation.act.len(),
+            took_us = u64::try_from(now.elapsed().as_micros()).unwrap_or(u64::MAX),
+            period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX),
+            "eviction pass"
+        );
         self.status.pass_done(Instant::now(), evaluation);
         period
     }

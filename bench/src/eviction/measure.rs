@@ -14,7 +14,7 @@ use nodewarden_resources::{HostPaths, fs_stats, node_memory, pid_stats};
 use super::node::{Killed, Node, PodDef, Setup};
 use super::{Agent, Kind, MEMORY_THRESHOLD, MIB, PID_HEADROOM, Scenario};
 use crate::hog::{marker, monotonic};
-use crate::{cpu_ticks, get, rss_kib, wait};
+use crate::{cpu_ticks, get, major_faults, rss_kib, wait};
 
 /// How far around the crossing the zoomed series reaches, in ms.
 pub const ZOOM_MS: f64 = 150.0;
@@ -44,6 +44,13 @@ pub struct Outcome {
     pub rss_mib: Option<f64>,
     /// The daemon's eviction wake-ups over the same window (`nodewarden_eviction_wakeups_total`).
     pub passes: Option<f64>,
+    /// The agent's major page faults over the same window: code or data it had to wait for from disk.
+    #[serde(default)]
+    pub major_faults: Option<f64>,
+    /// How long some task of the daemon's cgroup stalled on memory over the same window (its `memory.pressure`
+    /// `some total`), ms: page-ins and direct reclaim.
+    #[serde(default)]
+    pub stall_ms: Option<f64>,
     /// (s since release, value) over the whole run, downsampled; the first run of each agent only.
     pub series: Vec<(f64, f64)>,
     /// (ms since the crossing, value) within ±[`ZOOM_MS`] of it, every sample.
@@ -212,6 +219,13 @@ fn wakeups(port: Option<u16>) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
+/// `some total` of the daemon's cgroup's `memory.pressure`, µs.
+fn memory_stall_us() -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/sys/fs/cgroup{}/nodewarden/memory.pressure", crate::ROOT)).ok()?;
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
+}
+
 /// Runs the scenario once; `keep_series` keeps the whole signal for the ramp plot; the daemon's log is copied
 /// into `logs`.
 pub fn one_run(
@@ -265,6 +279,8 @@ pub fn one_run(
     let sampler = Sampler::start(sc.kind, base.clone());
     std::thread::sleep(Duration::from_millis(200));
     let c0 = agent_pid.map(cpu_ticks).transpose()?;
+    let f0 = agent_pid.map(major_faults).transpose()?;
+    let s0 = node.daemon_pid().and_then(|_| memory_stall_us());
     let (t0, started) = (monotonic(), Instant::now());
     #[allow(clippy::cast_precision_loss)]
     let wall_offset = jiff::Timestamp::now().as_nanosecond() as f64 / 1e9 - monotonic();
@@ -285,6 +301,8 @@ pub fn one_run(
     }
     std::thread::sleep(Duration::from_secs(1));
     let c1 = agent_pid.map(cpu_ticks).transpose()?;
+    let f1 = agent_pid.map(major_faults).transpose()?;
+    let s1 = node.daemon_pid().and_then(|_| memory_stall_us());
     let elapsed = started.elapsed().as_secs_f64();
     let rss = agent_pid.map(rss_kib).transpose()?;
     let samples = sampler.finish();
@@ -355,6 +373,8 @@ pub fn one_run(
         cpu_percent,
         rss_mib: rss.map(|k| k as f64 / 1024.0),
         passes: passes0.zip(passes1).map(|(a, b)| b - a),
+        major_faults: f0.zip(f1).map(|(a, b)| b.saturating_sub(a) as f64),
+        stall_ms: s0.zip(s1).map(|(a, b)| b.saturating_sub(a) as f64 / 1000.0),
         series,
         zoom,
         crossing_s: crossing.map(|c| c - t0),

@@ -155,7 +155,7 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, out: &
                     .with_context(|| format!("{} with {}, run {r}", sc.title, agent.name()))?;
                 eprintln!(
                     "{} | {} | run {r}: victim {}, latency {} ms (crossing → decided {} ms, decision → SIGTERM {} ms), \
-                     OOM kills {}, min {:.0}, cpu {} %, wake-ups {}",
+                     OOM kills {}, min {:.0}, cpu {} %, wake-ups {}, major faults {}, daemon memory stall {} ms",
                     sc.key,
                     agent.name(),
                     o.victim(),
@@ -166,6 +166,8 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, out: &
                     o.min_available,
                     report::fmt_opt(o.cpu_percent, 2),
                     report::fmt_opt(o.passes, 0),
+                    report::fmt_opt(o.major_faults, 0),
+                    report::fmt_opt(o.stall_ms, 1),
                 );
                 raw.runs.push(o);
             }
