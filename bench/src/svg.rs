@@ -86,11 +86,19 @@ pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
-/// A legend entry: colour, label, and whether it is drawn as a line (else a dot).
+/// How a legend entry is drawn.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    Line,
+    Dot,
+    Ring,
+}
+
+/// A legend entry: colour, label, mark.
 pub struct Legend {
     pub color: String,
     pub label: String,
-    pub line: bool,
+    pub mark: Mark,
 }
 
 /// A plot being drawn: the frame is written at creation, content is added, `finish` adds the legend.
@@ -249,13 +257,13 @@ impl Plot {
         let _ = writeln!(self.s, "<text x=\"{px:.1}\" y=\"{:.1}\">{}</text>", self.py(y) + dy, esc(text));
     }
 
-    /// Text at the left edge of the plot area, outside it (a row label), right-aligned.
+    /// A row label: at the left edge inside the plot area, just above the row's line.
     pub fn row_label(&mut self, y: f64, text: &str) {
         let _ = writeln!(
             self.s,
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-            L - 6.0,
-            self.py(y) + 4.0,
+            "<text x=\"{}\" y=\"{:.1}\" font-weight=\"bold\">{}</text>",
+            L + 6.0,
+            self.py(y) - 26.0,
             esc(text)
         );
     }
@@ -265,15 +273,19 @@ impl Plot {
         let mut y = Self::bottom() + 58.0;
         for e in legend {
             let (c, label) = (&e.color, esc(&e.label));
-            if e.line {
-                let _ = write!(
+            let _ = match e.mark {
+                Mark::Line => write!(
                     self.s,
                     "<line x1=\"{L}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{c}\" stroke-width=\"2\"/>",
                     L + 22.0
-                );
-            } else {
-                let _ = write!(self.s, "<circle cx=\"{}\" cy=\"{y}\" r=\"4\" fill=\"{c}\"/>", L + 11.0);
-            }
+                ),
+                Mark::Dot => write!(self.s, "<circle cx=\"{}\" cy=\"{y}\" r=\"4\" fill=\"{c}\"/>", L + 11.0),
+                Mark::Ring => write!(
+                    self.s,
+                    "<circle cx=\"{}\" cy=\"{y}\" r=\"5\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>",
+                    L + 11.0
+                ),
+            };
             let _ = writeln!(self.s, "<text x=\"{}\" y=\"{}\">{label}</text>", L + 30.0, y + 4.0);
             y += LEGEND_ROW;
         }

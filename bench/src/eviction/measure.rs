@@ -294,7 +294,7 @@ pub fn one_run(
         n += 1;
         let acted = term(sc.expected).exists()
             || workload.iter().any(|p| term(&p.name).exists())
-            || (n % 10 == 0 && oom_kill_lines().len() > kills_before);
+            || (n.is_multiple_of(10) && oom_kill_lines().len() > kills_before);
         if acted || workload.iter().all(|p| marker(&term(&p.name), "done").exists()) {
             break;
         }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 
 use super::measure::Outcome;
 use super::{Agent, Kind, SCENARIOS, Scenario, agents_of};
-use crate::svg::{Axis, COLORS, Legend, Plot};
+use crate::svg::{Axis, COLORS, Legend, Mark, Plot};
 
 /// The machine the runs were measured on.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -134,7 +134,7 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
         md,
         "## {}\n\nExpected first victim: `{}`.\n\n| agent | runs | kernel OOM kills | first victim (runs) | ranking | \
          crossing → SIGTERM, ms | decision → SIGTERM, ms | overshoot, {unit} | Guaranteed survived | agent CPU % | \
-         eviction wake-ups | agent RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|",
+         eviction wake-ups | agent major faults | daemon memory stall, ms | agent RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         sc.title, sc.expected
     );
     let mut medians = Vec::new();
@@ -158,7 +158,7 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
             |f: fn(&Outcome) -> Option<f64>, d| med_worst(&runs.iter().filter_map(|o| f(o)).collect::<Vec<_>>(), d);
         let _ = writeln!(
             md,
-            "| {} | {} | {kills} | {} | {ranked}/{} | {} | {} | {} | {survived} | {} | {} | {} |",
+            "| {} | {} | {kills} | {} | {ranked}/{} | {} | {} | {} | {survived} | {} | {} | {} | {} | {} |",
             agent.name(),
             runs.len(),
             counts.join(", "),
@@ -168,6 +168,8 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
             col(|o| Some(o.overshoot()), if sc.kind == Kind::Pids { 0 } else { 1 }),
             col(|o| o.cpu_percent, 2),
             col(|o| o.passes, 0),
+            col(|o| o.major_faults, 0),
+            col(|o| o.stall_ms, 1),
             col(|o| o.rss_mib, 1),
         );
     }
@@ -199,8 +201,7 @@ fn ramp(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
         }
         m
     };
-    let cap = if sc.kind == Kind::Memory { 14.0 } else { 20.0 };
-    let x_max = first.iter().flat_map(|(_, o)| actions(o)).fold(2.0, f64::max).min(cap) + 0.5;
+    let x_max = first.iter().flat_map(|(_, o)| actions(o).into_iter().chain(o.crossing_s)).fold(2.0, f64::max) + 0.5;
     let y_max = first.iter().flat_map(|(_, o)| o.series.iter().map(|p| p.1)).fold(threshold * 1.2, f64::max);
     let y_label = match sc.kind {
         Kind::Memory => "memory.available, MiB (earlyoom: MemAvailable)",
@@ -222,12 +223,12 @@ fn ramp(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
             let v = o.series.iter().rev().find(|(x, _)| *x <= m).map_or(threshold, |s| s.1);
             p.dot(m, v, c, true);
         }
-        legend.push(Legend { color: c.into(), label: agent.name().into(), line: true });
+        legend.push(Legend { color: c.into(), label: agent.name().into(), mark: Mark::Line });
     }
     legend.push(Legend {
         color: "#555".into(),
-        label: "○ the agent's action: SIGTERM sent, or the kernel's OOM kill".into(),
-        line: false,
+        label: "the agent's action (SIGTERM delivered, or the kernel's OOM kill)".into(),
+        mark: Mark::Ring,
     });
     p.finish(&legend)
 }
@@ -272,10 +273,10 @@ fn latency(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
     p.finish(&[
         Legend {
             color: "#555".into(),
-            label: "● one run (spread vertically so they do not hide each other)".into(),
-            line: false,
+            label: "one run (spread vertically so they do not hide each other)".into(),
+            mark: Mark::Dot,
         },
-        Legend { color: "black".into(), label: "| the agent's median".into(), line: true },
+        Legend { color: "black".into(), label: "the agent's median (vertical bar)".into(), mark: Mark::Line },
     ])
 }
 
@@ -321,9 +322,9 @@ fn zoom(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
         legend.push(Legend {
             color: c.into(),
             label: format!("{} ({} runs{extra})", agent.name(), runs.len()),
-            line: true,
+            mark: Mark::Line,
         });
     }
-    legend.push(Legend { color: "#555".into(), label: "○ SIGTERM delivered".into(), line: false });
+    legend.push(Legend { color: "#555".into(), label: "SIGTERM delivered".into(), mark: Mark::Ring });
     p.finish(&legend)
 }
