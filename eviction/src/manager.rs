@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_resources::{
-    CgroupError, MeminfoReader, NodePressure, Observations, PodResources, ResourceManager, is_critical,
-    parse_non_negative, pod_priority,
+    CgroupError, HostPaths, MeminfoReader, NodePressure, Observations, PodResources, ResourceManager, fs_stats,
+    is_critical, parse_non_negative, pid_stats, pod_priority,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -117,8 +117,9 @@ pub struct EvictionManager<E: Evictor> {
     due: BTreeMap<Signal, Instant>,
     /// How fast each signal fell between its last reads.
     rates: Rates,
-    /// `/proc/meminfo`, kept open for memory-only passes; `None` when it cannot be opened.
-    meminfo: Option<MeminfoReader>,
+    /// `/proc/meminfo`, kept open, and the host paths, for polls that read on the loop's thread; `None` when it
+    /// cannot be opened.
+    inline: Option<(MeminfoReader, HostPaths)>,
 }
 
 /// The victims for a breach: the first ranked pod, then more in rank order until what they give back covers
@@ -261,7 +262,7 @@ impl<E: Evictor> EvictionManager<E> {
             signals: BTreeMap::new(),
             due: BTreeMap::new(),
             rates: Rates::default(),
-            meminfo: None,
+            inline: None,
         }
     }
 
@@ -310,17 +311,50 @@ impl<E: Evictor> EvictionManager<E> {
         self.pass_on(Wake::Config).await
     }
 
-    /// True when the poll may read memory.available alone: no other signal with a threshold is due yet.
-    fn memory_only(&mut self, now: Instant) -> bool {
-        if self.meminfo.is_none() && !self.signals.is_empty() {
+    /// The signals a poll may read on the loop's thread, without the resources lock: those due now, when none
+    /// of them needs the cgroup tree (allocatableMemory.available reads kubepods' `memory.stat`). `None` when the
+    /// poll must read everything.
+    fn inline_reads(&mut self, now: Instant) -> Option<Vec<Signal>> {
+        if self.inline.is_none() && !self.signals.is_empty() {
             let host = self.resources.lock().unwrap_or_else(PoisonError::into_inner).host().clone();
-            self.meminfo = MeminfoReader::open(&host)
-                .inspect_err(|e| tracing::warn!(error = %e, "memory-only eviction passes are off"))
-                .ok();
+            self.inline = MeminfoReader::open(&host)
+                .inspect_err(|e| tracing::warn!(error = %e, "eviction polls read every signal"))
+                .ok()
+                .map(|r| (r, host));
         }
-        self.meminfo.is_some()
-            && self.signals.contains_key(&Signal::MemoryAvailable)
-            && self.due.iter().all(|(s, at)| *s == Signal::MemoryAvailable || *at > now)
+        self.inline.as_ref()?;
+        let due: Vec<Signal> = self.due.iter().filter(|(_, at)| **at <= now).map(|(s, _)| *s).collect();
+        let cached = due.iter().all(|s| self.signals.contains_key(s));
+        (cached && !due.contains(&Signal::AllocatableMemoryAvailable)).then_some(due)
+    }
+
+    /// Reads `due` on this thread: memory.available with one `pread` of the open `/proc/meminfo`, the others
+    /// with a `statvfs` or a read of `/proc/loadavg`. Returns what was read.
+    fn read_inline(&mut self, due: &[Signal]) -> Result<Vec<Signal>, CgroupError> {
+        let Some((meminfo, host)) = self.inline.as_mut() else { return Ok(Vec::new()) };
+        let o = |available, capacity| SignalObservation { available, capacity };
+        let mut read = Vec::new();
+        if due.contains(&Signal::MemoryAvailable) {
+            let m = meminfo.read()?;
+            read.push((Signal::MemoryAvailable, o(m.available, m.capacity)));
+        }
+        if due.contains(&Signal::PidAvailable) {
+            let p = pid_stats(host)?;
+            read.push((Signal::PidAvailable, o(p.available, p.max)));
+        }
+        for (path, bytes, inodes) in [
+            (&host.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
+            (&host.imagefs, Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+        ] {
+            if due.contains(&bytes) || due.contains(&inodes) {
+                let f = fs_stats(path)?;
+                read.push((bytes, o(f.available_bytes, f.capacity_bytes)));
+                read.push((inodes, o(f.inodes_free, f.inodes)));
+            }
+        }
+        let signals = read.iter().map(|(s, _)| *s).collect();
+        self.signals.extend(read);
+        Ok(signals)
     }
 
     /// Reads every signal (and, when `full`, the PSI averages for the observer) off the async threads: the lock
@@ -347,9 +381,9 @@ impl<E: Evictor> EvictionManager<E> {
         .unwrap_or_else(|e| Err(format!("the observation task failed: {e}")))
     }
 
-    /// One pass for a wake-up; returns the time until the next poll. A poll when only memory.available is due
-    /// reads `/proc/meminfo` alone, on this thread (one `pread`, no lock, no file opened); every other pass
-    /// reads every signal.
+    /// One pass for a wake-up; returns the time until the next poll. A poll reads only the signals due, on this
+    /// thread and without the resources lock (memory.available is one `pread`); a full pass, a pass for any other
+    /// wake-up, and a poll with allocatableMemory.available due read every signal off the async threads.
     async fn pass_on(&mut self, wake: Wake) -> Duration {
         // New settings show in the gauges at once.
         let reloaded = self.settings.has_changed().unwrap_or(false);
@@ -358,18 +392,15 @@ impl<E: Evictor> EvictionManager<E> {
         // A full observation (with PSI, for the observer's gauges) at most once per longest poll period; the
         // passes between read only what the signals need.
         let full = reloaded || self.last_full.is_none_or(|t| now.saturating_duration_since(t) >= settings.poll_max);
-        let fast = !full && wake == Wake::Poll && self.memory_only(now);
-        let memory = if fast { self.meminfo.as_mut().map(MeminfoReader::read) } else { None };
-        let read: Vec<Signal> = match memory {
-            Some(Ok(m)) => {
-                let o = SignalObservation { available: m.available, capacity: m.capacity };
-                self.signals.insert(Signal::MemoryAvailable, o);
-                vec![Signal::MemoryAvailable]
-            }
+        let due = if !full && wake == Wake::Poll { self.inline_reads(now) } else { None };
+        let fast = due.is_some();
+        let inline = due.map(|d| self.read_inline(&d));
+        let read: Vec<Signal> = match inline {
+            Some(Ok(read)) => read,
             other => {
                 if let Some(Err(e)) = other {
-                    tracing::warn!(error = %e, "cannot read /proc/meminfo alone; reading every signal");
-                    self.meminfo = None;
+                    tracing::warn!(error = %e, "cannot read the signals due alone; reading every signal");
+                    self.inline = None;
                 }
                 if full {
                     self.last_full = Some(now);
