@@ -1,6 +1,10 @@
 //! `hog`: the benchmark's workload, run as a pod. It grows memory, processes or files at a set rate, and on
 //! SIGTERM writes the moment it was delivered (CLOCK_MONOTONIC, seconds) to a file and exits, so the harness can
 //! measure threshold crossing → SIGTERM without waiting for the process to die.
+//!
+//! Beside the SIGTERM file (`--term-file`) it writes `<term-file>.ready` once its handler is installed and
+//! `<term-file>.done` once its steps are done; with `--go-file` it starts growing only once that file exists, so
+//! the harness can start every agent's measurement window at the same point.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -32,6 +36,17 @@ pub struct HogArgs {
     /// Where the SIGTERM time goes.
     #[arg(long)]
     pub term_file: PathBuf,
+    /// Wait until this file exists before growing.
+    #[arg(long)]
+    pub go_file: Option<PathBuf>,
+}
+
+/// `<term-file>.<suffix>`.
+pub fn marker(term_file: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut name = term_file.as_os_str().to_owned();
+    name.push(".");
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 /// CLOCK_MONOTONIC in seconds, the clock the harness samples with.
@@ -64,6 +79,12 @@ fn watch_sigterm(term_file: PathBuf) -> Result<()> {
 /// Runs the hog until killed.
 pub fn run(a: &HogArgs) -> Result<()> {
     watch_sigterm(a.term_file.clone())?;
+    std::fs::write(marker(&a.term_file, "ready"), "")?;
+    if let Some(go) = &a.go_file {
+        while !go.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let mut held: Vec<Vec<u8>> = Vec::new();
     let mut children = Vec::new();
     let mut file_no = 0u64;
@@ -98,6 +119,7 @@ pub fn run(a: &HogArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(a.every_ms));
     }
+    std::fs::write(marker(&a.term_file, "done"), "")?;
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

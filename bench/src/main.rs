@@ -13,7 +13,7 @@
 //! `reload`: a threshold edit → the new threshold in `/metrics` (see `reload.rs`).
 //!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
-//! nodewarden (see `eviction.rs`); `hog` is their workload.
+//! nodewarden, each alone (see `eviction/`); `hog` is their workload.
 
 #![allow(clippy::disallowed_types)] // benchmarks measure real time
 
@@ -117,7 +117,13 @@ enum Cmd {
         /// Runs per agent and scenario.
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Where eviction.md and the plots are written.
+        /// Where the runs (eviction-raw/), eviction.md and the plots are written.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+    },
+    /// Writes eviction.md and the plots from the runs in <out>/eviction-raw/ (on the host, no VM needed).
+    EvictionReport {
+        /// The directory holding eviction-raw/; the report is written there.
         #[arg(long, default_value = "results")]
         out: PathBuf,
     },
@@ -154,6 +160,7 @@ fn main() -> Result<()> {
         Cmd::Eviction { nodewarden, scenarios, agents, runs, out } => {
             eviction::run(&nodewarden, &scenarios, &agents, runs, &out)
         }
+        Cmd::EvictionReport { out } => eviction::report(&out),
         Cmd::Hog(args) => hog::run(&args),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
     }
@@ -248,6 +255,14 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
     let get = |i: usize| -> Result<u64> { Ok(fields.get(i).context("short /proc/PID/stat")?.parse()?) };
     // After the command: state is field 0, utime field 11, stime field 12.
     Ok(get(11)? + get(12)?)
+}
+
+/// Major page faults of a process (pages it had to wait for from disk), from `/proc/PID/stat`.
+fn major_faults(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/PID/stat")?;
+    // After the command: state is field 0, majflt field 9.
+    Ok(after.split_whitespace().nth(9).context("short /proc/PID/stat")?.parse()?)
 }
 
 fn rss_kib(pid: u32) -> Result<u64> {

@@ -6,12 +6,16 @@
 //! configured bounds), when a pressure event arrives (PSI trigger, `memory.events`), when the configuration
 //! changes, and when an eviction finishes.
 
+mod schedule;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use nodewarden_resources::{CgroupError, Condition, NodePressure, Observations, ResourceManager};
+use nodewarden_resources::{
+    CgroupError, Condition, HostPaths, MeminfoReader, NodePressure, Observations, ResourceManager, fs_stats, pid_stats,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,12 +23,15 @@ use tokio_util::task::TaskTracker;
 
 use crate::metrics::EvictionMetrics;
 use crate::observe::{SignalObservation, signal_observations};
-use crate::pressure::{Breach, Evaluation, PressureState};
+use crate::pressure::{Breach, PressureState};
 use crate::rank::{Candidate, rank};
 use crate::signal::Signal;
 use crate::status::{EvictionRecord, EvictionStatus, Ranked};
 use crate::threshold::Thresholds;
 use crate::wake::Wake;
+
+use schedule::{Rates, signal_periods};
+pub use schedule::{SETTLE_POLL, next_poll};
 
 /// The shortest time between two passes that events (not the poll) start.
 pub const EVENT_INTERVAL: Duration = Duration::from_millis(200);
@@ -135,39 +142,15 @@ pub struct EvictionManager<E: Evictor> {
     /// The eviction tasks, which outlive a pass, and what stops them at shutdown.
     tasks: TaskTracker,
     stop: CancellationToken,
-}
-
-/// The fastest a signal is assumed to fall (per second), to decide the next poll: a hog allocating 1 GiB/s, a
-/// writer at 256 MiB/s, 5000 files or 2000 processes created per second.
-fn drain_rate(signal: Signal) -> f64 {
-    match signal {
-        Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => 1024.0 * 1024.0 * 1024.0,
-        Signal::NodeFsAvailable | Signal::ImageFsAvailable => 256.0 * 1024.0 * 1024.0,
-        Signal::NodeFsInodesFree | Signal::ImageFsInodesFree => 5000.0,
-        Signal::PidAvailable => 2000.0,
-    }
-}
-
-/// How long until the next pass: headroom / drain rate for each threshold not met, the rest of the grace period
-/// for soft thresholds waiting, the shortest period while a threshold acts; within the bounds.
-pub fn next_poll(
-    settings: &EvictionSettings,
-    signals: &BTreeMap<Signal, SignalObservation>,
-    evaluation: &Evaluation,
-) -> Duration {
-    let mut period = settings.poll_max;
-    let t = &settings.thresholds;
-    for (th, hard) in t.hard.iter().map(|x| (x, true)).chain(t.soft.iter().map(|x| (x, false))) {
-        if let Some(b) = evaluation.met.iter().find(|b| b.threshold.signal == th.signal && b.hard == hard) {
-            period = period.min(th.grace_period.saturating_sub(b.met_for));
-            continue;
-        }
-        let Some(obs) = signals.get(&th.signal) else { continue };
-        #[allow(clippy::cast_precision_loss)]
-        let headroom = obs.available.saturating_sub(th.amount.resolve(obs.capacity)) as f64;
-        period = period.min(Duration::from_secs_f64(headroom / drain_rate(th.signal)));
-    }
-    period.clamp(settings.poll_min, settings.poll_max.max(settings.poll_min))
+    /// The signals as last read (a memory-only pass updates memory.available alone).
+    signals: BTreeMap<Signal, SignalObservation>,
+    /// When each signal with a threshold is due to be read again.
+    due: BTreeMap<Signal, Instant>,
+    /// How fast each signal fell between its last reads.
+    rates: Rates,
+    /// `/proc/meminfo`, kept open, and the host paths, for polls that read on the loop's thread; `None` when it
+    /// cannot be opened.
+    inline: Option<(MeminfoReader, HostPaths)>,
 }
 
 /// The victims for a breach: the first ranked pod, then more in rank order until what they give back covers
@@ -281,6 +264,10 @@ impl<E: Evictor> EvictionManager<E> {
             last_full: None,
             tasks: TaskTracker::new(),
             stop: CancellationToken::new(),
+            signals: BTreeMap::new(),
+            due: BTreeMap::new(),
+            rates: Rates::default(),
+            inline: None,
         }
     }
 
@@ -331,27 +318,73 @@ impl<E: Evictor> EvictionManager<E> {
                 next = next.min(earliest.unwrap_or(next));
                 continue;
             }
-            let period = self.pass().await;
+            let period = self.pass_on(wake).await;
             last = Some(Instant::now());
             self.metrics.poll_period.set(period.as_secs_f64());
             next = Instant::now() + period;
         }
     }
 
-    /// One pass; returns the time until the next poll.
+    /// One pass that reads every signal; returns the time until the next poll.
     pub async fn pass(&mut self) -> Duration {
-        // New settings show in the gauges at once.
-        let reloaded = self.settings.has_changed().unwrap_or(false);
-        let settings = self.settings.borrow_and_update().clone();
-        // A full observation (with PSI, for the observer's gauges) at most once per longest poll period; the
-        // passes between read only what the signals need.
-        let full = reloaded || self.last_full.is_none_or(|t| t.elapsed() >= settings.poll_max);
-        if full {
-            self.last_full = Some(Instant::now());
+        self.pass_on(Wake::Config).await
+    }
+
+    /// The signals a poll may read on the loop's thread, without the resources lock: those due now, when none
+    /// of them needs the cgroup tree (allocatableMemory.available reads kubepods' `memory.stat`). `None` when the
+    /// poll must read everything.
+    fn inline_reads(&mut self, now: Instant) -> Option<Vec<Signal>> {
+        if self.inline.is_none() && !self.signals.is_empty() {
+            let host = self.resources.lock().unwrap_or_else(PoisonError::into_inner).host().clone();
+            self.inline = MeminfoReader::open(&host)
+                .inspect_err(|e| tracing::warn!(error = %e, "eviction polls read every signal"))
+                .ok()
+                .map(|r| (r, host));
         }
-        let (resources, observer, in_force) = (self.resources.clone(), self.observer.clone(), settings.clone());
-        // Off the async threads: the lock may be held by a pod being placed, and the reads are file I/O.
-        let read = tokio::task::spawn_blocking(move || {
+        self.inline.as_ref()?;
+        let due: Vec<Signal> = self.due.iter().filter(|(_, at)| **at <= now).map(|(s, _)| *s).collect();
+        let cached = due.iter().all(|s| self.signals.contains_key(s));
+        (cached && !due.contains(&Signal::AllocatableMemoryAvailable)).then_some(due)
+    }
+
+    /// Reads `due` on this thread: memory.available with one `pread` of the open `/proc/meminfo`, the others
+    /// with a `statvfs` or a read of `/proc/loadavg`. Returns what was read.
+    fn read_inline(&mut self, due: &[Signal]) -> Result<Vec<Signal>, CgroupError> {
+        let Some((meminfo, host)) = self.inline.as_mut() else { return Ok(Vec::new()) };
+        let o = |available, capacity| SignalObservation { available, capacity };
+        let mut read = Vec::new();
+        if due.contains(&Signal::MemoryAvailable) {
+            let m = meminfo.read()?;
+            read.push((Signal::MemoryAvailable, o(m.available, m.capacity)));
+        }
+        if due.contains(&Signal::PidAvailable) {
+            let p = pid_stats(host)?;
+            read.push((Signal::PidAvailable, o(p.available, p.max)));
+        }
+        for (path, bytes, inodes) in [
+            (&host.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
+            (&host.imagefs, Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+        ] {
+            if due.contains(&bytes) || due.contains(&inodes) {
+                let f = fs_stats(path)?;
+                read.push((bytes, o(f.available_bytes, f.capacity_bytes)));
+                read.push((inodes, o(f.inodes_free, f.inodes)));
+            }
+        }
+        let signals = read.iter().map(|(s, _)| *s).collect();
+        self.signals.extend(read);
+        Ok(signals)
+    }
+
+    /// Reads every signal (and, when `full`, the PSI averages for the observer) off the async threads: the lock
+    /// may be held by a pod being placed, and the reads are file I/O.
+    async fn read_all(
+        &self,
+        full: bool,
+        in_force: Arc<EvictionSettings>,
+    ) -> Result<BTreeMap<Signal, SignalObservation>, String> {
+        let (resources, observer) = (self.resources.clone(), self.observer.clone());
+        tokio::task::spawn_blocking(move || {
             let start = Instant::now();
             let m = resources.lock().unwrap_or_else(PoisonError::into_inner);
             let obs = if full { m.observe() } else { m.observe_signals() };
@@ -368,23 +401,81 @@ impl<E: Evictor> EvictionManager<E> {
             read.map_err(|e| e.to_string())
         })
         .await
-        .unwrap_or_else(|e| Err(format!("the observation task failed: {e}")));
-        let signals = match read {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "eviction pass cannot observe the node");
-                self.status.pass_failed(e);
-                return settings.poll_max;
+        .unwrap_or_else(|e| Err(format!("the observation task failed: {e}")))
+    }
+
+    /// One pass for a wake-up; returns the time until the next poll. A poll reads only the signals due, on this
+    /// thread and without the resources lock (memory.available is one `pread`); a full pass, a pass for any other
+    /// wake-up, and a poll with allocatableMemory.available due read every signal off the async threads.
+    async fn pass_on(&mut self, wake: Wake) -> Duration {
+        // New settings show in the gauges at once.
+        let reloaded = self.settings.has_changed().unwrap_or(false);
+        let settings = self.settings.borrow_and_update().clone();
+        let now = Instant::now();
+        // A full observation (with PSI, for the observer's gauges) at most once per longest poll period; the
+        // passes between read only what the signals need.
+        let full = reloaded || self.last_full.is_none_or(|t| now.saturating_duration_since(t) >= settings.poll_max);
+        let due = if !full && wake == Wake::Poll { self.inline_reads(now) } else { None };
+        let fast = due.is_some();
+        let inline = due.map(|d| self.read_inline(&d));
+        let read: Vec<Signal> = match inline {
+            Some(Ok(read)) => read,
+            other => {
+                if let Some(Err(e)) = other {
+                    tracing::warn!(error = %e, "cannot read the signals due alone; reading every signal");
+                    self.inline = None;
+                }
+                if full {
+                    self.last_full = Some(now);
+                }
+                match self.read_all(full, settings.clone()).await {
+                    Ok(s) => self.signals = s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "eviction pass cannot observe the node");
+                        self.status.pass_failed(e);
+                        self.due.clear();
+                        return settings.poll_max;
+                    }
+                }
+                self.signals.keys().copied().collect()
             }
         };
         let observed_at = Instant::now();
+        for s in &read {
+            if let Some(o) = self.signals.get(s) {
+                self.rates.record(*s, observed_at, o.available);
+            }
+        }
         self.in_flight.retain(|_, f| f.until > observed_at);
-        let evaluation = self.state.evaluate(observed_at, &settings.thresholds, &signals, settings.transition_period);
-        self.set_pressure(evaluation.pressure).await;
+        let evaluation =
+            self.state.evaluate(observed_at, &settings.thresholds, &self.signals, settings.transition_period);
+        // Evictions first: admission hears of the new conditions right after, off the path to SIGTERM.
         for breach in &evaluation.act {
             self.act(breach, observed_at, &settings).await;
         }
-        let period = next_poll(&settings, &signals, &evaluation);
+        self.set_pressure(evaluation.pressure).await;
+        // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
+        let settled: Vec<Signal> = evaluation.act.iter().map(|b| b.threshold.signal).collect();
+        let periods = signal_periods(&settings, &self.signals, &evaluation, &settled, |s| self.rates.planning(s));
+        self.due.retain(|s, _| periods.contains_key(s));
+        for (s, p) in &periods {
+            if read.contains(s) || !self.due.contains_key(s) {
+                self.due.insert(*s, observed_at + *p);
+            }
+        }
+        let last_full = self.last_full.unwrap_or(observed_at);
+        let next = self.due.values().copied().chain([last_full + settings.poll_max]).min().unwrap_or(observed_at);
+        let period = next.saturating_duration_since(Instant::now()).max(settings.poll_min);
+        tracing::debug!(
+            wake = wake.as_str(),
+            fast,
+            full,
+            memory_available = self.signals.get(&Signal::MemoryAvailable).map(|s| s.available),
+            acted = evaluation.act.len(),
+            took_us = u64::try_from(now.elapsed().as_micros()).unwrap_or(u64::MAX),
+            period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX),
+            "eviction pass"
+        );
         self.status.pass_done(Instant::now(), evaluation);
         period
     }

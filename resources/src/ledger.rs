@@ -309,6 +309,11 @@ impl ResourceManager {
         &self.tree
     }
 
+    /// The host paths that observations read.
+    pub fn host(&self) -> &HostPaths {
+        &self.host
+    }
+
     /// The cgroup file system.
     pub fn cgroupfs(&self) -> &CgroupFs {
         &self.fs

@@ -6,9 +6,12 @@
 //! slab), so on a small node it reports tens of MiB more than can really be allocated. nodewarden therefore uses the
 //! smaller of that value and `MemAvailable`: memory.available never exceeds `MemAvailable`.
 
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
 use crate::capacity::{FsStats, HostPaths, fs_stats, read_meminfo, read_parsed, read_pid_limit};
 use crate::cgroupfs::{CgroupFs, CgroupPath};
-use crate::error::CgroupError;
+use crate::error::{CgroupError, IoError, Op, ParseError};
 use crate::parse::{self, Psi};
 
 /// Node memory, in bytes.
@@ -79,13 +82,68 @@ pub struct Observations {
 
 /// Reads node memory from `/proc/meminfo`.
 pub fn node_memory(host: &HostPaths) -> Result<NodeMemory, CgroupError> {
-    let m = read_meminfo(host)?;
+    Ok(memory_of(&read_meminfo(host)?))
+}
+
+/// The memory signal from a meminfo reading: the kubelet's working set and `min(kubelet view, MemAvailable)`.
+fn memory_of(m: &parse::Meminfo) -> NodeMemory {
     let inactive_file = m.inactive_file.unwrap_or(0);
     let working_set = m.mem_total.saturating_sub(m.mem_free).saturating_sub(inactive_file);
     let kubelet_view = m.mem_total.saturating_sub(working_set);
     let mem_available = m.mem_available.unwrap_or(kubelet_view);
-    Ok(NodeMemory { capacity: m.mem_total, working_set, mem_available, available: kubelet_view.min(mem_available) })
+    NodeMemory { capacity: m.mem_total, working_set, mem_available, available: kubelet_view.min(mem_available) }
 }
+
+/// Reads node memory again and again through one open `/proc/meminfo` and one buffer: each read is a `pread` at
+/// offset 0 and a parse, with no path built, no file opened and nothing allocated once the buffer has grown to
+/// the file's size. For the eviction loop's frequent passes, which need nothing else while only memory is close
+/// to its threshold.
+#[derive(Debug)]
+pub struct MeminfoReader {
+    path: PathBuf,
+    file: std::fs::File,
+    buf: Vec<u8>,
+}
+
+impl MeminfoReader {
+    /// Opens `/proc/meminfo` below `host.proc`.
+    pub fn open(host: &HostPaths) -> Result<Self, CgroupError> {
+        let path = host.proc.join("meminfo");
+        let file = std::fs::File::open(&path).map_err(|e| IoError::new(Op::Read, &path, e))?;
+        Ok(Self { path, file, buf: vec![0; 4096] })
+    }
+
+    /// Reads node memory now, as [`node_memory`] does.
+    pub fn read(&mut self) -> Result<NodeMemory, CgroupError> {
+        let mut len = 0;
+        loop {
+            if len == self.buf.len() {
+                // Only when the file outgrew the buffer; kept for the next reads. Bounded like other reads.
+                if self.buf.len() >= MEMINFO_MAX {
+                    return Err(self.parse_error("larger than 1 MiB".into()));
+                }
+                self.buf.resize(self.buf.len() * 2, 0);
+            }
+            let offset = u64::try_from(len).unwrap_or(u64::MAX);
+            let n =
+                self.file.read_at(&mut self.buf[len..], offset).map_err(|e| IoError::new(Op::Read, &self.path, e))?;
+            if n == 0 {
+                break;
+            }
+            len += n;
+        }
+        let text = std::str::from_utf8(&self.buf[..len]).map_err(|e| self.parse_error(e.to_string()))?;
+        let m = parse::parse_meminfo(text).map_err(|reason| self.parse_error(reason))?;
+        Ok(memory_of(&m))
+    }
+
+    fn parse_error(&self, reason: String) -> CgroupError {
+        ParseError { path: self.path.clone(), reason }.into()
+    }
+}
+
+/// The largest `/proc/meminfo` [`MeminfoReader`] accepts.
+const MEMINFO_MAX: usize = 1 << 20;
 
 /// Reads PID usage.
 pub fn pid_stats(host: &HostPaths) -> Result<PidStats, CgroupError> {
@@ -167,6 +225,21 @@ mod tests {
         assert_eq!(m.working_set, 350_000 * 1024);
         // The kubelet's view would be 650000 kB; MemAvailable says 500000 kB.
         assert_eq!(m.available, 500_000 * 1024);
+    }
+
+    #[test]
+    fn the_reader_reads_what_node_memory_reads_every_time() {
+        let (dir, host) = host_with(MEMINFO);
+        let mut r = MeminfoReader::open(&host).unwrap();
+        assert_eq!(r.read().unwrap(), node_memory(&host).unwrap());
+        // The same open file, read again from the start: a changed and a longer file.
+        let longer = format!("{}{}", MEMINFO.replace("500000", "400000"), "Filler:  1 kB\n".repeat(400));
+        std::fs::write(dir.path().join("proc/meminfo"), &longer).unwrap();
+        let m = r.read().unwrap();
+        assert_eq!(m.mem_available, 400_000 * 1024);
+        assert_eq!(m, node_memory(&host).unwrap());
+        std::fs::write(dir.path().join("proc/meminfo"), "MemTotal: lots kB\n").unwrap();
+        assert!(r.read().unwrap_err().to_string().contains("meminfo"));
     }
 
     #[test]

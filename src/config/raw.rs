@@ -122,7 +122,8 @@ pub struct NodewardenSettings {
     /// while headroom above every threshold is ample. Default `1s`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub housekeeping_interval: Option<String>,
-    /// The shortest period between two eviction passes, used as headroom runs out. Default `10ms`.
+    /// The shortest period between two eviction passes, used in the last moment before a threshold is crossed
+    /// (the period shrinks geometrically on a ramp, so only a few passes come this close). Default `1ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eviction_poll_min: Option<String>,
     /// Wake the eviction loop on PSI triggers and `memory.events` changes. Default `true`.
@@ -237,7 +238,7 @@ impl KubeletConfiguration {
         or(&mut nw.nodefs_path, "/var/lib/kubelet".into());
         or(&mut nw.imagefs_path, "/var/lib/containerd".into());
         or(&mut nw.housekeeping_interval, "1s".into());
-        or(&mut nw.eviction_poll_min, "10ms".into());
+        or(&mut nw.eviction_poll_min, "1ms".into());
         or(&mut nw.pressure_events, true);
         or(&mut nw.daemon_cgroup, "nodewarden".into());
         or(&mut nw.daemon_memory_min, "16Mi".into());

@@ -9,6 +9,7 @@ use nodewarden_resources::{Amount, CgroupPath, ResourceConfig};
 use serde_json::json;
 
 use super::*;
+use crate::pressure::Evaluation;
 use crate::threshold::Threshold;
 
 const MIB: u64 = 1 << 20;
@@ -393,4 +394,78 @@ async fn shutdown_ends_the_loop_and_its_pending_eviction_tasks() {
     tokio::time::timeout(Duration::from_millis(100), loop_task).await.unwrap().unwrap();
     tokio::time::timeout(Duration::from_millis(100), tasks.wait()).await.expect("the eviction task ended");
     assert!(tasks.is_closed());
+}
+
+/// A hog ramping at 800 MiB/s toward a 100 MiB threshold, one poll at a time with time advanced by each period:
+/// the periods shrink as the ramp goes on, the passes between complete reads read memory alone, the crossing is
+/// seen within the shortest period, and once the hog is on its way out the loop polls at the settle period.
+#[tokio::test(start_paused = true)]
+async fn a_ramp_is_polled_faster_and_faster_and_memory_alone_is_read_between() {
+    let mut s = settings(
+        &[
+            (Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None),
+            (Signal::PidAvailable, Amount::Quantity(10), None),
+        ],
+        &[],
+    );
+    s.poll_min = Duration::from_millis(1);
+    let mut r = rig(s, vec![(pod("hog", None, json!({})), 500 * MIB, 1)]);
+    r.host.set_threads(100);
+    let start = Instant::now();
+    let rate = 800.0 * MIB as f64; // bytes per second
+    let available = |t: Instant| {
+        let fallen = (t - start).as_secs_f64() * rate;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let v = (600.0 * MIB as f64 - fallen).max(0.0) as u64;
+        v
+    };
+    r.host.set_memory(1 << 30, available(start), available(start));
+    let mut period = r.manager.pass_on(Wake::Poll).await;
+    let mut periods = vec![period];
+    let mut crossed_at = None;
+    while r.evictor.victims().is_empty() {
+        tokio::time::advance(period).await;
+        let now = Instant::now();
+        let v = available(now);
+        if v < 100 * MIB && crossed_at.is_none() {
+            // When the signal went below: the moment between the two passes.
+            crossed_at = Some(start + Duration::from_secs_f64((500.0 * MIB as f64) / rate));
+        }
+        r.host.set_memory(1 << 30, v, v);
+        // A process count the fast passes must not see.
+        r.host.set_threads(200);
+        period = r.manager.pass_on(Wake::Poll).await;
+        settle().await;
+        periods.push(period);
+        if r.evictor.victims().is_empty() {
+            assert_eq!(
+                r.manager.signals[&Signal::PidAvailable].available,
+                32768 - 100,
+                "only memory was read since the first pass"
+            );
+        }
+        assert!(periods.len() < 40, "too many passes: {periods:?}");
+    }
+    let seen = Instant::now();
+    let late = seen - crossed_at.unwrap();
+    assert!(late <= Duration::from_millis(2), "seen {late:?} after the crossing; periods {periods:?}");
+    let ramp = &periods[..periods.len() - 1];
+    assert!(ramp.windows(2).all(|w| w[1] <= w[0]), "periods shrink: {periods:?}");
+    assert!(periods.len() <= 20, "a handful of passes per ramp: {periods:?}");
+    assert_eq!(period, SETTLE_POLL, "the victim is on its way: the loop settles");
+}
+
+#[test]
+fn the_planned_rate_is_twice_the_observed_fall_when_that_beats_the_worst_case() {
+    let mut rates = Rates::default();
+    let t = Instant::now();
+    let s = Signal::MemoryAvailable;
+    assert!((rates.planning(s) - schedule::drain_rate(s)).abs() < 1.0);
+    rates.record(s, t, 2048 * MIB);
+    // 1 GiB in 0.5 s: 2 GiB/s observed, 4 GiB/s planned.
+    rates.record(s, t + Duration::from_millis(500), 1024 * MIB);
+    assert!((rates.planning(s) - 4.0 * 1024.0 * MIB as f64).abs() < 1.0);
+    // Rising: back to the worst case.
+    rates.record(s, t + Duration::from_millis(600), 1100 * MIB);
+    assert!((rates.planning(s) - schedule::drain_rate(s)).abs() < 1.0);
 }

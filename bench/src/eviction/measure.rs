@@ -1,0 +1,382 @@
+//! One run of a scenario against one agent: the pods started and ready, the signal sampled every millisecond,
+//! the workload released at once (its go file), then what the agent did and when.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nodewarden_resources::{HostPaths, fs_stats, node_memory, pid_stats};
+
+use super::node::{Killed, Node, PodDef, Setup};
+use super::{Agent, Kind, MEMORY_THRESHOLD, MIB, PID_HEADROOM, Scenario};
+use crate::hog::{marker, monotonic};
+use crate::{cpu_ticks, get, major_faults, rss_kib, wait};
+
+/// How far around the crossing the zoomed series reaches, in ms.
+pub const ZOOM_MS: f64 = 150.0;
+
+/// One run's outcome, as saved in the raw file.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Outcome {
+    /// The scenario's key.
+    pub scenario: char,
+    /// The pods the kernel OOM-killed.
+    pub oom_kills: Vec<String>,
+    /// Pods that got SIGTERM, by time.
+    pub sigterms: Vec<(f64, String)>,
+    /// Crossing (the agent's own signal) → SIGTERM delivered, ms.
+    pub latency_ms: Option<f64>,
+    /// The daemon's own view: the pass's observation → SIGTERM sent (from `/evictions`), ms.
+    pub decision_ms: Option<f64>,
+    /// Crossing → the daemon's eviction record (the victim chosen; its wall-clock time moved to this clock), ms.
+    pub decided_ms: Option<f64>,
+    /// The lowest value of the agent's signal (MiB, or PIDs).
+    pub min_available: f64,
+    /// The threshold (MiB, or PIDs).
+    pub threshold: f64,
+    pub guaranteed_ok: Option<bool>,
+    /// The agent's CPU from the workload's release to 1 s after its first action, % of one CPU.
+    pub cpu_percent: Option<f64>,
+    pub rss_mib: Option<f64>,
+    /// The daemon's eviction wake-ups over the same window (`nodewarden_eviction_wakeups_total`).
+    pub passes: Option<f64>,
+    /// The agent's major page faults over the same window: code or data it had to wait for from disk.
+    #[serde(default)]
+    pub major_faults: Option<f64>,
+    /// How long some task of the daemon's cgroup stalled on memory over the same window (its `memory.pressure`
+    /// `some total`), ms: page-ins and direct reclaim.
+    #[serde(default)]
+    pub stall_ms: Option<f64>,
+    /// (s since release, value) over the whole run, downsampled; the first run of each agent only.
+    pub series: Vec<(f64, f64)>,
+    /// (ms since the crossing, value) within ±[`ZOOM_MS`] of it, every sample.
+    pub zoom: Vec<(f64, f64)>,
+    /// The crossing, s since release.
+    pub crossing_s: Option<f64>,
+}
+
+impl Outcome {
+    /// The first pod acted on: by SIGTERM, else by the kernel's OOM kill.
+    pub fn victim_pod(&self) -> Option<&str> {
+        self.sigterms.first().map(|(_, p)| p.as_str()).or(self.oom_kills.first().map(String::as_str))
+    }
+
+    pub fn victim(&self) -> String {
+        match (self.sigterms.first(), self.oom_kills.first()) {
+            (Some((_, pod)), _) => pod.clone(),
+            (None, Some(k)) => format!("{k} (OOM kill)"),
+            (None, None) => "none".into(),
+        }
+    }
+
+    /// How far the signal went below the threshold (MiB, or PIDs); 0 when it never did.
+    pub fn overshoot(&self) -> f64 {
+        (self.threshold - self.min_available).max(0.0)
+    }
+}
+
+/// One sample of the scenario's signal, on CLOCK_MONOTONIC.
+#[derive(Clone, Copy)]
+struct Sample {
+    t: f64,
+    /// The signal nodewarden evicts on: memory.available, pid.available or nodefs.available.
+    value: f64,
+    /// The kernel's MemAvailable (earlyoom's signal), for the memory scenarios.
+    mem_available: f64,
+}
+
+/// Reads the scenario's signal through the resources crate, as the daemon computes it; 0 where unreadable.
+#[allow(clippy::cast_precision_loss)]
+fn read_signal(kind: Kind, host: &HostPaths, disk: &Path) -> (f64, f64) {
+    match kind {
+        Kind::Memory => node_memory(host).map_or((0.0, 0.0), |m| (m.available as f64, m.mem_available as f64)),
+        Kind::Pids => (pid_stats(host).map_or(0.0, |p| p.available as f64), 0.0),
+        Kind::Disk => (fs_stats(disk).map_or(0.0, |f| f.available_bytes as f64), 0.0),
+    }
+}
+
+/// Reads the scenario's signal every millisecond until stopped.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<Sample>>,
+}
+
+impl Sampler {
+    fn start(kind: Kind, disk: PathBuf) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let host = HostPaths::default();
+            let mut out = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let (value, mem_available) = read_signal(kind, &host, &disk);
+                out.push(Sample { t: monotonic(), value, mem_available });
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            out
+        });
+        Self { stop, handle }
+    }
+
+    fn finish(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+/// The kernel's `oom-kill:` lines (one per OOM kill, with the victim's cgroup).
+fn oom_kill_lines() -> Vec<String> {
+    let out = Command::new("dmesg").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    out.unwrap_or_default().lines().filter(|l| l.contains("oom-kill:")).map(str::to_owned).collect()
+}
+
+/// The pod an `oom-kill:` line names through its `task_memcg=/.../pod<UID>/...`, by the pods' UIDs; else the
+/// killed task's name.
+fn killed_pod(line: &str, uids: &BTreeMap<String, String>) -> String {
+    let field = |key: &str| line.split(',').find_map(|f| f.trim().strip_prefix(key)).unwrap_or_default().to_owned();
+    let memcg = field("task_memcg=");
+    let uid = memcg.split('/').find_map(|c| c.strip_prefix("pod")).unwrap_or_default();
+    uids.get(uid).cloned().unwrap_or_else(|| field("task="))
+}
+
+fn resources(memory: &str, cpu: Option<&str>, limits: bool) -> serde_json::Value {
+    let mut r = serde_json::json!({"memory": memory});
+    if let Some(c) = cpu {
+        r["cpu"] = c.into();
+    }
+    if limits { serde_json::json!({"requests": r, "limits": r}) } else { serde_json::json!({"requests": r}) }
+}
+
+/// The pods that must survive, and the workload.
+fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>) {
+    let hog = |name: &str, extra: &[&str], go: bool| -> Vec<String> {
+        let mut v = vec![bench.display().to_string(), "hog".into()];
+        v.extend(extra.iter().map(|s| (*s).to_owned()));
+        v.push("--term-file".into());
+        v.push(base.join(format!("term-{name}")).display().to_string());
+        if go {
+            v.push("--go-file".into());
+            v.push(base.join("go").display().to_string());
+        }
+        v
+    };
+    let def = |name: &str, argv: Vec<String>, resources: Option<serde_json::Value>, volume: bool| PodDef {
+        name: name.to_owned(),
+        argv,
+        resources,
+        volume,
+    };
+    let baseline = match sc.kind {
+        Kind::Memory => {
+            let cmd = ["stress-ng", "--vm", "1", "--vm-bytes", "150M", "--vm-keep", "--timeout", "600s", "--quiet"];
+            let argv = cmd.iter().map(|s| (*s).to_owned()).collect();
+            def("guaranteed", argv, Some(resources("200Mi", Some("100m"), true)), false)
+        }
+        Kind::Pids => def("quiet", hog("quiet", &["--fork", "2", "--steps", "1"], false), None, false),
+        Kind::Disk => {
+            def("quiet", hog("quiet", &["--write-dir", "/mnt", "--write-mb", "4", "--steps", "1"], false), None, true)
+        }
+    };
+    let workload = match sc.key {
+        'a' => vec![def("hog", hog("hog", &["--grow-mb", "16", "--every-ms", "20"], true), None, false)],
+        // b1 always holds the most above its request, so the kubelet's ranking picks it whenever the node crosses.
+        'b' => [("b1", "12"), ("b2", "6"), ("b3", "6"), ("b4", "4")]
+            .into_iter()
+            .map(|(n, mb)| {
+                let argv = hog(n, &["--grow-mb", mb, "--every-ms", "20", "--steps", "30"], true);
+                def(n, argv, Some(resources("64Mi", None, false)), false)
+            })
+            .collect(),
+        'c' => vec![def(
+            "forker",
+            hog("forker", &["--fork", "50", "--every-ms", "20", "--steps", "60"], true),
+            None,
+            false,
+        )],
+        _ => vec![def(
+            "writer",
+            hog("writer", &["--write-dir", "/mnt", "--write-mb", "8", "--every-ms", "50", "--steps", "30"], true),
+            None,
+            true,
+        )],
+    };
+    (vec![baseline], workload)
+}
+
+/// The daemon's `nodewarden_eviction_wakeups_total`, summed over the sources (each wake-up runs one pass at
+/// most).
+fn wakeups(port: Option<u16>) -> Option<f64> {
+    let text = get(port?, "/metrics")?;
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("nodewarden_eviction_wakeups_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// `some total` of the daemon's cgroup's `memory.pressure`, µs.
+fn memory_stall_us() -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/sys/fs/cgroup{}/nodewarden/memory.pressure", crate::ROOT)).ok()?;
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
+}
+
+/// Runs the scenario once; `keep_series` keeps the whole signal for the ramp plot; the daemon's log is copied
+/// into `logs`.
+pub fn one_run(
+    sc: &Scenario,
+    agent: Agent,
+    nodewarden: &Path,
+    keep_series: bool,
+    logs: Option<&Path>,
+) -> Result<Outcome> {
+    let setup = Setup::new(sc.kind)?;
+    let base = setup.base.clone();
+    let host = HostPaths::default();
+    #[allow(clippy::cast_precision_loss)]
+    let threshold = match sc.kind {
+        Kind::Memory => MEMORY_THRESHOLD as f64,
+        Kind::Pids => (read_signal(Kind::Pids, &host, &base).0 - PID_HEADROOM as f64).max(1.0),
+        Kind::Disk => read_signal(Kind::Disk, &host, &base).0 * 0.25,
+    };
+    let mut node = Node::start(sc, agent, nodewarden, &setup.dir, &base, threshold)?;
+    let earlyoom = if agent == Agent::Earlyoom {
+        let kib = (MEMORY_THRESHOLD / 1024).to_string();
+        let c = Command::new("earlyoom")
+            .args(["-M", &kib, "-r", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("earlyoom (Debian package earlyoom) is needed")?;
+        Some(Killed(c))
+    } else {
+        None
+    };
+    let agent_pid = earlyoom.as_ref().map(|e| e.0.id()).or(node.daemon_pid());
+
+    let bench = std::env::current_exe()?;
+    let (baseline, workload) = pods(sc, &bench, &base);
+    for p in &baseline {
+        node.start_pod(p, &base)?;
+    }
+    let names: Vec<&str> = baseline.iter().map(|p| p.name.as_str()).collect();
+    wait("the baseline pods running", 120, || node.running(&names).iter().all(|r| *r))?;
+    std::thread::sleep(Duration::from_secs(2));
+    for p in &workload {
+        node.start_pod(p, &base)?;
+    }
+    let term = |name: &str| base.join(format!("term-{name}"));
+    wait("the workload ready", 120, || workload.iter().all(|p| marker(&term(&p.name), "ready").exists()))?;
+    // Let the pod starts' own work settle: the window below is the pressure alone.
+    std::thread::sleep(Duration::from_millis(1500));
+    let kills_before = oom_kill_lines().len();
+    let passes0 = wakeups(node.port());
+    let sampler = Sampler::start(sc.kind, base.clone());
+    std::thread::sleep(Duration::from_millis(200));
+    let c0 = agent_pid.map(cpu_ticks).transpose()?;
+    let f0 = agent_pid.map(major_faults).transpose()?;
+    let s0 = node.daemon_pid().and_then(|_| memory_stall_us());
+    let (t0, started) = (monotonic(), Instant::now());
+    #[allow(clippy::cast_precision_loss)]
+    let wall_offset = jiff::Timestamp::now().as_nanosecond() as f64 / 1e9 - monotonic();
+    std::fs::write(base.join("go"), "")?;
+    // Until the expected victim got SIGTERM, the kernel killed something, every workload pod is done growing, or
+    // the scenario's time is up: files only, so the agent is not disturbed by the harness meanwhile.
+    let limit = Duration::from_secs(if agent == Agent::KubeletLike { 40 } else { 30 });
+    let mut n = 0u32;
+    while started.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(10));
+        n += 1;
+        let acted = term(sc.expected).exists()
+            || workload.iter().any(|p| term(&p.name).exists())
+            || (n.is_multiple_of(10) && oom_kill_lines().len() > kills_before);
+        if acted || workload.iter().all(|p| marker(&term(&p.name), "done").exists()) {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let c1 = agent_pid.map(cpu_ticks).transpose()?;
+    let f1 = agent_pid.map(major_faults).transpose()?;
+    let s1 = node.daemon_pid().and_then(|_| memory_stall_us());
+    let elapsed = started.elapsed().as_secs_f64();
+    let rss = agent_pid.map(rss_kib).transpose()?;
+    let samples = sampler.finish();
+    let passes1 = wakeups(node.port());
+    let guaranteed_ok = (sc.kind == Kind::Memory).then(|| node.running(&["guaranteed"])[0]);
+    let uids = node.uids();
+    let oom_kills: Vec<String> = oom_kill_lines().iter().skip(kills_before).map(|l| killed_pod(l, &uids)).collect();
+    let mut sigterms: Vec<(f64, String)> = workload
+        .iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(term(&p.name)).ok()?;
+            Some((text.trim().parse::<f64>().ok()?, p.name.clone()))
+        })
+        .collect();
+    sigterms.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let record = node
+        .port()
+        .and_then(|p| get(p, "/evictions"))
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+        .map(|v| v["evictions"][0].clone());
+    let decision_ms = record.as_ref().and_then(|r| r["sigterm_latency_seconds"].as_f64()).map(|s| s * 1000.0);
+    // The record's wall-clock time, on CLOCK_MONOTONIC.
+    let decided = record.as_ref().and_then(|r| r["time"].as_str()?.parse::<jiff::Timestamp>().ok()).map(|t| {
+        #[allow(clippy::cast_precision_loss)]
+        let wall = t.as_nanosecond() as f64 / 1e9;
+        wall - wall_offset
+    });
+    if let Some(logs) = logs {
+        let _ = std::fs::create_dir_all(logs);
+        let _ = std::fs::copy(setup.dir.join("daemon.log"), logs.join(format!("{}-{}.log", agent.key(), sc.key)));
+    }
+    drop(earlyoom);
+    drop(node);
+    drop(setup);
+
+    let value = |s: &Sample| if agent == Agent::Earlyoom { s.mem_available } else { s.value };
+    let after: Vec<&Sample> = samples.iter().filter(|s| s.t >= t0).collect();
+    let crossing = after.iter().find(|s| value(s) < threshold).map(|s| s.t);
+    let latency_ms = match (crossing, sigterms.first()) {
+        (Some(c), Some((t, _))) => Some((t - c) * 1000.0),
+        _ => None,
+    };
+    let decided_ms = crossing.zip(decided).map(|(c, d)| (d - c) * 1000.0);
+    let unit = if sc.kind == Kind::Pids { 1.0 } else { MIB as f64 };
+    let min_available = after.iter().map(|s| value(s)).fold(f64::MAX, f64::min) / unit;
+    #[allow(clippy::cast_precision_loss)]
+    let cpu_percent = match (c0, c1) {
+        (Some(a), Some(b)) => Some((b - a) as f64 / 100.0 / elapsed * 100.0),
+        _ => None,
+    };
+    let stride = (after.len() / 2000).max(1);
+    let series =
+        if keep_series { after.iter().step_by(stride).map(|s| (s.t - t0, value(s) / unit)).collect() } else { vec![] };
+    let zoom = crossing.map_or_else(Vec::new, |c| {
+        samples.iter().map(|s| ((s.t - c) * 1000.0, value(s) / unit)).filter(|(ms, _)| ms.abs() <= ZOOM_MS).collect()
+    });
+    #[allow(clippy::cast_precision_loss)]
+    Ok(Outcome {
+        scenario: sc.key,
+        oom_kills,
+        sigterms: sigterms.into_iter().map(|(t, p)| (t - t0, p)).collect(),
+        latency_ms,
+        decision_ms,
+        decided_ms,
+        min_available,
+        threshold: threshold / unit,
+        guaranteed_ok,
+        cpu_percent,
+        rss_mib: rss.map(|k| k as f64 / 1024.0),
+        passes: passes0.zip(passes1).map(|(a, b)| b - a),
+        major_faults: f0.zip(f1).map(|(a, b)| b.saturating_sub(a) as f64),
+        stall_ms: s0.zip(s1).map(|(a, b)| b.saturating_sub(a) as f64 / 1000.0),
+        series,
+        zoom,
+        crossing_s: crossing.map(|c| c - t0),
+    })
+}
