@@ -59,6 +59,11 @@ impl StatusStore {
         self.pods.write().unwrap_or_else(PoisonError::into_inner).remove(uid);
     }
 
+    /// Whether the store has the pod.
+    pub fn contains(&self, uid: &str) -> bool {
+        self.pods.read().unwrap_or_else(PoisonError::into_inner).contains_key(uid)
+    }
+
     /// One pod.
     pub fn get(&self, uid: &str) -> Option<Pod> {
         self.pods.read().unwrap_or_else(PoisonError::into_inner).get(uid).cloned()

@@ -123,6 +123,8 @@ pub(crate) struct Worker<R> {
     done: Vec<oneshot::Sender<()>>,
     /// Why this worker took the pod over from one that panicked (a pod condition says so).
     incident: Option<k8s_openapi::api::core::v1::PodCondition>,
+    /// The status last put in the store: an input that changes nothing (most probe results) publishes nothing.
+    published: Option<k8s_openapi::api::core::v1::PodStatus>,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -155,6 +157,7 @@ impl<R: Runtime> Worker<R> {
             awaiting_signal: false,
             done: Vec::new(),
             incident: None,
+            published: None,
         }
     }
 
@@ -205,6 +208,7 @@ impl<R: Runtime> Worker<R> {
                         continue;
                     }
                     self.pod = pod;
+                    self.published = None;
                     Input::SpecUpdate { grace: grace_period(&self.pod) }
                 }
                 Some(done) = self.in_flight.join_next() => match done {

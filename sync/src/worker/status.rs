@@ -176,6 +176,10 @@ impl<R: Runtime> Worker<R> {
         if let Some(c) = &self.incident {
             status.conditions.get_or_insert_with(Vec::new).push(c.clone());
         }
+        if self.published.as_ref() == Some(&status) && self.shared.store.contains(&self.uid) {
+            return;
+        }
+        self.published = Some(status.clone());
         let pod = Pod { metadata: self.pod.metadata.clone(), spec: self.pod.spec.clone(), status: Some(status) };
         self.shared.store.set(&self.uid, pod);
     }
