@@ -312,9 +312,9 @@ impl<E: Evictor> EvictionManager<E> {
             self.metrics.wakeups.with_label_values(&[wake.as_str()]).inc();
             // Pressure events come in bursts (measured: with every daemon's triggers firing during a 100-pod start
             // in the VM, unthrottled passes starved pod sync): one pass per EVENT_INTERVAL answers a burst. The
-            // poll itself is never held back.
+            // poll is never held back, nor is a config change (one per edit, and an edit is in force at once).
             let earliest = last.map(|t: Instant| t + EVENT_INTERVAL);
-            if wake != Wake::Poll && earliest.is_some_and(|e| e > Instant::now()) {
+            if !matches!(wake, Wake::Poll | Wake::Config) && earliest.is_some_and(|e| e > Instant::now()) {
                 next = next.min(earliest.unwrap_or(next));
                 continue;
             }

@@ -469,3 +469,23 @@ fn the_planned_rate_is_twice_the_observed_fall_when_that_beats_the_worst_case() 
     rates.record(s, t + Duration::from_millis(600), 1100 * MIB);
     assert!((rates.planning(s) - schedule::drain_rate(s)).abs() < 1.0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_config_change_is_acted_on_at_once_not_after_the_event_interval() {
+    let r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![(pod("hog", None, json!({})), 500 * MIB, 1)],
+    );
+    r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
+    let shutdown = CancellationToken::new();
+    let (_wake_tx, wake_rx) = mpsc::channel(1);
+    tokio::spawn(r.manager.run(wake_rx, shutdown.clone()));
+    // The first pass runs at once; ample headroom then polls slowly.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(r.evictor.attempts.lock().unwrap().is_empty());
+    // An edit raises the threshold above what is available: the very next pass evicts.
+    r.settings.send_replace(Arc::new(settings(&[(Signal::MemoryAvailable, Amount::Quantity(200 * MIB), None)], &[])));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(*r.evictor.attempts.lock().unwrap(), ["hog"], "within 20 ms of the edit, not EVENT_INTERVAL");
+    shutdown.cancel();
+}

@@ -324,7 +324,7 @@ impl<R: Runtime> Worker<R> {
                 None
             }
             Action::StopAll { ids, deadline } => {
-                self.stop_all(ids, deadline);
+                self.stop_all(ids, deadline).await;
                 None
             }
             Action::KillAll { ids } => {

@@ -27,11 +27,38 @@ impl<R: Runtime> Worker<R> {
 
     /// Runs the preStop hooks, then stops each container with what is left of the grace period. Reports
     /// [`Event::Signalled`] once the stop calls have gone out; the exits arrive through the watchers.
-    pub(super) fn stop_all(&mut self, ids: Vec<String>, deadline: Instant) {
+    pub(super) async fn stop_all(&mut self, ids: Vec<String>, deadline: Instant) {
         let hooks: Vec<_> = ids.iter().map(|id| (id.clone(), self.pre_stop(id))).collect();
         let runtime = self.shared.runtime.clone();
         let events = self.events.clone();
         self.awaiting_signal = true;
+        let stop_each = {
+            let runtime = runtime.clone();
+            move |ids: Vec<String>| {
+                join_all(ids.into_iter().map(move |id| {
+                    let runtime = runtime.clone();
+                    async move {
+                        let grace = deadline.saturating_duration_since(Instant::now());
+                        if let Err(e) = runtime.stop(&id, grace).await {
+                            tracing::debug!(container_id = %id, error = %e, "cannot stop the container");
+                        }
+                    }
+                }))
+            }
+        };
+        if hooks.iter().all(|(_, hook)| hook.is_none()) {
+            // No hook to wait for (an eviction's usual case): the stop signals go out now, before the worker does
+            // anything else; the rest of each stop (the wait for the exit) goes on in the background.
+            let mut stops = Box::pin(stop_each(ids));
+            let first = std::future::poll_fn(|cx| Poll::Ready(stops.as_mut().poll(cx))).await;
+            let _ = events.send(Event::Signalled);
+            if first.is_pending() {
+                self.stopping.spawn(async move {
+                    stops.await;
+                });
+            }
+            return;
+        }
         self.stopping.spawn(async move {
             let runtime = &*runtime;
             let run_hooks =
@@ -44,13 +71,7 @@ impl<R: Runtime> Worker<R> {
                     }
                 });
             let _ = tokio::time::timeout_at(deadline, join_all(run_hooks)).await;
-            let stops = join_all(hooks.iter().map(|(id, _)| async move {
-                let grace = deadline.saturating_duration_since(Instant::now());
-                if let Err(e) = runtime.stop(id, grace).await {
-                    tracing::debug!(container_id = %id, error = %e, "cannot stop the container");
-                }
-            }));
-            let mut stops = pin!(stops);
+            let mut stops = pin!(stop_each(ids));
             // The first poll sends each stop signal; then the requesters are told, while the stops wait.
             let first = std::future::poll_fn(|cx| Poll::Ready(stops.as_mut().poll(cx))).await;
             let _ = events.send(Event::Signalled);
