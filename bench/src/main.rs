@@ -24,8 +24,7 @@ mod pods;
 mod reload;
 mod svg;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -240,12 +239,7 @@ fn place_pods(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Kills whatever runs in a cgroup tree and removes it.
-fn remove_tree(cg: &CgroupPath) {
-    if let Err(e) = CgroupFs::new("/sys/fs/cgroup", CgroupPath::root()).purge(cg) {
-        eprintln!("cannot remove {cg}: {e}");
-    }
-}
+use nodewarden_testkit::{median, metric, remove_tree, worst};
 
 /// utime + stime of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> Result<u64> {
@@ -271,13 +265,9 @@ fn rss_kib(pid: u32) -> Result<u64> {
     Ok(line.split_whitespace().nth(1).context("no VmRSS value")?.parse()?)
 }
 
+/// The body of a `GET` answered with 200.
 fn get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    raw.starts_with("HTTP/1.1 200").then(|| raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+    nodewarden_testkit::get(port, path).filter(|(status, _)| *status == 200).map(|(_, body)| body)
 }
 
 /// The daemon's `/pods` items; empty when it does not answer.
@@ -297,30 +287,11 @@ fn write(dir: &Path, file: &str, text: &str) -> Result<()> {
 }
 
 /// Polls `f` every 50 ms until it holds, for at most `secs`.
-fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+fn wait(what: &str, secs: u64, f: impl FnMut() -> bool) -> Result<()> {
+    if !nodewarden_testkit::poll(Duration::from_secs(secs), Duration::from_millis(50), f) {
+        bail!("{what} did not happen within {secs} s");
     }
     Ok(())
-}
-
-/// The median (the upper one of an even count); NaN when empty.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// The largest value; NaN when empty.
-fn worst(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NAN, f64::max)
-}
-
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
 }
 
 struct Guard(Child);
