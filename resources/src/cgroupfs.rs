@@ -261,11 +261,16 @@ impl CgroupFs {
         last
     }
 
-    /// The processes in a cgroup and every cgroup below it.
+    /// The processes in a cgroup and every cgroup below it. A child removed while the tree is read (a runtime
+    /// tearing its container down) holds none; the cgroup itself must be readable.
     pub fn subtree_procs(&self, cg: &CgroupPath) -> Result<Vec<u32>, CgroupError> {
         let mut pids = Vec::new();
         for c in self.subtree(cg)? {
-            pids.extend(self.read_procs(&c)?);
+            match self.read_procs(&c) {
+                Ok(p) => pids.extend(p),
+                Err(CgroupError::Io(e)) if e.is_not_found() && c != *cg => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(pids)
     }

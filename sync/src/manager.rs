@@ -346,7 +346,8 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 /// SIGTERM to every process of a pod nobody has any more, `cgroup.kill` after [`ORPHAN_GRACE`], then release.
 async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, root: std::path::PathBuf) {
     let lock = || resources.lock().unwrap_or_else(PoisonError::into_inner);
-    let running = || lock().procs(&uid).is_ok_and(|p| !p.is_empty());
+    // A pod whose processes cannot be listed is taken as still running: it gets its whole grace period.
+    let running = || lock().procs(&uid).map_or(true, |p| !p.is_empty());
     lock().set_terminating(&uid);
     if let Err(e) = lock().signal(&uid, Signal::TERM) {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot signal an orphaned pod's processes");
