@@ -174,6 +174,19 @@ pub struct ExitInfo {
 }
 
 impl ExitInfo {
+    /// An exit with `code` and the kubelet's reason for it, at the epoch: what the worker tests feed in.
+    #[cfg(test)]
+    pub(crate) fn for_test(code: i32) -> Self {
+        Self {
+            exit_code: code,
+            signal: None,
+            reason: exit_reason(code, false).into(),
+            message: None,
+            started_at: Timestamp::UNIX_EPOCH,
+            finished_at: Timestamp::UNIX_EPOCH,
+        }
+    }
+
     /// The kubelet's `ContainerStatusUnknown` (exit code 137) for a container whose end was not seen, with why.
     pub fn unknown(message: impl Into<String>, started_at: Timestamp) -> Self {
         Self {

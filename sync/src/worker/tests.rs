@@ -49,14 +49,7 @@ struct Fake {
 }
 
 fn exit(code: i32) -> ExitInfo {
-    ExitInfo {
-        exit_code: code,
-        signal: None,
-        reason: crate::runtime::exit_reason(code, false).into(),
-        message: None,
-        started_at: Timestamp::UNIX_EPOCH,
-        finished_at: Timestamp::UNIX_EPOCH,
-    }
+    ExitInfo::for_test(code)
 }
 
 impl Fake {

@@ -16,14 +16,7 @@ use crate::worker::lifecycle::{
 const GRACE: Duration = Duration::from_secs(30);
 
 fn exit(code: i32) -> ExitInfo {
-    ExitInfo {
-        exit_code: code,
-        signal: None,
-        reason: crate::runtime::exit_reason(code, false).into(),
-        message: None,
-        started_at: Timestamp::UNIX_EPOCH,
-        finished_at: Timestamp::UNIX_EPOCH,
-    }
+    ExitInfo::for_test(code)
 }
 
 fn slot(name: &str, role: Role, state: ContainerState) -> ContainerSlot {
