@@ -33,9 +33,8 @@ pub fn grace_period(pod: &Pod) -> Duration {
     secs.map_or(DEFAULT_GRACE_PERIOD, grace_from_seconds)
 }
 
-/// A grace period given in seconds (a pod's, or an API delete's `gracePeriodSeconds`), clamped to
-/// `0..=`[`MAX_GRACE_PERIOD`].
-pub fn grace_from_seconds(secs: i64) -> Duration {
+/// A grace period given in seconds, clamped to `0..=`[`MAX_GRACE_PERIOD`].
+fn grace_from_seconds(secs: i64) -> Duration {
     Duration::from_secs(u64::try_from(secs).unwrap_or(0)).min(MAX_GRACE_PERIOD)
 }
 

@@ -102,11 +102,9 @@ impl Drop for Daemon {
 }
 
 /// Polls `f` every 50 ms until it holds; fails the test after `secs`. Returns how long it took.
-pub fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+pub fn wait_until(secs: u64, what: &str, f: impl FnMut() -> bool) -> Duration {
     let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(secs), "{what} did not happen within {secs}s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let held = nodewarden_testkit::poll(Duration::from_secs(secs), Duration::from_millis(50), f);
+    assert!(held, "{what} did not happen within {secs}s");
     t0.elapsed()
 }

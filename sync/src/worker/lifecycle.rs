@@ -20,10 +20,7 @@ pub(crate) const MAX_GRACE: Duration = nodewarden_resources::pod::MAX_GRACE_PERI
 /// How long the pod's processes get to disappear after `cgroup.kill` before the clean-up goes ahead.
 pub(crate) const KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// The pod's own grace period (`terminationGracePeriodSeconds`), at most [`MAX_GRACE`].
-pub(crate) fn grace_period(pod: &Pod) -> Duration {
-    nodewarden_resources::pod::grace_period(pod)
-}
+pub(crate) use nodewarden_resources::pod::grace_period;
 
 /// `now + wait`, saturating at `now + MAX_GRACE`.
 pub(crate) fn after(now: Instant, wait: Duration) -> Instant {

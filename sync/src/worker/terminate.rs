@@ -1,19 +1,29 @@
 //! Ending a pod, for the executor: preStop hooks and SIGTERM within the grace period, `cgroup.kill` at its end,
 //! and the clean-up that follows (the sandbox removed, the cgroups released, the volumes unmounted and removed).
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::{Mutex, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use nodewarden_resources::{PlaceError, ResourceManager};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::lifecycle::KILL_WAIT;
 use super::{Event, Sandbox, Worker};
 use crate::runtime::{Runtime, SandboxRuntime};
 use crate::volumes;
+
+/// Polls `stops` once, which sends each container's stop signal, then tells the worker the signals went out (the
+/// requesters are told while the stops wait for the exits). Returns whether the stops still wait.
+async fn signal_stops<F: Future>(mut stops: Pin<&mut F>, events: &mpsc::UnboundedSender<Event>) -> bool {
+    let waiting = std::future::poll_fn(|cx| Poll::Ready(stops.as_mut().poll(cx).is_pending())).await;
+    let _ = events.send(Event::Signalled);
+    waiting
+}
 
 impl<R: Runtime> Worker<R> {
     /// The preStop hook of the container running as `id`, if it has an exec one.
@@ -50,9 +60,7 @@ impl<R: Runtime> Worker<R> {
             // No hook to wait for (an eviction's usual case): the stop signals go out now, before the worker does
             // anything else; the rest of each stop (the wait for the exit) goes on in the background.
             let mut stops = Box::pin(stop_each(ids));
-            let first = std::future::poll_fn(|cx| Poll::Ready(stops.as_mut().poll(cx))).await;
-            let _ = events.send(Event::Signalled);
-            if first.is_pending() {
+            if signal_stops(stops.as_mut(), &events).await {
                 self.stopping.spawn(async move {
                     stops.await;
                 });
@@ -72,10 +80,7 @@ impl<R: Runtime> Worker<R> {
                 });
             let _ = tokio::time::timeout_at(deadline, join_all(run_hooks)).await;
             let mut stops = pin!(stop_each(ids));
-            // The first poll sends each stop signal; then the requesters are told, while the stops wait.
-            let first = std::future::poll_fn(|cx| Poll::Ready(stops.as_mut().poll(cx))).await;
-            let _ = events.send(Event::Signalled);
-            if first.is_pending() {
+            if signal_stops(stops.as_mut(), &events).await {
                 stops.await;
             }
         });
