@@ -304,8 +304,7 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
         metrics,
         config: config_tx,
     });
-    let eviction_tasks = eviction.tasks();
-    tasks.spawn(eviction.run(wake_rx, shutdown.clone()));
+    let eviction = eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
     let healthz = shared.config().healthz;
@@ -328,7 +327,7 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
     shutdown.cancel();
     let pod_tasks = shared.pods.tasks();
-    for (what, tracker) in [("daemon", &tasks), ("pod sync", &pod_tasks), ("eviction", &eviction_tasks)] {
+    for (what, tracker) in [("daemon", &tasks), ("pod sync", &pod_tasks)] {
         tracker.close();
         if tokio::time::timeout(TASK_DRAIN, tracker.wait()).await.is_err() {
             tracing::warn!(
@@ -337,6 +336,13 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
                 "tasks still running {TASK_DRAIN:?} after shutdown; leaving them"
             );
         }
+    }
+    // The eviction thread waits for its own tasks, at most TASK_DRAIN.
+    let joined = tokio::task::spawn_blocking(move || eviction.join());
+    match tokio::time::timeout(TASK_DRAIN * 2, joined).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(_)) | Err(_)) => tracing::error!("the eviction thread panicked"),
+        Err(_) => tracing::warn!("the eviction thread is still running after shutdown; leaving it"),
     }
     if let Some(mut server) = server {
         // Open connections get a moment to finish; a client that holds one open does not hold up the exit.

@@ -16,8 +16,8 @@ mod threshold;
 mod wake;
 
 pub use manager::{
-    EVENT_INTERVAL, EvictionManager, EvictionSettings, Evictor, HARD_EVICTION_GRACE, PassObserver, SETTLE_POLL,
-    eviction_message, grace_period, next_poll, select,
+    EVENT_INTERVAL, Eviction, EvictionManager, EvictionSettings, Evictor, HARD_EVICTION_GRACE, PassObserver,
+    SETTLE_POLL, eviction_message, grace_period, next_poll, select,
 };
 pub use metrics::EvictionMetrics;
 pub use nodewarden_resources::Condition;

@@ -9,7 +9,6 @@
 mod schedule;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::metrics::EvictionMetrics;
 use crate::observe::{SignalObservation, signal_observations};
-use crate::pressure::{Breach, PressureState};
+use crate::pressure::{Breach, Evaluation, PressureState};
 use crate::rank::{Candidate, rank};
 use crate::signal::Signal;
 use crate::status::{EvictionRecord, EvictionStatus, Ranked};
@@ -71,14 +70,19 @@ pub trait Evictor: Send + Sync + 'static {
     fn disk_usage(&self, uid: &str) -> u64;
 
     /// Evicts a pod with the given grace period; the pod ends `Failed` with reason `Evicted` and the message.
-    /// Resolves once SIGTERM has been sent to its containers, with a receiver that resolves once the pod has
-    /// terminated.
-    fn evict(
-        &self,
-        uid: &str,
-        grace: Duration,
-        message: String,
-    ) -> impl Future<Output = Result<oneshot::Receiver<()>, String>> + Send;
+    /// Hands the eviction over and returns at once, without blocking: the loop calls it as soon as it has chosen
+    /// the victim.
+    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String>;
+}
+
+/// An eviction handed over to the pod's owner.
+#[derive(Debug)]
+pub struct Eviction {
+    /// Resolves once SIGTERM has gone to the pod's containers, with when it went; dropped unsent when there was
+    /// nothing to signal.
+    pub signalled: oneshot::Receiver<Instant>,
+    /// Resolves (or is dropped) once the pod has terminated.
+    pub terminated: oneshot::Receiver<()>,
 }
 
 /// Told about each observation, for the daemon's gauges.
@@ -151,7 +155,18 @@ pub struct EvictionManager<E: Evictor> {
     /// `/proc/meminfo`, kept open, and the host paths, for polls that read on the loop's thread; `None` when it
     /// cannot be opened.
     inline: Option<(MeminfoReader, HostPaths)>,
+    /// The candidates for memory and PID evictions, read ahead while a signal nears its threshold, and when.
+    ahead: Option<(Instant, Vec<Candidate>)>,
 }
+
+/// A memory or PID signal that could cross a threshold this soon (at the rate the schedule plans with) has the
+/// candidates read ahead, at most once per this period, so the pass that sees the crossing chooses its victim
+/// without reading every pod's usage first.
+const READ_AHEAD: Duration = Duration::from_millis(100);
+
+/// The oldest read-ahead a decision uses; past it, the candidates are read when the crossing is seen. The
+/// kubelet ranks on usage that is seconds old.
+const READ_AHEAD_AGE: Duration = Duration::from_millis(200);
 
 /// The victims for a breach: the first ranked pod, then more in rank order until what they give back covers
 /// `needed`. A pod that would give back nothing is passed over once a victim is chosen.
@@ -175,6 +190,11 @@ pub fn select(signal: Signal, ranked: &[Candidate], needed: u64) -> Vec<Candidat
 /// `evictionMaxPodGracePeriod`.
 pub fn grace_period(hard: bool, pod_grace: Duration, max_pod_grace: Duration) -> Duration {
     if hard { HARD_EVICTION_GRACE } else { pod_grace.min(max_pod_grace) }
+}
+
+/// `d` in whole microseconds, for the debug log.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn resource_name(signal: Signal) -> &'static str {
@@ -209,7 +229,7 @@ pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
 }
 
 /// The pods that may be evicted for `signal`, with their usage, from the ledger; pods in `skip` (already being
-/// evicted, or backing off after a failed eviction) are left out. Reads files, so it runs off the async threads.
+/// evicted, or backing off after a failed eviction) are left out. Reads files, on the loop's own thread.
 fn candidates<E: Evictor>(
     resources: &Mutex<ResourceManager>,
     evictor: &E,
@@ -268,6 +288,7 @@ impl<E: Evictor> EvictionManager<E> {
             due: BTreeMap::new(),
             rates: Rates::default(),
             inline: None,
+            ahead: None,
         }
     }
 
@@ -282,7 +303,34 @@ impl<E: Evictor> EvictionManager<E> {
         self.tasks.clone()
     }
 
-    /// Runs until `shutdown` is cancelled, then closes its task tracker. `wakeups` carries pressure events.
+    /// Runs the loop on a thread of its own, named `eviction`, with a single-threaded runtime, and returns once it
+    /// is running. Nothing else runs on that thread, so the loop's blocking reads (the kernel's files, the
+    /// resources lock) hold up no other task, and no hand-off to another thread stands between the pass that
+    /// sees a crossing and the victim's SIGTERM. The thread ends once `shutdown` is cancelled and the eviction
+    /// tasks have ended, or `drain` after that.
+    pub fn spawn(
+        self,
+        wakeups: mpsc::Receiver<Wake>,
+        shutdown: CancellationToken,
+        drain: Duration,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("eviction".into()).spawn(move || {
+            let tasks = self.tasks();
+            runtime.block_on(async move {
+                self.run(wakeups, shutdown).await;
+                if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+                    tracing::warn!(
+                        left = tasks.len(),
+                        "eviction tasks still running {drain:?} after shutdown; leaving them"
+                    );
+                }
+            });
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled, then closes its task tracker. `wakeups` carries pressure events. Its
+    /// reads block the thread it runs on: the daemon gives it a thread of its own ([`EvictionManager::spawn`]).
     pub async fn run(mut self, mut wakeups: mpsc::Receiver<Wake>, shutdown: CancellationToken) {
         let mut next = Instant::now();
         let mut last = None::<Instant>;
@@ -376,32 +424,22 @@ impl<E: Evictor> EvictionManager<E> {
         Ok(signals)
     }
 
-    /// Reads every signal (and, when `full`, the PSI averages for the observer) off the async threads: the lock
-    /// may be held by a pod being placed, and the reads are file I/O.
-    async fn read_all(
-        &self,
-        full: bool,
-        in_force: Arc<EvictionSettings>,
-    ) -> Result<BTreeMap<Signal, SignalObservation>, String> {
-        let (resources, observer) = (self.resources.clone(), self.observer.clone());
-        tokio::task::spawn_blocking(move || {
-            let start = Instant::now();
-            let m = resources.lock().unwrap_or_else(PoisonError::into_inner);
-            let obs = if full { m.observe() } else { m.observe_signals() };
-            let read = obs.map(|obs| {
-                let signals = signal_observations(&obs, m.allocatable());
-                if let (true, Some(o)) = (full, &observer) {
-                    o.observed(&m, &obs, &signals, &in_force.thresholds, start.elapsed());
-                }
-                signals
-            });
-            if let (Err(e), Some(o)) = (&read, &observer) {
-                o.failed(e);
+    /// Reads every signal (and, when `full`, the PSI averages for the observer), on the loop's own thread.
+    fn read_all(&self, full: bool, in_force: &EvictionSettings) -> Result<BTreeMap<Signal, SignalObservation>, String> {
+        let start = Instant::now();
+        let m = self.resources.lock().unwrap_or_else(PoisonError::into_inner);
+        let obs = if full { m.observe() } else { m.observe_signals() };
+        let read = obs.map(|obs| {
+            let signals = signal_observations(&obs, m.allocatable());
+            if let (true, Some(o)) = (full, &self.observer) {
+                o.observed(&m, &obs, &signals, &in_force.thresholds, start.elapsed());
             }
-            read.map_err(|e| e.to_string())
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("the observation task failed: {e}")))
+            signals
+        });
+        if let (Err(e), Some(o)) = (&read, &self.observer) {
+            o.failed(e);
+        }
+        read.map_err(|e| e.to_string())
     }
 
     /// One pass for a wake-up; returns the time until the next poll. A poll reads only the signals due, on this
@@ -428,7 +466,7 @@ impl<E: Evictor> EvictionManager<E> {
                 if full {
                     self.last_full = Some(now);
                 }
-                match self.read_all(full, settings.clone()).await {
+                match self.read_all(full, &settings) {
                     Ok(s) => self.signals = s,
                     Err(e) => {
                         tracing::warn!(error = %e, "eviction pass cannot observe the node");
@@ -453,10 +491,11 @@ impl<E: Evictor> EvictionManager<E> {
         for breach in &evaluation.act {
             self.act(breach, observed_at, &settings).await;
         }
-        self.set_pressure(evaluation.pressure).await;
+        self.set_pressure(evaluation.pressure);
         // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
         let settled: Vec<Signal> = evaluation.act.iter().map(|b| b.threshold.signal).collect();
         let periods = signal_periods(&settings, &self.signals, &evaluation, &settled, |s| self.rates.planning(s));
+        self.read_ahead(&periods, &evaluation);
         self.due.retain(|s, _| periods.contains_key(s));
         for (s, p) in &periods {
             if read.contains(s) || !self.due.contains_key(s) {
@@ -472,12 +511,31 @@ impl<E: Evictor> EvictionManager<E> {
             full,
             memory_available = self.signals.get(&Signal::MemoryAvailable).map(|s| s.available),
             acted = evaluation.act.len(),
-            took_us = u64::try_from(now.elapsed().as_micros()).unwrap_or(u64::MAX),
-            period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX),
+            took_us = micros(now.elapsed()),
+            period_us = micros(period),
             "eviction pass"
         );
         self.status.pass_done(Instant::now(), evaluation);
         period
+    }
+
+    /// Reads the memory and PID candidates ahead when such a signal, not yet met, could cross within
+    /// [`READ_AHEAD`]; forgets them when none could.
+    fn read_ahead(&mut self, periods: &BTreeMap<Signal, Duration>, evaluation: &Evaluation) {
+        let near = periods.iter().any(|(s, p)| {
+            s.condition() != Condition::DiskPressure
+                && *p <= READ_AHEAD
+                && !evaluation.met.iter().any(|b| b.threshold.signal == *s)
+        });
+        if !near {
+            self.ahead = None;
+            return;
+        }
+        let now = Instant::now();
+        if self.ahead.as_ref().is_none_or(|(t, _)| now.saturating_duration_since(*t) >= READ_AHEAD) {
+            let found = candidates(&self.resources, self.evictor.as_ref(), Signal::MemoryAvailable, &HashSet::new());
+            self.ahead = Some((now, found));
+        }
     }
 
     /// News from an eviction task: a victim that has terminated no longer counts as pending; one that could not be
@@ -499,18 +557,14 @@ impl<E: Evictor> EvictionManager<E> {
         }
     }
 
-    async fn set_pressure(&mut self, p: NodePressure) {
+    fn set_pressure(&mut self, p: NodePressure) {
         if p == self.pressure {
             return;
         }
         let (old, new) = (self.pressure.names(), p.names());
         tracing::info!(from = ?old, to = ?new, "node conditions changed");
         self.pressure = p;
-        let resources = self.resources.clone();
-        let set = move || resources.lock().unwrap_or_else(PoisonError::into_inner).set_pressure(p);
-        if let Err(e) = tokio::task::spawn_blocking(set).await {
-            tracing::error!(error = %e, "cannot pass the node conditions to admission");
-        }
+        self.resources.lock().unwrap_or_else(PoisonError::into_inner).set_pressure(p);
         for c in Condition::ALL {
             self.metrics.conditions.with_label_values(&[c.as_str()]).set(i64::from(p.contains(c)));
         }
@@ -525,16 +579,21 @@ impl<E: Evictor> EvictionManager<E> {
         if any_pending && needed == 0 {
             return;
         }
-        let (resources, evictor) = (self.resources.clone(), self.evictor.clone());
         let now = Instant::now();
         // A failure is remembered (so the next back-off is longer) until it has been over for the longest back-off.
         self.failed.retain(|_, f| f.until + MAX_VICTIM_BACKOFF > now);
         let backing_off = self.failed.iter().filter(|(_, f)| f.until > now).map(|(uid, _)| uid);
         let skip: HashSet<String> = self.in_flight.keys().chain(backing_off).cloned().collect();
-        let found = tokio::task::spawn_blocking(move || candidates(&resources, evictor.as_ref(), signal, &skip))
-            .await
-            .unwrap_or_default();
+        let found = match &self.ahead {
+            Some((at, found))
+                if condition != Condition::DiskPressure && now.saturating_duration_since(*at) <= READ_AHEAD_AGE =>
+            {
+                found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect()
+            }
+            _ => candidates(&self.resources, self.evictor.as_ref(), signal, &skip),
+        };
         let ranked = rank(signal, &found);
+        tracing::debug!(%signal, candidates = ranked.len(), took_us = micros(now.elapsed()), "candidates ranked");
         if ranked.is_empty() {
             if !self.warned_no_candidates && !any_pending {
                 tracing::warn!(%signal, observed = breach.observed, threshold = breach.value, "threshold crossed, but no pod can be evicted");
@@ -554,6 +613,8 @@ impl<E: Evictor> EvictionManager<E> {
         for victim in select(signal, &ranked, needed) {
             let grace = grace_period(breach.hard, victim.grace, settings.max_pod_grace_period);
             let message = eviction_message(breach, &victim);
+            // Handed over before anything else: the log line, the record and the metrics come after.
+            let requested = self.evictor.evict(&victim.uid, grace, message.clone());
             let reclaims = victim.reclaims(signal);
             tracing::warn!(
                 pod = %victim.name,
@@ -581,7 +642,7 @@ impl<E: Evictor> EvictionManager<E> {
                 target: breach.target,
                 reclaims,
                 grace_period_seconds: grace.as_secs(),
-                message: message.clone(),
+                message,
                 candidates: explained.clone(),
                 sigterm_latency_seconds: None,
                 error: None,
@@ -591,7 +652,6 @@ impl<E: Evictor> EvictionManager<E> {
                 victim.uid.clone(),
                 InFlight { condition, reclaims, until: Instant::now() + grace + Duration::from_secs(60) },
             );
-            let evictor = self.evictor.clone();
             let status = self.status.clone();
             let latency = self.metrics.latency.with_label_values(&[signal.as_str()]);
             let done = self.done.0.clone();
@@ -599,15 +659,18 @@ impl<E: Evictor> EvictionManager<E> {
             // A shutdown abandons the wait; the pod's worker carries on with the termination until it stops too.
             self.tasks.spawn(async move {
                 stop.run_until_cancelled(async move {
-                    let signalled =
-                        tokio::time::timeout(grace + SIGTERM_SLACK, evictor.evict(&victim.uid, grace, message));
-                    let result = match signalled.await {
-                        Ok(r) => r,
-                        Err(_) => Err(format!("SIGTERM was not sent within {}s", (grace + SIGTERM_SLACK).as_secs())),
+                    let result = match requested {
+                        Ok(eviction) => match tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled).await {
+                            Ok(at) => Ok((at.unwrap_or_else(|_| Instant::now()), eviction.terminated)),
+                            Err(_) => {
+                                Err(format!("SIGTERM was not sent within {}s", (grace + SIGTERM_SLACK).as_secs()))
+                            }
+                        },
+                        Err(e) => Err(e),
                     };
                     let outcome = match result {
-                        Ok(terminated) => {
-                            let l = observed_at.elapsed().as_secs_f64();
+                        Ok((signalled_at, terminated)) => {
+                            let l = signalled_at.saturating_duration_since(observed_at).as_secs_f64();
                             latency.observe(l);
                             status.update(id, |r| r.sigterm_latency_seconds = Some(l));
                             let _ = done.send((victim.uid.clone(), Outcome::Signalled));

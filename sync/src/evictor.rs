@@ -6,8 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use nodewarden_eviction::Evictor;
-use tokio::sync::oneshot;
+use nodewarden_eviction::{Eviction, Evictor};
 
 use crate::manager::PodManager;
 use crate::runtime::Runtime;
@@ -48,8 +47,8 @@ impl<R: Runtime> Evictor for PodManager<R> {
         du(&volumes).saturating_add(logs)
     }
 
-    async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<oneshot::Receiver<()>, String> {
-        PodManager::evict(self, uid, grace, message).await.map_err(|e| e.to_string())
+    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String> {
+        PodManager::evict(self, uid, grace, message).map_err(|e| e.to_string())
     }
 }
 

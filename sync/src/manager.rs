@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
+use nodewarden_eviction::Eviction;
 use nodewarden_resources::ResourceManager;
 use rustix::process::Signal;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -276,16 +277,11 @@ impl<R: Runtime> PodManager<R> {
 
     /// Terminates a pod with a grace period and marks it `Failed`, reason `Evicted`, with `message`: SIGTERM to
     /// its containers (after their preStop hooks), then `cgroup.kill` on the pod cgroup once the grace period is
-    /// over. Resolves once SIGTERM has been sent, with a receiver that resolves when the pod's processes are gone.
-    /// A static pod stays evicted until its manifest changes.
-    pub async fn evict(
-        &self,
-        uid: &str,
-        grace: Duration,
-        message: String,
-    ) -> Result<oneshot::Receiver<()>, TerminateError> {
-        let (done_tx, done_rx) = oneshot::channel();
-        let (signalled_tx, signalled_rx) = oneshot::channel();
+    /// over. Returns at once, with a receiver that resolves once SIGTERM has been sent and one that resolves when the
+    /// pod's processes are gone. A static pod stays evicted until its manifest changes.
+    pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
+        let (done_tx, terminated) = oneshot::channel();
+        let (signalled_tx, signalled) = oneshot::channel();
         let req = TerminateRequest {
             grace: Some(grace),
             reason: Reason::Evicted(message),
@@ -298,9 +294,7 @@ impl<R: Runtime> PodManager<R> {
             .terminations
             .send(req)
             .map_err(|_| TerminateError::WorkerGone(uid.into()))?;
-        // A worker that had nothing running drops the sender without a word.
-        let _ = signalled_rx.await;
-        Ok(done_rx)
+        Ok(Eviction { signalled, terminated })
     }
 
     /// `Ok` while the runtime answers.

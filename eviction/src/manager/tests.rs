@@ -24,6 +24,8 @@ struct FakeEvictor {
     attempts: StdMutex<Vec<String>>,
     evicted: StdMutex<Vec<(String, Duration, String)>>,
     terminations: StdMutex<Vec<oneshot::Sender<()>>>,
+    /// The SIGTERM and termination confirmations of hanging pods, held unsent.
+    unsent: StdMutex<Vec<(oneshot::Sender<Instant>, oneshot::Sender<()>)>>,
 }
 
 impl Evictor for FakeEvictor {
@@ -31,19 +33,22 @@ impl Evictor for FakeEvictor {
         if uid.starts_with("writer") { 50 * MIB } else { MIB }
     }
 
-    async fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<oneshot::Receiver<()>, String> {
+    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String> {
         self.attempts.lock().unwrap().push(uid.into());
         if self.refuse.lock().unwrap().contains(uid) {
             return Err(format!("pod {uid} is not known"));
         }
+        let (signal_tx, signalled) = oneshot::channel();
+        let (tx, terminated) = oneshot::channel();
         if self.hang.lock().unwrap().contains(uid) {
-            std::future::pending::<()>().await;
+            self.unsent.lock().unwrap().push((signal_tx, tx));
+        } else {
+            self.terminations.lock().unwrap().push(tx);
+            self.resources.get().unwrap().lock().unwrap().set_terminating(uid);
+            self.evicted.lock().unwrap().push((uid.into(), grace, message));
+            let _ = signal_tx.send(Instant::now());
         }
-        self.resources.get().unwrap().lock().unwrap().set_terminating(uid);
-        self.evicted.lock().unwrap().push((uid.into(), grace, message));
-        let (tx, rx) = oneshot::channel();
-        self.terminations.lock().unwrap().push(tx);
-        Ok(rx)
+        Ok(Eviction { signalled, terminated })
     }
 }
 
@@ -186,6 +191,39 @@ async fn a_victim_that_cannot_be_evicted_is_skipped_with_a_back_off() {
     assert_eq!(r.evictor.attempts.lock().unwrap().last().map(String::as_str), Some("broken"));
     // A second failure backs off for twice as long.
     assert_eq!(r.manager.failed["broken"].backoff, VICTIM_BACKOFF * 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh() {
+    let mut r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![(pod("early", None, json!({})), 500 * MIB, 1), (pod("late", None, json!({})), 100 * MIB, 1)],
+    );
+    let late = r.resources.lock().unwrap().placement("late").unwrap().cgroup.clone();
+    // Far from the threshold nothing is read ahead.
+    r.host.set_memory(1 << 30, 600 * MIB, 600 * MIB);
+    r.manager.pass().await;
+    assert!(r.manager.ahead.is_none());
+    // 50 MiB above it, the candidates are read ahead; "late" then outgrows "early".
+    r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
+    r.manager.pass().await;
+    assert!(r.manager.ahead.is_some());
+    r.host.set_usage(&late, 900 * MIB, 1);
+    tokio::time::advance(Duration::from_millis(50)).await;
+    r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["early"], "chosen from the usage read 50 ms before");
+    // A read-ahead older than READ_AHEAD_AGE is not used: the next victim is chosen on fresh usage.
+    r.deliver();
+    r.evictor.terminations.lock().unwrap().drain(..).for_each(|t| t.send(()).unwrap());
+    settle().await;
+    r.deliver();
+    r.resources.lock().unwrap().release("early").unwrap();
+    r.manager.ahead = Some((Instant::now() - READ_AHEAD_AGE * 2, Vec::new()));
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["early", "late"]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -134,7 +134,10 @@ impl ProcessRuntime {
         }
         let fd = entry.pidfd.as_ref().ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
         match pidfd_send_signal(fd, signal) {
-            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(entry.exit.clone()),
+            Ok(()) | Err(rustix::io::Errno::SRCH) => {
+                tracing::debug!(container_id = %id, ?signal, "signal sent");
+                Ok(entry.exit.clone())
+            }
             Err(e) => Err(RuntimeError::Other(format!("cannot signal container {id}: {e}"))),
         }
     }

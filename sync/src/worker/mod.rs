@@ -66,8 +66,8 @@ pub(crate) struct TerminateRequest {
     pub grace: Option<Duration>,
     /// Why.
     pub reason: Reason,
-    /// Told once SIGTERM has gone to every running container (dropped when nothing ran).
-    pub signalled: Option<oneshot::Sender<()>>,
+    /// Told when SIGTERM went to every running container, once it has (dropped when nothing ran).
+    pub signalled: Option<oneshot::Sender<Instant>>,
     /// Told once the pod has terminated.
     pub done: Option<oneshot::Sender<()>>,
 }
@@ -78,8 +78,8 @@ pub(crate) enum Event {
     Exited { id: String, info: ExitInfo },
     /// One probe result: its output on success, why on failure.
     Probe { id: String, kind: ProbeKind, result: Result<String, String> },
-    /// The termination's stop signals went out.
-    Signalled,
+    /// The termination's stop signals went out, at this time.
+    Signalled(Instant),
 }
 
 /// The pod's sandbox, as far as the worker knows.
@@ -118,8 +118,10 @@ pub(crate) struct Worker<R> {
     /// When the worker was made, until the pod-start metric has counted it.
     created: Option<Instant>,
     /// Termination requesters to tell once SIGTERM is out, and those to tell once the pod is over.
-    signalled: Vec<oneshot::Sender<()>>,
+    signalled: Vec<oneshot::Sender<Instant>>,
     awaiting_signal: bool,
+    /// When the termination's stop signals went out.
+    signalled_at: Option<Instant>,
     done: Vec<oneshot::Sender<()>>,
     /// Why this worker took the pod over from one that panicked (a pod condition says so).
     incident: Option<k8s_openapi::api::core::v1::PodCondition>,
@@ -154,6 +156,7 @@ impl<R: Runtime> Worker<R> {
             permit: None,
             created: Some(Instant::now()),
             signalled: Vec::new(),
+            signalled_at: None,
             awaiting_signal: false,
             done: Vec::new(),
             incident: None,
@@ -219,8 +222,9 @@ impl<R: Runtime> Worker<R> {
                 Some(ev) = events.recv() => match ev {
                     Event::Exited { id, info } => Input::ContainerExited { id, info },
                     Event::Probe { id, kind, result } => self.probe_input(id, kind, result),
-                    Event::Signalled => {
+                    Event::Signalled(at) => {
                         self.awaiting_signal = false;
+                        self.signalled_at = Some(at);
                         self.after_input();
                         continue;
                     }
@@ -249,8 +253,9 @@ impl<R: Runtime> Worker<R> {
     /// Publishes the status and tells the termination requesters what they wait for.
     fn after_input(&mut self) {
         if !self.awaiting_signal {
+            let at = self.signalled_at.unwrap_or_else(Instant::now);
             for s in self.signalled.drain(..) {
-                let _ = s.send(());
+                let _ = s.send(at);
             }
         }
         if matches!(self.lifecycle.state, PodState::Finished(_) | PodState::Removed) {

@@ -21,7 +21,7 @@ use crate::volumes;
 /// requesters are told while the stops wait for the exits). Returns whether the stops still wait.
 async fn signal_stops<F: Future>(mut stops: Pin<&mut F>, events: &mpsc::UnboundedSender<Event>) -> bool {
     let waiting = std::future::poll_fn(|cx| Poll::Ready(stops.as_mut().poll(cx).is_pending())).await;
-    let _ = events.send(Event::Signalled);
+    let _ = events.send(Event::Signalled(Instant::now()));
     waiting
 }
 

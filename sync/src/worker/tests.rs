@@ -351,10 +351,11 @@ async fn eviction_leaves_a_failed_evicted_pod() {
     h.set(vec![pod("u6", json!({"containers": [app("hog")]}))]).await;
     h.until("u6", "runs", |v| phase(v) == "Running").await;
     let msg = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi.";
-    let done = h.manager.evict("u6", Duration::from_secs(1), msg.into()).await.unwrap();
-    // It resolves once SIGTERM is sent, before the pod is gone.
+    let eviction = h.manager.evict("u6", Duration::from_secs(1), msg.into()).unwrap();
+    // The first receiver resolves once SIGTERM is sent, before the pod is gone.
+    eviction.signalled.await.unwrap();
     assert_eq!(h.fake.signals.lock().unwrap().last().map(|s| s.1), Some(SIGTERM));
-    done.await.unwrap();
+    eviction.terminated.await.unwrap();
     let v = h.until("u6", "is evicted", |v| phase(v) == "Failed").await;
     assert_eq!(v["status"]["reason"], "Evicted");
     assert_eq!(v["status"]["message"], msg);
@@ -365,7 +366,7 @@ async fn eviction_leaves_a_failed_evicted_pod() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(h.fake.starts("hog").len(), 1);
     assert_eq!(
-        h.manager.evict("nope", Duration::ZERO, String::new()).await.err(),
+        h.manager.evict("nope", Duration::ZERO, String::new()).err(),
         Some(crate::TerminateError::UnknownPod("nope".into()))
     );
 }
@@ -451,7 +452,7 @@ async fn termination_does_not_wait_for_an_image_pull() {
     h.set(vec![pod("u10", json!({"terminationGracePeriodSeconds": 600, "containers": [app("a"), slow]}))]).await;
     h.until("u10", "runs a", |v| container(v, "a")["state"]["running"].is_object()).await;
     // An eviction in the middle of the pull: the pull is dropped, the running container stopped.
-    let done = h.manager.evict("u10", Duration::from_secs(1), "evicted".into()).await.unwrap();
+    let done = h.manager.evict("u10", Duration::from_secs(1), "evicted".into()).unwrap().terminated;
     tokio::time::timeout(Duration::from_secs(10), done).await.expect("evicted within the grace period").unwrap();
     let v = h.until("u10", "is evicted", |v| phase(v) == "Failed").await;
     assert_eq!(container(&v, "a")["state"]["terminated"]["exitCode"], 128 + SIGTERM);
@@ -484,7 +485,7 @@ async fn a_later_termination_only_shortens_the_grace_period() {
     // Deleted with 300 s, then evicted with 2 s: the 2 s win.
     h.set(vec![]).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let done = h.manager.evict("u12", Duration::from_secs(2), "evicted".into()).await.unwrap();
+    let done = h.manager.evict("u12", Duration::from_secs(2), "evicted".into()).unwrap().terminated;
     done.await.unwrap();
     let took = t0.elapsed();
     assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(3), "took {took:?}");
