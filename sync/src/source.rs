@@ -63,6 +63,9 @@ struct FileKey {
     mtime_nsec: i64,
 }
 
+/// How soon a scan that met a transient error (an unreadable directory, entry or file) is retried.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// The static pod directory (`staticPodPath`), watched with inotify and rescanned every `fileCheckFrequency`.
 #[derive(Debug)]
 pub struct StaticPodSource {
@@ -70,62 +73,111 @@ pub struct StaticPodSource {
     node_name: String,
     resync: Duration,
     cache: HashMap<PathBuf, (FileKey, Result<Pod, ManifestError>)>,
+    /// The last scan met a transient error: the next one comes after [`RETRY_AFTER`].
+    retry: bool,
+}
+
+/// The identity of a file in the directory: `Ok(None)` when it is not a regular file or vanished meanwhile.
+fn file_key(path: &Path) -> std::io::Result<Option<FileKey>> {
+    use std::os::unix::fs::MetadataExt;
+    // Follow symlinks, as a file read would.
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {
+            Ok(Some(FileKey { ino: meta.ino(), len: meta.len(), mtime: meta.mtime(), mtime_nsec: meta.mtime_nsec() }))
+        }
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 impl StaticPodSource {
     /// A source for `dir` on node `node_name`, rescanned every `resync` besides the inotify events.
     pub fn new(dir: impl Into<PathBuf>, node_name: impl Into<String>, resync: Duration) -> Self {
-        Self { dir: dir.into(), node_name: node_name.into(), resync, cache: HashMap::new() }
+        Self { dir: dir.into(), node_name: node_name.into(), resync, cache: HashMap::new(), retry: false }
+    }
+
+    /// The directory's files with their keys; `None` when it cannot be listed (a missing directory has no files).
+    /// A file whose metadata cannot be read keeps the key it was last parsed with, so it keeps its pod.
+    fn list(&mut self) -> Option<Vec<(PathBuf, FileKey)>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(Vec::new()),
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot list the static pod directory; keeping its pods and retrying");
+                return None;
+            }
+        };
+        let mut files = Vec::new();
+        for e in entries {
+            let e = match e {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "cannot list the static pod directory; keeping its pods and retrying");
+                    return None;
+                }
+            };
+            if is_ignored_file(&e.file_name().to_string_lossy()) {
+                continue;
+            }
+            let path = e.path();
+            match file_key(&path) {
+                Ok(Some(key)) => files.push((path, key)),
+                Ok(None) => {}
+                Err(err) => {
+                    self.retry = true;
+                    tracing::warn!(manifest = %path.display(), error = %err, "cannot stat a static pod manifest; keeping its pod and retrying");
+                    if let Some((key, _)) = self.cache.get(&path) {
+                        files.push((path, *key));
+                    }
+                }
+            }
+        }
+        files.sort();
+        Some(files)
+    }
+
+    /// Parses a manifest, or takes it from the cache when unchanged. A file that cannot be read is not cached
+    /// (it is read again on the next scan) and keeps the pod it last gave, if any.
+    fn parse(&mut self, path: &Path, key: FileKey) -> Result<Pod, ManifestError> {
+        if let Some((k, parsed)) = self.cache.get(path)
+            && *k == key
+        {
+            return parsed.clone();
+        }
+        let parsed = read_manifest(path).and_then(|b| parse_static_pod(&b, path, &self.node_name));
+        match &parsed {
+            Err(e @ ManifestError::Read(_)) => {
+                self.retry = true;
+                tracing::warn!(manifest = %path.display(), error = %e, "cannot read a static pod manifest; retrying");
+                if let Some((_, Ok(pod))) = self.cache.get(path) {
+                    return Ok(pod.clone());
+                }
+                return parsed;
+            }
+            Err(e) => tracing::warn!(manifest = %path.display(), error = %e, "invalid static pod manifest"),
+            Ok(_) => {}
+        }
+        self.cache.insert(path.to_path_buf(), (key, parsed.clone()));
+        parsed
     }
 
     /// Reads the directory: each manifest file parsed (or taken from the cache when unchanged), pods with the
-    /// same namespace and name in two files refused after the first.
-    pub fn scan(&mut self) -> SourceSnapshot {
-        let mut files: Vec<(PathBuf, FileKey)> = Vec::new();
-        match std::fs::read_dir(&self.dir) {
-            Ok(entries) => {
-                for e in entries.flatten() {
-                    let name = e.file_name();
-                    if is_ignored_file(&name.to_string_lossy()) {
-                        continue;
-                    }
-                    use std::os::unix::fs::MetadataExt;
-                    // Follow symlinks, as a file read would.
-                    let Ok(meta) = std::fs::metadata(e.path()) else { continue };
-                    if !meta.is_file() {
-                        continue;
-                    }
-                    let key = FileKey {
-                        ino: meta.ino(),
-                        len: meta.len(),
-                        mtime: meta.mtime(),
-                        mtime_nsec: meta.mtime_nsec(),
-                    };
-                    files.push((e.path(), key));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the static pod directory"),
-        }
-        files.sort();
+    /// same namespace and name in two files refused after the first. `None` when the directory cannot be
+    /// listed: an unreadable directory never means "no pods", so the caller keeps what it had.
+    pub fn scan(&mut self) -> Option<SourceSnapshot> {
+        self.retry = false;
+        let Some(files) = self.list() else {
+            self.retry = true;
+            return None;
+        };
         let present: HashSet<&PathBuf> = files.iter().map(|(f, _)| f).collect();
         self.cache.retain(|p, _| present.contains(p));
         let mut pods = Vec::new();
         let mut invalid = Vec::new();
         let mut names: BTreeMap<(String, String), PathBuf> = BTreeMap::new();
         for (path, key) in files {
-            let parsed = match self.cache.get(&path) {
-                Some((k, parsed)) if *k == key => parsed.clone(),
-                _ => {
-                    let parsed = read_manifest(&path).and_then(|b| parse_static_pod(&b, &path, &self.node_name));
-                    if let Err(e) = &parsed {
-                        tracing::warn!(manifest = %path.display(), error = %e, "invalid static pod manifest");
-                    }
-                    self.cache.insert(path.clone(), (key, parsed.clone()));
-                    parsed
-                }
-            };
-            match parsed {
+            match self.parse(&path, key) {
                 Ok(pod) => {
                     let full = (
                         pod.metadata.namespace.clone().unwrap_or_default(),
@@ -145,7 +197,7 @@ impl StaticPodSource {
                 Err(error) => invalid.push(InvalidManifest { path, error }),
             }
         }
-        SourceSnapshot { source: "file", pods, invalid }
+        Some(SourceSnapshot { source: "file", pods, invalid })
     }
 
     fn watch(&self) -> Option<inotify::EventStream<Vec<u8>>> {
@@ -201,14 +253,16 @@ impl PodSource for StaticPodSource {
                     break;
                 }
             }
-            let snapshot = self.scan();
-            if last.as_ref() != Some(&snapshot) {
+            // A scan that could not list the directory sends nothing: the pods stay as they were.
+            if let Some(snapshot) = self.scan()
+                && last.as_ref() != Some(&snapshot)
+            {
                 if tx.send(snapshot.clone()).await.is_err() {
                     return;
                 }
                 last = Some(snapshot);
             }
-            let resync = tokio::time::sleep(self.resync);
+            let resync = tokio::time::sleep(if self.retry { RETRY_AFTER.min(self.resync) } else { self.resync });
             tokio::pin!(resync);
             loop {
                 tokio::select! {
@@ -277,18 +331,68 @@ mod tests {
         std::fs::write(dir.path().join(".a.yaml.swp"), "garbage").unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         let mut src = StaticPodSource::new(dir.path(), "n", Duration::from_secs(20));
-        let s = src.scan();
+        let s = src.scan().unwrap();
         assert_eq!(s.pods.len(), 1);
         assert_eq!(s.pods[0].metadata.name.as_deref(), Some("a-n"));
         assert_eq!(s.invalid.len(), 2);
         assert!(s.invalid[0].error.to_string().contains("not a Pod"));
         assert!(s.invalid[1].error.to_string().contains("already defined in"), "{}", s.invalid[1].error);
         // Unchanged files give the same snapshot; removing one drops it.
-        assert_eq!(src.scan(), s);
+        assert_eq!(src.scan(), Some(s));
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
-        let s = src.scan();
+        let s = src.scan().unwrap();
         assert_eq!(s.pods.len(), 1, "c.yaml's pod is no longer a duplicate");
         assert_eq!(s.invalid.len(), 1);
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_listed_keeps_its_pods() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("manifests");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("a.yaml"), POD.replace("NAME", "a")).unwrap();
+        let mut src = StaticPodSource::new(&dir, "n", Duration::from_secs(20));
+        assert_eq!(src.scan().unwrap().pods.len(), 1);
+        // ENOTDIR stands for EMFILE, EIO or EACCES (root reads through permissions): no snapshot, a retry soon.
+        std::fs::rename(&dir, top.path().join("moved")).unwrap();
+        std::fs::write(&dir, "not a directory").unwrap();
+        assert_eq!(src.scan(), None);
+        assert!(src.retry);
+        // A missing directory is no error: it has no manifests.
+        std::fs::remove_file(&dir).unwrap();
+        assert_eq!(src.scan().unwrap().pods.len(), 0);
+        assert!(!src.retry);
+    }
+
+    #[test]
+    fn a_manifest_that_cannot_be_read_keeps_its_pod_and_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.yaml");
+        std::fs::write(&a, POD.replace("NAME", "a")).unwrap();
+        let mut src = StaticPodSource::new(dir.path(), "n", Duration::from_secs(20));
+        let good = src.scan().unwrap();
+        // Reading /proc/self/mem at offset 0 fails with EIO: the pod stays, nothing is cached, a retry is due.
+        std::fs::remove_file(&a).unwrap();
+        std::os::unix::fs::symlink("/proc/self/mem", &a).unwrap();
+        assert_eq!(src.scan().as_ref(), Some(&good));
+        assert!(src.retry);
+        // A manifest whose metadata cannot be read (a symlink loop: ELOOP) keeps its pod too.
+        std::fs::remove_file(&a).unwrap();
+        std::os::unix::fs::symlink(&a, &a).unwrap();
+        assert_eq!(src.scan().as_ref(), Some(&good));
+        assert!(src.retry);
+        // Readable again: read at once, not taken from a cached error.
+        std::fs::remove_file(&a).unwrap();
+        std::fs::write(&a, POD.replace("NAME", "b")).unwrap();
+        let s = src.scan().unwrap();
+        assert_eq!(s.pods[0].metadata.name.as_deref(), Some("b-n"));
+        assert!(!src.retry);
+        // A file never read well has no pod to keep: it is reported, not cached.
+        let c = dir.path().join("c.yaml");
+        std::os::unix::fs::symlink("/proc/self/mem", &c).unwrap();
+        let s = src.scan().unwrap();
+        assert_eq!(s.invalid.len(), 1);
+        assert!(!src.cache.contains_key(&c));
     }
 
     #[tokio::test]
