@@ -214,6 +214,9 @@ pub enum DaemonError {
     /// The host cannot run nodewarden (no cgroup v2, missing controllers, not writable).
     #[error(transparent)]
     Host(#[from] nodewarden_resources::HostError),
+    /// Another nodewarden holds the node lock in rootDir.
+    #[error(transparent)]
+    Locked(#[from] crate::lock::LockError),
     /// Anything else, with context.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
@@ -221,6 +224,8 @@ pub enum DaemonError {
 
 /// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits.
 pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
+    // Before anything is touched: a second daemon on this root changes nothing.
+    let _lock = crate::lock::lock(&config.root_dir)?;
     for f in &config.ignored {
         tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
     }

@@ -7,6 +7,7 @@ mod config;
 mod cri;
 mod daemon;
 mod http;
+mod lock;
 mod metrics;
 mod reload;
 
@@ -26,6 +27,8 @@ enum Exit {
     Config = 2,
     /// The host cannot run nodewarden (no cgroup v2, missing controllers, not writable).
     Host = 3,
+    /// Another nodewarden runs with the same rootDir.
+    Locked = 4,
 }
 
 impl From<Exit> for ExitCode {
@@ -144,6 +147,10 @@ fn run(path: &std::path::Path) -> Exit {
         Err(daemon::DaemonError::Host(e)) => {
             tracing::error!("{e}");
             Exit::Host
+        }
+        Err(daemon::DaemonError::Locked(e)) => {
+            tracing::error!("{e}");
+            Exit::Locked
         }
         Err(daemon::DaemonError::Other(e)) => {
             tracing::error!("{e:#}");

@@ -228,3 +228,43 @@ fn sigterm_is_not_held_up_by_an_open_connection() {
     assert!(took < Duration::from_secs(15), "shutdown took {took:?}");
     drop(idle);
 }
+
+/// Every directory below `dir` with its limits and processes, to show that nothing changed.
+fn cgroup_snapshot(dir: &Path) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let read = |f: &str| std::fs::read_to_string(d.join(f)).unwrap_or_default();
+        out.push((d.display().to_string(), read("memory.max"), read("cgroup.procs")));
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_second_daemon_on_the_same_root_exits_and_changes_nothing() {
+    if !cgroup2_available() {
+        return;
+    }
+    let mut d = Daemon::new("lock", "");
+    d.start();
+    d.wait_ready();
+    let before = cgroup_snapshot(&d.cgroup(""));
+    let second = Command::new(BIN).args(["run", "--config"]).arg(d.config_path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("another nodewarden is running"), "{stderr}");
+    assert!(stderr.contains(&format!("PID {}", d.pid().unwrap())), "{stderr}");
+    assert_eq!(cgroup_snapshot(&d.cgroup("")), before, "the second daemon changed the cgroup tree");
+    assert_eq!(get(d.port, "/readyz").map(|r| r.0), Some(200), "{}", d.log());
+    assert_eq!(d.stop(), Some(0), "{}", d.log());
+    // Once the first has stopped, a daemon on the same root starts.
+    d.start();
+    d.wait_ready();
+    assert_eq!(d.stop(), Some(0), "{}", d.log());
+}
