@@ -151,6 +151,25 @@ async fn select_runtime(
 /// How often the CRI runtime's containers are listed (exits, health): the kubelet's PLEG relist period.
 const CRI_POLL: Duration = Duration::from_secs(1);
 
+/// Raises the open-file limit to `maxOpenFiles`, as the kubelet does at start, so that many connections or pods
+/// never make a directory listing or an observation fail with EMFILE. Where the hard limit cannot be raised that
+/// far (no privilege, or past `fs.nr_open`), the soft limit goes up to the hard one and a warning says so.
+fn raise_open_files(wanted: u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current.is_some_and(|c| c >= wanted) {
+        return;
+    }
+    if setrlimit(Resource::Nofile, Rlimit { current: Some(wanted), maximum: Some(wanted) }).is_ok() {
+        tracing::info!(limit = wanted, "raised the open-file limit (maxOpenFiles)");
+        return;
+    }
+    let hard = now.maximum;
+    let raised = setrlimit(Resource::Nofile, Rlimit { current: hard, maximum: hard }).is_ok();
+    let limit = if raised { hard } else { now.current };
+    tracing::warn!(maxOpenFiles = wanted, limit = ?limit, "cannot raise the open-file limit to maxOpenFiles; running with the limit shown");
+}
+
 /// Moves the daemon into its own cgroup with `memory.min` protection, makes it the last process the kernel
 /// OOM killer would choose, and locks its pages in memory. Failures are logged: the daemon runs on without the
 /// protection.
@@ -202,9 +221,6 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
     }
 }
 
-/// How long shutdown waits for open HTTP connections.
-const SERVER_DRAIN: Duration = Duration::from_secs(5);
-
 /// How long the exit waits for each group of tasks after the shutdown token is cancelled.
 const TASK_DRAIN: Duration = Duration::from_secs(5);
 
@@ -226,6 +242,7 @@ pub enum DaemonError {
 pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     // Before anything is touched: a second daemon on this root changes nothing.
     let _lock = crate::lock::lock(&config.root_dir)?;
+    raise_open_files(config.max_open_files);
     for f in &config.ignored {
         tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
     }
@@ -319,11 +336,8 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
                 .await
                 .with_context(|| format!("cannot listen on {addr} (healthzBindAddress:healthzPort)"))?;
             tracing::info!(%addr, "serving /healthz /readyz /metrics /pods /evictions /configz");
-            let stop = shutdown.clone();
             let app = crate::http::router(shared.clone());
-            Some(tokio::spawn(async move {
-                axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await
-            }))
+            Some(tokio::spawn(crate::serve::serve(listener, app, crate::serve::Limits::default(), shutdown.clone())))
         }
         None => None,
     };
@@ -349,17 +363,10 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
         Ok(Ok(Err(_)) | Err(_)) => tracing::error!("the eviction thread panicked"),
         Err(_) => tracing::warn!("the eviction thread is still running after shutdown; leaving it"),
     }
-    if let Some(mut server) = server {
-        // Open connections get a moment to finish; a client that holds one open does not hold up the exit.
-        match tokio::time::timeout(SERVER_DRAIN, &mut server).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server stopped with an error"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-            Err(_) => {
-                tracing::warn!("HTTP connections still open after {SERVER_DRAIN:?}; closing them");
-                server.abort();
-            }
-        }
+    if let Some(server) = server
+        && let Err(e) = server.await
+    {
+        tracing::warn!(error = %e, "HTTP server task failed");
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ mod http;
 mod lock;
 mod metrics;
 mod reload;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -268,3 +268,43 @@ fn a_second_daemon_on_the_same_root_exits_and_changes_nothing() {
     d.wait_ready();
     assert_eq!(d.stop(), Some(0), "{}", d.log());
 }
+
+#[test]
+fn a_flood_of_stalled_connections_leaves_the_daemon_serving_and_evicting() {
+    if !cgroup2_available() {
+        return;
+    }
+    // The flood needs more descriptors than the usual soft limit of 1024.
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit { current: nofile.maximum, maximum: nofile.maximum },
+    )
+    .unwrap();
+    let mut d = Daemon::new("flood", "");
+    d.start();
+    d.wait_ready();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid().unwrap())).unwrap();
+    let open_files = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    assert!(open_files.contains("1000000"), "maxOpenFiles is not in force: {open_files}");
+    let mut flood = Vec::new();
+    for i in 0..1200 {
+        let mut s = TcpStream::connect(("127.0.0.1", d.port)).unwrap();
+        // Half of them stall after part of a request line, half dribble a header now and then.
+        s.write_all(if i % 2 == 0 { b"GET /metr".as_slice() } else { b"GET /metrics HTTP/1.1\r\n".as_slice() })
+            .unwrap();
+        flood.push(s);
+    }
+    for round in 0..5 {
+        for s in flood.iter_mut().skip(1).step_by(2) {
+            let _ = s.write_all(format!("X-{round}: y\r\n").as_bytes());
+        }
+        assert_eq!(get(d.port, "/healthz").map(|r| r.0), Some(200), "{}", d.log());
+        // /readyz is 200 only while eviction passes keep completing.
+        assert_eq!(get(d.port, "/readyz").map(|r| r.0), Some(200), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(!d.log().contains("cannot observe"), "{}", d.log());
+    drop(flood);
+    assert_eq!(d.stop(), Some(0), "{}", d.log());
+}

@@ -54,7 +54,6 @@ pub const IGNORED: &[&str] = &[
     "resolvConf",
     "runOnce",
     "nodeStatusMaxImages",
-    "maxOpenFiles",
     "contentType",
     "kubeAPIQPS",
     "kubeAPIBurst",

@@ -103,6 +103,8 @@ pub struct Config {
     pub pressure_events: bool,
     /// The daemon's own cgroup below `cgroupRoot`, if any (`nodewarden.daemonCgroup`).
     pub daemon_cgroup: Option<String>,
+    /// `maxOpenFiles`: the open-file limit the daemon raises itself to at start (`RLIMIT_NOFILE`).
+    pub max_open_files: u64,
     /// The daemon cgroup's `memory.min` in bytes (`nodewarden.daemonMemoryMin`).
     pub daemon_memory_min: u64,
     /// `fileCheckFrequency`.
@@ -239,6 +241,10 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     let max_pods = *required(&c.max_pods, "maxPods")?;
     let max_pods =
         u32::try_from(max_pods).map_err(|_| ConfigError::field("maxPods", format!("{max_pods} is out of range")))?;
+    let max_open_files = match *required(&c.max_open_files, "maxOpenFiles")? {
+        n if n > 0 => u64::try_from(n).unwrap_or(u64::MAX),
+        n => return Err(ConfigError::field("maxOpenFiles", format!("{n} is not a positive number of files"))),
+    };
     let pod_pids_limit = match *required(&c.pod_pids_limit, "podPidsLimit")? {
         -1 | 0 => None,
         n if n > 0 => Some(n.unsigned_abs()),
@@ -396,6 +402,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         pressure_transition_period,
         max_pod_grace_period,
         healthz,
+        max_open_files,
         static_pod_path: non_empty(required(&c.static_pod_path, "staticPodPath")?),
         container_runtime_endpoint: (!endpoint.is_empty()).then(|| endpoint.clone()),
         runtime_request_timeout,

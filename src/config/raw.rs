@@ -75,6 +75,8 @@ pub struct KubeletConfiguration {
     pub max_pods: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_pids_limit: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_open_files: Option<i64>,
     #[serde(rename = "cpuCFSQuota", skip_serializing_if = "Option::is_none")]
     pub cpu_cfs_quota: Option<bool>,
     #[serde(rename = "cpuCFSQuotaPeriod", skip_serializing_if = "Option::is_none")]
@@ -169,6 +171,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "kubeReserved",
     "maxPods",
     "podPidsLimit",
+    "maxOpenFiles",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
     "memoryThrottlingFactor",
@@ -211,6 +214,7 @@ impl KubeletConfiguration {
         or(&mut self.kube_reserved, BTreeMap::new());
         or(&mut self.max_pods, 110);
         or(&mut self.pod_pids_limit, -1);
+        or(&mut self.max_open_files, 1_000_000);
         or(&mut self.cpu_cfs_quota, true);
         or(&mut self.cpu_cfs_quota_period, "100ms".into());
         or(&mut self.memory_throttling_factor, 0.9);
