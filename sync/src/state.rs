@@ -1,5 +1,11 @@
 //! What a pod worker keeps on disk so that a restarted daemon loses no status: each container's restart count,
-//! main process, start time and last exit. Written atomically beside the pod's volumes.
+//! main process, start time and last exit. Written atomically and durably (the file and its directory synced)
+//! beside the pod's volumes, and stamped with the pod's UID, so a file that belongs to another pod is ignored.
+//!
+//! That a pod is over (evicted, failed, succeeded) is also written to a small record whose space is reserved when
+//! the state is first saved: writing it in place needs no new blocks, so an eviction under nodefs pressure
+//! (ENOSPC on rootDir) still survives a restart, and a state file lost or truncated meanwhile cannot bring the pod
+//! back.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +32,9 @@ pub struct SavedContainer {
 /// A pod's saved state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SavedPod {
+    /// The pod this state belongs to (absent in files written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
     /// By container name.
     pub containers: BTreeMap<String, SavedContainer>,
     /// When the pod was first started.
@@ -64,27 +73,125 @@ fn path(root: &Path, uid: &str) -> PathBuf {
     pod_dir(root, uid).join("nodewarden-state.json")
 }
 
-/// Loads a pod's state; a missing or unreadable file gives an empty state (logged when unreadable).
-pub fn load(root: &Path, uid: &str) -> SavedPod {
-    let p = path(root, uid);
-    match std::fs::read(&p) {
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-            tracing::warn!(file = %p.display(), error = %e, "ignoring an unreadable pod state file");
-            SavedPod::default()
-        }),
-        Err(_) => SavedPod::default(),
+fn terminal_path(root: &Path, uid: &str) -> PathBuf {
+    pod_dir(root, uid).join("nodewarden-terminal")
+}
+
+/// The space reserved for the terminal record.
+const TERMINAL_RECORD_BYTES: u64 = 4096;
+
+/// The terminal record's content.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct TerminalRecord {
+    uid: String,
+    terminal: Terminal,
+}
+
+/// The terminal state in the record, when it holds one for `uid`.
+fn load_terminal(root: &Path, uid: &str) -> Option<Terminal> {
+    let p = terminal_path(root, uid);
+    let bytes = nodewarden_resources::read_bounded(&p, TERMINAL_RECORD_BYTES).ok()?;
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    if end == 0 {
+        return None;
+    }
+    match serde_json::from_slice::<TerminalRecord>(&bytes[..end]) {
+        Ok(r) if r.uid == uid => Some(r.terminal),
+        Ok(r) => {
+            tracing::warn!(file = %p.display(), pod_uid = %r.uid, "ignoring a terminal record of another pod");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(file = %p.display(), error = %e, "ignoring an unreadable terminal record");
+            None
+        }
     }
 }
 
-/// Saves a pod's state (write to a temporary file, then rename).
+/// Loads a pod's state; a missing or unreadable file gives an empty state (logged when unreadable), and so does
+/// one stamped with another pod's UID. The pod is terminal if either the state or the terminal record says so.
+pub fn load(root: &Path, uid: &str) -> SavedPod {
+    let p = path(root, uid);
+    let mut saved = match std::fs::read(&p) {
+        Ok(bytes) => match serde_json::from_slice::<SavedPod>(&bytes) {
+            Ok(s) if s.uid.as_deref().is_none_or(|u| u == uid) => s,
+            Ok(s) => {
+                tracing::warn!(file = %p.display(), other = ?s.uid, "ignoring the state file of another pod");
+                SavedPod::default()
+            }
+            Err(e) => {
+                tracing::warn!(file = %p.display(), error = %e, "ignoring an unreadable pod state file");
+                SavedPod::default()
+            }
+        },
+        Err(_) => SavedPod::default(),
+    };
+    if saved.terminal.is_none() {
+        saved.terminal = load_terminal(root, uid);
+    }
+    saved
+}
+
+/// Syncs a directory, so that a rename or a new entry in it survives a power loss.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet.
+fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    let p = terminal_path(root, uid);
+    let existed = p.exists();
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&p)?;
+    if !existed {
+        rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, TERMINAL_RECORD_BYTES)?;
+        f.sync_all()?;
+        if let Some(dir) = p.parent() {
+            sync_dir(dir)?;
+        }
+    }
+    let Some(terminal) = terminal else { return Ok(()) };
+    let mut bytes = serde_json::to_vec(&TerminalRecord { uid: uid.to_owned(), terminal: terminal.clone() })
+        .map_err(std::io::Error::other)?;
+    let room = usize::try_from(TERMINAL_RECORD_BYTES).unwrap_or(usize::MAX);
+    if bytes.len() >= room {
+        // A very long message: the record keeps the phase and reason.
+        let short = Terminal { message: None, ..terminal.clone() };
+        bytes = serde_json::to_vec(&TerminalRecord { uid: uid.to_owned(), terminal: short })
+            .map_err(std::io::Error::other)?;
+    }
+    bytes.resize(room, 0);
+    f.rewind()?;
+    f.write_all(&bytes)?;
+    f.sync_data()
+}
+
+/// Saves a pod's state durably: written to a temporary file and synced, renamed over the old one, the directory
+/// synced. The terminal record is written first, so a pod that is over stays over even when the state file
+/// cannot be written (ENOSPC).
 pub fn save(root: &Path, uid: &str, state: &SavedPod) -> Result<(), String> {
+    use std::io::Write;
     let p = path(root, uid);
     let dir = p.parent().ok_or("no parent")?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let terminal = save_terminal(root, uid, state.terminal.as_ref());
+    if let (Err(e), Some(_)) = (&terminal, &state.terminal) {
+        tracing::warn!(pod_uid = %uid, error = %e, "cannot write the terminal record");
+    }
     let tmp = p.with_extension("json.tmp");
-    let bytes = serde_json::to_vec(state).map_err(|e| e.to_string())?;
-    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &p).map_err(|e| format!("{}: {e}", p.display()))
+    let stamped = SavedPod { uid: Some(uid.to_owned()), ..state.clone() };
+    let bytes = serde_json::to_vec(&stamped).map_err(|e| e.to_string())?;
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &p)?;
+        sync_dir(dir)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: {e}", p.display())
+    })
 }
 
 #[cfg(test)]
@@ -99,7 +206,7 @@ mod tests {
         s.containers.insert("app".into(), SavedContainer { restarts: 3, pid: Some(42), ..Default::default() });
         s.terminal = Some(Terminal::failed(Some("Evicted".into()), Some("low on memory".into())));
         save(dir.path(), "u", &s).unwrap();
-        assert_eq!(load(dir.path(), "u"), s);
+        assert_eq!(load(dir.path(), "u"), SavedPod { uid: Some("u".into()), ..s.clone() });
         let text = std::fs::read_to_string(path(dir.path(), "u")).unwrap();
         assert!(
             text.contains(r#""terminal":{"phase":"Failed","reason":"Evicted","message":"low on memory"}"#),
@@ -110,6 +217,66 @@ mod tests {
         let evicted = Terminal::failed(Some("Evicted".into()), Some("low".into()));
         assert_eq!(load(dir.path(), "u").terminal, Some(evicted));
         std::fs::write(path(dir.path(), "u"), "{").unwrap();
-        assert_eq!(load(dir.path(), "u"), SavedPod::default());
+        assert_eq!(load(dir.path(), "u").containers, BTreeMap::new());
+    }
+
+    #[test]
+    fn a_foreign_or_truncated_state_file_neither_ends_nor_revives_a_pod() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // Another pod's file, copied here: its terminal state and counts are not taken.
+        let mut other = SavedPod::default();
+        other.containers.insert("app".into(), SavedContainer { restarts: 9, ..Default::default() });
+        other.terminal = Some(Terminal::failed(Some("Evicted".into()), None));
+        save(root, "other", &other).unwrap();
+        std::fs::create_dir_all(pod_dir(root, "u")).unwrap();
+        std::fs::copy(path(root, "other"), path(root, "u")).unwrap();
+        std::fs::copy(terminal_path(root, "other"), terminal_path(root, "u")).unwrap();
+        let loaded = load(root, "u");
+        assert_eq!((loaded.terminal, loaded.containers.len()), (None, 0));
+        // This pod's own eviction, then its state file truncated (a power loss before the data reached the disk):
+        // the terminal record keeps it evicted.
+        let evicted = SavedPod { terminal: Some(Terminal::failed(Some("Evicted".into()), None)), ..Default::default() };
+        save(root, "u", &evicted).unwrap();
+        std::fs::write(path(root, "u"), "").unwrap();
+        assert_eq!(load(root, "u").terminal, evicted.terminal);
+        std::fs::remove_file(path(root, "u")).unwrap();
+        assert_eq!(load(root, "u").terminal, evicted.terminal);
+    }
+
+    #[test]
+    fn an_eviction_on_a_full_root_dir_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+            .arg(&root)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: cannot mount a small tmpfs here");
+            return;
+        }
+        let running = SavedPod { start_time: Some(Timestamp::UNIX_EPOCH), ..Default::default() };
+        save(&root, "u", &running).unwrap();
+        // Fill the file system.
+        let mut i = 0;
+        while std::fs::write(root.join(format!("fill{i}")), vec![0u8; 4096]).is_ok() {
+            i += 1;
+        }
+        let _ = std::fs::write(root.join("fill-last"), vec![0u8; 512]);
+        let evicted = SavedPod {
+            terminal: Some(Terminal::failed(
+                Some("Evicted".into()),
+                Some("The node was low on resource: ephemeral-storage.".into()),
+            )),
+            ..running
+        };
+        let saved = save(&root, "u", &evicted);
+        let loaded = load(&root, "u");
+        let _ = std::process::Command::new("umount").arg(&root).status();
+        assert!(saved.is_err(), "the state file was written on a full file system");
+        assert_eq!(loaded.terminal, evicted.terminal, "the eviction was lost");
     }
 }

@@ -22,7 +22,7 @@ pub(super) fn saved(pod: &Lifecycle) -> SavedPod {
             (c.name.clone(), saved)
         })
         .collect();
-    SavedPod { containers, start_time: pod.start_time, terminal: pod.terminal() }
+    SavedPod { uid: None, containers, start_time: pod.start_time, terminal: pod.terminal() }
 }
 
 /// The saved counts and exits, restored into a container that is not running.
