@@ -247,6 +247,44 @@ fn volumes_users_and_bad_manifests() {
 }
 
 #[test]
+fn a_sub_path_cannot_leave_its_volume() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("subpath");
+    let target = n.root.parent().unwrap().join("mnt");
+    std::fs::create_dir_all(&target).unwrap();
+    // A non-root init container writes the disk emptyDir (0777, as the kubelet makes it) and plants a link to /.
+    let pod = |name: &str, sub: &str| {
+        let body = format!(
+            "  restartPolicy: Never\n  securityContext:\n    runAsUser: 65534\n    runAsGroup: 65534\n  initContainers:\n  \
+             - name: plant\n    image: busybox\n    command: [sh, -c, 'ln -s / {t}/x && mkdir {t}/ok && echo inside > {t}/ok/f']\n    \
+             volumeMounts:\n    - name: shared\n      mountPath: {t}\n  containers:\n  - name: app\n    image: busybox\n    \
+             command: [sh, -c, 'ls {t} && cat {t}/f']\n    volumeMounts:\n    - name: shared\n      mountPath: {t}\n      \
+             subPath: {sub}\n  volumes:\n  - name: shared\n    emptyDir: {{}}\n",
+            t = target.display()
+        );
+        pod_yaml(name, &body)
+    };
+    n.write("ok.yaml", &pod("inside", "ok"));
+    let p = n.wait_pod("inside", 20, "succeeded", |p| phase(p) == "Succeeded");
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let log = std::fs::read_to_string(n.logs.join(format!("default_inside-vm_{uid}/app/0.log"))).unwrap();
+    assert!(log.contains("inside"), "the subPath inside the volume is mounted: {log}");
+    n.write("escape.yaml", &pod("escape", "x"));
+    let p = n.wait_pod("escape", 20, "refuses the subPath", |p| {
+        container(p, "app")["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+    });
+    let message = container(&p, "app")["state"]["waiting"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("out of the volume"), "{message}");
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    assert!(
+        !n.logs.join(format!("default_escape-vm_{uid}/app/0.log")).exists(),
+        "the container must not start with the host's / mounted"
+    );
+}
+
+#[test]
 fn a_hundred_static_pods_run() {
     if !cgroup2_available() {
         return;

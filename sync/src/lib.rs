@@ -21,6 +21,7 @@ mod spec;
 mod state;
 mod status;
 mod store;
+mod subpath;
 mod volumes;
 mod worker;
 

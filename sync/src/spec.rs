@@ -90,6 +90,7 @@ pub fn container_spec(
     volumes: &[PreparedVolume],
     log_root: &Path,
     attempt: u32,
+    stage: &mut dyn FnMut(&PreparedVolume, &str, usize) -> Result<PathBuf, String>,
 ) -> Result<ContainerSpec, String> {
     let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
     let mut env: Vec<(String, String)> = Vec::new();
@@ -127,13 +128,24 @@ pub fn container_spec(
         return Err("container has runAsNonRoot and would run as root (set runAsUser)".into());
     }
     let mut mounts = Vec::new();
-    for m in c.volume_mounts.iter().flatten() {
+    for (index, m) in c.volume_mounts.iter().flatten().enumerate() {
         let v = volumes.iter().find(|v| v.name == m.name).ok_or_else(|| format!("volume {} is not ready", m.name))?;
-        let source = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) if sub.split('/').any(|p| p == "..") || sub.starts_with('/') => {
-                return Err(format!("subPath {sub:?} must be a relative path without '..'"));
+        let sub_path = m.sub_path.as_deref().filter(|s| !s.is_empty());
+        let sub_path_expr = m.sub_path_expr.as_deref().filter(|s| !s.is_empty());
+        // subPathExpr takes the container's environment, $(VAR) only, as the kubelet expands it.
+        let sub = match (sub_path, sub_path_expr) {
+            (Some(_), Some(_)) => {
+                return Err(format!("volumeMount {}: subPath and subPathExpr are mutually exclusive", m.mount_path));
             }
-            Some(sub) => v.path.join(sub),
+            (Some(s), None) => Some(s.to_owned()),
+            (None, Some(e)) => Some(expand(e, &vars)),
+            (None, None) => None,
+        };
+        let source = match sub {
+            Some(sub) => {
+                crate::subpath::check(&sub)?;
+                stage(v, &sub, index)?
+            }
             None => v.path.clone(),
         };
         mounts.push(Mount { source, target: PathBuf::from(&m.mount_path), read_only: m.read_only.unwrap_or(false) });
@@ -226,7 +238,10 @@ mod tests {
                         {"name": "GREETING", "value": "hi-$(POD)"}
                     ],
                     "securityContext": {"runAsGroup": 1000},
-                    "volumeMounts": [{"name": "data", "mountPath": "/mnt", "readOnly": true}]
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": "/mnt", "readOnly": true},
+                        {"name": "data", "mountPath": "/logs", "subPathExpr": "logs/$(POD)"}
+                    ]
                 }]
             }
         }))
@@ -247,12 +262,39 @@ mod tests {
             oom_score_adj: 1000,
         };
         let vols = [PreparedVolume { name: "data".into(), path: "/var/lib/x".into() }];
-        let s = container_spec(&pod, c, &placement, &vols, Path::new("/var/log/pods"), 2).unwrap();
+        let mut staged = Vec::new();
+        let mut stage = |v: &PreparedVolume, sub: &str, i: usize| {
+            staged.push((v.name.clone(), sub.to_owned(), i));
+            Ok(PathBuf::from("/staged"))
+        };
+        let s = container_spec(&pod, c, &placement, &vols, Path::new("/var/log/pods"), 2, &mut stage).unwrap();
         assert_eq!(s.argv(), ["sh", "-c", "echo hi-web-n web-n"]);
         assert_eq!(s.pull_policy, PullPolicy::Always, "an untagged image is pulled every time");
         assert_eq!(s.log_path, Path::new("/var/log/pods/default_web-n_u1/app/2.log"));
         assert_eq!((s.user, s.group), (Some(1000), Some(1000)));
-        assert_eq!(s.mounts, [Mount { source: "/var/lib/x".into(), target: "/mnt".into(), read_only: true }]);
+        assert_eq!(
+            s.mounts,
+            [
+                Mount { source: "/var/lib/x".into(), target: "/mnt".into(), read_only: true },
+                Mount { source: "/staged".into(), target: "/logs".into(), read_only: false },
+            ]
+        );
+        // subPathExpr is expanded from the container's environment, then staged like a subPath.
+        assert_eq!(staged, [("data".to_owned(), "logs/web-n".to_owned(), 1)]);
+        // Both at once, or an expansion that climbs out, are refused.
+        let mut bad = pod.clone();
+        let mounts = bad.spec.as_mut().unwrap().containers[0].volume_mounts.as_mut().unwrap();
+        mounts[1].sub_path = Some("x".into());
+        let c = &bad.spec.as_ref().unwrap().containers[0];
+        let mut never = |_: &PreparedVolume, _: &str, _: usize| -> Result<PathBuf, String> { panic!("staged") };
+        let err = container_spec(&bad, c, &placement, &vols, Path::new("/l"), 0, &mut never).unwrap_err();
+        assert!(err.contains("mutually exclusive"), "{err}");
+        let mut bad = pod.clone();
+        let mounts = bad.spec.as_mut().unwrap().containers[0].volume_mounts.as_mut().unwrap();
+        mounts[1].sub_path_expr = Some("../$(POD)".into());
+        let c = &bad.spec.as_ref().unwrap().containers[0];
+        let err = container_spec(&bad, c, &placement, &vols, Path::new("/l"), 0, &mut never).unwrap_err();
+        assert!(err.contains("without '..'"), "{err}");
         assert_eq!(s.working_dir, None, "the image's working directory");
     }
 

@@ -51,7 +51,9 @@ impl VolumeSource {
                 .size_limit
                 .as_ref()
                 .map(|q| parse_non_negative(&q.0).map_err(|e| format!("sizeLimit: {e}")))
-                .transpose()?;
+                .transpose()?
+                // As the kubelet reads it: a zero limit is no limit set (the pod's memory limit sizes the tmpfs).
+                .filter(|s| *s > 0);
             return match e.medium.as_deref() {
                 None | Some("") => Ok(Self::EmptyDir),
                 Some("Memory") => Ok(Self::Memory(size)),
@@ -110,8 +112,12 @@ pub fn prepare(
         let source = VolumeSource::from_volume(v).map_err(|e| format!("volume {}: {e}", v.name))?;
         let path = match source {
             VolumeSource::EmptyDir => {
+                use std::os::unix::fs::PermissionsExt;
                 let dir = volume_dir(root, uid, &v.name);
                 std::fs::create_dir_all(&dir).map_err(|e| format!("volume {}: {}: {e}", v.name, dir.display()))?;
+                // Writable by a container of any user, as the kubelet makes it.
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
+                    .map_err(|e| format!("volume {}: {}: {e}", v.name, dir.display()))?;
                 dir
             }
             VolumeSource::Memory(size) => {
@@ -177,26 +183,54 @@ fn is_mount_point(dir: &Path) -> bool {
     }
 }
 
-/// Removes a pod's volumes and state: unmounts its tmpfs volumes, then deletes the pod directory. Nothing is
-/// deleted while a mount remains below it, so a failed unmount can never delete what a mount shows.
+/// The mount points at or below `dir` (from `/proc/self/mountinfo`), shallowest first.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    let mut out: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape_mountinfo(m)))
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    out.sort_by_key(|m| m.components().count());
+    out.dedup();
+    out
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && let Some(oct) = b.get(i + 1..i + 4)
+            && let Ok(v) = u8::from_str_radix(std::str::from_utf8(oct).unwrap_or("x"), 8)
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Removes a pod's volumes and state. The mounts nodewarden made below the pod directory (memory-backed
+/// `emptyDir`s and staged subPaths) are unmounted first; nothing is deleted while any mount remains below it, so
+/// a removal never descends into a mount (a hostPath staged for a subPath, or a mount someone else made).
 pub fn remove_pod_dir(root: &Path, uid: &str) -> Result<(), String> {
     let dir = pod_dir(root, uid);
-    let empty_dirs = dir.join("volumes").join("kubernetes.io~empty-dir");
-    if let Ok(entries) = std::fs::read_dir(&empty_dirs) {
-        for e in entries.flatten() {
-            let p = e.path();
-            if is_mount_point(&p) {
-                rustix::mount::unmount(&p, rustix::mount::UnmountFlags::empty())
-                    .map_err(|e| format!("cannot unmount {}: {e}", p.display()))?;
-            }
+    let ours = [dir.join("volumes").join("kubernetes.io~empty-dir"), dir.join(crate::subpath::STAGING_DIR)];
+    for m in mounts_under(&dir).into_iter().rev() {
+        if ours.iter().any(|o| m.starts_with(o) && m != *o) {
+            rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH)
+                .map_err(|e| format!("cannot unmount {}: {e}", m.display()))?;
         }
     }
-    if let Ok(entries) = std::fs::read_dir(&empty_dirs) {
-        for e in entries.flatten() {
-            if is_mount_point(&e.path()) {
-                return Err(format!("{} is still mounted; the pod directory is kept", e.path().display()));
-            }
-        }
+    if let Some(m) = mounts_under(&dir).first() {
+        return Err(format!("{} is still mounted; the pod directory is kept", m.display()));
     }
     match std::fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
@@ -230,6 +264,11 @@ mod tests {
             Ok(VolumeSource::Memory(Some(64 << 20)))
         );
         assert!(VolumeSource::from_volume(&empty_dir("a", Some("HugePages"), None)).is_err());
+        // A zero sizeLimit is no limit set, not an unlimited tmpfs.
+        assert_eq!(
+            VolumeSource::from_volume(&empty_dir("a", Some("Memory"), Some("0"))),
+            Ok(VolumeSource::Memory(None))
+        );
         assert!(VolumeSource::from_volume(&empty_dir("a", None, Some("lots"))).unwrap_err().contains("sizeLimit"));
         let cm = Volume { name: "c".into(), ..Volume::default() };
         assert!(VolumeSource::from_volume(&cm).unwrap_err().contains("only emptyDir and hostPath"));
@@ -259,6 +298,9 @@ mod tests {
         let prepared = prepare(dir.path(), "u1", &vols, None).unwrap();
         assert!(prepared[0].path.ends_with("pods/u1/volumes/kubernetes.io~empty-dir/scratch"));
         assert!(prepared[0].path.is_dir() && host.is_dir());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&prepared[0].path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o777, "a disk emptyDir is writable by a non-root container");
         // Idempotent.
         assert_eq!(prepare(dir.path(), "u1", &vols, None).unwrap(), prepared);
         remove_pod_dir(dir.path(), "u1").unwrap();

@@ -76,8 +76,13 @@ impl<R: Runtime> Worker<R> {
             .as_ref()
             .and_then(|p| p.containers.iter().find(|x| &x.name == name))
             .ok_or("container not placed")?;
+        let root = &self.shared.settings.root_dir;
+        let mut stage = |v: &crate::volumes::PreparedVolume, sub: &str, index: usize| {
+            crate::subpath::stage(root, &self.uid, v, name, index, sub)
+        };
+        let settings = &self.shared.settings;
         let mut spec =
-            container_spec(&self.pod, container, placement, &self.volumes, &self.shared.settings.log_dir, attempt)?;
+            container_spec(&self.pod, container, placement, &self.volumes, &settings.log_dir, attempt, &mut stage)?;
         spec.sandbox_id = match &self.sandbox {
             Sandbox::Running(id) => id.clone(),
             Sandbox::None | Sandbox::Requested => String::new(),
