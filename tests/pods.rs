@@ -285,6 +285,37 @@ fn a_sub_path_cannot_leave_its_volume() {
 }
 
 #[test]
+fn security_fields_are_applied_or_refused_by_name() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node("security");
+    let body = "  restartPolicy: Never\n  securityContext:\n    supplementalGroups: [3000]\n  containers:\n  \
+                - name: app\n    image: busybox\n    command: [sh, -c, 'id -u; id -g; grep -E \"^(Groups|NoNewPrivs|CapEff|CapBnd)\" /proc/self/status']\n    \
+                securityContext:\n      allowPrivilegeEscalation: false\n      capabilities:\n        drop: [ALL]\n  \
+                - name: user\n    image: busybox\n    command: [sh, -c, 'id -u; id -g']\n    securityContext:\n      runAsUser: 4242\n";
+    n.write("confined.yaml", &pod_yaml("confined", body));
+    let p = n.wait_pod("confined", 20, "succeeded", |p| phase(p) == "Succeeded");
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let log = |c: &str| std::fs::read_to_string(n.logs.join(format!("default_confined-vm_{uid}/{c}/0.log"))).unwrap();
+    let app = log("app");
+    assert!(app.contains("NoNewPrivs:\t1"), "allowPrivilegeEscalation: false sets no_new_privs: {app}");
+    assert!(app.contains("CapEff:\t0000000000000000"), "drop ALL leaves root without capabilities: {app}");
+    assert!(app.contains("CapBnd:\t0000000000000000"), "and out of the bounding set: {app}");
+    assert!(app.contains("Groups:\t3000"), "supplementalGroups: {app}");
+    // runAsUser without runAsGroup and without a passwd entry: the overflow group, not root's.
+    assert_eq!(log("user"), "4242\n65534\n");
+    let refused = "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '60']\n    \
+                   securityContext:\n      readOnlyRootFilesystem: true\n";
+    n.write("readonly.yaml", &pod_yaml("readonly", refused));
+    let p = n.wait_pod("readonly", 20, "refuses the field", |p| {
+        container(p, "app")["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+    });
+    let message = container(&p, "app")["state"]["waiting"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("readOnlyRootFilesystem"), "{message}");
+}
+
+#[test]
 fn a_hundred_static_pods_run() {
     if !cgroup2_available() {
         return;

@@ -15,6 +15,7 @@ mod metrics;
 mod probe;
 mod process;
 mod runtime;
+mod security;
 mod selected;
 mod source;
 mod spec;

@@ -97,6 +97,8 @@ pub struct SandboxSpec {
     pub annotations: BTreeMap<String, String>,
     /// The pod-level resources.
     pub resources: LinuxResources,
+    /// The pod's `securityContext.sysctls`.
+    pub sysctls: BTreeMap<String, String>,
 }
 
 /// Everything a runtime needs to start one container.
@@ -136,6 +138,8 @@ pub struct ContainerSpec {
     pub log_path: PathBuf,
     /// Volume mounts.
     pub mounts: Vec<Mount>,
+    /// The `securityContext`, merged with the pod's.
+    pub security: crate::security::Security,
 }
 
 impl ContainerSpec {

@@ -178,6 +178,7 @@ pub fn container_spec(
             memory_high: limits.memory_high,
         },
         mounts,
+        security: crate::security::security(pod, c)?,
     })
 }
 
@@ -192,7 +193,7 @@ pub fn sandbox_spec(pod: &Pod, placement: &Placement, log_root: &Path) -> Sandbo
         pod_uid: m.uid.clone().unwrap_or_default(),
         hostname: spec.and_then(|s| s.hostname.clone()).unwrap_or_else(|| name.clone()),
         name,
-        namespace: m.namespace.clone().unwrap_or_else(|| "default".into()),
+        namespace: nodewarden_resources::pod::namespace(pod).to_owned(),
         cgroup_parent: placement.cgroup.clone(),
         host_network: flag(|s| s.host_network),
         host_pid: flag(|s| s.host_pid),
@@ -208,6 +209,13 @@ pub fn sandbox_spec(pod: &Pod, placement: &Placement, log_root: &Path) -> Sandbo
             memory_min: None,
             memory_high: None,
         },
+        sysctls: spec
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|s| s.sysctls.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|s| (s.name.clone(), s.value.clone()))
+            .collect(),
     }
 }
 

@@ -3,14 +3,16 @@
 
 use std::collections::HashMap;
 
+use nodewarden_proto::v1::security_profile::ProfileType;
 use nodewarden_proto::v1::{
-    ContainerConfig, ContainerMetadata, Int64Value, KeyValue, LinuxContainerConfig, LinuxContainerResources,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    Capability, ContainerConfig, ContainerMetadata, Int64Value, KeyValue, LinuxContainerConfig,
+    LinuxContainerResources, LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
+    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, SecurityProfile,
 };
 
 use super::client::image_spec;
 use crate::runtime::{ContainerSpec, LinuxResources, SandboxSpec};
+use crate::security::{MASKED_PATHS, READONLY_PATHS, Seccomp};
 
 /// The kubelet's label holding the pod name.
 pub const POD_NAME_LABEL: &str = "io.kubernetes.pod.name";
@@ -97,9 +99,41 @@ pub fn sandbox_config(spec: &SandboxSpec, attempt: u32) -> PodSandboxConfig {
                 ..LinuxSandboxSecurityContext::default()
             }),
             resources: Some(linux_resources(&spec.resources, 0)),
+            sysctls: spec.sysctls.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             ..LinuxPodSandboxConfig::default()
         }),
         ..PodSandboxConfig::default()
+    }
+}
+
+/// The container's security settings as the kubelet passes them: `procMount: Default` (and not privileged) masks
+/// the kubelet's paths; no `seccompProfile` is `Unconfined`.
+fn security_context(spec: &ContainerSpec, pod: &SandboxSpec) -> LinuxContainerSecurityContext {
+    let s = &spec.security;
+    let id = |v: Option<u32>| v.map(|v| Int64Value { value: i64::from(v) });
+    let owned = |paths: &[&str]| paths.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
+    let masked = !s.unmasked_proc && !s.privileged;
+    let (profile_type, localhost_ref) = match &s.seccomp {
+        Seccomp::Unconfined => (ProfileType::Unconfined, String::new()),
+        Seccomp::RuntimeDefault => (ProfileType::RuntimeDefault, String::new()),
+        Seccomp::Localhost(path) => (ProfileType::Localhost, path.to_string_lossy().into_owned()),
+    };
+    LinuxContainerSecurityContext {
+        capabilities: Some(Capability {
+            add_capabilities: s.add_capabilities.clone(),
+            drop_capabilities: s.drop_capabilities.clone(),
+        }),
+        privileged: s.privileged,
+        namespace_options: Some(namespaces(pod)),
+        run_as_user: id(spec.user),
+        run_as_group: id(spec.group),
+        readonly_rootfs: s.read_only_root,
+        supplemental_groups: s.supplemental_groups.iter().map(|g| i64::from(*g)).collect(),
+        no_new_privs: s.no_new_privs,
+        masked_paths: if masked { owned(&MASKED_PATHS) } else { Vec::new() },
+        readonly_paths: if masked { owned(&READONLY_PATHS) } else { Vec::new() },
+        seccomp: Some(SecurityProfile { profile_type: profile_type.into(), localhost_ref }),
+        ..LinuxContainerSecurityContext::default()
     }
 }
 
@@ -111,7 +145,6 @@ pub fn container_config(spec: &ContainerSpec, pod: &SandboxSpec) -> ContainerCon
         .map_or_else(|_| format!("{}/{}.log", spec.name, spec.attempt), |p| p.to_string_lossy().into_owned());
     let mut labels = kubelet_labels(pod);
     labels.insert(CONTAINER_NAME_LABEL.into(), spec.name.clone());
-    let id = |v: Option<u32>| v.map(|v| Int64Value { value: i64::from(v) });
     ContainerConfig {
         metadata: Some(ContainerMetadata { name: spec.name.clone(), attempt: spec.attempt }),
         image: Some(image_spec(&spec.image)),
@@ -133,12 +166,7 @@ pub fn container_config(spec: &ContainerSpec, pod: &SandboxSpec) -> ContainerCon
         log_path,
         linux: Some(LinuxContainerConfig {
             resources: Some(linux_resources(&spec.resources, spec.oom_score_adj)),
-            security_context: Some(LinuxContainerSecurityContext {
-                namespace_options: Some(namespaces(pod)),
-                run_as_user: id(spec.user),
-                run_as_group: id(spec.group),
-                ..LinuxContainerSecurityContext::default()
-            }),
+            security_context: Some(security_context(spec, pod)),
         }),
         ..ContainerConfig::default()
     }
@@ -167,6 +195,7 @@ mod tests {
             labels: [("app".to_owned(), "web".to_owned())].into(),
             annotations: [("kubernetes.io/config.source".to_owned(), "file".to_owned())].into(),
             resources: LinuxResources { cpu_shares: 512, cpu_period: 100_000, ..LinuxResources::default() },
+            sysctls: [("net.core.somaxconn".to_owned(), "1024".to_owned())].into(),
         }
     }
 
@@ -184,6 +213,7 @@ mod tests {
         assert_eq!(ns.network(), NamespaceMode::Node);
         assert_eq!(ns.pid(), NamespaceMode::Container);
         assert_eq!(c.hostname, "", "host network: the node's hostname");
+        assert_eq!(linux.sysctls["net.core.somaxconn"], "1024");
         assert_eq!(linux.resources.unwrap().memory_limit_in_bytes, 0, "0 is unlimited in CRI");
     }
 
@@ -214,6 +244,15 @@ mod tests {
             },
             log_path: PathBuf::from("/var/log/pods/default_web-node_u1/app/3.log"),
             mounts: vec![SpecMount { source: "/var/lib/x".into(), target: "/data".into(), read_only: true }],
+            security: crate::security::Security {
+                drop_capabilities: vec!["ALL".into()],
+                add_capabilities: vec!["NET_BIND_SERVICE".into()],
+                no_new_privs: true,
+                read_only_root: true,
+                seccomp: Seccomp::RuntimeDefault,
+                supplemental_groups: vec![2000],
+                ..crate::security::Security::default()
+            },
         };
         let c = container_config(&spec, &pod());
         assert_eq!(c.log_path, "app/3.log");
@@ -229,6 +268,25 @@ mod tests {
         assert_eq!((r.memory_limit_in_bytes, r.oom_score_adj), (64 << 20, 968));
         assert_eq!(r.unified["memory.min"], (32 << 20).to_string(), "Memory QoS as the kubelet passes it");
         assert_eq!(r.unified["memory.high"], (60 << 20).to_string());
-        assert_eq!(linux.security_context.unwrap().run_as_user.map(|u| u.value), Some(1000));
+        let sc = linux.security_context.unwrap();
+        assert_eq!(sc.run_as_user.map(|u| u.value), Some(1000));
+        let caps = sc.capabilities.unwrap();
+        assert_eq!(
+            (caps.add_capabilities, caps.drop_capabilities),
+            (vec!["NET_BIND_SERVICE".into()], vec!["ALL".into()])
+        );
+        assert!(sc.no_new_privs && sc.readonly_rootfs && !sc.privileged);
+        assert_eq!(sc.supplemental_groups, [2000]);
+        assert_eq!(sc.seccomp.unwrap().profile_type, i32::from(ProfileType::RuntimeDefault));
+        assert!(sc.masked_paths.contains(&"/proc/kcore".to_owned()), "procMount Default masks the kubelet's paths");
+        assert!(sc.readonly_paths.contains(&"/proc/sys".to_owned()));
+        // Unconfined without a profile, as the kubelet passes it; Unmasked masks nothing.
+        let plain = ContainerSpec {
+            security: crate::security::Security { unmasked_proc: true, ..crate::security::Security::default() },
+            ..spec
+        };
+        let sc = container_config(&plain, &pod()).linux.unwrap().security_context.unwrap();
+        assert_eq!(sc.seccomp.unwrap().profile_type, i32::from(ProfileType::Unconfined));
+        assert!(sc.masked_paths.is_empty() && sc.readonly_paths.is_empty());
     }
 }

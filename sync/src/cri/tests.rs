@@ -323,6 +323,7 @@ fn sandbox(uid: &str) -> SandboxSpec {
         labels: Default::default(),
         annotations: Default::default(),
         resources: LinuxResources::default(),
+        sysctls: Default::default(),
     }
 }
 
@@ -350,6 +351,7 @@ fn container(sandbox_id: &str, uid: &str, image: &str, policy: PullPolicy) -> Co
         },
         log_path: format!("/var/log/pods/default_pod-{uid}_{uid}/app/0.log").into(),
         mounts: vec![SpecMount { source: "/tmp".into(), target: "/data".into(), read_only: false }],
+        security: crate::security::Security::default(),
     }
 }
 

@@ -27,8 +27,14 @@ pub(super) struct ExecRequest {
     pub working_dir: PathBuf,
     /// `runAsUser`.
     pub user: Option<u32>,
-    /// `runAsGroup`.
+    /// `runAsGroup`, or the user's primary group.
     pub group: Option<u32>,
+    /// The pod's `supplementalGroups`.
+    pub groups: Vec<u32>,
+    /// `allowPrivilegeEscalation: false`.
+    pub no_new_privs: bool,
+    /// `capabilities.drop`.
+    pub drop_capabilities: rustix::thread::CapabilitySet,
     /// Bind mounts.
     pub mounts: Vec<Mount>,
 }
@@ -71,6 +77,9 @@ impl ExecRequest {
             working_dir: c_path(&self.working_dir)?,
             user: self.user,
             group: self.group,
+            groups: self.groups.iter().map(|g| rustix::process::Gid::from_raw(*g)).collect(),
+            no_new_privs: self.no_new_privs,
+            drop_capabilities: self.drop_capabilities,
         };
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args).env_clear().envs(self.env.iter().map(|(k, v)| (k, v))).stdin(std::process::Stdio::null());
@@ -92,6 +101,9 @@ mod tests {
             working_dir: "/".into(),
             user: None,
             group: None,
+            groups: Vec::new(),
+            no_new_privs: false,
+            drop_capabilities: rustix::thread::CapabilitySet::empty(),
             mounts: vec![],
         }
     }

@@ -3,6 +3,7 @@
 //! nodewarden, so containers keep running and logging while the daemon restarts; the next daemon adopts them from
 //! their cgroups.
 
+mod confine;
 mod exec;
 mod sys;
 
@@ -75,7 +76,14 @@ impl ProcessRuntime {
             env: with_default_path(&spec.env),
             working_dir: spec.working_dir.clone().unwrap_or_else(|| "/".into()),
             user: spec.user,
-            group: spec.group,
+            // Without runAsGroup, the user's primary group on the host, never root's by default.
+            group: spec.group.or_else(|| {
+                let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+                spec.user.map(|u| confine::primary_group(&passwd, u))
+            }),
+            groups: spec.security.supplemental_groups.clone(),
+            no_new_privs: spec.security.no_new_privs,
+            drop_capabilities: confine::dropped(&spec.security.drop_capabilities),
             mounts: spec.mounts.clone(),
         }
     }
@@ -185,6 +193,7 @@ impl Runtime for ProcessRuntime {
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
+        confine::check(spec)?;
         if spec.command.is_empty() {
             return Err(RuntimeError::Config(
                 "the process runtime needs a command: it does not read images, so there is no entrypoint".into(),

@@ -38,6 +38,12 @@ pub struct ChildSetup {
     pub user: Option<u32>,
     /// `runAsGroup`.
     pub group: Option<u32>,
+    /// Supplemental groups, set when the user is switched.
+    pub groups: Vec<Gid>,
+    /// Sets `no_new_privs` last.
+    pub no_new_privs: bool,
+    /// Capabilities dropped from the bounding set and, for a root user, from its own sets.
+    pub drop_capabilities: rustix::thread::CapabilitySet,
 }
 
 fn write_all(fd: impl AsFd, mut buf: &[u8]) -> rustix::io::Result<()> {
@@ -90,14 +96,37 @@ impl ChildSetup {
         rustix::process::chdir(self.working_dir.as_c_str())?;
         // The child has one thread, so the per-thread system calls change the whole process, as setgid(2),
         // setgroups(2) and setuid(2) would; the order is the standard library's.
+        let drop = self.drop_capabilities;
+        // Out of the bounding set while the child still may (it needs CAP_SETPCAP): nothing it execs, setuid
+        // binaries included, can get them back. Numbers the kernel does not know are refused with EINVAL.
+        for bit in 0..64u32 {
+            let cap = rustix::thread::CapabilitySet::from_bits_retain(1 << bit);
+            if drop.contains(cap) {
+                match rustix::thread::remove_capability_from_bounding_set(cap) {
+                    Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
         if let Some(g) = self.group {
             rustix::thread::set_thread_gid(Gid::from_raw(g))?;
         }
+        if rustix::process::getuid().is_root() && (self.user.is_some() || !self.groups.is_empty()) {
+            rustix::thread::set_thread_groups(&self.groups)?;
+        }
         if let Some(u) = self.user {
-            if rustix::process::getuid().is_root() {
-                rustix::thread::set_thread_groups(&[])?;
-            }
             rustix::thread::set_thread_uid(Uid::from_raw(u))?;
+        }
+        // A user still root keeps its capabilities across exec, less the dropped ones (a non-root user has none).
+        if !drop.is_empty() && rustix::process::getuid().is_root() {
+            let mut sets = rustix::thread::capabilities(None)?;
+            sets.effective &= !drop;
+            sets.permitted &= !drop;
+            sets.inheritable &= !drop;
+            rustix::thread::set_capabilities(None, sets)?;
+        }
+        if self.no_new_privs {
+            rustix::thread::set_no_new_privs(true)?;
         }
         Ok(())
     }
