@@ -20,8 +20,8 @@ use crate::metrics::SyncMetrics;
 use crate::runtime::Runtime;
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
-use crate::volumes;
 use crate::worker::{Reason, Shared, SyncSettings, TerminateRequest, Worker, kill_and_release};
+use crate::{state, volumes};
 
 /// The manager loop's period, which `/readyz` checks.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -244,31 +244,42 @@ impl<R: Runtime> PodManager<R> {
     }
 
     /// Terminates the pods found at start (cgroups from an earlier daemon) that the source does not have, and
-    /// removes the directories of pods that are gone.
+    /// removes the directories of pods that are gone. Only what nodewarden made is touched ([`state::is_ours`]):
+    /// a pod cgroup or a pod directory without its mark is left alone, and stays counted against allocatable.
     fn clean_orphans(&self, wanted: &BTreeSet<String>) {
-        let orphans: Vec<String> = {
+        let root = self.ctx.settings.root_dir.clone();
+        let (orphans, foreign): (Vec<String>, Vec<String>) = {
             let r = self.ctx.resources.lock().unwrap_or_else(PoisonError::into_inner);
-            r.placements().map(|p| p.uid.clone()).filter(|u| !wanted.contains(u)).collect()
+            r.placements()
+                .map(|p| p.uid.clone())
+                .filter(|u| !wanted.contains(u))
+                .partition(|u| state::is_ours(&root, u))
         };
+        for uid in &foreign {
+            tracing::warn!(pod_uid = %uid, "a pod cgroup nodewarden did not make (no state in rootDir); leaving it alone");
+        }
         let runtime = self.ctx.runtime.clone();
         let keep: BTreeSet<String> = wanted.clone();
         let stop = self.shutdown.clone();
         self.tasks.spawn(async move { stop.run_until_cancelled(runtime.reconcile(&keep)).await });
         for uid in &orphans {
             tracing::info!(pod_uid = %uid, "pod cgroup from an earlier run has no manifest; terminating it");
-            let terminate =
-                terminate_orphan(self.ctx.resources.clone(), uid.clone(), self.ctx.settings.root_dir.clone());
+            let terminate = terminate_orphan(self.ctx.resources.clone(), uid.clone(), root.clone());
             // Cut short by a shutdown: the next daemon finds the orphan again.
             let stop = self.shutdown.clone();
             self.tasks.spawn(async move { stop.run_until_cancelled(terminate).await });
         }
-        if let Ok(entries) = std::fs::read_dir(self.ctx.settings.root_dir.join("pods")) {
+        if let Ok(entries) = std::fs::read_dir(root.join("pods")) {
             for e in entries.flatten() {
                 let uid = e.file_name().to_string_lossy().into_owned();
-                if !wanted.contains(&uid)
-                    && !orphans.contains(&uid)
-                    && let Err(e) = volumes::remove_pod_dir(&self.ctx.settings.root_dir, &uid)
-                {
+                if wanted.contains(&uid) || orphans.contains(&uid) || foreign.contains(&uid) {
+                    continue;
+                }
+                if !state::is_ours(&root, &uid) {
+                    tracing::info!(pod_uid = %uid, "leaving alone a pod directory nodewarden did not make");
+                    continue;
+                }
+                if let Err(e) = volumes::remove_pod_dir(&root, &uid) {
                     tracing::warn!(pod_uid = %uid, error = %e, "cannot remove a stale pod directory");
                 }
             }

@@ -132,6 +132,13 @@ pub fn load(root: &Path, uid: &str) -> SavedPod {
     saved
 }
 
+/// Whether nodewarden made the pod directory of `uid` (its state or terminal record is there). Start-up cleans up
+/// only such pods: a pod cgroup or a `<rootDir>/pods` entry without the mark (a kubelet's, a stray one) is left
+/// alone.
+pub fn is_ours(root: &Path, uid: &str) -> bool {
+    path(root, uid).exists() || terminal_path(root, uid).exists()
+}
+
 /// Syncs a directory, so that a rename or a new entry in it survives a power loss.
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()

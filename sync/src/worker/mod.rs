@@ -363,6 +363,12 @@ impl<R: Runtime> Worker<R> {
 
     fn place(&mut self) -> Input {
         let started = Instant::now();
+        // The mark that this pod is nodewarden's goes down before its cgroup exists, so that a later start never
+        // finds a cgroup of its own without it.
+        let root = &self.shared.settings.root_dir;
+        if !crate::state::is_ours(root, &self.uid) {
+            self.save();
+        }
         let placed = self.shared.resources().place(&self.pod);
         self.shared.metrics.pod_worker_duration.with_label_values(&["create"]).observe(started.elapsed().as_secs_f64());
         match placed {

@@ -176,7 +176,11 @@ struct Harness {
 }
 
 fn harness() -> Harness {
-    let host = FakeHost::new();
+    harness_on(FakeHost::new())
+}
+
+/// A pod manager on `host`, whose cgroups and root directory an earlier manager may have left.
+fn harness_on(host: FakeHost) -> Harness {
     let p = host.path().to_path_buf();
     let config = ResourceConfig {
         eviction_reserve: EvictionReserve {
@@ -512,4 +516,37 @@ async fn a_worker_that_panics_is_replaced_and_the_status_says_so() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!h.cg.join("besteffort/podu13").exists(), "cgroup released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn start_up_cleans_up_only_what_nodewarden_made() {
+    let h = harness();
+    h.set(vec![pod("ours", json!({"containers": [app("a")]})), pod("stray", json!({"containers": [app("a")]}))]).await;
+    h.until("ours", "runs", |v| phase(v) == "Running").await;
+    h.until("stray", "runs", |v| phase(v) == "Running").await;
+    let root = h._host.path().join("root");
+    assert!(crate::state::is_ours(&root, "ours"), "the mark is down once the pod is placed");
+    // The daemon stops; its pod cgroups stay. One of them loses its mark (a cgroup someone else made looks like
+    // this), and beside them are a directory nodewarden did not make and one of its own pods that is gone.
+    let Harness { _host: host, _drain: drain, cg, .. } = h;
+    drop(drain);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    std::fs::remove_dir_all(root.join("pods/stray")).unwrap();
+    std::fs::create_dir_all(root.join("pods/foreign")).unwrap();
+    std::fs::write(root.join("pods/foreign/data"), "keep").unwrap();
+    std::fs::create_dir_all(root.join("pods/gone")).unwrap();
+    crate::state::save(&root, "gone", &crate::state::SavedPod::default()).unwrap();
+    // The next start, with no manifests: only its own orphan is terminated, only its own directories removed.
+    let h = harness_on(host);
+    h.set(vec![]).await;
+    for _ in 0..100 {
+        if !cg.join("besteffort/podours").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(!cg.join("besteffort/podours").exists(), "nodewarden's own orphan is terminated and released");
+    assert!(cg.join("besteffort/podstray").exists(), "a pod cgroup without the mark is left alone");
+    assert_eq!(std::fs::read_to_string(root.join("pods/foreign/data")).unwrap(), "keep");
+    assert!(!root.join("pods/gone").exists(), "its own stale directory is removed");
 }
