@@ -291,6 +291,7 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
         root_dir: config.root_dir.clone(),
         log_dir: config.pod_logs_dir.clone(),
         node_name: config.node_name.clone(),
+        log_rotation: config.log_rotation,
     };
     let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
@@ -422,6 +423,7 @@ mod tests {
             root_dir: host.path().join("root"),
             log_dir: host.path().join("logs"),
             node_name: "node".into(),
+            log_rotation: nodewarden_sync::LogRotation::default(),
         };
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
         let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);

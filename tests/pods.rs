@@ -316,6 +316,77 @@ fn security_fields_are_applied_or_refused_by_name() {
 }
 
 #[test]
+fn a_log_flood_is_rotated_and_the_quiet_pod_keeps_running() {
+    if !cgroup2_available() {
+        return;
+    }
+    let top = "containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 1s\n";
+    let n = node_with("logflood", "", top);
+    // About 1 MiB/s: a flood the small disk of the VM holds for the test's length.
+    let flood = "  containers:\n  - name: app\n    image: busybox\n    \
+                 command: [sh, -c, 'while true; do yes | head -c 262144; sleep 0.25; done']\n";
+    n.write("flood.yaml", &pod_yaml("flood", flood));
+    n.write(
+        "quiet.yaml",
+        &pod_yaml("quiet", "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '3600']\n"),
+    );
+    let flood = n.wait_pod("flood", 20, "runs", |p| phase(p) == "Running");
+    n.wait_pod("quiet", 20, "runs", |p| phase(p) == "Running");
+    let uid = flood["metadata"]["uid"].as_str().unwrap();
+    let dir = n.logs.join(format!("default_flood-vm_{uid}/app"));
+    let files = || -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+            // A copy in progress is hidden until it is whole.
+            .filter(|(f, _)| !f.starts_with('.'))
+            .collect();
+        v.sort();
+        v
+    };
+    // Rotated at least once, and never more than containerLogMaxFiles files.
+    wait_until(30, "the flood's log is rotated", || files().iter().any(|(f, _)| f.starts_with("0.log.")));
+    for _ in 0..10 {
+        let f = files();
+        assert!(f.len() <= 3, "more than containerLogMaxFiles: {f:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The rotated files hold what was written: the flood's output, not holes.
+    let (rotated, _) = files().into_iter().find(|(f, _)| f.starts_with("0.log.")).unwrap();
+    let text = std::fs::read(dir.join(&rotated)).unwrap();
+    assert!(text.starts_with(b"y\n") && text.iter().all(|b| *b == b'y' || *b == b'\n'), "{rotated}");
+    assert_eq!(n.pod("quiet").map(|p| phase(&p).to_owned()), Some("Running".to_owned()));
+}
+
+#[test]
+fn a_yes_flood_that_fills_the_disk_evicts_the_flooder_and_only_it() {
+    if !cgroup2_available() {
+        return;
+    }
+    // `yes` writes faster than a 1 s rotation can keep up with on the VM's small disk: nodefs pressure comes,
+    // the flooder is evicted, its logs are reclaimed, and the quiet pod stays.
+    let top = "containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 2\ncontainerLogMonitorInterval: 1s\n";
+    let n = node_with("yesflood", "", top);
+    n.write(
+        "quiet.yaml",
+        &pod_yaml("quiet", "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '3600']\n"),
+    );
+    n.wait_pod("quiet", 20, "runs", |p| phase(p) == "Running");
+    n.write(
+        "flood.yaml",
+        &pod_yaml("flood", "  containers:\n  - name: app\n    image: busybox\n    command: ['yes']\n"),
+    );
+    let flood = n.wait_pod("flood", 60, "is evicted", |p| p["status"]["reason"] == "Evicted");
+    let uid = flood["metadata"]["uid"].as_str().unwrap();
+    wait_until(30, "the evicted flooder's logs are reclaimed", || {
+        !n.logs.join(format!("default_flood-vm_{uid}")).exists()
+    });
+    std::thread::sleep(Duration::from_secs(20));
+    assert_eq!(n.pod("quiet").map(|p| phase(&p).to_owned()), Some("Running".to_owned()), "{}", n.d.log());
+}
+
+#[test]
 fn a_hundred_static_pods_run() {
     if !cgroup2_available() {
         return;

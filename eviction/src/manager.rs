@@ -69,6 +69,11 @@ pub trait Evictor: Send + Sync + 'static {
     /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
     fn disk_usage(&self, uid: &str) -> u64;
 
+    /// Frees node storage without evicting a running pod (the logs of pods that are over); returns the bytes
+    /// freed. Called on disk pressure before any pod is evicted, as the kubelet reclaims node-level resources
+    /// first.
+    fn reclaim_disk(&self) -> u64;
+
     /// Evicts a pod with the given grace period; the pod ends `Failed` with reason `Evicted` and the message.
     /// Hands the eviction over and returns at once, without blocking: the loop calls it as soon as it has chosen
     /// the victim.
@@ -578,6 +583,14 @@ impl<E: Evictor> EvictionManager<E> {
         let needed = breach.deficit().saturating_sub(pending);
         if any_pending && needed == 0 {
             return;
+        }
+        // Node storage that no running pod needs goes first; the next pass sees what that freed.
+        if condition == Condition::DiskPressure {
+            let freed = self.evictor.reclaim_disk();
+            if freed > 0 {
+                tracing::info!(%signal, freed, "reclaimed the logs of pods that are over before evicting; looking again");
+                return;
+            }
         }
         let now = Instant::now();
         // A failure is remembered (so the next back-off is longer) until it has been over for the longest back-off.

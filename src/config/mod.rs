@@ -105,6 +105,8 @@ pub struct Config {
     pub daemon_cgroup: Option<String>,
     /// `maxOpenFiles`: the open-file limit the daemon raises itself to at start (`RLIMIT_NOFILE`).
     pub max_open_files: u64,
+    /// `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval`.
+    pub log_rotation: nodewarden_sync::LogRotation,
     /// The daemon cgroup's `memory.min` in bytes (`nodewarden.daemonMemoryMin`).
     pub daemon_memory_min: u64,
     /// `fileCheckFrequency`.
@@ -244,6 +246,29 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     let max_open_files = match *required(&c.max_open_files, "maxOpenFiles")? {
         n if n > 0 => u64::try_from(n).unwrap_or(u64::MAX),
         n => return Err(ConfigError::field("maxOpenFiles", format!("{n} is not a positive number of files"))),
+    };
+    let log_max_size = parse_non_negative(required(&c.container_log_max_size, "containerLogMaxSize")?)
+        .map_err(|e| ConfigError::field("containerLogMaxSize", e.to_string()))?;
+    if log_max_size == 0 {
+        return Err(ConfigError::field("containerLogMaxSize", "must be more than 0"));
+    }
+    let log_max_files = match *required(&c.container_log_max_files, "containerLogMaxFiles")? {
+        n if n >= 2 => u32::try_from(n).unwrap_or(u32::MAX),
+        n => {
+            return Err(ConfigError::field(
+                "containerLogMaxFiles",
+                format!("{n} is less than 2 (the kubelet's minimum)"),
+            ));
+        }
+    };
+    let log_interval = match duration_field(
+        "containerLogMonitorInterval",
+        required(&c.container_log_monitor_interval, "containerLogMonitorInterval")?,
+    )? {
+        d if d < Duration::from_secs(1) => {
+            return Err(ConfigError::field("containerLogMonitorInterval", "must be at least 1s"));
+        }
+        d => d,
     };
     let pod_pids_limit = match *required(&c.pod_pids_limit, "podPidsLimit")? {
         -1 | 0 => None,
@@ -403,6 +428,11 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         max_pod_grace_period,
         healthz,
         max_open_files,
+        log_rotation: nodewarden_sync::LogRotation {
+            max_size: log_max_size,
+            max_files: log_max_files,
+            interval: log_interval,
+        },
         static_pod_path: non_empty(required(&c.static_pod_path, "staticPodPath")?),
         container_runtime_endpoint: (!endpoint.is_empty()).then(|| endpoint.clone()),
         runtime_request_timeout,

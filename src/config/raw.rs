@@ -77,6 +77,12 @@ pub struct KubeletConfiguration {
     pub pod_pids_limit: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_open_files: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_log_max_size: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_log_max_files: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_log_monitor_interval: Option<String>,
     #[serde(rename = "cpuCFSQuota", skip_serializing_if = "Option::is_none")]
     pub cpu_cfs_quota: Option<bool>,
     #[serde(rename = "cpuCFSQuotaPeriod", skip_serializing_if = "Option::is_none")]
@@ -172,6 +178,9 @@ pub const IMPLEMENTED: &[&str] = &[
     "maxPods",
     "podPidsLimit",
     "maxOpenFiles",
+    "containerLogMaxSize",
+    "containerLogMaxFiles",
+    "containerLogMonitorInterval",
     "cpuCFSQuota",
     "cpuCFSQuotaPeriod",
     "memoryThrottlingFactor",
@@ -215,6 +224,9 @@ impl KubeletConfiguration {
         or(&mut self.max_pods, 110);
         or(&mut self.pod_pids_limit, -1);
         or(&mut self.max_open_files, 1_000_000);
+        or(&mut self.container_log_max_size, "10Mi".into());
+        or(&mut self.container_log_max_files, 5);
+        or(&mut self.container_log_monitor_interval, "10s".into());
         or(&mut self.cpu_cfs_quota, true);
         or(&mut self.cpu_cfs_quota_period, "100ms".into());
         or(&mut self.memory_throttling_factor, 0.9);

@@ -36,6 +36,9 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
     keep!(raw, old, needs_restart;
         static_pod_path => "staticPodPath",
         file_check_frequency => "fileCheckFrequency",
+        container_log_max_size => "containerLogMaxSize",
+        container_log_max_files => "containerLogMaxFiles",
+        container_log_monitor_interval => "containerLogMonitorInterval",
         pod_logs_dir => "podLogsDir",
         container_runtime_endpoint => "containerRuntimeEndpoint",
         serialize_image_pulls => "serializeImagePulls",

@@ -70,6 +70,9 @@ fn minimal_config_gets_kubelet_defaults() {
     let c = parse(HEAD).unwrap();
     assert_eq!(c.healthz, Some("127.0.0.1:10248".parse().unwrap()));
     assert_eq!(c.resources.max_pods, 110);
+    assert_eq!(c.max_open_files, 1_000_000);
+    assert_eq!(c.log_rotation, nodewarden_sync::LogRotation::default());
+    assert_eq!((c.log_rotation.max_size, c.log_rotation.max_files), (10 << 20, 5));
     assert_eq!(c.resources.pod_pids_limit, None);
     assert_eq!(c.resources.cgroup_root.as_str(), "/");
     assert!(c.resources.enforce_pods);
@@ -133,6 +136,11 @@ fn invalid_values_name_the_field() {
         ("evictionSoft:\n  memory.available: 1Gi\n", "evictionSoftGracePeriod.memory.available"),
         ("evictionSoftGracePeriod:\n  memory.available: soon\n", "evictionSoftGracePeriod.memory.available"),
         ("maxPods: -1\n", "maxPods"),
+        ("maxOpenFiles: 0\n", "maxOpenFiles"),
+        ("containerLogMaxSize: 0\n", "containerLogMaxSize"),
+        ("containerLogMaxSize: lots\n", "containerLogMaxSize"),
+        ("containerLogMaxFiles: 1\n", "containerLogMaxFiles"),
+        ("containerLogMonitorInterval: 10ms\n", "containerLogMonitorInterval"),
         ("maxPods: many\n", "maxPods"),
         ("healthzPort: 70000\n", "healthzPort"),
         ("healthzBindAddress: localhost\n", "healthzBindAddress"),

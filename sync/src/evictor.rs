@@ -17,7 +17,8 @@ use crate::volumes::pod_dir;
 const MAX_DEPTH: usize = 32;
 
 /// Bytes allocated by the files below `dir` on the same file system (a memory-backed emptyDir mounted below
-/// is not node storage), without following symbolic links.
+/// is not node storage), without following symbolic links. Only directories are compared by device: overlayfs
+/// reports a regular file's device as its layer's, not the overlay's, so a per-file check counts nothing there.
 pub(crate) fn du(dir: &Path) -> u64 {
     let Ok(meta) = std::fs::symlink_metadata(dir) else { return 0 };
     let dev = meta.dev();
@@ -27,7 +28,7 @@ pub(crate) fn du(dir: &Path) -> u64 {
         let Ok(entries) = std::fs::read_dir(&d) else { continue };
         for e in entries.flatten() {
             let Ok(m) = e.path().symlink_metadata() else { continue };
-            if m.dev() != dev {
+            if m.is_dir() && m.dev() != dev {
                 continue;
             }
             total = total.saturating_add(m.blocks().saturating_mul(512));
@@ -45,6 +46,28 @@ impl<R: Runtime> Evictor for PodManager<R> {
         let volumes = pod_dir(&settings.root_dir, uid).join("volumes");
         let logs = self.store().get(uid).map_or(0, |p| du(&settings.log_dir.join(pod_log_dir_name(&p))));
         du(&volumes).saturating_add(logs)
+    }
+
+    fn reclaim_disk(&self) -> u64 {
+        let log_dir = &self.settings().log_dir;
+        let mut freed = 0u64;
+        for pod in self.store().finished() {
+            let dir = log_dir.join(pod_log_dir_name(&pod));
+            let bytes = du(&dir);
+            if bytes == 0 {
+                continue;
+            }
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!(pod = %nodewarden_resources::pod::full_name(&pod), bytes, "reclaimed the logs of a pod that is over");
+                    freed = freed.saturating_add(bytes);
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the logs of a pod that is over")
+                }
+            }
+        }
+        freed
     }
 
     fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String> {

@@ -9,6 +9,7 @@
 mod backoff;
 pub mod cri;
 mod evictor;
+mod logs;
 mod manager;
 mod manifest;
 mod metrics;
@@ -26,6 +27,7 @@ mod subpath;
 mod volumes;
 mod worker;
 
+pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{
     CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, MAX_MANIFEST_BYTES, ManifestError, parse_static_pod,

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -315,6 +315,19 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Forgets a container that exited (and frees what the runtime kept for it).
     fn remove(&self, id: &str) -> impl Future<Output = ()> + Send;
+
+    /// Moves the live log `log` of running container `id` aside to `to`. The default copies and truncates it, for
+    /// a runtime whose containers hold their log open with `O_APPEND`.
+    fn rotate_log(&self, id: &str, log: &Path, to: &Path) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        let _ = id;
+        let (log, to) = (log.to_path_buf(), to.to_path_buf());
+        async move {
+            tokio::task::spawn_blocking(move || crate::logs::copy_truncate(&log, &to))
+                .await
+                .map_err(|e| RuntimeError::Other(e.to_string()))?
+                .map_err(|e| RuntimeError::Other(format!("cannot rotate the log: {e}")))
+        }
+    }
 }
 
 /// The pod sandboxes of a runtime that has them.

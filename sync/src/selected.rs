@@ -72,4 +72,8 @@ impl Runtime for SelectedRuntime {
     async fn remove(&self, id: &str) {
         each!(self, r => r.remove(id).await)
     }
+
+    async fn rotate_log(&self, id: &str, log: &std::path::Path, to: &std::path::Path) -> Result<(), RuntimeError> {
+        each!(self, r => r.rotate_log(id, log, to).await)
+    }
 }

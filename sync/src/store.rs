@@ -69,6 +69,16 @@ impl StatusStore {
         self.pods.read().unwrap_or_else(PoisonError::into_inner).get(uid).cloned()
     }
 
+    /// The pods that are over (phase `Succeeded` or `Failed`: finished or evicted).
+    pub fn finished(&self) -> Vec<Pod> {
+        let over = [PodPhase::Succeeded.as_str(), PodPhase::Failed.as_str()];
+        let pods = self.pods.read().unwrap_or_else(PoisonError::into_inner);
+        pods.values()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|ph| over.contains(&ph)))
+            .cloned()
+            .collect()
+    }
+
     /// Replaces the list of refused manifests.
     pub fn set_invalid(&self, invalid: Vec<InvalidManifest>) {
         *self.invalid.write().unwrap_or_else(PoisonError::into_inner) = invalid;

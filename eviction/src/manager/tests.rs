@@ -24,6 +24,8 @@ struct FakeEvictor {
     attempts: StdMutex<Vec<String>>,
     evicted: StdMutex<Vec<(String, Duration, String)>>,
     terminations: StdMutex<Vec<oneshot::Sender<()>>>,
+    /// Bytes the next `reclaim_disk` frees (dead pods' logs).
+    reclaimable: StdMutex<u64>,
     /// The SIGTERM and termination confirmations of hanging pods, held unsent.
     unsent: StdMutex<Vec<(oneshot::Sender<Instant>, oneshot::Sender<()>)>>,
 }
@@ -31,6 +33,10 @@ struct FakeEvictor {
 impl Evictor for FakeEvictor {
     fn disk_usage(&self, uid: &str) -> u64 {
         if uid.starts_with("writer") { 50 * MIB } else { MIB }
+    }
+
+    fn reclaim_disk(&self) -> u64 {
+        std::mem::take(&mut *self.reclaimable.lock().unwrap())
     }
 
     fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String> {
@@ -365,9 +371,14 @@ async fn disk_pressure_ranks_by_ephemeral_storage() {
         settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]),
         vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), 100 * MIB, 1)],
     );
+    // The logs of pods that are over go first: that pass evicts nobody.
+    *r.evictor.reclaimable.lock().unwrap() = 10 * MIB;
     r.manager.pass().await;
     settle().await;
+    assert!(r.evictor.victims().is_empty(), "a running pod was evicted while dead pods' logs could be reclaimed");
     // A threshold of 100 % can never be met by eviction: every pod goes, the biggest writer first.
+    r.manager.pass().await;
+    settle().await;
     assert_eq!(r.evictor.victims(), ["writer", "quiet"]);
     assert!(r.evictor.evicted.lock().unwrap()[0].2.contains("low on resource: ephemeral-storage"));
 }

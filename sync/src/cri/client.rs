@@ -12,8 +12,8 @@ use nodewarden_proto::v1::{
     Container, ContainerFilter, ContainerStatusRequest, ContainerStatusResponse, CreateContainerRequest,
     ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest, ListContainersRequest, ListImagesRequest,
     ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxStatusRequest, PodSandboxStatusResponse,
-    PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
+    PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, ReopenContainerLogRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -254,6 +254,12 @@ impl CriClient {
     pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
         let req = RemoveContainerRequest { container_id: id.to_owned() };
         rpc!(self, runtime.remove_container("RemoveContainer", req, self.timeout)).map(|_| ())
+    }
+
+    /// `ReopenContainerLog`: the runtime writes the container's log to a new file at its log path.
+    pub async fn reopen_container_log(&self, id: &str) -> Result<(), CriError> {
+        let req = ReopenContainerLogRequest { container_id: id.to_owned() };
+        rpc!(self, runtime.reopen_container_log("ReopenContainerLog", req, self.timeout)).map(|_| ())
     }
 
     /// `ListContainers`.

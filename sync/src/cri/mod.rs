@@ -476,6 +476,17 @@ impl Runtime for CriRuntime {
             tracing::debug!(container_id = %id, error = %e, "RemoveContainer failed");
         }
     }
+
+    /// Renames the live log and asks the runtime to reopen it, as the kubelet rotates under CRI.
+    async fn rotate_log(&self, id: &str, log: &std::path::Path, to: &std::path::Path) -> Result<(), RuntimeError> {
+        std::fs::rename(log, to).map_err(|e| RuntimeError::Other(format!("cannot rotate the log: {e}")))?;
+        if let Err(e) = self.client.reopen_container_log(id).await {
+            // The runtime keeps writing to the renamed file: put it back, so that nothing is lost.
+            let _ = std::fs::rename(to, log);
+            return Err(runtime_error(e));
+        }
+        Ok(())
+    }
 }
 
 /// The exit of a container whose watch ended without one (the runtime was dropped).

@@ -205,6 +205,14 @@ impl RuntimeService for Fake {
         Ok(Response::new(RemoveContainerResponse {}))
     }
 
+    async fn reopen_container_log(
+        &self,
+        r: Request<ReopenContainerLogRequest>,
+    ) -> Result<Response<ReopenContainerLogResponse>, Status> {
+        self.record(&format!("ReopenContainerLog {}", r.into_inner().container_id));
+        Ok(Response::new(ReopenContainerLogResponse {}))
+    }
+
     async fn list_containers(
         &self,
         r: Request<ListContainersRequest>,
@@ -518,4 +526,18 @@ async fn a_runtime_that_does_not_serve_cri_v1_is_refused() {
     let err = rt.check_version().await.unwrap_err();
     assert!(!err.is_transient());
     assert!(err.to_string().contains("v1alpha2"), "{err}");
+}
+
+#[tokio::test]
+async fn a_log_is_rotated_by_rename_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let rt = started(&fake, dir.path());
+    let log = dir.path().join("0.log");
+    std::fs::write(&log, "old lines\n").unwrap();
+    let to = dir.path().join("0.log.20261201-000000");
+    rt.rotate_log("c1", &log, &to).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&to).unwrap(), "old lines\n");
+    assert!(!log.exists(), "the runtime makes the new file when it reopens");
+    assert_eq!(fake.state().calls.last().map(String::as_str), Some("ReopenContainerLog c1"));
 }

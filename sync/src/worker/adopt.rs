@@ -84,7 +84,7 @@ impl<R: Runtime> Worker<R> {
             {
                 started.started_at = s.started_at.unwrap_or(started.started_at);
                 tracing::info!(pod = %self.full_name(), container = %name, pid = started.pid, "adopted running container");
-                let running = self.attach(started, &name).running(now);
+                let running = self.attach(started, &name, s.restarts).running(now);
                 self.lifecycle.containers[i].state = ContainerState::Running(running);
                 any_app |= role == Role::App;
             }

@@ -60,7 +60,7 @@ impl<R: Runtime> Worker<R> {
             Completed::Started { index, attempt, result } => {
                 let result = result.map(|started| {
                     let name = self.lifecycle.containers.get(index).map(|c| c.name.clone()).unwrap_or_default();
-                    self.attach(started, &name)
+                    self.attach(started, &name, attempt)
                 });
                 Input::ContainerStarted { index, attempt, result }
             }
@@ -158,9 +158,19 @@ impl<R: Runtime> Worker<R> {
         out
     }
 
-    /// Watches a running container: its exit and its probes, until it is removed.
-    fn watch(&mut self, id: String, probes: Vec<(ProbeKind, ProbeConfig)>) {
+    /// Watches a running container: its exit, its probes and the size of its log `log`, until it is removed.
+    fn watch(&mut self, id: String, probes: Vec<(ProbeKind, ProbeConfig)>, log: std::path::PathBuf) {
         let mut tasks = JoinSet::new();
+        let rotation = self.shared.settings.log_rotation;
+        let (runtime, rotated) = (self.shared.runtime.clone(), id.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(rotation.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                crate::logs::rotate_if_full(&*runtime, &rotated, &log, &rotation).await;
+            }
+        });
         let runtime = self.shared.runtime.clone();
         let events = self.events.clone();
         let watched = id.clone();
@@ -188,10 +198,11 @@ impl<R: Runtime> Worker<R> {
         self.containers.insert(id, tasks);
     }
 
-    /// Watches a container that started (or that an earlier daemon started).
-    pub(super) fn attach(&mut self, started: Started, name: &str) -> StartedContainer {
+    /// Watches a container that started (or that an earlier daemon started) for its run number `attempt`.
+    pub(super) fn attach(&mut self, started: Started, name: &str, attempt: u32) -> StartedContainer {
         let probes = self.probes(name);
-        self.watch(started.id.clone(), probes.clone());
+        let log = crate::spec::log_dir(&self.shared.settings.log_dir, &self.pod, name).join(format!("{attempt}.log"));
+        self.watch(started.id.clone(), probes.clone(), log);
         StartedContainer { id: started.id, pid: started.pid, started_at: started.started_at, probes }
     }
 

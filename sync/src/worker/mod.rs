@@ -43,6 +43,8 @@ pub struct SyncSettings {
     pub log_dir: PathBuf,
     /// The node name.
     pub node_name: String,
+    /// Container log rotation.
+    pub log_rotation: crate::LogRotation,
 }
 
 /// What the workers share.

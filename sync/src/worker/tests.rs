@@ -194,7 +194,12 @@ fn harness_on(host: FakeHost) -> Harness {
     let mut rm = ResourceManager::new(fs, host.host(), config).unwrap();
     rm.setup().unwrap();
     let fake = Arc::new(Fake::default());
-    let settings = SyncSettings { root_dir: p.join("root"), log_dir: p.join("logs"), node_name: "n".into() };
+    let settings = SyncSettings {
+        root_dir: p.join("root"),
+        log_dir: p.join("logs"),
+        node_name: "n".into(),
+        log_rotation: crate::LogRotation::default(),
+    };
     let metrics = SyncMetrics::new(&prometheus::Registry::new()).unwrap();
     let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics);
     let (tx, rx) = mpsc::channel(4);

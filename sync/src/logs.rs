@@ -1,0 +1,134 @@
+//! Container log rotation, as the kubelet's container log manager does it: every `containerLogMonitorInterval`, a
+//! running container's log that reached `containerLogMaxSize` is moved aside to `<log>.<UTC timestamp>`, and the
+//! oldest rotated files beyond `containerLogMaxFiles` (the live one counts) are removed. How the live file is moved
+//! aside is the runtime's ([`crate::Runtime::rotate_log`]): copy and truncate where the container holds the file
+//! open with `O_APPEND` (the process runtime), rename and `ReopenContainerLog` under CRI.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The log rotation settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRotation {
+    /// `containerLogMaxSize` in bytes.
+    pub max_size: u64,
+    /// `containerLogMaxFiles`, the live file included (at least 2).
+    pub max_files: u32,
+    /// `containerLogMonitorInterval`.
+    pub interval: Duration,
+}
+
+impl Default for LogRotation {
+    fn default() -> Self {
+        Self { max_size: 10 << 20, max_files: 5, interval: Duration::from_secs(10) }
+    }
+}
+
+/// The name a log is rotated to now: `<log>.<YYYYmmdd-HHMMSS>` (UTC), with a counter after the highest one of that
+/// second when the log was rotated within it already (so names sort by age even after the oldest were removed).
+pub fn rotated_name(log: &Path) -> PathBuf {
+    let stamp = jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S").to_string();
+    let same_second = rotated_keys(log).into_iter().filter(|((s, _), _)| *s == stamp).map(|((_, n), _)| n).max();
+    match same_second {
+        None => PathBuf::from(format!("{}.{stamp}", log.display())),
+        Some(n) => PathBuf::from(format!("{}.{stamp}.{}", log.display(), n.saturating_add(1))),
+    }
+}
+
+/// The rotated files of `log`, oldest first.
+fn rotated(log: &Path) -> Vec<PathBuf> {
+    rotated_keys(log).into_iter().map(|(_, p)| p).collect()
+}
+
+/// The rotated files of `log` with their (timestamp, counter), oldest first.
+fn rotated_keys(log: &Path) -> Vec<((String, u64), PathBuf)> {
+    let (Some(dir), Some(name)) = (log.parent(), log.file_name()) else { return Vec::new() };
+    let prefix = format!("{}.", name.to_string_lossy());
+    let mut out: Vec<((String, u64), PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix(&prefix)?;
+            // `<stamp>` or `<stamp>.<n>`: by time, then by the counter of rotations within one second.
+            let (stamp, n) = rest.split_once('.').map_or((rest, 0), |(s, n)| (s, n.parse().unwrap_or(0)));
+            Some(((stamp.to_owned(), n), e.path()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Removes the oldest rotated files of `log` so that at most `keep` are left.
+pub fn prune(log: &Path, keep: u32) {
+    let files = rotated(log);
+    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+    for old in files.iter().take(files.len().saturating_sub(keep)) {
+        if let Err(e) = std::fs::remove_file(old) {
+            tracing::debug!(file = %old.display(), error = %e, "cannot remove a rotated log");
+        }
+    }
+}
+
+/// Copies `log` to `to` (through a hidden file, so `to` appears whole), then truncates it: the way to rotate a file
+/// that a process keeps open with `O_APPEND` (its next write lands at the new end). What is written between the
+/// copy and the truncation is lost.
+pub fn copy_truncate(log: &Path, to: &Path) -> std::io::Result<()> {
+    let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = to.with_file_name(format!(".{name}.tmp"));
+    if let Err(e) = std::fs::copy(log, &tmp).and_then(|_| std::fs::rename(&tmp, to)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::OpenOptions::new().write(true).open(log)?.set_len(0)
+}
+
+/// Rotates `log` of container `id` through `runtime` when it is full: the oldest rotated files go first, so that
+/// with the new one there are never more than `containerLogMaxFiles`, the live file included.
+pub async fn rotate_if_full<R: crate::runtime::Runtime>(runtime: &R, id: &str, log: &Path, cfg: &LogRotation) {
+    if !is_full(log, cfg) {
+        return;
+    }
+    prune(log, cfg.max_files.saturating_sub(2));
+    let to = rotated_name(log);
+    if let Err(e) = runtime.rotate_log(id, log, &to).await {
+        tracing::warn!(container_id = %id, error = %e, "cannot rotate the container's log");
+    }
+}
+
+/// Whether `log` has reached the size at which it is rotated.
+pub fn is_full(log: &Path, cfg: &LogRotation) -> bool {
+    std::fs::metadata(log).is_ok_and(|m| m.len() >= cfg.max_size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotates_by_copy_and_truncate_and_keeps_at_most_max_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        let cfg = LogRotation { max_size: 1024, max_files: 3, interval: Duration::from_secs(1) };
+        let mut writer = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        use std::io::Write;
+        for round in 0..5 {
+            writer.write_all(&vec![b'a' + round; 2048]).unwrap();
+            assert!(is_full(&log, &cfg));
+            prune(&log, cfg.max_files - 2);
+            copy_truncate(&log, &rotated_name(&log)).unwrap();
+            assert!(!is_full(&log, &cfg));
+        }
+        // The writer goes on at the start of the truncated file.
+        writer.write_all(b"after").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "after");
+        let kept = rotated(&log);
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        // The newest two rounds are kept.
+        let last = std::fs::read(kept.last().unwrap()).unwrap();
+        assert!(last.iter().all(|b| *b == b'e') && last.len() == 2048);
+        let before = std::fs::read(&kept[0]).unwrap();
+        assert!(before.iter().all(|b| *b == b'd'));
+    }
+}
