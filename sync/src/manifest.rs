@@ -239,6 +239,22 @@ fn validate_probe(p: &Probe, at: &str) -> Result<(), ManifestError> {
             return Err(invalid(format!("{at}.{field}"), "must not be negative"));
         }
     }
+    // The path and header values go into the request as they are: a CR or LF would end a line and let the
+    // manifest write its own headers or a second request.
+    if let Some(h) = &p.http_get {
+        let control = |s: &str| s.chars().any(char::is_control);
+        if h.path.as_deref().is_some_and(control) {
+            return Err(invalid(format!("{at}.httpGet.path"), "must not contain control characters (CR, LF)"));
+        }
+        for header in h.http_headers.iter().flatten() {
+            if control(&header.name) || control(&header.value) || header.name.contains(':') {
+                return Err(invalid(
+                    format!("{at}.httpGet.httpHeaders[{}]", header.name.escape_debug()),
+                    "a header name or value must not contain control characters (CR, LF), nor a name ':'",
+                ));
+            }
+        }
+    }
     Ok(())
 }
 

@@ -176,6 +176,7 @@ impl StaticPodSource {
         let mut pods = Vec::new();
         let mut invalid = Vec::new();
         let mut names: BTreeMap<(String, String), PathBuf> = BTreeMap::new();
+        let mut uids: BTreeMap<String, PathBuf> = BTreeMap::new();
         for (path, key) in files {
             match self.parse(&path, key) {
                 Ok(pod) => {
@@ -183,13 +184,22 @@ impl StaticPodSource {
                         pod.metadata.namespace.clone().unwrap_or_default(),
                         pod.metadata.name.clone().unwrap_or_default(),
                     );
+                    let uid = pod.metadata.uid.clone().unwrap_or_default();
                     if let Some(first) = names.get(&full) {
                         let error = ManifestError::Invalid {
                             field: "metadata.name".into(),
                             message: format!("pod {}/{} is already defined in {}", full.0, full.1, first.display()),
                         };
                         invalid.push(InvalidManifest { path, error });
+                    } else if let Some(first) = uids.get(&uid) {
+                        // Two pods with one UID would share a cgroup, a state file and volumes.
+                        let error = ManifestError::Invalid {
+                            field: "metadata.uid".into(),
+                            message: format!("uid {uid} is already used by {}", first.display()),
+                        };
+                        invalid.push(InvalidManifest { path, error });
                     } else {
+                        uids.insert(uid, path.clone());
                         names.insert(full, path);
                         pods.push(pod);
                     }
@@ -329,20 +339,27 @@ mod tests {
         std::fs::write(dir.path().join("b.yaml"), "kind: Deployment\n").unwrap();
         std::fs::write(dir.path().join("c.yaml"), POD.replace("NAME", "a")).unwrap();
         std::fs::write(dir.path().join(".a.yaml.swp"), "garbage").unwrap();
+        // Two manifests naming one UID explicitly: the second is refused.
+        let with_uid = |n: &str| {
+            POD.replace("NAME", n).replace("metadata: {", "metadata: {uid: 11111111-2222-3333-4444-555555555555, ")
+        };
+        std::fs::write(dir.path().join("d.yaml"), with_uid("d")).unwrap();
+        std::fs::write(dir.path().join("e.yaml"), with_uid("e")).unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         let mut src = StaticPodSource::new(dir.path(), "n", Duration::from_secs(20));
         let s = src.scan().unwrap();
-        assert_eq!(s.pods.len(), 1);
+        assert_eq!(s.pods.len(), 2);
         assert_eq!(s.pods[0].metadata.name.as_deref(), Some("a-n"));
-        assert_eq!(s.invalid.len(), 2);
+        assert_eq!(s.invalid.len(), 3);
         assert!(s.invalid[0].error.to_string().contains("not a Pod"));
         assert!(s.invalid[1].error.to_string().contains("already defined in"), "{}", s.invalid[1].error);
+        assert!(s.invalid[2].error.to_string().contains("is already used by"), "{}", s.invalid[2].error);
         // Unchanged files give the same snapshot; removing one drops it.
         assert_eq!(src.scan(), Some(s));
         std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
         let s = src.scan().unwrap();
-        assert_eq!(s.pods.len(), 1, "c.yaml's pod is no longer a duplicate");
-        assert_eq!(s.invalid.len(), 1);
+        assert_eq!(s.pods.len(), 2, "c.yaml's pod is no longer a duplicate");
+        assert_eq!(s.invalid.len(), 2);
     }
 
     #[test]

@@ -54,6 +54,14 @@ fn uid_follows_content_not_formatting() {
 fn bad_manifests_get_clear_reasons() {
     let cases: &[(&str, &str)] = &[
         ("", "the manifest is empty"),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: a, image: b, livenessProbe: {httpGet: {port: 80, path: \"/h\\r\\nX-Evil: 1\"}}}]}\n",
+            "livenessProbe.httpGet.path",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: a, image: b, readinessProbe: {httpGet: {port: 80, httpHeaders: [{name: A, value: \"v\\nB: 2\"}]}}}]}\n",
+            "readinessProbe.httpGet.httpHeaders[A]",
+        ),
         ("{ not yaml: [", "not valid YAML or JSON"),
         ("apiVersion: apps/v1\nkind: Deployment\n", "not a Pod: apiVersion \"apps/v1\", kind \"Deployment\""),
         ("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: 7}\n", "spec.containers:"),
