@@ -146,14 +146,11 @@ fn check_host_path(path: &Path, kind: HostPathType) -> Result<(), String> {
     match (kind, meta) {
         (HostPathType::Any, _) => Ok(()),
         (HostPathType::DirectoryOrCreate, Err(_)) => {
-            std::fs::create_dir_all(path).map_err(|e| format!("cannot create hostPath {shown}: {e}"))
+            create_beneath_root(path, true).map_err(|e| format!("cannot create hostPath {shown}: {e}"))
         }
-        (HostPathType::FileOrCreate, Err(_)) => std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map(|_| ())
-            .map_err(|e| format!("cannot create hostPath {shown}: {e}")),
+        (HostPathType::FileOrCreate, Err(_)) => {
+            create_beneath_root(path, false).map_err(|e| format!("cannot create hostPath {shown}: {e}"))
+        }
         (_, Err(e)) => Err(format!("hostPath {shown}: {e}")),
         (HostPathType::DirectoryOrCreate | HostPathType::Directory, Ok(m)) => want(m.is_dir(), "directory"),
         (HostPathType::FileOrCreate | HostPathType::File, Ok(m)) => want(m.is_file(), "file"),
@@ -161,6 +158,54 @@ fn check_host_path(path: &Path, kind: HostPathType) -> Result<(), String> {
         (HostPathType::CharDevice, Ok(m)) => want(m.file_type().is_char_device(), "character device"),
         (HostPathType::BlockDevice, Ok(m)) => want(m.file_type().is_block_device(), "block device"),
     }
+}
+
+/// Creates the hostPath `path` (a directory with its missing parents, or an empty file whose parent exists, as the
+/// kubelet does) one component at a time, following only symbolic links that root owns: a link a user planted in a
+/// world-writable directory (`/tmp/x -> /etc`) is refused, so nothing is created through it.
+fn create_beneath_root(path: &Path, dir: bool) -> Result<(), String> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, mkdirat, openat, statat};
+    use rustix::io::Errno;
+    let path_flags = OFlags::PATH | OFlags::CLOEXEC;
+    let mut cur = rustix::fs::open("/", path_flags | OFlags::DIRECTORY, Mode::empty()).map_err(|e| e.to_string())?;
+    let names: Vec<&std::ffi::OsStr> = path
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        let last = i + 1 == names.len();
+        match statat(&cur, *name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink && st.st_uid != 0 => {
+                return Err(format!(
+                    "{} is a symbolic link owned by uid {}; nothing is created through it",
+                    name.display(),
+                    st.st_uid
+                ));
+            }
+            Ok(_) => {}
+            Err(Errno::NOENT) if last && !dir => {
+                let f = openat(
+                    &cur,
+                    *name,
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o644),
+                );
+                return f.map(drop).map_err(|e| e.to_string());
+            }
+            Err(Errno::NOENT) if dir => mkdirat(&cur, *name, Mode::from_raw_mode(0o755))
+                .or_else(|e| if e == Errno::EXIST { Ok(()) } else { Err(e) })
+                .map_err(|e| e.to_string())?,
+            Err(e) => return Err(e.to_string()),
+        }
+        if last {
+            return Ok(());
+        }
+        cur = openat(&cur, *name, path_flags | OFlags::DIRECTORY, Mode::empty()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 fn mount_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), String> {
@@ -314,5 +359,44 @@ mod tests {
             ..Volume::default()
         };
         assert!(prepare(dir.path(), "u2", &[missing], None).unwrap_err().contains("volume m: hostPath /definitely"));
+    }
+
+    #[test]
+    fn or_create_host_paths_create_nothing_through_a_planted_link() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("etc");
+        std::fs::create_dir(&target).unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let link = tmp.join("x");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        // A link a user owns (in a world-writable directory, say) is not followed.
+        rustix::fs::chownat(
+            rustix::fs::CWD,
+            &link,
+            Some(rustix::process::Uid::from_raw(1000)),
+            None,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+        for kind in [HostPathType::DirectoryOrCreate, HostPathType::FileOrCreate] {
+            let err = check_host_path(&link.join("evil"), kind).unwrap_err();
+            assert!(err.contains("symbolic link owned by uid 1000"), "{err}");
+        }
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "nothing was created through the link");
+        // Root's links are followed, as /var/run -> /run is.
+        rustix::fs::chownat(
+            rustix::fs::CWD,
+            &link,
+            Some(rustix::process::Uid::ROOT),
+            None,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+        check_host_path(&link.join("a/b"), HostPathType::DirectoryOrCreate).unwrap();
+        check_host_path(&link.join("f"), HostPathType::FileOrCreate).unwrap();
+        assert!(target.join("a/b").is_dir() && target.join("f").is_file());
+        assert_eq!(std::fs::metadata(target.join("f")).unwrap().mode() & 0o777, 0o644);
     }
 }
