@@ -230,6 +230,9 @@ pub enum DaemonError {
     /// The host cannot run nodewarden (no cgroup v2, missing controllers, not writable).
     #[error(transparent)]
     Host(#[from] nodewarden_resources::HostError),
+    /// `protectKernelDefaults` and a kernel tunable that differs.
+    #[error(transparent)]
+    KernelDefaults(#[from] crate::kernel_defaults::KernelDefaultsError),
     /// Another nodewarden holds the node lock in rootDir.
     #[error(transparent)]
     Locked(#[from] crate::lock::LockError),
@@ -251,6 +254,8 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     }
     let fs = CgroupFs::new(&config.cgroup_mount, config.resources.cgroup_root.clone());
     check_host(&fs, &config.resources.cgroup_root)?;
+    // Only on a host that can run pods: nothing is changed where the daemon will not run.
+    crate::kernel_defaults::ensure(Path::new("/proc/sys"), config.protect_kernel_defaults)?;
     if config.resources.memory_qos && !kernel_at_least(5, 9) {
         tracing::warn!("Memory QoS needs Linux 5.9 or newer; memory.min and memory.high are not set");
         config.resources.memory_qos = false;

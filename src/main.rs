@@ -7,6 +7,7 @@ mod config;
 mod cri;
 mod daemon;
 mod http;
+mod kernel_defaults;
 mod lock;
 mod metrics;
 mod reload;
@@ -145,6 +146,10 @@ fn run(path: &std::path::Path) -> Exit {
     };
     match runtime.block_on(daemon::run(config, path.to_path_buf())) {
         Ok(()) => Exit::Ok,
+        Err(daemon::DaemonError::KernelDefaults(e)) => {
+            tracing::error!("{e}");
+            Exit::Host
+        }
         Err(daemon::DaemonError::Host(e)) => {
             tracing::error!("{e}");
             Exit::Host

@@ -104,7 +104,7 @@ fn a_static_pod_runs_as_a_sandbox_at_its_placement() {
         return;
     }
     let _serial = serial();
-    let n = cri_node("cri-place", "");
+    let n = cri_node("cri-place", "featureGates:\n  MemoryQoS: true\n");
     let limits = "    resources:\n      requests: {memory: 32Mi, cpu: 100m}\n      limits: {memory: 64Mi}\n";
     let probe = "    readinessProbe:\n      exec: {command: [cat, /etc/passwd]}\n      periodSeconds: 2\n";
     n.write("web.yaml", &busybox_pod("web", "echo hello from cri; exec sleep 3600", &format!("{limits}{probe}"), ""));

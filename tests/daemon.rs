@@ -308,3 +308,26 @@ fn a_flood_of_stalled_connections_leaves_the_daemon_serving_and_evicting() {
     drop(flood);
     assert_eq!(d.stop(), Some(0), "{}", d.log());
 }
+
+#[test]
+fn protect_kernel_defaults_refuses_a_differing_tunable_and_otherwise_sets_it() {
+    if !cgroup2_available() {
+        return;
+    }
+    let panic = Path::new("/proc/sys/kernel/panic");
+    std::fs::write(panic, "0").unwrap();
+    let mut d = Daemon::new("kdefaults", "protectKernelDefaults: true\n");
+    let out = Command::new(BIN).args(["run", "--config"]).arg(d.config_path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("kernel.panic is 0, the kubelet needs 10"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(panic).unwrap().trim(), "0", "nothing is set with the flag on");
+    // Without the flag the daemon sets it, and says so.
+    let config = std::fs::read_to_string(d.config_path()).unwrap().replace("protectKernelDefaults: true", "");
+    std::fs::write(d.config_path(), config).unwrap();
+    d.start();
+    d.wait_ready();
+    assert_eq!(std::fs::read_to_string(panic).unwrap().trim(), "10");
+    assert!(d.log().contains("set a kernel tunable the kubelet needs"), "{}", d.log());
+    assert_eq!(d.stop(), Some(0));
+}

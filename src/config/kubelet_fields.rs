@@ -60,7 +60,6 @@ pub const IGNORED: &[&str] = &[
     "maxParallelImagePulls",
     "podsPerCore",
     "enableControllerAttachDetach",
-    "protectKernelDefaults",
     "makeIPTablesUtilChains",
     "iptablesMasqueradeBit",
     "iptablesDropBit",

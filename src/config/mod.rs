@@ -105,6 +105,9 @@ pub struct Config {
     pub daemon_cgroup: Option<String>,
     /// `maxOpenFiles`: the open-file limit the daemon raises itself to at start (`RLIMIT_NOFILE`).
     pub max_open_files: u64,
+    /// `protectKernelDefaults`: refuse to start on kernel tunables that differ from the kubelet's, instead of
+    /// setting them.
+    pub protect_kernel_defaults: bool,
     /// `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval`.
     pub log_rotation: nodewarden_sync::LogRotation,
     /// The daemon cgroup's `memory.min` in bytes (`nodewarden.daemonMemoryMin`).
@@ -286,7 +289,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
             format!("{factor} must be greater than 0 and at most 1"),
         ));
     }
-    let memory_qos = required(&c.feature_gates, "featureGates")?.get("MemoryQoS").copied().unwrap_or(true);
+    let memory_qos = required(&c.feature_gates, "featureGates")?.get("MemoryQoS").copied().unwrap_or(false);
     let high = *required(&c.image_gc_high_threshold_percent, "imageGCHighThresholdPercent")?;
     let low = *required(&c.image_gc_low_threshold_percent, "imageGCLowThresholdPercent")?;
     for (field, v) in [("imageGCHighThresholdPercent", high), ("imageGCLowThresholdPercent", low)] {
@@ -330,6 +333,12 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         .parse()
         .map_err(|_| ConfigError::field("healthzBindAddress", format!("{addr_text:?} is not an IP address")))?;
     let healthz = (port != 0).then_some(SocketAddr::new(addr, port));
+    if healthz.is_some() && !addr.is_loopback() {
+        warnings.push(format!(
+            "healthzBindAddress {addr} is not a loopback address: /pods (every pod's spec, env values included), \
+             /configz and /evictions are served unauthenticated to whoever reaches {addr}:{port}"
+        ));
+    }
 
     let endpoint = required(&c.container_runtime_endpoint, "containerRuntimeEndpoint")?;
     if !endpoint.is_empty() && !endpoint.starts_with("unix://") {
@@ -428,6 +437,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         max_pod_grace_period,
         healthz,
         max_open_files,
+        protect_kernel_defaults: *required(&c.protect_kernel_defaults, "protectKernelDefaults")?,
         log_rotation: nodewarden_sync::LogRotation {
             max_size: log_max_size,
             max_files: log_max_files,

@@ -78,6 +78,8 @@ pub struct KubeletConfiguration {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_open_files: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub protect_kernel_defaults: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub container_log_max_size: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container_log_max_files: Option<i64>,
@@ -178,6 +180,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "maxPods",
     "podPidsLimit",
     "maxOpenFiles",
+    "protectKernelDefaults",
     "containerLogMaxSize",
     "containerLogMaxFiles",
     "containerLogMonitorInterval",
@@ -224,6 +227,7 @@ impl KubeletConfiguration {
         or(&mut self.max_pods, 110);
         or(&mut self.pod_pids_limit, -1);
         or(&mut self.max_open_files, 1_000_000);
+        or(&mut self.protect_kernel_defaults, false);
         or(&mut self.container_log_max_size, "10Mi".into());
         or(&mut self.container_log_max_files, 5);
         or(&mut self.container_log_monitor_interval, "10s".into());

@@ -36,6 +36,7 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
     keep!(raw, old, needs_restart;
         static_pod_path => "staticPodPath",
         file_check_frequency => "fileCheckFrequency",
+        protect_kernel_defaults => "protectKernelDefaults",
         container_log_max_size => "containerLogMaxSize",
         container_log_max_files => "containerLogMaxFiles",
         container_log_monitor_interval => "containerLogMonitorInterval",

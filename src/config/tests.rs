@@ -76,7 +76,7 @@ fn minimal_config_gets_kubelet_defaults() {
     assert_eq!(c.resources.pod_pids_limit, None);
     assert_eq!(c.resources.cgroup_root.as_str(), "/");
     assert!(c.resources.enforce_pods);
-    assert!(c.resources.memory_qos);
+    assert!(!c.resources.memory_qos, "off by default, as in the kubelet");
     assert_eq!(c.resources.cpu_cfs_period_us, 100_000);
     assert_eq!(c.pressure_transition_period, Duration::from_secs(300));
     // The kubelet's five, and allocatableMemory.available derived from memory.available (pods are enforced).
@@ -86,6 +86,15 @@ fn minimal_config_gets_kubelet_defaults() {
     assert_eq!(c.container_runtime_endpoint, None);
     assert_eq!(c.cgroup_mount, PathBuf::from("/sys/fs/cgroup"));
     assert!(c.ignored.is_empty() && c.warnings.is_empty());
+}
+
+#[test]
+fn a_non_loopback_healthz_address_is_warned_about() {
+    let c = parse(&format!("{HEAD}healthzBindAddress: 0.0.0.0\n")).unwrap();
+    assert!(c.warnings.iter().any(|w| w.contains("not a loopback address")), "{:?}", c.warnings);
+    let c = parse(&format!("{HEAD}healthzBindAddress: 0.0.0.0\nhealthzPort: 0\n")).unwrap();
+    assert!(c.warnings.is_empty(), "nothing is served: {:?}", c.warnings);
+    assert!(parse(&format!("{HEAD}healthzBindAddress: \"::1\"\n")).unwrap().warnings.is_empty());
 }
 
 #[test]
