@@ -58,7 +58,14 @@ impl Shared {
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
         let (podsync, runtime) = (self.pods.readiness(), self.pods.runtime_health());
-        vec![("eviction", eviction), ("cgroupfs", cgroupfs), ("podsync", podsync), ("runtime", runtime)]
+        let inputs = self.eviction.inputs();
+        vec![
+            ("eviction", eviction),
+            ("cgroupfs", cgroupfs),
+            ("podsync", podsync),
+            ("runtime", runtime),
+            ("evictioninputs", inputs),
+        ]
     }
 
     /// Applies an edited config file: the reloadable fields take effect at once (resources first, so a refused
@@ -243,9 +250,6 @@ pub enum DaemonError {
 
 /// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits.
 pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
-    // Before anything is touched: a second daemon on this root changes nothing.
-    let _lock = crate::lock::lock(&config.root_dir)?;
-    raise_open_files(config.max_open_files);
     for f in &config.ignored {
         tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
     }
@@ -254,6 +258,9 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     }
     let fs = CgroupFs::new(&config.cgroup_mount, config.resources.cgroup_root.clone());
     check_host(&fs, &config.resources.cgroup_root)?;
+    // Before anything is touched (the check above only reads): a second daemon on this root changes nothing.
+    let _lock = crate::lock::lock(&config.root_dir)?;
+    raise_open_files(config.max_open_files);
     // Only on a host that can run pods: nothing is changed where the daemon will not run.
     crate::kernel_defaults::ensure(Path::new("/proc/sys"), config.protect_kernel_defaults)?;
     if config.resources.memory_qos && !kernel_at_least(5, 9) {

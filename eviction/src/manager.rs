@@ -410,19 +410,41 @@ impl<E: Evictor> EvictionManager<E> {
             let m = meminfo.read()?;
             read.push((Signal::MemoryAvailable, o(m.available, m.capacity)));
         }
+        // A PID or file system input that fails leaves its signals out (and names itself in /readyz); memory,
+        // and the rest, are read as usual.
+        let mut lost = Vec::new();
+        let mut unavailable = Vec::new();
         if due.contains(&Signal::PidAvailable) {
-            let p = pid_stats(host)?;
-            read.push((Signal::PidAvailable, o(p.available, p.max)));
+            match pid_stats(host) {
+                Ok(p) => read.push((Signal::PidAvailable, o(p.available, p.max))),
+                Err(e) => {
+                    unavailable.push(format!("pids: {e}"));
+                    lost.push(Signal::PidAvailable);
+                }
+            }
         }
-        for (path, bytes, inodes) in [
-            (&host.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
-            (&host.imagefs, Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+        for (what, path, bytes, inodes) in [
+            ("nodefs", &host.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
+            ("imagefs", &host.imagefs, Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
         ] {
             if due.contains(&bytes) || due.contains(&inodes) {
-                let f = fs_stats(path)?;
-                read.push((bytes, o(f.available_bytes, f.capacity_bytes)));
-                read.push((inodes, o(f.inodes_free, f.inodes)));
+                match fs_stats(path) {
+                    Ok(f) => {
+                        read.push((bytes, o(f.available_bytes, f.capacity_bytes)));
+                        read.push((inodes, o(f.inodes_free, f.inodes)));
+                    }
+                    Err(e) => {
+                        unavailable.push(format!("{what}: {e}"));
+                        lost.extend([bytes, inodes]);
+                    }
+                }
             }
+        }
+        if !unavailable.is_empty() {
+            self.status.set_unavailable(unavailable);
+        }
+        for s in &lost {
+            self.signals.remove(s);
         }
         let signals = read.iter().map(|(s, _)| *s).collect();
         self.signals.extend(read);
@@ -435,6 +457,10 @@ impl<E: Evictor> EvictionManager<E> {
         let m = self.resources.lock().unwrap_or_else(PoisonError::into_inner);
         let obs = if full { m.observe() } else { m.observe_signals() };
         let read = obs.map(|obs| {
+            if !obs.unavailable.is_empty() {
+                tracing::warn!(inputs = ?obs.unavailable, "eviction inputs not answering; their signals are left out");
+            }
+            self.status.set_unavailable(obs.unavailable.clone());
             let signals = signal_observations(&obs, m.allocatable());
             if let (true, Some(o)) = (full, &self.observer) {
                 o.observed(&m, &obs, &signals, &in_force.thresholds, start.elapsed());

@@ -23,18 +23,27 @@ pub struct SignalObservation {
 /// - `pid.available`: the PID limit − the threads that exist.
 pub fn signal_observations(obs: &Observations, alloc: &Allocatable) -> BTreeMap<Signal, SignalObservation> {
     let o = |available, capacity| SignalObservation { available, capacity };
-    BTreeMap::from([
+    let mut out = BTreeMap::from([
         (Signal::MemoryAvailable, o(obs.memory.available, obs.memory.capacity)),
         (
             Signal::AllocatableMemoryAvailable,
             o(alloc.enforced.memory.saturating_sub(obs.kubepods_working_set), alloc.enforced.memory),
         ),
-        (Signal::NodeFsAvailable, o(obs.nodefs.available_bytes, obs.nodefs.capacity_bytes)),
-        (Signal::NodeFsInodesFree, o(obs.nodefs.inodes_free, obs.nodefs.inodes)),
-        (Signal::ImageFsAvailable, o(obs.imagefs.available_bytes, obs.imagefs.capacity_bytes)),
-        (Signal::ImageFsInodesFree, o(obs.imagefs.inodes_free, obs.imagefs.inodes)),
-        (Signal::PidAvailable, o(obs.pids.available, obs.pids.max)),
-    ])
+    ]);
+    // An input that could not be read gives no signal: its thresholds are neither met nor cleared this pass.
+    for (f, bytes, inodes) in [
+        (&obs.nodefs, Signal::NodeFsAvailable, Signal::NodeFsInodesFree),
+        (&obs.imagefs, Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+    ] {
+        if let Some(f) = f {
+            out.insert(bytes, o(f.available_bytes, f.capacity_bytes));
+            out.insert(inodes, o(f.inodes_free, f.inodes));
+        }
+    }
+    if let Some(p) = &obs.pids {
+        out.insert(Signal::PidAvailable, o(p.available, p.max));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -46,9 +55,9 @@ mod tests {
     fn signals_follow_the_kubelet_definitions() {
         let obs = Observations {
             memory: NodeMemory { capacity: 1000, working_set: 300, mem_available: 600, available: 600 },
-            pids: PidStats { max: 100, running: 40, available: 60 },
-            nodefs: FsStats { capacity_bytes: 10_000, available_bytes: 2_500, inodes: 500, inodes_free: 50 },
-            imagefs: FsStats { capacity_bytes: 20_000, available_bytes: 1_000, inodes: 800, inodes_free: 700 },
+            pids: Some(PidStats { max: 100, running: 40, available: 60 }),
+            nodefs: Some(FsStats { capacity_bytes: 10_000, available_bytes: 2_500, inodes: 500, inodes_free: 50 }),
+            imagefs: Some(FsStats { capacity_bytes: 20_000, available_bytes: 1_000, inodes: 800, inodes_free: 700 }),
             kubepods_working_set: 200,
             ..Observations::default()
         };
@@ -61,5 +70,9 @@ mod tests {
         assert_eq!(s[&Signal::ImageFsAvailable].available, 1_000);
         assert_eq!(s[&Signal::PidAvailable], SignalObservation { available: 60, capacity: 100 });
         assert_eq!(s.len(), Signal::ALL.len());
+        // An imagefs that does not answer gives no imagefs signals; the others stay.
+        let s = signal_observations(&Observations { imagefs: None, ..obs }, &alloc);
+        assert!(!s.contains_key(&Signal::ImageFsAvailable) && !s.contains_key(&Signal::ImageFsInodesFree));
+        assert_eq!(s.len(), Signal::ALL.len() - 2);
     }
 }

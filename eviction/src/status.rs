@@ -66,6 +66,7 @@ pub struct EvictionRecord {
 pub struct EvictionStatus {
     last_pass: Mutex<Option<Instant>>,
     last_error: Mutex<Option<String>>,
+    unavailable: Mutex<Vec<String>>,
     evaluation: Mutex<Evaluation>,
     history: Mutex<VecDeque<(u64, EvictionRecord)>>,
     next_id: Mutex<u64>,
@@ -87,6 +88,17 @@ impl EvictionStatus {
             )),
             None => Err("the eviction loop has not completed a pass yet".into()),
         }
+    }
+
+    /// Records the inputs the last read could not read (their signals left out), each with why.
+    pub fn set_unavailable(&self, inputs: Vec<String>) {
+        *lock(&self.unavailable) = inputs;
+    }
+
+    /// `Ok` while every input of the eviction signals answers; else the ones that do not, with why.
+    pub fn inputs(&self) -> Result<(), String> {
+        let u = lock(&self.unavailable);
+        if u.is_empty() { Ok(()) } else { Err(format!("signals left out: {}", u.join("; "))) }
     }
 
     /// The last evaluation: conditions and the thresholds met.

@@ -39,9 +39,9 @@ pub struct FsStats {
     pub inodes_free: u64,
 }
 
-/// Reads the sizes of the file system holding `path`.
+/// Reads the sizes of the file system holding `path`, waiting at most `STATFS_TIMEOUT` (1 s) for it.
 pub fn fs_stats(path: &Path) -> Result<FsStats, IoError> {
-    let st = rustix::fs::statvfs(path).map_err(|e| IoError::new(Op::Statfs, path, e.into()))?;
+    let st = crate::statfs::statvfs(path).map_err(|e| IoError::new(Op::Statfs, path, e))?;
     Ok(FsStats {
         capacity_bytes: st.f_blocks.saturating_mul(st.f_frsize),
         available_bytes: st.f_bavail.saturating_mul(st.f_frsize),

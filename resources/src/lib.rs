@@ -29,6 +29,7 @@ mod pressure;
 mod priority;
 mod qos;
 mod quantity;
+mod statfs;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tree;

@@ -67,12 +67,15 @@ pub struct PodUsage {
 pub struct Observations {
     /// Node memory.
     pub memory: NodeMemory,
-    /// Node process IDs.
-    pub pids: PidStats,
-    /// The node file system.
-    pub nodefs: FsStats,
-    /// The image file system.
-    pub imagefs: FsStats,
+    /// Node process IDs; `None` when they cannot be read (see `unavailable`).
+    pub pids: Option<PidStats>,
+    /// The node file system; `None` when it does not answer.
+    pub nodefs: Option<FsStats>,
+    /// The image file system; `None` when it does not answer.
+    pub imagefs: Option<FsStats>,
+    /// The inputs that could not be read, each with why: their signals are left out of this observation, and the
+    /// others are read as usual.
+    pub unavailable: Vec<String>,
     /// PSI averages.
     pub pressure: Pressure,
     /// The working set of the whole kubepods tree (`memory.current − inactive_file` of `kubepods`): every pod,
@@ -183,13 +186,19 @@ pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> R
     })
 }
 
-/// Reads only what the eviction signals need (no PSI averages): the eviction loop's frequent passes.
+/// Reads only what the eviction signals need (no PSI averages): the eviction loop's frequent passes. Memory is
+/// required; the PID and file system inputs that fail are named in `unavailable` instead.
 pub fn observe_signals(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
+    let mut unavailable = Vec::new();
+    let pids = pid_stats(host).map_err(|e| unavailable.push(format!("pids: {e}"))).ok();
+    let nodefs = fs_stats(&host.nodefs).map_err(|e| unavailable.push(format!("nodefs: {e}"))).ok();
+    let imagefs = fs_stats(&host.imagefs).map_err(|e| unavailable.push(format!("imagefs: {e}"))).ok();
     Ok(Observations {
         memory: node_memory(host)?,
-        pids: pid_stats(host)?,
-        nodefs: fs_stats(&host.nodefs)?,
-        imagefs: fs_stats(&host.imagefs)?,
+        pids,
+        nodefs,
+        imagefs,
+        unavailable,
         pressure: Pressure::default(),
         kubepods_working_set: working_set(fs, kubepods)?,
     })

@@ -63,9 +63,16 @@ impl std::ops::DerefMut for Daemon {
 impl Daemon {
     pub fn new(name: &str, extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        // A root directory of its own (unless the caller sets one), so that daemons of tests running at once do
+        // not share the node lock.
+        let root = if extra.contains("  rootDir:") {
+            String::new()
+        } else {
+            format!("  rootDir: {}\n", dir.path().join("root").display())
+        };
         let extra = format!(
             "systemReserved:\n  memory: 64Mi\nkubeReserved:\n  memory: 16Mi\n\
-             authentication:\n  anonymous:\n    enabled: false\nnodewarden:\n  housekeepingInterval: 200ms\n{extra}"
+             authentication:\n  anonymous:\n    enabled: false\nnodewarden:\n  housekeepingInterval: 200ms\n{root}{extra}"
         );
         let inner =
             nodewarden_testkit::Daemon::configure(Path::new(BIN), dir.path(), &format!("/nwtest-d-{name}"), &extra)

@@ -116,10 +116,19 @@ fn settings(hard: &[(Signal, Amount, Option<Amount>)], soft: &[(Signal, Amount, 
 
 /// Places the pods, with (memory usage, pids) each.
 fn rig(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>) -> Rig {
+    rig_on(s, pods, |h| h)
+}
+
+/// [`rig`] with the host paths changed by `paths`.
+fn rig_on(
+    s: EvictionSettings,
+    pods: Vec<(Pod, u64, u64)>,
+    paths: impl FnOnce(HostPaths) -> HostPaths,
+) -> Rig {
     let host = FakeHost::new();
     let root = CgroupPath::parse("/nw").unwrap();
     let config = ResourceConfig::new(root.clone());
-    let mut m = ResourceManager::new(host.cgroupfs(&root), host.host(), config).unwrap();
+    let mut m = ResourceManager::new(host.cgroupfs(&root), paths(host.host()), config).unwrap();
     m.setup().unwrap();
     host.set_usage(&m.tree().kubepods, 0, 0);
     for (p, mem, pids) in &pods {
@@ -363,6 +372,30 @@ async fn pid_pressure_ranks_by_priority_then_process_count() {
     assert_eq!(r.evictor.victims(), ["forker"]);
     let p = r.resources.lock().unwrap().pressure();
     assert_eq!(p, NodePressure::of([Condition::PidPressure]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_input_that_fails_leaves_out_only_its_signals() {
+    let mut r = rig_on(
+        settings(
+            &[
+                (Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None),
+                (Signal::ImageFsAvailable, Amount::Percentage(0.1), None),
+            ],
+            &[],
+        ),
+        vec![(pod("hog", None, json!({})), 700 * MIB, 1)],
+        |h| HostPaths { imagefs: "/definitely/gone/imagefs".into(), ..h },
+    );
+    r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
+    r.manager.pass().await;
+    settle().await;
+    // The pass completed: memory pressure is acted on, and /readyz names the imagefs.
+    assert_eq!(r.evictor.victims(), ["hog"]);
+    assert!(r.manager.status().readiness(Duration::from_secs(5)).is_ok());
+    let inputs = r.manager.status().inputs().unwrap_err();
+    assert!(inputs.contains("imagefs") && inputs.contains("/definitely/gone"), "{inputs}");
+    assert!(!r.manager.signals.contains_key(&Signal::ImageFsAvailable));
 }
 
 #[tokio::test(start_paused = true)]
