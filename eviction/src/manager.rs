@@ -413,12 +413,15 @@ impl<E: Evictor> EvictionManager<E> {
         // A PID or file system input that fails leaves its signals out (and names itself in /readyz); memory,
         // and the rest, are read as usual.
         let mut lost = Vec::new();
-        let mut unavailable = Vec::new();
+        let mut inputs = Vec::new();
         if due.contains(&Signal::PidAvailable) {
             match pid_stats(host) {
-                Ok(p) => read.push((Signal::PidAvailable, o(p.available, p.max))),
+                Ok(p) => {
+                    read.push((Signal::PidAvailable, o(p.available, p.max)));
+                    inputs.push(("pids", None));
+                }
                 Err(e) => {
-                    unavailable.push(format!("pids: {e}"));
+                    inputs.push(("pids", Some(e.to_string())));
                     lost.push(Signal::PidAvailable);
                 }
             }
@@ -432,17 +435,16 @@ impl<E: Evictor> EvictionManager<E> {
                     Ok(f) => {
                         read.push((bytes, o(f.available_bytes, f.capacity_bytes)));
                         read.push((inodes, o(f.inodes_free, f.inodes)));
+                        inputs.push((what, None));
                     }
                     Err(e) => {
-                        unavailable.push(format!("{what}: {e}"));
+                        inputs.push((what, Some(e.to_string())));
                         lost.extend([bytes, inodes]);
                     }
                 }
             }
         }
-        if !unavailable.is_empty() {
-            self.status.set_unavailable(unavailable);
-        }
+        self.status.record_inputs(&inputs);
         for s in &lost {
             self.signals.remove(s);
         }
@@ -460,7 +462,11 @@ impl<E: Evictor> EvictionManager<E> {
             if !obs.unavailable.is_empty() {
                 tracing::warn!(inputs = ?obs.unavailable, "eviction inputs not answering; their signals are left out");
             }
-            self.status.set_unavailable(obs.unavailable.clone());
+            let inputs: Vec<(&'static str, Option<String>)> = ["pids", "nodefs", "imagefs"]
+                .into_iter()
+                .map(|i| (i, obs.unavailable.iter().find(|(u, _)| *u == i).map(|(_, e)| e.clone())))
+                .collect();
+            self.status.record_inputs(&inputs);
             let signals = signal_observations(&obs, m.allocatable());
             if let (true, Some(o)) = (full, &self.observer) {
                 o.observed(&m, &obs, &signals, &in_force.thresholds, start.elapsed());

@@ -89,7 +89,15 @@ impl PressureState {
         let all = thresholds.hard.iter().map(|t| (t, true)).chain(thresholds.soft.iter().map(|t| (t, false)));
         let mut still_met = Vec::new();
         for (t, hard) in all {
-            let Some(obs) = signals.get(&t.signal) else { continue };
+            let Some(obs) = signals.get(&t.signal) else {
+                // No reading this pass (its input failed): a threshold that was met stays met, with its grace
+                // period running and its condition held, until a reading says otherwise.
+                if self.first_met.contains_key(&(t.signal, hard)) {
+                    still_met.push((t.signal, hard));
+                    self.last_observed.insert(t.signal.condition(), now);
+                }
+                continue;
+            };
             let value = t.amount.resolve(obs.capacity);
             let target = value.saturating_add(t.min_reclaim.map_or(0, |r| r.resolve(obs.capacity)));
             let key = (t.signal, hard);
@@ -159,6 +167,24 @@ mod tests {
         // Above the target: no longer met; a fresh dip below threshold + reclaim does not count until below.
         assert!(s.evaluate(Instant::now(), &t, &mem(151 * MIB), p).act.is_empty());
         assert!(s.evaluate(Instant::now(), &t, &mem(120 * MIB), p).act.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_without_a_reading_neither_meets_nor_clears_a_threshold() {
+        let t = Thresholds {
+            hard: vec![],
+            soft: vec![threshold(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), 60, None)],
+        };
+        let mut s = PressureState::default();
+        let p = Duration::from_secs(30);
+        assert_eq!(s.evaluate(Instant::now(), &t, &mem(90 * MIB), p).met.len(), 1);
+        // The input fails for a while: the grace period keeps running and the condition stays.
+        tokio::time::advance(Duration::from_secs(45)).await;
+        let gap = s.evaluate(Instant::now(), &t, &BTreeMap::new(), p);
+        assert!(gap.pressure.contains(Condition::MemoryPressure));
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let back = s.evaluate(Instant::now(), &t, &mem(90 * MIB), p);
+        assert_eq!(back.act.len(), 1, "met for 65 s across the gap: the 60 s grace period is over");
     }
 
     #[tokio::test(start_paused = true)]

@@ -66,7 +66,7 @@ pub struct EvictionRecord {
 pub struct EvictionStatus {
     last_pass: Mutex<Option<Instant>>,
     last_error: Mutex<Option<String>>,
-    unavailable: Mutex<Vec<String>>,
+    unavailable: Mutex<std::collections::BTreeMap<&'static str, String>>,
     evaluation: Mutex<Evaluation>,
     history: Mutex<VecDeque<(u64, EvictionRecord)>>,
     next_id: Mutex<u64>,
@@ -90,15 +90,26 @@ impl EvictionStatus {
         }
     }
 
-    /// Records the inputs the last read could not read (their signals left out), each with why.
-    pub fn set_unavailable(&self, inputs: Vec<String>) {
-        *lock(&self.unavailable) = inputs;
+    /// Records how the inputs in `read` fared in the last read that tried them: `None` answered, `Some(why)` did
+    /// not (their signals were left out). Inputs not in `read` keep what was last recorded.
+    pub fn record_inputs(&self, read: &[(&'static str, Option<String>)]) {
+        let mut u = lock(&self.unavailable);
+        for (input, error) in read {
+            match error {
+                Some(e) => u.insert(input, e.clone()),
+                None => u.remove(input),
+            };
+        }
     }
 
     /// `Ok` while every input of the eviction signals answers; else the ones that do not, with why.
     pub fn inputs(&self) -> Result<(), String> {
         let u = lock(&self.unavailable);
-        if u.is_empty() { Ok(()) } else { Err(format!("signals left out: {}", u.join("; "))) }
+        if u.is_empty() {
+            return Ok(());
+        }
+        let each: Vec<String> = u.iter().map(|(i, e)| format!("{i}: {e}")).collect();
+        Err(format!("signals left out: {}", each.join("; ")))
     }
 
     /// The last evaluation: conditions and the thresholds met.

@@ -73,9 +73,9 @@ pub struct Observations {
     pub nodefs: Option<FsStats>,
     /// The image file system; `None` when it does not answer.
     pub imagefs: Option<FsStats>,
-    /// The inputs that could not be read, each with why: their signals are left out of this observation, and the
-    /// others are read as usual.
-    pub unavailable: Vec<String>,
+    /// The inputs (`pids`, `nodefs`, `imagefs`) that could not be read, each with why: their signals are left out
+    /// of this observation, and the others are read as usual.
+    pub unavailable: Vec<(&'static str, String)>,
     /// PSI averages.
     pub pressure: Pressure,
     /// The working set of the whole kubepods tree (`memory.current − inactive_file` of `kubepods`): every pod,
@@ -189,12 +189,14 @@ pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> R
 /// Reads only what the eviction signals need (no PSI averages): the eviction loop's frequent passes. Memory is
 /// required; the PID and file system inputs that fail are named in `unavailable` instead.
 pub fn observe_signals(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
+    // Memory first: nothing below may delay it.
+    let memory = node_memory(host)?;
     let mut unavailable = Vec::new();
-    let pids = pid_stats(host).map_err(|e| unavailable.push(format!("pids: {e}"))).ok();
-    let nodefs = fs_stats(&host.nodefs).map_err(|e| unavailable.push(format!("nodefs: {e}"))).ok();
-    let imagefs = fs_stats(&host.imagefs).map_err(|e| unavailable.push(format!("imagefs: {e}"))).ok();
+    let pids = pid_stats(host).map_err(|e| unavailable.push(("pids", e.to_string()))).ok();
+    let nodefs = fs_stats(&host.nodefs).map_err(|e| unavailable.push(("nodefs", e.to_string()))).ok();
+    let imagefs = fs_stats(&host.imagefs).map_err(|e| unavailable.push(("imagefs", e.to_string()))).ok();
     Ok(Observations {
-        memory: node_memory(host)?,
+        memory,
         pids,
         nodefs,
         imagefs,

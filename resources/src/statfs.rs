@@ -35,7 +35,8 @@ fn asker(path: &Path) -> std::io::Result<Asker> {
 /// `statvfs(path)`, or an error of kind `TimedOut` when the file system does not answer in time.
 pub fn statvfs(path: &Path) -> std::io::Result<rustix::fs::StatVfs> {
     static ASKERS: Mutex<BTreeMap<PathBuf, Asker>> = Mutex::new(BTreeMap::new());
-    let hung = || std::io::Error::new(std::io::ErrorKind::TimedOut, format!("did not answer within {STATFS_TIMEOUT:?}"));
+    let hung =
+        || std::io::Error::new(std::io::ErrorKind::TimedOut, format!("did not answer within {STATFS_TIMEOUT:?}"));
     let mut askers = ASKERS.lock().unwrap_or_else(PoisonError::into_inner);
     if !askers.contains_key(path) {
         askers.insert(path.to_path_buf(), asker(path)?);

@@ -120,11 +120,7 @@ fn rig(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>) -> Rig {
 }
 
 /// [`rig`] with the host paths changed by `paths`.
-fn rig_on(
-    s: EvictionSettings,
-    pods: Vec<(Pod, u64, u64)>,
-    paths: impl FnOnce(HostPaths) -> HostPaths,
-) -> Rig {
+fn rig_on(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>, paths: impl FnOnce(HostPaths) -> HostPaths) -> Rig {
     let host = FakeHost::new();
     let root = CgroupPath::parse("/nw").unwrap();
     let config = ResourceConfig::new(root.clone());
