@@ -167,7 +167,9 @@ fn raise_open_files(wanted: u64) {
     if now.current.is_some_and(|c| c >= wanted) {
         return;
     }
-    if setrlimit(Resource::Nofile, Rlimit { current: Some(wanted), maximum: Some(wanted) }).is_ok() {
+    // The hard limit is raised to `wanted` if it is lower, never lowered.
+    let maximum = now.maximum.map(|m| m.max(wanted));
+    if setrlimit(Resource::Nofile, Rlimit { current: Some(wanted), maximum }).is_ok() {
         tracing::info!(limit = wanted, "raised the open-file limit (maxOpenFiles)");
         return;
     }

@@ -361,8 +361,10 @@ async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, r
     while Instant::now() < deadline && running() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    kill_and_release(&resources, &uid).await;
-    if let Err(e) = volumes::remove_pod_dir(&root, &uid) {
+    // Its directory (and the mark that it is nodewarden's) goes only with its cgroup.
+    if kill_and_release(&resources, &uid).await
+        && let Err(e) = volumes::remove_pod_dir(&root, &uid)
+    {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot remove the pod's directory");
     }
 }

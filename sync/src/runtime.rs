@@ -99,6 +99,9 @@ pub struct SandboxSpec {
     pub resources: LinuxResources,
     /// The pod's `securityContext.sysctls`.
     pub sysctls: BTreeMap<String, String>,
+    /// Whether any of its containers is privileged (a CRI runtime refuses a privileged container in a sandbox
+    /// that is not).
+    pub privileged: bool,
 }
 
 /// Everything a runtime needs to start one container.

@@ -209,6 +209,13 @@ pub fn sandbox_spec(pod: &Pod, placement: &Placement, log_root: &Path) -> Sandbo
             memory_min: None,
             memory_high: None,
         },
+        privileged: spec.is_some_and(|s| {
+            s.init_containers
+                .iter()
+                .flatten()
+                .chain(&s.containers)
+                .any(|c| c.security_context.as_ref().and_then(|sc| sc.privileged).unwrap_or(false))
+        }),
         sysctls: spec
             .and_then(|s| s.security_context.as_ref())
             .and_then(|s| s.sysctls.as_ref())

@@ -148,9 +148,9 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io::Result<()> {
     use std::io::{Seek, Write};
     let p = terminal_path(root, uid);
-    let existed = p.exists();
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&p)?;
-    if !existed {
+    // Reserved until it holds its full size (a reservation that failed, ENOSPC on the first save, is tried again).
+    if f.metadata()?.len() < TERMINAL_RECORD_BYTES {
         rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, TERMINAL_RECORD_BYTES)?;
         f.sync_all()?;
         if let Some(dir) = p.parent() {

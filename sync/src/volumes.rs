@@ -64,6 +64,9 @@ impl VolumeSource {
             if !h.path.starts_with('/') {
                 return Err(format!("hostPath {:?} must be absolute", h.path));
             }
+            if Path::new(&h.path).components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(format!("hostPath {:?} must not contain '..'", h.path));
+            }
             let kind = match h.type_.as_deref().unwrap_or_default() {
                 "" => HostPathType::Any,
                 "DirectoryOrCreate" => HostPathType::DirectoryOrCreate,
@@ -161,13 +164,15 @@ fn check_host_path(path: &Path, kind: HostPathType) -> Result<(), String> {
 }
 
 /// Creates the hostPath `path` (a directory with its missing parents, or an empty file whose parent exists, as the
-/// kubelet does) one component at a time, following only symbolic links that root owns: a link a user planted in a
-/// world-writable directory (`/tmp/x -> /etc`) is refused, so nothing is created through it.
+/// kubelet does) one component at a time through descriptors, never by a name looked up twice. A symbolic link is
+/// followed only when root owns it and it sits in a directory nobody else may change (root's, not writable by
+/// others unless sticky, as `/var/run -> /run`): a link a user planted (`/tmp/x -> /etc`), or one a user could swap
+/// meanwhile, is refused, so nothing is created through it.
 fn create_beneath_root(path: &Path, dir: bool) -> Result<(), String> {
-    use rustix::fs::{AtFlags, FileType, Mode, OFlags, mkdirat, openat, statat};
+    use rustix::fs::{FileType, Mode, OFlags, fstat, mkdirat, openat};
     use rustix::io::Errno;
-    let path_flags = OFlags::PATH | OFlags::CLOEXEC;
-    let mut cur = rustix::fs::open("/", path_flags | OFlags::DIRECTORY, Mode::empty()).map_err(|e| e.to_string())?;
+    let at = OFlags::PATH | OFlags::CLOEXEC;
+    let mut cur = rustix::fs::open("/", at | OFlags::DIRECTORY, Mode::empty()).map_err(|e| e.to_string())?;
     let names: Vec<&std::ffi::OsStr> = path
         .components()
         .filter_map(|c| match c {
@@ -175,35 +180,50 @@ fn create_beneath_root(path: &Path, dir: bool) -> Result<(), String> {
             _ => None,
         })
         .collect();
+    // Whether nobody but root can change the entries of the directory `d`.
+    let fixed = |d: &std::os::fd::OwnedFd| {
+        fstat(d).is_ok_and(|st| st.st_uid == 0 && (st.st_mode & 0o022 == 0 || st.st_mode & 0o1000 != 0))
+    };
     for (i, name) in names.iter().enumerate() {
         let last = i + 1 == names.len();
-        match statat(&cur, *name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink && st.st_uid != 0 => {
-                return Err(format!(
-                    "{} is a symbolic link owned by uid {}; nothing is created through it",
-                    name.display(),
-                    st.st_uid
-                ));
+        let shown = name.display();
+        match openat(&cur, *name, at | OFlags::NOFOLLOW, Mode::empty()) {
+            Ok(fd) => {
+                let st = fstat(&fd).map_err(|e| e.to_string())?;
+                match FileType::from_raw_mode(st.st_mode) {
+                    FileType::Directory if !last => cur = fd,
+                    FileType::Symlink if !last && st.st_uid == 0 && fixed(&cur) => {
+                        cur = openat(&cur, *name, at | OFlags::DIRECTORY, Mode::empty()).map_err(|e| e.to_string())?;
+                    }
+                    FileType::Symlink => {
+                        return Err(format!(
+                            "{shown} is a symbolic link owned by uid {} (or in a directory others may change); nothing is created through it",
+                            st.st_uid
+                        ));
+                    }
+                    _ if last => return Ok(()),
+                    _ => return Err(format!("{shown} is not a directory")),
+                }
             }
-            Ok(_) => {}
             Err(Errno::NOENT) if last && !dir => {
-                let f = openat(
-                    &cur,
-                    *name,
-                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o644),
-                );
-                return f.map(drop).map_err(|e| e.to_string());
+                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                return openat(&cur, *name, flags, Mode::from_raw_mode(0o644)).map(drop).map_err(|e| e.to_string());
             }
-            Err(Errno::NOENT) if dir => mkdirat(&cur, *name, Mode::from_raw_mode(0o755))
-                .or_else(|e| if e == Errno::EXIST { Ok(()) } else { Err(e) })
-                .map_err(|e| e.to_string())?,
-            Err(e) => return Err(e.to_string()),
+            Err(Errno::NOENT) if dir => {
+                match mkdirat(&cur, *name, Mode::from_raw_mode(0o755)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+                // Opened without following: swapped for a link meanwhile, it is refused (ENOTDIR or ELOOP).
+                let fd = openat(&cur, *name, at | OFlags::NOFOLLOW | OFlags::DIRECTORY, Mode::empty())
+                    .map_err(|e| format!("{shown}: {e}"))?;
+                if last {
+                    return Ok(());
+                }
+                cur = fd;
+            }
+            Err(e) => return Err(format!("{shown}: {e}")),
         }
-        if last {
-            return Ok(());
-        }
-        cur = openat(&cur, *name, path_flags | OFlags::DIRECTORY, Mode::empty()).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -262,21 +282,42 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Removes a pod's volumes and state. The mounts nodewarden made below the pod directory (memory-backed
-/// `emptyDir`s and staged subPaths) are unmounted first; nothing is deleted while any mount remains below it, so
-/// a removal never descends into a mount (a hostPath staged for a subPath, or a mount someone else made).
-pub fn remove_pod_dir(root: &Path, uid: &str) -> Result<(), String> {
+/// Removes a pod's volumes and staged subPaths but keeps its state and terminal record: a pod that is over and
+/// not deleted stays over across a restart.
+pub fn remove_pod_volumes(root: &Path, uid: &str) -> Result<(), String> {
     let dir = pod_dir(root, uid);
+    unmount_ours(&dir)?;
+    for sub in ["volumes", crate::subpath::STAGING_DIR] {
+        match std::fs::remove_dir_all(dir.join(sub)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot remove {}: {e}", dir.join(sub).display())),
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts what nodewarden mounted below the pod directory `dir`; fails while any mount is left below it.
+fn unmount_ours(dir: &Path) -> Result<(), String> {
     let ours = [dir.join("volumes").join("kubernetes.io~empty-dir"), dir.join(crate::subpath::STAGING_DIR)];
-    for m in mounts_under(&dir).into_iter().rev() {
+    for m in mounts_under(dir).into_iter().rev() {
         if ours.iter().any(|o| m.starts_with(o) && m != *o) {
             rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH)
                 .map_err(|e| format!("cannot unmount {}: {e}", m.display()))?;
         }
     }
-    if let Some(m) = mounts_under(&dir).first() {
+    if let Some(m) = mounts_under(dir).first() {
         return Err(format!("{} is still mounted; the pod directory is kept", m.display()));
     }
+    Ok(())
+}
+
+/// Removes a pod's volumes and state. The mounts nodewarden made below the pod directory (memory-backed
+/// `emptyDir`s and staged subPaths) are unmounted first; nothing is deleted while any mount remains below it, so
+/// a removal never descends into a mount (a hostPath staged for a subPath, or a mount someone else made).
+pub fn remove_pod_dir(root: &Path, uid: &str) -> Result<(), String> {
+    let dir = pod_dir(root, uid);
+    unmount_ours(&dir)?;
     match std::fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -323,6 +364,12 @@ mod tests {
             ..Volume::default()
         };
         assert!(VolumeSource::from_volume(&rel).is_err());
+        let up = Volume {
+            name: "h".into(),
+            host_path: Some(HostPathVolumeSource { path: "/var/log/../lib/foo".into(), type_: None }),
+            ..Volume::default()
+        };
+        assert!(VolumeSource::from_volume(&up).unwrap_err().contains("'..'"));
     }
 
     #[test]
@@ -348,6 +395,15 @@ mod tests {
         assert_eq!(mode, 0o777, "a disk emptyDir is writable by a non-root container");
         // Idempotent.
         assert_eq!(prepare(dir.path(), "u1", &vols, None).unwrap(), prepared);
+        // A pod that is over but not deleted loses its volumes and keeps its state and terminal record.
+        let over = crate::state::SavedPod {
+            terminal: Some(crate::status::Terminal::failed(Some("Evicted".into()), None)),
+            ..Default::default()
+        };
+        crate::state::save(dir.path(), "u1", &over).unwrap();
+        remove_pod_volumes(dir.path(), "u1").unwrap();
+        assert!(!prepared[0].path.exists());
+        assert_eq!(crate::state::load(dir.path(), "u1").terminal, over.terminal);
         remove_pod_dir(dir.path(), "u1").unwrap();
         assert!(!pod_dir(dir.path(), "u1").exists());
         assert!(host.is_dir(), "a hostPath is never removed");

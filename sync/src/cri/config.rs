@@ -96,6 +96,7 @@ pub fn sandbox_config(spec: &SandboxSpec, attempt: u32) -> PodSandboxConfig {
             cgroup_parent: spec.cgroup_parent.as_str().to_owned(),
             security_context: Some(LinuxSandboxSecurityContext {
                 namespace_options: Some(namespaces(spec)),
+                privileged: spec.privileged,
                 ..LinuxSandboxSecurityContext::default()
             }),
             resources: Some(linux_resources(&spec.resources, 0)),
@@ -196,6 +197,7 @@ mod tests {
             annotations: [("kubernetes.io/config.source".to_owned(), "file".to_owned())].into(),
             resources: LinuxResources { cpu_shares: 512, cpu_period: 100_000, ..LinuxResources::default() },
             sysctls: [("net.core.somaxconn".to_owned(), "1024".to_owned())].into(),
+            privileged: true,
         }
     }
 
@@ -209,11 +211,14 @@ mod tests {
         assert_eq!(c.labels["app"], "web");
         assert_eq!(c.labels[MANAGED_LABEL], "true");
         assert_eq!(c.annotations["kubernetes.io/config.source"], "file");
-        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        let sc = linux.security_context.unwrap();
+        assert!(sc.privileged, "the sandbox of a privileged container is privileged");
+        let ns = sc.namespace_options.unwrap();
         assert_eq!(ns.network(), NamespaceMode::Node);
         assert_eq!(ns.pid(), NamespaceMode::Container);
         assert_eq!(c.hostname, "", "host network: the node's hostname");
         assert_eq!(linux.sysctls["net.core.somaxconn"], "1024");
+
         assert_eq!(linux.resources.unwrap().memory_limit_in_bytes, 0, "0 is unlimited in CRI");
     }
 

@@ -332,6 +332,7 @@ fn sandbox(uid: &str) -> SandboxSpec {
         annotations: Default::default(),
         resources: LinuxResources::default(),
         sysctls: Default::default(),
+        privileged: false,
     }
 }
 

@@ -45,14 +45,16 @@ pub(super) fn dropped(names: &[String]) -> CapabilitySet {
     })
 }
 
-/// The primary group of `uid` in `passwd` (the text of `/etc/passwd`), else [`NOGROUP`].
+/// The primary group of `uid` in `passwd` (the text of `/etc/passwd`), else [`NOGROUP`]; a user other than root
+/// whose passwd group is root's (`operator:x:11:0`) gets [`NOGROUP`] too.
 pub(super) fn primary_group(passwd: &str, uid: u32) -> u32 {
-    passwd
+    let gid = passwd
         .lines()
         .map(|l| l.split(':').collect::<Vec<_>>())
         .find(|f| f.get(2).and_then(|u| u.parse::<u32>().ok()) == Some(uid))
         .and_then(|f| f.get(3).and_then(|g| g.parse().ok()))
-        .unwrap_or(NOGROUP)
+        .unwrap_or(NOGROUP);
+    if gid == 0 && uid != 0 { NOGROUP } else { gid }
 }
 
 #[cfg(test)]
@@ -65,6 +67,11 @@ mod tests {
             "root:x:0:0::/root:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin\nweb:x:1000:1001::/:/bin/sh\n";
         assert_eq!(primary_group(passwd, 1000), 1001);
         assert_eq!(primary_group(passwd, 0), 0);
+        assert_eq!(
+            primary_group("operator:x:11:0::/root:/sbin/nologin\n", 11),
+            NOGROUP,
+            "never root's group by default"
+        );
         assert_eq!(primary_group(passwd, 4242), NOGROUP);
         assert_eq!(primary_group("garbage\n::x:\n", 4242), NOGROUP);
     }
@@ -74,5 +81,9 @@ mod tests {
         assert_eq!(dropped(&["NET_RAW".into(), "CHOWN".into()]), CapabilitySet::NET_RAW | CapabilitySet::CHOWN);
         assert_eq!(dropped(&["ALL".into()]), CapabilitySet::all());
         assert_eq!(dropped(&[]), CapabilitySet::empty());
+        assert!(
+            !(dropped(&["ALL".into()]) - dropped(&["NET_BIND_SERVICE".into()]))
+                .contains(CapabilitySet::NET_BIND_SERVICE)
+        );
     }
 }

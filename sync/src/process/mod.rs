@@ -83,7 +83,9 @@ impl ProcessRuntime {
             }),
             groups: spec.security.supplemental_groups.clone(),
             no_new_privs: spec.security.no_new_privs,
-            drop_capabilities: confine::dropped(&spec.security.drop_capabilities),
+            // `drop: [ALL]` with `add: [X]` keeps X, as a CRI runtime does.
+            drop_capabilities: confine::dropped(&spec.security.drop_capabilities)
+                - confine::dropped(&spec.security.add_capabilities),
             mounts: spec.mounts.clone(),
         }
     }

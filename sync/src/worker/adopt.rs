@@ -79,7 +79,7 @@ impl<R: Runtime> Worker<R> {
             restore(&mut self.lifecycle.containers[i], &s);
             let role = self.lifecycle.containers[i].role;
             if !sandbox_lost
-                && let Ok(spec) = self.build_spec(i, s.restarts)
+                && let Ok(spec) = self.build_spec(i, s.restarts, false)
                 && let Some(mut started) = self.shared.runtime.adopt(&spec, s.pid).await
             {
                 started.started_at = s.started_at.unwrap_or(started.started_at);

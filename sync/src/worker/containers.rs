@@ -67,8 +67,9 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// The runtime spec of container `i` for its run number `attempt`.
-    pub(super) fn build_spec(&self, i: usize, attempt: u32) -> Result<ContainerSpec, String> {
+    /// The runtime spec of container `i` for its run number `attempt`. A container about to start gets its subPaths
+    /// staged afresh; one being adopted (`starting` false) keeps the staging mounts it runs with.
+    pub(super) fn build_spec(&self, i: usize, attempt: u32, starting: bool) -> Result<ContainerSpec, String> {
         let name = &self.lifecycle.containers[i].name;
         let container = self.container(name).ok_or("container not in the pod spec")?;
         let placement = self
@@ -78,7 +79,11 @@ impl<R: Runtime> Worker<R> {
             .ok_or("container not placed")?;
         let root = &self.shared.settings.root_dir;
         let mut stage = |v: &crate::volumes::PreparedVolume, sub: &str, index: usize| {
-            crate::subpath::stage(root, &self.uid, v, name, index, sub)
+            if starting {
+                crate::subpath::stage(root, &self.uid, v, name, index, sub)
+            } else {
+                Ok(crate::subpath::staging_path(root, &self.uid, &v.name, name, index))
+            }
         };
         let settings = &self.shared.settings;
         let mut spec =
@@ -101,7 +106,7 @@ impl<R: Runtime> Worker<R> {
             Role::App => "container",
             Role::Init | Role::Sidecar => "init_container",
         };
-        let spec = match self.build_spec(index, attempt) {
+        let spec = match self.build_spec(index, attempt, true) {
             Ok(s) => s,
             Err(message) => {
                 let reason = "CreateContainerConfigError";

@@ -113,14 +113,25 @@ impl<R: Runtime> Worker<R> {
             sandboxes.remove_sandbox(&spec).await;
         }
         self.sandbox = Sandbox::None;
-        if self.placement.is_some() && kill_and_release(&self.shared.resources, &self.uid).await {
+        let released = self.placement.is_none() || kill_and_release(&self.shared.resources, &self.uid).await;
+        if released {
             self.placement = None;
         }
         for (id, _) in self.containers.drain() {
             self.shared.runtime.remove(&id).await;
         }
         let root = &self.shared.settings.root_dir;
-        if let Err(e) = volumes::remove_pod_dir(root, &self.uid) {
+        // A pod whose cgroup could not be released keeps its directory, its mark included: the next start finds
+        // both and finishes the job. A pod that is over but not deleted keeps its state and terminal record,
+        // written in place, so that its end survives a restart on a full disk.
+        let removed = if !released {
+            Ok(())
+        } else if deleted {
+            volumes::remove_pod_dir(root, &self.uid)
+        } else {
+            volumes::remove_pod_volumes(root, &self.uid)
+        };
+        if let Err(e) = removed {
             tracing::warn!(pod = %self.full_name(), error = %e, "cannot remove the pod's volumes");
         }
         if deleted {
