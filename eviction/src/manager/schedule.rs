@@ -52,6 +52,12 @@ impl Rates {
         self.last.insert(signal, (at, available));
     }
 
+    /// Whether `signal` was just seen falling at least an eighth of its worst case (128 MiB/s for memory): a ramp
+    /// toward a crossing, not a node holding steady near a threshold.
+    pub fn falling_fast(&self, signal: Signal) -> bool {
+        self.rates.get(&signal).is_some_and(|r| *r >= drain_rate(signal) / 8.0)
+    }
+
     /// The rate to plan with: the worst case, or twice the observed fall when that is faster.
     pub fn planning(&self, signal: Signal) -> f64 {
         drain_rate(signal).max(2.0 * self.rates.get(&signal).copied().unwrap_or(0.0))

@@ -215,7 +215,17 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
     r.host.set_memory(1 << 30, 600 * MIB, 600 * MIB);
     r.manager.pass().await;
     assert!(r.manager.ahead.is_none());
-    // 50 MiB above it, the candidates are read ahead; "late" then outgrows "early".
+    // Holding steady 50 MiB above it, nothing is read ahead either.
+    r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
+    r.manager.pass().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    r.manager.pass().await;
+    assert!(r.manager.ahead.is_none(), "a node holding steady near a threshold reads nothing ahead");
+    // Falling fast (450 MiB in 100 ms, then 50 MiB above it), the candidates are read ahead; "late" then
+    // outgrows "early".
+    r.host.set_memory(1 << 30, 600 * MIB, 600 * MIB);
+    r.manager.pass().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
     r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
     r.manager.pass().await;
     assert!(r.manager.ahead.is_some());
