@@ -103,11 +103,22 @@ fn seccomp(p: &SeccompProfile, field: &str) -> Result<Seccomp, String> {
     }
 }
 
+/// The pod's `securityContext.sysctls`, by name.
+pub fn pod_sysctls(pod: &Pod) -> std::collections::BTreeMap<String, String> {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    pod_sc.and_then(|s| s.sysctls.as_ref()).into_iter().flatten().map(|s| (s.name.clone(), s.value.clone())).collect()
+}
+
+/// Whether container `c` is `privileged`.
+pub fn is_privileged(c: &Container) -> bool {
+    c.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false)
+}
+
 /// The security settings of container `c` of `pod`.
 pub fn security(pod: &Pod, c: &Container) -> Result<Security, String> {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let sc = c.security_context.as_ref();
-    let privileged = sc.and_then(|s| s.privileged).unwrap_or(false);
+    let privileged = is_privileged(c);
     let escalation = sc.and_then(|s| s.allow_privilege_escalation);
     if privileged && escalation == Some(false) {
         return Err("securityContext: allowPrivilegeEscalation cannot be false when privileged is true".into());
@@ -132,12 +143,7 @@ pub fn security(pod: &Pod, c: &Container) -> Result<Security, String> {
         .flatten()
         .map(|g| u32::try_from(*g).map_err(|_| format!("spec.securityContext.supplementalGroups: {g} is out of range")))
         .collect::<Result<_, _>>()?;
-    let sysctls = pod_sc
-        .and_then(|s| s.sysctls.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|s| (s.name.clone(), s.value.clone()))
-        .collect();
+    let sysctls = pod_sysctls(pod).into_iter().collect();
     Ok(Security {
         privileged,
         add_capabilities: names("add", caps.and_then(|c| c.add.as_ref()))?,

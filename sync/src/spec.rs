@@ -210,19 +210,9 @@ pub fn sandbox_spec(pod: &Pod, placement: &Placement, log_root: &Path) -> Sandbo
             memory_high: None,
         },
         privileged: spec.is_some_and(|s| {
-            s.init_containers
-                .iter()
-                .flatten()
-                .chain(&s.containers)
-                .any(|c| c.security_context.as_ref().and_then(|sc| sc.privileged).unwrap_or(false))
+            s.init_containers.iter().flatten().chain(&s.containers).any(crate::security::is_privileged)
         }),
-        sysctls: spec
-            .and_then(|s| s.security_context.as_ref())
-            .and_then(|s| s.sysctls.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|s| (s.name.clone(), s.value.clone()))
-            .collect(),
+        sysctls: crate::security::pod_sysctls(pod),
     }
 }
 
