@@ -70,6 +70,8 @@ pub struct EvictionStatus {
     evaluation: Mutex<Evaluation>,
     history: Mutex<VecDeque<(u64, EvictionRecord)>>,
     next_id: Mutex<u64>,
+    /// Bumped when a pass changes the node conditions, so the node status can be posted at once.
+    conditions_changed: tokio::sync::watch::Sender<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -122,10 +124,23 @@ impl EvictionStatus {
         lock(&self.history).iter().map(|(_, r)| r.clone()).collect()
     }
 
+    /// A receiver that sees a new value each time a pass changes the node conditions.
+    pub fn conditions_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.conditions_changed.subscribe()
+    }
+
     pub(crate) fn pass_done(&self, at: Instant, evaluation: Evaluation) {
         *lock(&self.last_pass) = Some(at);
         *lock(&self.last_error) = None;
-        *lock(&self.evaluation) = evaluation;
+        let changed = {
+            let mut e = lock(&self.evaluation);
+            let changed = e.pressure != evaluation.pressure;
+            *e = evaluation;
+            changed
+        };
+        if changed {
+            self.conditions_changed.send_modify(|g| *g = g.wrapping_add(1));
+        }
     }
 
     pub(crate) fn pass_failed(&self, error: String) {

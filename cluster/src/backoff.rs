@@ -1,0 +1,55 @@
+//! Doubling back-off with a cap, and the kubelet's jitter for periodic loops.
+
+use std::time::Duration;
+
+/// A back-off that doubles from `initial` up to `max` on each failure.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// A back-off starting at `initial`.
+    pub fn new(initial: Duration, max: Duration) -> Backoff {
+        Backoff { initial, max, next: initial }
+    }
+
+    /// The wait after one more failure.
+    pub fn fail(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    /// Starts again from `initial` after a success.
+    pub fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+/// `period` plus up to `fraction` of it, drawn from the clock's nanoseconds (good enough to spread nodes
+/// apart; nothing depends on its quality).
+pub fn jittered(period: Duration, fraction: f64) -> Duration {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let unit = f64::from(nanos % 1_000_000) / 1_000_000.0;
+    period + period.mul_f64(fraction * unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn back_off_doubles_to_its_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(7));
+        let waits: Vec<u128> = (0..8).map(|_| b.fail().as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 6400, 7000]);
+        b.reset();
+        assert_eq!(b.fail(), Duration::from_millis(100));
+        let j = jittered(Duration::from_secs(10), 0.04);
+        assert!(j >= Duration::from_secs(10) && j <= Duration::from_millis(10_400), "{j:?}");
+    }
+}

@@ -1,0 +1,128 @@
+//! The two clients the kubelet keeps: the main one, rate limited by `kubeAPIQPS`/`kubeAPIBurst`, and the
+//! heartbeat one, unlimited and with a short timeout, so that a busy or slow main client never delays a Lease
+//! renewal.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::ClusterError;
+
+/// A token bucket: `qps` tokens a second, at most `burst` saved.
+#[derive(Debug)]
+pub struct RateLimiter {
+    qps: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RateLimiter {
+    /// A bucket that starts full.
+    pub fn new(qps: f64, burst: u32) -> RateLimiter {
+        let burst = f64::from(burst.max(1));
+        RateLimiter { qps: qps.max(0.001), burst, state: Mutex::new((burst, Instant::now())) }
+    }
+
+    /// Waits for a token.
+    pub async fn acquire(&self) {
+        loop {
+            let wait = {
+                let mut s = self.state.lock().await;
+                let now = Instant::now();
+                let refilled = (s.0 + (now - s.1).as_secs_f64() * self.qps).min(self.burst);
+                *s = (refilled, now);
+                if refilled >= 1.0 {
+                    s.0 -= 1.0;
+                    return;
+                }
+                Duration::from_secs_f64((1.0 - refilled) / self.qps)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The clients of one node.
+#[derive(Clone)]
+pub struct Clients {
+    /// Registration, node status, events: rate limited by [`Clients::limiter`].
+    pub main: kube::Client,
+    /// The main client's rate limit.
+    pub limiter: Arc<RateLimiter>,
+    /// Lease renewals: no rate limit, timeout min(nodeStatusUpdateFrequency, nodeLeaseDurationSeconds).
+    pub heartbeat: kube::Client,
+}
+
+/// How long the main client waits to connect and for an answer.
+const MAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Clients {
+    /// The apiserver and credentials of the kubeconfig at `path` (a client certificate or a token).
+    pub async fn read_kubeconfig(path: &Path) -> Result<kube::Config, ClusterError> {
+        let bad = |reason: String| ClusterError::Kubeconfig { path: path.display().to_string(), reason };
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| bad(e.to_string()))
+    }
+
+    /// The clients for the kubeconfig at `path`.
+    pub async fn from_kubeconfig(
+        path: &Path,
+        qps: f64,
+        burst: u32,
+        heartbeat_timeout: Duration,
+    ) -> Result<Clients, ClusterError> {
+        Clients::from_config(Clients::read_kubeconfig(path).await?, qps, burst, heartbeat_timeout)
+    }
+
+    /// The clients for `config`. Building one loads the system's root certificates, which takes a while on a
+    /// slow machine: call it off the async threads.
+    pub fn from_config(
+        config: kube::Config,
+        qps: f64,
+        burst: u32,
+        heartbeat_timeout: Duration,
+    ) -> Result<Clients, ClusterError> {
+        let client = |timeout: Duration| {
+            let mut c = config.clone();
+            // Retries are the loops' own, with the kubelet's back-offs: the client's retry layer would hold a
+            // status update for minutes while the apiserver answers 503.
+            c.default_retry = false;
+            c.connect_timeout = Some(timeout);
+            c.read_timeout = Some(timeout);
+            c.write_timeout = Some(timeout);
+            c.reset_reader_on_write = true;
+            kube::Client::try_from(c).map_err(|e| ClusterError::Client(e.to_string()))
+        };
+        Ok(Clients {
+            main: client(MAIN_TIMEOUT)?,
+            limiter: Arc::new(RateLimiter::new(qps, burst)),
+            heartbeat: client(heartbeat_timeout)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bucket_allows_a_burst_then_the_rate() {
+        let l = RateLimiter::new(10.0, 5);
+        let start = Instant::now();
+        for _ in 0..5 {
+            l.acquire().await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "the burst is free");
+        for _ in 0..10 {
+            l.acquire().await;
+        }
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(990) && took <= Duration::from_millis(1010), "{took:?}");
+    }
+}

@@ -1,0 +1,203 @@
+//! The node's side of a Kubernetes cluster, as the kubelet does it: the Node registered (and its default labels
+//! reconciled), a Lease in `kube-node-lease` renewed every quarter of its duration on a client of its own, the
+//! node status patched (strategic merge) when it changed or the report frequency passed, condition transitions
+//! posted at once with their Normal events, and the `Ready` condition from the same facts `/readyz` reports.
+//!
+//! Every loop retries with the kubelet's back-off while the apiserver is away; nothing here ever stops pod sync
+//! or eviction. [`ClusterStatus`] says how the heartbeats fare, for `/readyz`.
+
+mod backoff;
+mod client;
+mod conditions;
+mod events;
+mod host;
+mod labels;
+mod lease;
+mod node;
+mod register;
+mod status;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Taint;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use client::{Clients, RateLimiter};
+pub use conditions::aggregate;
+pub use host::HostInfo;
+pub use labels::{check_label_syntax, check_node_label};
+pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};
+
+/// Why the node side cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The kubeconfig cannot be read or used.
+    #[error("kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The client cannot be built from the kubeconfig (TLS material, URL).
+    #[error("cannot build the apiserver client: {0}")]
+    Client(String),
+}
+
+/// The settings of the node side, from the kubelet's config fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSettings {
+    /// The Node's name.
+    pub node_name: String,
+    /// `registerNode`: create the Node (else only report on one that exists).
+    pub register_node: bool,
+    /// `registerWithTaints`: the taints a newly created Node gets.
+    pub register_with_taints: Vec<Taint>,
+    /// `nodeLabels`: labels a newly created Node gets, after the defaults.
+    pub node_labels: BTreeMap<String, String>,
+    /// `providerID`.
+    pub provider_id: Option<String>,
+    /// `nodeLeaseDurationSeconds`.
+    pub lease_duration: Duration,
+    /// `nodeStatusUpdateFrequency`: how often the status is computed (and patched if it changed).
+    pub status_update_frequency: Duration,
+    /// `nodeStatusReportFrequency`: the longest time between two patches of an unchanged status.
+    pub status_report_frequency: Duration,
+    /// The port reported in `daemonEndpoints.kubeletEndpoint` (the port nodewarden serves, 0 if none).
+    pub daemon_port: u16,
+    /// The node's address, if configured; else the address of the default route's interface.
+    pub node_ip: Option<IpAddr>,
+}
+
+impl ClusterSettings {
+    /// The Lease renewal interval: a quarter of the duration (the kubelet's `nodeLeaseRenewIntervalFraction`).
+    pub fn renew_interval(&self) -> Duration {
+        self.lease_duration / 4
+    }
+
+    /// The heartbeat client's timeout: min(nodeStatusUpdateFrequency, nodeLeaseDurationSeconds).
+    pub fn heartbeat_timeout(&self) -> Duration {
+        self.status_update_frequency.min(self.lease_duration).max(Duration::from_secs(1))
+    }
+}
+
+/// What the node reports, as the daemon sees it now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// `status.capacity`: resource name → quantity.
+    pub capacity: BTreeMap<String, String>,
+    /// `status.allocatable` (the reported allocatable).
+    pub allocatable: BTreeMap<String, String>,
+    /// The eviction manager's MemoryPressure.
+    pub memory_pressure: bool,
+    /// The eviction manager's DiskPressure.
+    pub disk_pressure: bool,
+    /// The eviction manager's PIDPressure.
+    pub pid_pressure: bool,
+    /// Why the node is not Ready (empty when it is): the runtime, its network, pod sync, the eviction loop.
+    pub not_ready: Vec<String>,
+    /// `<runtime>://<version>`, or `Unknown`.
+    pub runtime_version: String,
+}
+
+/// Where the node side reads the facts it reports.
+pub trait FactSource: Send + Sync + 'static {
+    /// The facts now.
+    fn facts(&self) -> NodeFacts;
+}
+
+/// How the heartbeats fare, for `/readyz`.
+#[derive(Debug)]
+pub struct ClusterStatus {
+    started: Instant,
+    last_heartbeat: Mutex<Option<Instant>>,
+    last_error: Mutex<Option<String>>,
+    node_uid: watch::Sender<Option<String>>,
+    lease_duration: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ClusterStatus {
+    /// The status of a node side about to start: no heartbeat yet.
+    pub fn new(lease_duration: Duration) -> ClusterStatus {
+        ClusterStatus {
+            started: Instant::now(),
+            last_heartbeat: Mutex::new(None),
+            last_error: Mutex::new(None),
+            node_uid: watch::Sender::new(None),
+            lease_duration,
+        }
+    }
+
+    fn heartbeat_ok(&self) {
+        *lock(&self.last_heartbeat) = Some(Instant::now());
+        *lock(&self.last_error) = None;
+    }
+
+    fn failed(&self, error: String) {
+        *lock(&self.last_error) = Some(error);
+    }
+
+    /// The registered Node's UID, once known.
+    pub fn node_uid(&self) -> Option<String> {
+        self.node_uid.borrow().clone()
+    }
+
+    /// `Ok` while the last Lease renewal is younger than the Lease's duration; else how old it is and the last
+    /// error.
+    pub fn readiness(&self) -> Result<(), String> {
+        let error = lock(&self.last_error).clone().map(|e| format!(": {e}")).unwrap_or_default();
+        match *lock(&self.last_heartbeat) {
+            Some(t) if t.elapsed() <= self.lease_duration => Ok(()),
+            Some(t) => Err(format!("last heartbeat accepted {:.1}s ago{error}", t.elapsed().as_secs_f64())),
+            None => Err(format!(
+                "no heartbeat accepted yet ({:.1}s since start){error}",
+                self.started.elapsed().as_secs_f64()
+            )),
+        }
+    }
+
+    /// The time since the last accepted heartbeat, if any.
+    pub fn heartbeat_age(&self) -> Option<Duration> {
+        lock(&self.last_heartbeat).map(|t| t.elapsed())
+    }
+}
+
+/// What every loop shares.
+pub(crate) struct Ctx {
+    pub(crate) settings: ClusterSettings,
+    pub(crate) clients: Clients,
+    pub(crate) host: HostInfo,
+    pub(crate) facts: Arc<dyn FactSource>,
+    pub(crate) status: Arc<ClusterStatus>,
+    pub(crate) events: events::Recorder,
+}
+
+/// Starts registration, the Lease and the node status loops (and the event poster) as tracked tasks that end
+/// on `shutdown`, reporting to `status`. `changed` is bumped by the daemon when a condition changes, so the
+/// status is computed (and, if it changed, posted) at once instead of at the next tick.
+pub fn start(
+    status: Arc<ClusterStatus>,
+    settings: ClusterSettings,
+    clients: Clients,
+    facts: Arc<dyn FactSource>,
+    changed: watch::Receiver<u64>,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) {
+    let host = HostInfo::read(settings.node_ip);
+    let (events, poster) = events::Recorder::new(&settings.node_name, clients.clone());
+    tasks.spawn(poster.run(shutdown.clone()));
+    let ctx = Arc::new(Ctx { settings, clients, host, facts, status, events });
+    tasks.spawn(lease::run(ctx.clone(), shutdown.clone()));
+    tasks.spawn(status::run(ctx, changed, shutdown));
+}

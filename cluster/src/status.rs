@@ -1,0 +1,130 @@
+//! The node status loop: every `nodeStatusUpdateFrequency`, or at once when the daemon says a condition or
+//! readiness changed, the status is built; it is patched (a strategic merge patch of `nodes/<name>/status`) only
+//! when it differs from the last one sent (compared at second precision, heartbeats left out) or
+//! `nodeStatusReportFrequency` has passed. A transition's events are posted once its patch is accepted.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::conditions::{self, Transition};
+use crate::{Ctx, node, register};
+
+/// Patches tried in a row for one update (the kubelet's `nodeStatusUpdateRetry`).
+const UPDATE_RETRIES: usize = 5;
+
+/// The patch body for `status`: conditions merge by type, addresses are replaced whole.
+fn patch_body(status: &NodeStatus) -> Value {
+    let mut s = serde_json::to_value(status).unwrap_or(Value::Null);
+    if let Some(Value::Array(addresses)) = s.get_mut("addresses") {
+        addresses.insert(0, json!({"$patch": "replace"}));
+    }
+    json!({"status": s})
+}
+
+/// What was last accepted.
+struct Sent {
+    comparable: Value,
+    at: Instant,
+    conditions: Vec<NodeCondition>,
+}
+
+/// Builds the status now, with the transitions since the last one sent and whether it must be sent.
+fn due(ctx: &Ctx, last: Option<&Sent>) -> (NodeStatus, Vec<Transition>, bool) {
+    let facts = ctx.facts.facts();
+    let previous = last.map(|l| l.conditions.as_slice()).unwrap_or(&[]);
+    let (conds, transitions) = conditions::build(&facts, previous, jiff::Timestamp::now());
+    let status = node::status(&ctx.settings, &ctx.host, &facts, conds);
+    let send = match last {
+        None => true,
+        Some(l) => l.comparable != node::comparable(&status) || l.at.elapsed() >= ctx.settings.status_report_frequency,
+    };
+    (status, transitions, send)
+}
+
+/// Registers the Node, then keeps its status current until `shutdown`.
+pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: CancellationToken) {
+    let Some(registered) = register::register(&ctx, &shutdown).await else { return };
+    let api: Api<Node> = Api::all(ctx.clients.main.clone());
+    let name = ctx.settings.node_name.clone();
+    // The registered Node's conditions give the transition times to keep (a restart is not a transition).
+    let mut last = registered.status.as_ref().map(|s| Sent {
+        comparable: Value::Null,
+        at: Instant::now(),
+        conditions: s.conditions.clone().unwrap_or_default(),
+    });
+    let mut tick = tokio::time::interval(ctx.settings.status_update_frequency);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+            r = changed.changed() => if r.is_err() { changed = watch::channel(0).1 },
+        }
+        let (status, transitions, send) = due(&ctx, last.as_ref());
+        if !send {
+            continue;
+        }
+        let body = patch_body(&status);
+        let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
+        let mut accepted = false;
+        for attempt in 1..=UPDATE_RETRIES {
+            ctx.clients.limiter.acquire().await;
+            let r = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = api.patch_status(&name, &params, &patch) => r,
+            };
+            match r {
+                Ok(_) => {
+                    accepted = true;
+                    break;
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    tracing::warn!(node = %name, "the Node is gone from the apiserver; registering it again");
+                    if register::register(&ctx, &shutdown).await.is_none() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "cannot update the node status");
+                    ctx.status.failed(format!("node status: {e}"));
+                }
+            }
+        }
+        if !accepted {
+            continue;
+        }
+        for t in transitions {
+            tracing::info!(node = %name, event = t.event, "node condition changed");
+            // As the kubelet's recordNodeStatusEvent words it: "Node n1 status is now: NodeReady".
+            ctx.events.record("Normal", t.event, format!("Node {name} status is now: {}", t.event));
+        }
+        last = Some(Sent {
+            comparable: node::comparable(&status),
+            at: Instant::now(),
+            conditions: status.conditions.clone().unwrap_or_default(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeAddress;
+
+    #[test]
+    fn addresses_are_replaced_whole_and_conditions_merge() {
+        let s = NodeStatus {
+            addresses: Some(vec![NodeAddress { type_: "Hostname".into(), address: "h".into() }]),
+            ..NodeStatus::default()
+        };
+        let b = patch_body(&s);
+        assert_eq!(b["status"]["addresses"][0], json!({"$patch": "replace"}));
+        assert_eq!(b["status"]["addresses"][1]["address"], "h");
+    }
+}

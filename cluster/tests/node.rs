@@ -1,0 +1,256 @@
+//! The node side against the test apiserver over real HTTP, with kube-rs as the client: registration, the Lease,
+//! status on change, conditions and events, outages and restarts.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use nodewarden_cluster::{Clients, ClusterSettings, FactSource, NodeFacts};
+use nodewarden_testapi::{Fault, TestApi};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+struct Facts(Mutex<NodeFacts>);
+
+impl FactSource for Facts {
+    fn facts(&self) -> NodeFacts {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+fn facts() -> Arc<Facts> {
+    Arc::new(Facts(Mutex::new(NodeFacts {
+        capacity: BTreeMap::from([
+            ("cpu".into(), "2".into()),
+            ("memory".into(), "1Gi".into()),
+            ("pods".into(), "110".into()),
+        ]),
+        allocatable: BTreeMap::from([
+            ("cpu".into(), "2".into()),
+            ("memory".into(), "900Mi".into()),
+            ("pods".into(), "110".into()),
+        ]),
+        runtime_version: "nodewarden-process://0.1.0".into(),
+        ..NodeFacts::default()
+    })))
+}
+
+fn settings(node: &str) -> ClusterSettings {
+    ClusterSettings {
+        node_name: node.into(),
+        register_node: true,
+        register_with_taints: Vec::new(),
+        node_labels: BTreeMap::from([("example.com/rack".into(), "r1".into())]),
+        provider_id: None,
+        lease_duration: Duration::from_secs(4),
+        status_update_frequency: Duration::from_millis(200),
+        status_report_frequency: Duration::from_secs(60),
+        daemon_port: 10248,
+        node_ip: None,
+    }
+}
+
+struct Node {
+    status: Arc<nodewarden_cluster::ClusterStatus>,
+    changed: watch::Sender<u64>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Node {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), self.tasks.wait()).await.expect("the node side did not stop");
+    }
+}
+
+async fn start(api: &TestApi, dir: &std::path::Path, s: ClusterSettings, f: Arc<Facts>) -> Node {
+    let token = format!("token-{}", s.node_name);
+    api.add_token(&token, Some(&s.node_name));
+    let kubeconfig = api.write_kubeconfig(dir, &token).unwrap();
+    let clients = Clients::from_kubeconfig(&kubeconfig, 50.0, 100, s.heartbeat_timeout()).await.unwrap();
+    let (changed, rx) = watch::channel(0);
+    let stop = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let status = Arc::new(nodewarden_cluster::ClusterStatus::new(s.lease_duration));
+    nodewarden_cluster::start(status.clone(), s, clients, f, rx, &tasks, stop.clone());
+    Node { status, changed, stop, tasks }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn condition<'a>(node: &'a Value, kind: &str) -> &'a Value {
+    node["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == kind)).unwrap_or(&Value::Null)
+}
+
+fn status_patches(api: &TestApi, node: &str) -> usize {
+    api.requests().iter().filter(|r| r.method == "PATCH" && r.path == format!("/api/v1/nodes/{node}/status")).count()
+}
+
+#[tokio::test]
+async fn a_node_registers_heartbeats_and_reports_changes_at_once() {
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let f = facts();
+    let n = start(&api, dir.path(), settings("n1"), f.clone()).await;
+    wait_for("the Node", Duration::from_secs(10), || api.get("nodes", None, "n1").is_some()).await;
+    let node = api.get("nodes", None, "n1").unwrap();
+    let labels = &node["metadata"]["labels"];
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert_eq!(labels["kubernetes.io/arch"], nodewarden_cluster::go_arch(std::env::consts::ARCH));
+    assert_eq!(labels["example.com/rack"], "r1");
+    assert!(labels["kubernetes.io/hostname"].is_string());
+    assert_eq!(node["status"]["capacity"]["memory"], "1Gi");
+    assert_eq!(node["status"]["allocatable"]["memory"], "900Mi");
+    assert_eq!(node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10248);
+    assert_eq!(node["status"]["nodeInfo"]["containerRuntimeVersion"], "nodewarden-process://0.1.0");
+    assert_eq!(node["status"]["nodeInfo"]["architecture"], labels["kubernetes.io/arch"]);
+    let kinds: Vec<&str> =
+        node["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"], "Ready last");
+    assert_eq!(condition(&node, "Ready")["reason"], "KubeletReady");
+
+    // The Lease, owned by the Node, renewed every second (a quarter of 4 s).
+    wait_for("the Lease with its owner", Duration::from_secs(10), || {
+        api.get("leases", Some("kube-node-lease"), "n1").is_some_and(|l| l["metadata"]["ownerReferences"].is_array())
+    })
+    .await;
+    let lease = api.get("leases", Some("kube-node-lease"), "n1").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "n1");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 4);
+    assert_eq!(lease["metadata"]["ownerReferences"][0]["uid"], node["metadata"]["uid"]);
+    let renewed = lease["spec"]["renewTime"].clone();
+    wait_for("a renewal", Duration::from_secs(3), || {
+        api.get("leases", Some("kube-node-lease"), "n1").is_some_and(|l| l["spec"]["renewTime"] != renewed)
+    })
+    .await;
+    assert!(n.status.readiness().is_ok(), "{:?}", n.status.readiness());
+
+    // Nothing changed: no status patch for a second (the update frequency is 200 ms).
+    let before = status_patches(&api, "n1");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(status_patches(&api, "n1"), before, "an unchanged status is not patched");
+
+    // Memory pressure: posted at once when the daemon says so, with its event; Ready follows the facts.
+    f.0.lock().unwrap().memory_pressure = true;
+    f.0.lock().unwrap().not_ready = vec!["container runtime is down".into()];
+    let changed_at = Instant::now();
+    n.changed.send_modify(|g| *g += 1);
+    wait_for("MemoryPressure True", Duration::from_secs(2), || {
+        api.get("nodes", None, "n1").is_some_and(|n| condition(&n, "MemoryPressure")["status"] == "True")
+    })
+    .await;
+    let took = changed_at.elapsed();
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let node = api.get("nodes", None, "n1").unwrap();
+    assert_eq!(condition(&node, "MemoryPressure")["reason"], "KubeletHasInsufficientMemory");
+    assert_eq!(condition(&node, "Ready")["status"], "False");
+    assert_eq!(condition(&node, "Ready")["reason"], "KubeletNotReady");
+    assert_eq!(condition(&node, "Ready")["message"], "container runtime is down");
+    wait_for("the events", Duration::from_secs(2), || {
+        let reasons: Vec<Value> = api.list("events", Some("default")).iter().map(|e| e["reason"].clone()).collect();
+        reasons.contains(&json!("NodeHasInsufficientMemory")) && reasons.contains(&json!("NodeNotReady"))
+    })
+    .await;
+    let events = api.list("events", Some("default"));
+    let e = events.iter().find(|e| e["reason"] == "NodeHasInsufficientMemory").unwrap();
+    assert_eq!(e["message"], "Node n1 status is now: NodeHasInsufficientMemory");
+    assert_eq!(e["type"], "Normal");
+    assert_eq!(
+        (e["involvedObject"]["kind"].as_str(), e["involvedObject"]["name"].as_str()),
+        (Some("Node"), Some("n1"))
+    );
+    assert_eq!(e["source"]["component"], "kubelet");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn outages_are_ridden_out_and_a_restart_duplicates_nothing() {
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let f = facts();
+    let n = start(&api, dir.path(), settings("n2"), f.clone()).await;
+    wait_for("the Lease", Duration::from_secs(10), || api.get("leases", Some("kube-node-lease"), "n2").is_some()).await;
+    let uid = api.get("nodes", None, "n2").unwrap()["metadata"]["uid"].clone();
+
+    // 5xx: the heartbeat fails, readiness says so with its age; it recovers once the apiserver does.
+    api.set_fault(Fault { status: Some(503), ..Fault::default() });
+    wait_for("readiness to fail", Duration::from_secs(10), || n.status.readiness().is_err()).await;
+    let why = n.status.readiness().unwrap_err();
+    assert!(why.contains("last heartbeat accepted") && why.contains("503"), "{why}");
+    api.set_fault(Fault::default());
+    let back = Instant::now();
+    wait_for("readiness again", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    assert!(back.elapsed() < Duration::from_secs(8), "recovered in {:?}", back.elapsed());
+
+    // Connections refused for 3 s: the same, and pod sync would never have known.
+    api.set_up(false);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    f.0.lock().unwrap().disk_pressure = true;
+    n.changed.send_modify(|g| *g += 1);
+    api.set_up(true);
+    let back = Instant::now();
+    wait_for("DiskPressure posted after the outage", Duration::from_secs(15), || {
+        api.get("nodes", None, "n2").is_some_and(|n| condition(&n, "DiskPressure")["status"] == "True")
+    })
+    .await;
+    wait_for("readiness after the outage", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    assert!(back.elapsed() < Duration::from_secs(10), "recovered in {:?}", back.elapsed());
+
+    // Someone else writes the Lease: the next renewal conflicts, re-reads it and renews.
+    let mut l = api.get("leases", Some("kube-node-lease"), "n2").unwrap();
+    l["metadata"]["labels"] = json!({"touched": "yes"});
+    api.delete("leases", Some("kube-node-lease"), "n2", None).unwrap();
+    let recreated = api.create("leases", Some("kube-node-lease"), l).unwrap();
+    let rv = recreated["metadata"]["resourceVersion"].clone();
+    wait_for("the Lease renewed after the conflict", Duration::from_secs(5), || {
+        api.get("leases", Some("kube-node-lease"), "n2").is_some_and(|l| l["metadata"]["resourceVersion"] != rv)
+    })
+    .await;
+    n.stop().await;
+
+    // A restart (as after kill -9) finds the same Node and Lease; nothing is created twice.
+    let creates_before = api.requests().iter().filter(|r| r.method == "POST").count();
+    let n = start(&api, dir.path(), settings("n2"), f).await;
+    wait_for("a renewal after the restart", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    assert_eq!(api.get("nodes", None, "n2").unwrap()["metadata"]["uid"], uid);
+    assert_eq!(api.list("nodes", None).len(), 1);
+    let creates: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST")
+        .skip(creates_before)
+        .map(|r| r.path.clone())
+        .filter(|p| !p.ends_with("/events"))
+        .collect();
+    // The Node create is tried (AlreadyExists), the Lease is not.
+    assert_eq!(creates, ["/api/v1/nodes"], "{creates:?}");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_label_the_node_may_not_set_is_refused_by_the_apiserver() {
+    // NodeRestriction in the test apiserver refuses what the config check would refuse first.
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings("n3");
+    s.node_labels.insert("node-role.kubernetes.io/worker".into(), String::new());
+    let n = start(&api, dir.path(), s, facts()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(api.get("nodes", None, "n3").is_none());
+    let refused = api.requests().iter().filter(|r| r.method == "POST" && r.path == "/api/v1/nodes").count();
+    assert!(refused >= 2, "registration is retried ({refused} tries)");
+    n.stop().await;
+}

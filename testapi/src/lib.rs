@@ -1,0 +1,273 @@
+//! A test apiserver for nodewarden's tests and benchmarks.
+//!
+//! It follows the real apiserver where a client would notice: discovery for kubectl, create/get/list/watch with
+//! one resourceVersion counter, bookmarks and the in-stream 410 for a compacted history, field and label
+//! selectors, optimistic concurrency, the status subresource, JSON merge and strategic merge patches, delete
+//! preconditions and graceful pod deletion, Tables for `kubectl get`, and the Node authorizer's and
+//! NodeRestriction's rules for a `system:node:<name>` token. Tests control faults (connections refused, injected
+//! status codes, delays, watches closed, history compacted) and read the request log. Plain HTTP, JSON only.
+//!
+//! It is a test fixture: nothing in the daemon uses it.
+
+mod discovery;
+mod patch;
+mod restriction;
+mod route;
+mod select;
+mod server;
+mod store;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use restriction::kubelet_may_set;
+pub use route::{RESOURCES, Resource};
+pub use store::ApiError;
+
+/// Faults injected into every request (until cleared).
+#[derive(Debug, Clone, Default)]
+pub struct Fault {
+    /// Answer with this status code (a `Status` object, reason `InternalError`).
+    pub status: Option<u16>,
+    /// Only for paths containing this; every path if `None`.
+    pub paths: Option<String>,
+    /// Wait this long before answering.
+    pub delay: Duration,
+}
+
+/// One request, as the log keeps it.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    /// The method.
+    pub method: String,
+    /// The path.
+    pub path: String,
+    /// The raw query.
+    pub query: String,
+    /// The client's User-Agent.
+    pub user_agent: String,
+    /// When it arrived.
+    pub at: Instant,
+    /// When it arrived, by the wall clock (to compare with a daemon's log).
+    pub time: jiff::Timestamp,
+}
+
+/// The state the handler shares.
+pub(crate) struct State {
+    pub(crate) store: store::Store,
+    fault: Mutex<Fault>,
+    /// Bearer tokens: `Some(node)` for a node identity, `None` for an admin token.
+    pub(crate) tokens: Mutex<HashMap<String, Option<String>>>,
+    requests: Mutex<Vec<Logged>>,
+    /// Bumped to end every open watch.
+    pub(crate) closed: watch::Sender<u64>,
+    pub(crate) tasks: TaskTracker,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl State {
+    pub(crate) fn log(&self, l: Logged) {
+        lock(&self.requests).push(l);
+    }
+
+    pub(crate) fn fault(&self) -> Fault {
+        lock(&self.fault).clone()
+    }
+}
+
+/// A running test apiserver on 127.0.0.1; stopped when dropped.
+pub struct TestApi {
+    addr: SocketAddr,
+    state: Arc<State>,
+    up: watch::Sender<bool>,
+    stop: CancellationToken,
+}
+
+/// Where a resource lives: `resource` by its plural (and group, for `leases`), in `namespace` if namespaced.
+fn resource(plural: &str) -> &'static Resource {
+    RESOURCES.iter().find(|r| r.plural == plural).unwrap_or(&RESOURCES[0])
+}
+
+impl TestApi {
+    /// Starts on a free port of 127.0.0.1, or on `port`.
+    pub async fn start(port: u16) -> std::io::Result<TestApi> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            store: store::Store::default(),
+            fault: Mutex::new(Fault::default()),
+            tokens: Mutex::new(HashMap::new()),
+            requests: Mutex::new(Vec::new()),
+            closed: watch::Sender::new(0),
+            tasks: TaskTracker::new(),
+        });
+        let (up, up_rx) = watch::channel(true);
+        let stop = CancellationToken::new();
+        let app = axum::Router::new().fallback(server::handle).with_state(state.clone());
+        tokio::spawn(accept(Some(listener), addr, app, up_rx, stop.clone()));
+        Ok(TestApi { addr, state, up, stop })
+    }
+
+    /// The base URL, `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Registers `token` as the credentials of node `node` (`system:node:<node>`, restricted as NodeRestriction
+    /// restricts a kubelet), or as an admin with `None`. Requests without a token are the admin's.
+    pub fn add_token(&self, token: &str, node: Option<&str>) {
+        lock(&self.state.tokens).insert(token.to_owned(), node.map(str::to_owned));
+    }
+
+    /// Writes a kubeconfig for this server with `token` into `dir` and returns its path.
+    pub fn write_kubeconfig(&self, dir: &Path, token: &str) -> std::io::Result<PathBuf> {
+        let path = dir.join(format!("kubeconfig-{token}"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n\
+             users:\n- name: node\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: node\n\
+             current-context: test\n",
+            self.url()
+        );
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// Sets the fault every request meets.
+    pub fn set_fault(&self, fault: Fault) {
+        *lock(&self.state.fault) = fault;
+    }
+
+    /// Stops accepting connections (new ones are refused) and drops the open ones, or starts again on the same
+    /// port.
+    pub fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+        if !up {
+            self.close_watches();
+        }
+    }
+
+    /// Ends every open watch stream (clients resume from their last resourceVersion).
+    pub fn close_watches(&self) {
+        self.state.closed.send_modify(|g| *g += 1);
+    }
+
+    /// Forgets the change history: a watch from an older resourceVersion gets the in-stream 410 Expired.
+    pub fn compact(&self) {
+        self.state.store.compact();
+    }
+
+    /// The requests so far.
+    pub fn requests(&self) -> Vec<Logged> {
+        lock(&self.state.requests).clone()
+    }
+
+    /// One object, as the test (an admin) reads it: `plural` (`nodes`, `pods`, `leases`, `events`, ...).
+    pub fn get(&self, plural: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        self.state.store.get(resource(plural), namespace, name).ok()
+    }
+
+    /// All objects of `plural` in `namespace` (all namespaces if `None`).
+    pub fn list(&self, plural: &str, namespace: Option<&str>) -> Vec<Value> {
+        self.state.store.list(resource(plural), namespace, &select::Selector::default()).0
+    }
+
+    /// Creates an object as the test (e.g. a pod bound to a node, as a scheduler would).
+    pub fn create(&self, plural: &str, namespace: Option<&str>, object: Value) -> Result<Value, ApiError> {
+        self.state.store.create(resource(plural), namespace, object)
+    }
+
+    /// Deletes an object as the test, with a grace period for pods.
+    pub fn delete(
+        &self,
+        plural: &str,
+        namespace: Option<&str>,
+        name: &str,
+        grace: Option<i64>,
+    ) -> Result<Value, ApiError> {
+        self.state.store.delete(resource(plural), namespace, name, grace, (None, None))
+    }
+}
+
+impl Drop for TestApi {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.close_watches();
+    }
+}
+
+/// Accepts connections while up; while down the listener is closed (connections are refused) and the
+/// connections open when it went down are dropped.
+async fn accept(
+    mut listener: Option<TcpListener>,
+    addr: SocketAddr,
+    app: axum::Router,
+    mut up: watch::Receiver<bool>,
+    stop: CancellationToken,
+) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let Some(l) = &listener else {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = up.changed() => if changed.is_err() { return },
+            }
+            if *up.borrow() {
+                listener = rebind(addr).await;
+            }
+            continue;
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = up.changed() => {
+                if changed.is_err() { return }
+                if !*up.borrow() {
+                    listener = None;
+                    connections.abort_all();
+                }
+            }
+            accepted = l.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                let io = hyper_util::rt::TokioIo::new(stream);
+                connections.spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// Binds `addr` again after a stop (retrying while the port is in TIME_WAIT elsewhere).
+async fn rebind(addr: SocketAddr) -> Option<TcpListener> {
+    for _ in 0..50 {
+        let socket = tokio::net::TcpSocket::new_v4().ok()?;
+        let _ = socket.set_reuseaddr(true);
+        if socket.bind(addr).is_ok()
+            && let Ok(l) = socket.listen(1024)
+        {
+            return Some(l);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}

@@ -1,0 +1,421 @@
+//! The HTTP side: one handler that resolves the path, checks the caller, applies faults and serves the verb.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::discovery;
+use crate::route::{self, Target};
+use crate::select::Selector;
+use crate::store::{ApiError, Change, concerns};
+use crate::{Logged, State, patch, restriction};
+
+fn json_response(code: u16, v: &Value) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+fn error(e: &ApiError) -> Response {
+    json_response(e.code, &e.status())
+}
+
+/// Decodes `a=b&c=d` with percent escapes and `+` as a space.
+pub fn query(uri: &Uri) -> HashMap<String, String> {
+    fn hex(b: u8) -> Option<u8> {
+        char::from(b).to_digit(16).and_then(|d| u8::try_from(d).ok())
+    }
+    fn decode(s: &str) -> String {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push(h * 16 + l);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                },
+                b => out.push(b),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (decode(k), decode(v)),
+            None => (decode(p), String::new()),
+        })
+        .collect()
+}
+
+/// The identity of a request: `Some(node)` for a node's token, `None` for the admin (no token); an unknown
+/// token is refused with 401.
+fn identity(state: &State, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(auth) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return Ok(None) };
+    let token = auth.strip_prefix("Bearer ").unwrap_or(auth);
+    match state.tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(token) {
+        Some(node) => Ok(node.clone()),
+        None => Err(ApiError::new(401, "Unauthorized", "Unauthorized")),
+    }
+}
+
+/// The single handler.
+pub async fn handle(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_owned();
+    state.log(Logged {
+        method: method.to_string(),
+        path: path.clone(),
+        query: uri.query().unwrap_or("").to_owned(),
+        user_agent: headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned(),
+        at: tokio::time::Instant::now(),
+        time: jiff::Timestamp::now(),
+    });
+    let fault = state.fault();
+    if !fault.delay.is_zero() {
+        tokio::time::sleep(fault.delay).await;
+    }
+    if let Some(code) = fault.status
+        && fault.paths.as_ref().is_none_or(|p| path.contains(p.as_str()))
+    {
+        return error(&ApiError::new(code, "InternalError", format!("injected by the test: {code}")));
+    }
+    let who = match identity(&state, &headers) {
+        Ok(w) => w,
+        Err(e) => return error(&e),
+    };
+    match (method.as_str(), path.trim_end_matches('/')) {
+        ("GET", "/version") => return json_response(200, &discovery::version()),
+        ("GET", "/api") => return json_response(200, &discovery::core_versions()),
+        ("GET", "/apis") => return json_response(200, &discovery::group_list()),
+        ("GET", "/healthz" | "/readyz" | "/livez") => return (StatusCode::OK, "ok").into_response(),
+        _ => {}
+    }
+    if method == Method::GET {
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match parts.as_slice() {
+            ["api", v] => {
+                return discovery::resource_list("", v).map_or_else(|| not_served(&path), |l| json_response(200, &l));
+            }
+            ["apis", g] => return discovery::group(g).map_or_else(|| not_served(&path), |l| json_response(200, &l)),
+            ["apis", g, v] => {
+                return discovery::resource_list(g, v).map_or_else(|| not_served(&path), |l| json_response(200, &l));
+            }
+            _ => {}
+        }
+    }
+    let Some(target) = route::parse(&path) else {
+        return not_served(&path);
+    };
+    let q = query(&uri);
+    let body = if body.is_empty() {
+        None
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(v) => Some(v),
+            Err(e) => return error(&ApiError::new(400, "BadRequest", format!("the request body is not JSON: {e}"))),
+        }
+    };
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    match serve(&state, &method, &target, &q, body, &content_type, &accept, who.as_deref()).await {
+        Ok(r) => r,
+        Err(e) => error(&e),
+    }
+}
+
+fn not_served(path: &str) -> Response {
+    error(&ApiError::new(404, "NotFound", format!("the server could not find the requested resource ({path})")))
+}
+
+fn verb(method: &Method, target: &Target, q: &HashMap<String, String>) -> &'static str {
+    match (method.as_str(), &target.name) {
+        ("GET", None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => "watch",
+        ("GET", None) => "list",
+        ("GET", Some(_)) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        _ => "unknown",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    state: &Arc<State>,
+    method: &Method,
+    target: &Target,
+    q: &HashMap<String, String>,
+    body: Option<Value>,
+    content_type: &str,
+    accept: &str,
+    who: Option<&str>,
+) -> Result<Response, ApiError> {
+    let r = &target.resource;
+    let ns = target.namespace.as_deref();
+    let verb = verb(method, target, q);
+    let stored = target.name.as_deref().and_then(|n| state.store.get(r, ns, n).ok());
+    if let Some(node) = who {
+        restriction::check(
+            node,
+            verb,
+            target,
+            body.as_ref(),
+            stored.as_ref(),
+            q.get("fieldSelector").map(String::as_str),
+        )?;
+    }
+    let status = target.subresource.as_deref() == Some("status");
+    if let Some(sub) = target.subresource.as_deref()
+        && (sub != "status" || !r.status)
+    {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({sub})"),
+        ));
+    }
+    match verb {
+        "get" => {
+            let name = target.name.as_deref().unwrap_or("");
+            let v = state.store.get(r, ns, name)?;
+            if discovery::wants_table(accept) {
+                return Ok(json_response(200, &discovery::table(r, &[v], state.store.resource_version())));
+            }
+            Ok(json_response(200, &v))
+        }
+        "list" => {
+            let selector = Selector::parse(
+                r.kind,
+                q.get("fieldSelector").map(String::as_str),
+                q.get("labelSelector").map(String::as_str),
+            )
+            .map_err(|m| ApiError::new(400, "BadRequest", m))?;
+            let (items, rv) = state.store.list(r, ns, &selector);
+            if discovery::wants_table(accept) {
+                return Ok(json_response(200, &discovery::table(r, &items, rv)));
+            }
+            Ok(json_response(200, &page(r, items, rv, q)?))
+        }
+        "watch" => watch(state, target, q),
+        "create" => {
+            let body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "a create needs a body"))?;
+            Ok(json_response(201, &state.store.create(r, ns, body)?))
+        }
+        "update" => {
+            let body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "an update needs a body"))?;
+            let name = target.name.as_deref().unwrap_or("");
+            Ok(json_response(200, &state.store.replace(r, ns, name, body, status)?))
+        }
+        "patch" => {
+            let patch_body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "a patch needs a body"))?;
+            let name = target.name.as_deref().unwrap_or("");
+            let kind = content_type.split(';').next().unwrap_or("").trim().to_owned();
+            let updated = state.store.update(
+                r,
+                ns,
+                name,
+                |old| {
+                    let mut new = old.clone();
+                    match kind.as_str() {
+                        "application/merge-patch+json" => patch::merge(&mut new, &patch_body),
+                        "application/strategic-merge-patch+json" => patch::strategic(&mut new, &patch_body),
+                        other => {
+                            return Err(ApiError::new(
+                                415,
+                                "UnsupportedMediaType",
+                                format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json (got {other:?})"),
+                            ));
+                        }
+                    }
+                    // A resourceVersion in the patch is a precondition.
+                    if let Some(rv) = patch_body["metadata"]["resourceVersion"].as_str()
+                        && Some(rv) != old["metadata"]["resourceVersion"].as_str()
+                    {
+                        return Err(ApiError::new(409, "Conflict", format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", r.plural)));
+                    }
+                    Ok(new)
+                },
+                status,
+            )?;
+            Ok(json_response(200, &updated))
+        }
+        "delete" => {
+            let name = target.name.as_deref().unwrap_or("");
+            let options = body.unwrap_or(Value::Null);
+            let grace = options["gracePeriodSeconds"]
+                .as_i64()
+                .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
+            let pre = &options["preconditions"];
+            let pre = (pre["uid"].as_str().map(str::to_owned), pre["resourceVersion"].as_str().map(str::to_owned));
+            Ok(json_response(200, &state.store.delete(r, ns, name, grace, pre)?))
+        }
+        _ => Err(ApiError::new(405, "MethodNotAllowed", format!("{method} is not supported here"))),
+    }
+}
+
+/// A list, paged by `limit` and `continue` (an offset into the list at its resourceVersion).
+fn page(r: &route::Resource, items: Vec<Value>, rv: u64, q: &HashMap<String, String>) -> Result<Value, ApiError> {
+    let start: usize = match q.get("continue").filter(|c| !c.is_empty()) {
+        Some(c) => c.parse().map_err(|_| ApiError::new(400, "BadRequest", "invalid continue token"))?,
+        None => 0,
+    };
+    let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let end = start.saturating_add(limit).min(items.len());
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if end < items.len() {
+        meta["continue"] = json!(end.to_string());
+        meta["remainingItemCount"] = json!(items.len() - end);
+    }
+    let items: Vec<Value> = items.into_iter().skip(start).take(end.saturating_sub(start)).collect();
+    Ok(json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": items}))
+}
+
+/// One line of a watch stream.
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+/// How often a watch that asked for bookmarks gets one.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(5);
+
+/// What a watch sends for `change` under `selector`: field-selector transitions turn into ADDED and DELETED.
+fn filtered(change: &Change, selector: &Selector) -> Option<&'static str> {
+    let now = selector.matches(&change.object);
+    let before = change.old.as_ref().is_some_and(|o| selector.matches(o));
+    match (change.kind, before, now) {
+        ("MODIFIED", true, true) => Some("MODIFIED"),
+        ("MODIFIED", true, false) => Some("DELETED"),
+        ("MODIFIED", false, true) => Some("ADDED"),
+        ("MODIFIED", false, false) => None,
+        (kind, _, true) => Some(kind),
+        _ => None,
+    }
+}
+
+fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Result<Response, ApiError> {
+    let r = target.resource;
+    let ns = target.namespace.clone();
+    let selector =
+        Selector::parse(r.kind, q.get("fieldSelector").map(String::as_str), q.get("labelSelector").map(String::as_str))
+            .map_err(|m| ApiError::new(400, "BadRequest", m))?;
+    let from: Option<u64> =
+        q.get("resourceVersion").filter(|v| !v.is_empty() && *v != "0").and_then(|v| v.parse().ok());
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map_or(Duration::from_secs(1800), Duration::from_secs);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
+    // Without a resourceVersion, a watch starts with the current objects as ADDED.
+    let (initial, start) = match from {
+        Some(rv) => (Vec::new(), rv),
+        None => {
+            let (items, rv) = state.store.list(&r, ns.as_deref(), &selector);
+            (items, rv)
+        }
+    };
+    let opened = state.store.watch_from(&r, ns.as_deref(), start);
+    let mut closed = state.closed.subscribe();
+    let state2 = state.clone();
+    state.tasks.spawn(async move {
+        let (replay, mut changes) = match opened {
+            Ok(w) => w,
+            Err(oldest) => {
+                let status = json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Expired",
+                    "code": 410, "message": format!("too old resource version: {start} ({oldest})"),
+                });
+                let _ = tx.send(event_line("ERROR", &status)).await;
+                return;
+            }
+        };
+        for o in &initial {
+            if tx.send(event_line("ADDED", o)).await.is_err() {
+                return;
+            }
+        }
+        let mut last = start;
+        for c in replay {
+            last = c.rv;
+            if let Some(kind) = filtered(&c, &selector)
+                && tx.send(event_line(kind, &c.object)).await.is_err()
+            {
+                return;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_EVERY, BOOKMARK_EVERY);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = closed.changed() => return,
+                _ = tick.tick(), if bookmarks => {
+                    let rv = state2.store.resource_version().max(last);
+                    let bookmark = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
+                    if tx.send(event_line("BOOKMARK", &bookmark)).await.is_err() { return; }
+                }
+                c = changes.recv() => match c {
+                    Ok(c) if c.rv > last && concerns(&c, &r, ns.as_deref()) => {
+                        last = c.rv;
+                        if let Some(kind) = filtered(&c, &selector)
+                            && tx.send(event_line(kind, &c.object)).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    // Lagged or closed: end the stream; the client resumes from its last resourceVersion.
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    let stream =
+        futures_util::stream::unfold(
+            rx,
+            |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx)) },
+        );
+    Ok(Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::TRANSFER_ENCODING, "chunked")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_are_decoded() {
+        let uri: Uri = "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1%2Cstatus.phase%21%3DFailed&watch=true&x=%zz+y"
+            .parse()
+            .unwrap();
+        let q = query(&uri);
+        assert_eq!(q["fieldSelector"], "spec.nodeName=n1,status.phase!=Failed");
+        assert_eq!(q["watch"], "true");
+        assert_eq!(q["x"], "%zz y");
+    }
+}

@@ -1,0 +1,461 @@
+//! The objects, one process-wide resourceVersion counter, and the bounded history watches replay.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::route::Resource;
+use crate::select::Selector;
+
+/// How many changes a watch can be resumed from.
+pub const HISTORY: usize = 10_000;
+
+/// An API error as the apiserver returns it: a `Status` object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status code.
+    pub code: u16,
+    /// The machine-readable reason (`NotFound`, `AlreadyExists`, `Conflict`, ...).
+    pub reason: &'static str,
+    /// The message.
+    pub message: String,
+    /// The object's name and kind, when one is concerned.
+    pub details: Option<(String, String)>,
+}
+
+impl ApiError {
+    /// The error with `code` and `reason`.
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { code, reason, message: message.into(), details: None }
+    }
+
+    fn about(mut self, r: &Resource, name: &str) -> ApiError {
+        self.details = Some((name.to_owned(), r.plural.to_owned()));
+        self
+    }
+
+    /// The `Status` object.
+    pub fn status(&self) -> Value {
+        let mut s = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": self.message, "reason": self.reason, "code": self.code,
+        });
+        if let Some((name, kind)) = &self.details {
+            s["details"] = json!({"name": name, "kind": kind});
+        }
+        s
+    }
+}
+
+fn not_found(r: &Resource, name: &str) -> ApiError {
+    let group = if r.group.is_empty() { String::new() } else { format!(".{}", r.group) };
+    ApiError::new(404, "NotFound", format!("{}{group} \"{name}\" not found", r.plural)).about(r, name)
+}
+
+fn conflict(r: &Resource, name: &str) -> ApiError {
+    let group = if r.group.is_empty() { String::new() } else { format!(".{}", r.group) };
+    ApiError::new(
+        409,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {}{group} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            r.plural
+        ),
+    )
+    .about(r, name)
+}
+
+/// A UID precondition (a delete's, or a patch's `metadata.uid`) that is not the stored object's is a 409.
+fn check_uid(r: &Resource, name: &str, uid: Option<&str>, stored: &Value) -> Result<(), ApiError> {
+    let have = stored["metadata"]["uid"].as_str().unwrap_or("");
+    match uid {
+        Some(uid) if uid != have => Err(ApiError::new(
+            409,
+            "Conflict",
+            format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"),
+        )
+        .about(r, name)),
+        _ => Ok(()),
+    }
+}
+
+/// An object's identity.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Key {
+    group: &'static str,
+    plural: &'static str,
+    namespace: String,
+    name: String,
+}
+
+impl Key {
+    /// The key of `name` in `namespace` (empty for cluster-scoped).
+    pub fn new(r: &Resource, namespace: Option<&str>, name: &str) -> Key {
+        Key { group: r.group, plural: r.plural, namespace: namespace.unwrap_or("").to_owned(), name: name.to_owned() }
+    }
+}
+
+/// One change, as a watch sends it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The resourceVersion the change made.
+    pub rv: u64,
+    /// The object's identity.
+    pub key: Key,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub kind: &'static str,
+    /// The object after the change (the last state for `DELETED`).
+    pub object: Value,
+    /// The object before a modification.
+    pub old: Option<Value>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Arc<Change>>,
+    /// Watches must start at or after this resourceVersion.
+    oldest: u64,
+    uid: u64,
+}
+
+/// The object store.
+#[derive(Debug)]
+pub struct Store {
+    inner: Mutex<Inner>,
+    changes: broadcast::Sender<Arc<Change>>,
+}
+
+impl Default for Store {
+    fn default() -> Store {
+        Store { inner: Mutex::new(Inner::default()), changes: broadcast::channel(HISTORY).0 }
+    }
+}
+
+/// The time in the apiserver's format, at second precision.
+pub fn now() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn rv_of(v: &Value) -> Option<&str> {
+    v["metadata"]["resourceVersion"].as_str().filter(|s| !s.is_empty())
+}
+
+impl Store {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    fn record(&self, inner: &mut Inner, key: Key, kind: &'static str, object: Value, old: Option<Value>) {
+        let change = Arc::new(Change { rv: inner.rv, key, kind, object, old });
+        inner.history.push_back(change.clone());
+        while inner.history.len() > HISTORY {
+            if let Some(c) = inner.history.pop_front() {
+                inner.oldest = c.rv;
+            }
+        }
+        let _ = self.changes.send(change);
+    }
+
+    /// One object.
+    pub fn get(&self, r: &Resource, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+        self.lock().objects.get(&Key::new(r, namespace, name)).cloned().ok_or_else(|| not_found(r, name))
+    }
+
+    /// The objects of `r` in `namespace` (all namespaces if `None`) that match, with the list's resourceVersion.
+    pub fn list(&self, r: &Resource, namespace: Option<&str>, selector: &Selector) -> (Vec<Value>, u64) {
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .iter()
+            .filter(|(k, _)| k.group == r.group && k.plural == r.plural)
+            .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
+            .filter(|(_, v)| selector.matches(v))
+            .map(|(_, v)| v.clone())
+            .collect();
+        (items, inner.rv)
+    }
+
+    /// Creates `object`: 409 AlreadyExists for a name in use; the server sets uid, creationTimestamp,
+    /// resourceVersion and generation.
+    pub fn create(&self, r: &Resource, namespace: Option<&str>, mut object: Value) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        if object["metadata"]["name"].as_str().is_none_or(str::is_empty)
+            && let Some(prefix) = object["metadata"]["generateName"].as_str()
+        {
+            let name = format!("{prefix}{:05x}", inner.uid + 1);
+            object["metadata"]["name"] = json!(name);
+        }
+        let Some(name) = object["metadata"]["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned) else {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!("{} \"\" is invalid: metadata.name: Required value", r.kind),
+            ));
+        };
+        if let Some(ns) = namespace {
+            match object["metadata"]["namespace"].as_str() {
+                Some(other) if !other.is_empty() && other != ns => {
+                    return Err(ApiError::new(
+                        400,
+                        "BadRequest",
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ));
+                }
+                _ => object["metadata"]["namespace"] = json!(ns),
+            }
+        }
+        let key = Key::new(r, namespace, &name);
+        if inner.objects.contains_key(&key) {
+            let group = if r.group.is_empty() { String::new() } else { format!(".{}", r.group) };
+            return Err(ApiError::new(409, "AlreadyExists", format!("{}{group} \"{name}\" already exists", r.plural))
+                .about(r, &name));
+        }
+        inner.rv += 1;
+        inner.uid += 1;
+        let m = &mut object["metadata"];
+        m["uid"] = json!(format!("00000000-0000-4000-8000-{:012x}", inner.uid));
+        m["creationTimestamp"] = json!(now());
+        m["resourceVersion"] = json!(inner.rv.to_string());
+        m["generation"] = json!(1);
+        if let Value::Object(o) = m {
+            o.remove("deletionTimestamp");
+            o.remove("deletionGracePeriodSeconds");
+        }
+        object["apiVersion"] = json!(r.api_version());
+        object["kind"] = json!(r.kind);
+        inner.objects.insert(key.clone(), object.clone());
+        self.record(&mut inner, key, "ADDED", object.clone(), None);
+        Ok(object)
+    }
+
+    /// Replaces an object (PUT) or, with `status`, only its status. A resourceVersion in `object` that is not the
+    /// stored one is a 409 Conflict.
+    pub fn replace(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        object: Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        self.update(
+            r,
+            namespace,
+            name,
+            |old| {
+                if let Some(rv) = rv_of(&object)
+                    && Some(rv) != rv_of(old)
+                {
+                    return Err(conflict(r, name));
+                }
+                if object["metadata"]["name"].as_str().is_some_and(|n| n != name) {
+                    return Err(ApiError::new(
+                        400,
+                        "BadRequest",
+                        "the name of the object does not match the name on the URL",
+                    ));
+                }
+                Ok(object)
+            },
+            status,
+        )
+    }
+
+    /// Applies `f` to the stored object; the result is stored with the server-owned fields kept: identity,
+    /// creation time and (unless it is a status write) the status, or (for a status write) everything but the
+    /// status and, as for nodes, labels and annotations.
+    pub fn update(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        f: impl FnOnce(&Value) -> Result<Value, ApiError>,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let key = Key::new(r, namespace, name);
+        let old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
+        let proposed = f(&old)?;
+        check_uid(r, name, proposed["metadata"]["uid"].as_str(), &old)?;
+        let mut new = if status {
+            let mut n = old.clone();
+            n["status"] = proposed["status"].clone();
+            for field in ["labels", "annotations"] {
+                if r.kind == "Node" && !proposed["metadata"][field].is_null() {
+                    n["metadata"][field] = proposed["metadata"][field].clone();
+                }
+            }
+            n
+        } else {
+            let mut n = proposed;
+            if r.status {
+                n["status"] = old["status"].clone();
+                if n["status"].is_null()
+                    && let Value::Object(o) = &mut n
+                {
+                    o.remove("status");
+                }
+            }
+            n
+        };
+        for field in
+            ["uid", "creationTimestamp", "namespace", "name", "deletionTimestamp", "deletionGracePeriodSeconds"]
+        {
+            match old["metadata"].get(field) {
+                Some(v) => new["metadata"][field] = v.clone(),
+                None => {
+                    if let Value::Object(m) = &mut new["metadata"] {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        new["apiVersion"] = json!(r.api_version());
+        new["kind"] = json!(r.kind);
+        let spec_changed = !status && new.get("spec") != old.get("spec");
+        let generation = old["metadata"]["generation"].as_i64().unwrap_or(1) + i64::from(spec_changed);
+        new["metadata"]["generation"] = json!(generation);
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        if new == old {
+            // A write that changes nothing makes no new resourceVersion, as the real apiserver's.
+            return Ok(old);
+        }
+        inner.rv += 1;
+        new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        inner.objects.insert(key.clone(), new.clone());
+        self.record(&mut inner, key, "MODIFIED", new.clone(), Some(old));
+        Ok(new)
+    }
+
+    /// Deletes an object. A pod bound to a node and not yet terminal is deleted gracefully: it gets a
+    /// `deletionTimestamp` (moved earlier by a later shorter grace) and stays until a delete with grace 0.
+    pub fn delete(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        grace: Option<i64>,
+        preconditions: (Option<String>, Option<String>),
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let key = Key::new(r, namespace, name);
+        let old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
+        let (uid, rv) = preconditions;
+        check_uid(r, name, uid.as_deref(), &old)?;
+        if let Some(rv) = rv
+            && Some(rv.as_str()) != rv_of(&old)
+        {
+            return Err(conflict(r, name));
+        }
+        if r.kind == "Pod" {
+            let bound = old["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
+            let terminal = matches!(old["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+            let grace = grace.or_else(|| old["spec"]["terminationGracePeriodSeconds"].as_i64()).unwrap_or(30);
+            if bound && !terminal && grace > 0 {
+                let current = old["metadata"]["deletionGracePeriodSeconds"].as_i64();
+                if current.is_some_and(|c| c <= grace) {
+                    return Ok(old);
+                }
+                let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
+                let mut new = old.clone();
+                new["metadata"]["deletionTimestamp"] = json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+                new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+                inner.rv += 1;
+                new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+                inner.objects.insert(key.clone(), new.clone());
+                self.record(&mut inner, key, "MODIFIED", new.clone(), Some(old));
+                return Ok(new);
+            }
+        }
+        inner.objects.remove(&key);
+        inner.rv += 1;
+        let mut last = old;
+        last["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        self.record(&mut inner, key, "DELETED", last.clone(), None);
+        Ok(last)
+    }
+
+    /// The changes after `rv` for `r` (and `namespace`) and a receiver for the later ones, taken under one lock
+    /// so none is missed; `Err(oldest)` when `rv` is older than the history kept.
+    #[allow(clippy::type_complexity)]
+    pub fn watch_from(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        rv: u64,
+    ) -> Result<(Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>), u64> {
+        let inner = self.lock();
+        if rv < inner.oldest {
+            return Err(inner.oldest);
+        }
+        let replay = inner.history.iter().filter(|c| c.rv > rv && concerns(c, r, namespace)).cloned().collect();
+        Ok((replay, self.changes.subscribe()))
+    }
+
+    /// Forgets the history of changes: watches from any earlier resourceVersion get 410 Expired.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        inner.history.clear();
+        inner.oldest = inner.rv;
+    }
+}
+
+/// True when `change` is about an object of `r` in `namespace` (any, if `None`).
+pub fn concerns(change: &Change, r: &Resource, namespace: Option<&str>) -> bool {
+    change.key.group == r.group
+        && change.key.plural == r.plural
+        && namespace.is_none_or(|ns| change.key.namespace == ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::RESOURCES;
+
+    fn pods() -> &'static Resource {
+        RESOURCES.iter().find(|r| r.plural == "pods").unwrap()
+    }
+
+    #[test]
+    fn writes_follow_the_apiserver_rules() {
+        let s = Store::default();
+        let r = pods();
+        let p = s.create(r, Some("default"), json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n"}})).unwrap();
+        assert_eq!(p["metadata"]["resourceVersion"], "1");
+        assert_eq!(
+            s.create(r, Some("default"), json!({"metadata": {"name": "p"}})).unwrap_err().reason,
+            "AlreadyExists"
+        );
+        // A stale resourceVersion conflicts; status is not written through the main resource.
+        let mut stale = p.clone();
+        stale["status"] = json!({"phase": "Running"});
+        let v = s.replace(r, Some("default"), "p", stale.clone(), false).unwrap();
+        assert!(v["status"].is_null());
+        assert_eq!(v["metadata"]["resourceVersion"], "1", "nothing changed, no new resourceVersion");
+        let v = s.replace(r, Some("default"), "p", stale.clone(), true).unwrap();
+        assert_eq!(v["status"]["phase"], "Running");
+        assert_eq!(s.replace(r, Some("default"), "p", stale, true).unwrap_err().reason, "Conflict");
+        // A graceful delete marks the pod; a shorter grace moves it; grace 0 removes it.
+        let d = s.delete(r, Some("default"), "p", Some(30), (None, None)).unwrap();
+        assert_eq!(d["metadata"]["deletionGracePeriodSeconds"], 30);
+        let d = s.delete(r, Some("default"), "p", Some(60), (None, None)).unwrap();
+        assert_eq!(d["metadata"]["deletionGracePeriodSeconds"], 30, "a grace period never grows");
+        assert_eq!(s.delete(r, Some("default"), "p", Some(0), (Some("x".into()), None)).unwrap_err().code, 409);
+        s.delete(r, Some("default"), "p", Some(0), (None, None)).unwrap();
+        assert_eq!(s.get(r, Some("default"), "p").unwrap_err().code, 404);
+        let (replay, _) = s.watch_from(r, None, 0).unwrap();
+        let kinds: Vec<_> = replay.iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, ["ADDED", "MODIFIED", "MODIFIED", "DELETED"]);
+        s.compact();
+        assert!(s.watch_from(r, None, 2).is_err());
+    }
+}
