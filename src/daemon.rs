@@ -43,6 +43,8 @@ pub struct Shared {
     /// A handle on cgroupfs and the kubepods cgroup for the readiness check, which must never wait for the
     /// manager's lock: a pass stuck on a hung read would otherwise hang `/readyz` too.
     probe: (CgroupFs, CgroupPath),
+    /// The node side's heartbeats, when the daemon was started with `--kubeconfig`.
+    cluster: std::sync::OnceLock<Arc<nodewarden_cluster::ClusterStatus>>,
 }
 
 impl Shared {
@@ -59,13 +61,17 @@ impl Shared {
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
         let (podsync, runtime) = (self.pods.readiness(), self.pods.runtime_health());
         let inputs = self.eviction.inputs();
-        vec![
+        let mut checks = vec![
             ("eviction", eviction),
             ("cgroupfs", cgroupfs),
             ("podsync", podsync),
             ("runtime", runtime),
             ("evictioninputs", inputs),
-        ]
+        ];
+        if let Some(cluster) = self.cluster.get() {
+            checks.push(("apiserver", cluster.readiness()));
+        }
+        checks
     }
 
     /// Applies an edited config file: the reloadable fields take effect at once (resources first, so a refused
@@ -123,18 +129,20 @@ impl PassObserver for Gauges {
     }
 }
 
-/// The runtime `containerRuntimeEndpoint` selects. For CRI, the runtime's version is checked first: a runtime that
-/// does not serve CRI v1 stops the daemon; one that does not answer yet is waited for (pods wait, `/readyz` says
-/// why) while everything else is served.
+/// The runtime `containerRuntimeEndpoint` selects, with its `<name>://<version>` (`Unknown` if it did not
+/// answer). For CRI, the runtime's version is checked first: a runtime that does not serve CRI v1 stops the
+/// daemon; one that does not answer yet is waited for (pods wait, `/readyz` says why) while everything else is
+/// served.
 async fn select_runtime(
     config: &Config,
     fs: &CgroupFs,
     metrics: &Metrics,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
-) -> Result<SelectedRuntime, DaemonError> {
+) -> Result<(SelectedRuntime, String), DaemonError> {
     let Some(endpoint) = &config.container_runtime_endpoint else {
-        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone())));
+        let version = format!("nodewarden-process://{}", env!("CARGO_PKG_VERSION"));
+        return Ok((SelectedRuntime::Process(ProcessRuntime::new(fs.clone())), version));
     };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
@@ -144,15 +152,19 @@ async fn select_runtime(
     };
     let runtime_metrics = RuntimeMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let cri = Arc::new(CriRuntime::new(settings, Some(runtime_metrics)).context("containerRuntimeEndpoint")?);
-    match cri.check_version().await {
-        Ok((name, version)) => tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected"),
+    let version = match cri.check_version().await {
+        Ok((name, version)) => {
+            tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected");
+            format!("{name}://{version}")
+        }
         Err(e) if e.is_transient() => {
-            tracing::error!(error = %e, "the CRI runtime does not answer; pods wait until it does")
+            tracing::error!(error = %e, "the CRI runtime does not answer; pods wait until it does");
+            "Unknown".to_owned()
         }
         Err(e) => return Err(anyhow::Error::new(e).into()),
-    }
+    };
     tasks.spawn(cri.clone().monitor(shutdown.clone()));
-    Ok(SelectedRuntime::Cri(cri))
+    Ok((SelectedRuntime::Cri(cri), version))
 }
 
 /// How often the CRI runtime's containers are listed (exits, health): the kubelet's PLEG relist period.
@@ -250,8 +262,9 @@ pub enum DaemonError {
     Other(#[from] anyhow::Error),
 }
 
-/// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits.
-pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
+/// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits; with `kubeconfig`
+/// the node joins the cluster it names.
+pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>) -> Result<(), DaemonError> {
     for f in &config.ignored {
         tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
     }
@@ -300,7 +313,7 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
     // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let runtime = select_runtime(&config, &fs, &metrics, &tasks, &shutdown).await?;
+    let (runtime, runtime_version) = select_runtime(&config, &fs, &metrics, &tasks, &shutdown).await?;
     let settings = SyncSettings {
         root_dir: config.root_dir.clone(),
         log_dir: config.pod_logs_dir.clone(),
@@ -340,6 +353,7 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
         store,
         metrics,
         config: config_tx,
+        cluster: std::sync::OnceLock::new(),
     });
     let eviction = eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
@@ -356,6 +370,12 @@ pub async fn run(mut config: Config, path: PathBuf) -> Result<(), DaemonError> {
         }
         None => None,
     };
+    if let Some(kubeconfig) = &kubeconfig {
+        let status = crate::cluster::start(kubeconfig, &shared, runtime_version, &tasks, &shutdown)
+            .await
+            .context("--kubeconfig")?;
+        let _ = shared.cluster.set(status);
+    }
 
     let signal = wait_for_signal().await.context("cannot install signal handlers")?;
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
@@ -455,6 +475,7 @@ mod tests {
             eviction: eviction.status(),
             eviction_settings: settings_tx,
             probe,
+            cluster: std::sync::OnceLock::new(),
         });
         Rig { host, shared, eviction }
     }

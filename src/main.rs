@@ -1,8 +1,9 @@
 //! nodewarden: the part of a kubelet that decides whether a node survives.
 //!
-//! `nodewarden run --config PATH` runs the daemon; `nodewarden check-config PATH` validates a config and prints
+//! `nodewarden run --config PATH [--kubeconfig PATH]` runs the daemon (joined to a cluster with a kubeconfig); `nodewarden check-config PATH` validates a config and prints
 //! the effective values.
 
+mod cluster;
 mod config;
 mod cri;
 mod daemon;
@@ -57,6 +58,10 @@ enum Command {
         /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1).
         #[arg(long, short)]
         config: PathBuf,
+        /// A kubeconfig naming the apiserver and the node's credentials: the node registers, heartbeats and
+        /// reports its status there (the kubelet's flag). Without it, nodewarden runs standalone.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
     },
     /// Validate a config file and print the effective configuration.
     CheckConfig {
@@ -97,7 +102,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { path } => check_config(&path).into(),
-        Command::Run { config } => run(&config).into(),
+        Command::Run { config, kubeconfig } => run(&config, kubeconfig).into(),
         Command::Cri { endpoint, request_timeout, command } => cri_command(&endpoint, request_timeout, command),
     }
 }
@@ -121,7 +126,7 @@ fn check_config(path: &std::path::Path) -> Exit {
     }
 }
 
-fn run(path: &std::path::Path) -> Exit {
+fn run(path: &std::path::Path, kubeconfig: Option<PathBuf>) -> Exit {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -144,7 +149,7 @@ fn run(path: &std::path::Path) -> Exit {
             return Exit::Failure;
         }
     };
-    match runtime.block_on(daemon::run(config, path.to_path_buf())) {
+    match runtime.block_on(daemon::run(config, path.to_path_buf(), kubeconfig)) {
         Ok(()) => Exit::Ok,
         Err(daemon::DaemonError::KernelDefaults(e)) => {
             tracing::error!("{e}");

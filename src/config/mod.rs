@@ -89,6 +89,22 @@ pub struct Config {
     pub serialize_image_pulls: bool,
     /// `nodeStatusUpdateFrequency`.
     pub node_status_update_frequency: Duration,
+    /// `nodeStatusReportFrequency`.
+    pub node_status_report_frequency: Duration,
+    /// `nodeLeaseDurationSeconds`.
+    pub node_lease_duration: Duration,
+    /// `registerNode`.
+    pub register_node: bool,
+    /// `registerWithTaints`.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// `nodeLabels`, each checked against the labels NodeRestriction lets a node set.
+    pub node_labels: BTreeMap<String, String>,
+    /// `providerID`, if set.
+    pub provider_id: Option<String>,
+    /// `kubeAPIQPS` and `kubeAPIBurst`: the main apiserver client's rate limit.
+    pub kube_api_qps: f64,
+    /// `kubeAPIBurst`.
+    pub kube_api_burst: u32,
     /// The cgroup2 mount.
     pub cgroup_mount: PathBuf,
     /// A path on nodefs.
@@ -357,6 +373,47 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         required(&c.node_status_update_frequency, "nodeStatusUpdateFrequency")?,
     )?;
 
+    if node_status_update_frequency.is_zero() {
+        return Err(ConfigError::field("nodeStatusUpdateFrequency", "must be more than 0"));
+    }
+    let node_status_report_frequency = duration_field(
+        "nodeStatusReportFrequency",
+        required(&c.node_status_report_frequency, "nodeStatusReportFrequency")?,
+    )?;
+    let lease = *required(&c.node_lease_duration_seconds, "nodeLeaseDurationSeconds")?;
+    let node_lease_duration = match u64::try_from(lease) {
+        Ok(s) if (1..=i64::from(i32::MAX).unsigned_abs()).contains(&s) => Duration::from_secs(s),
+        _ => {
+            return Err(ConfigError::field(
+                "nodeLeaseDurationSeconds",
+                format!("{lease} must be a positive number of seconds"),
+            ));
+        }
+    };
+    let node_labels = required(&c.node_labels, "nodeLabels")?.clone();
+    for (k, v) in &node_labels {
+        nodewarden_cluster::check_node_label(k, v).map_err(|e| ConfigError::field(format!("nodeLabels.{k}"), e))?;
+    }
+    let register_with_taints = required(&c.register_with_taints, "registerWithTaints")?.clone();
+    for (i, t) in register_with_taints.iter().enumerate() {
+        if !matches!(t.effect.as_str(), "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            return Err(ConfigError::field(
+                format!("registerWithTaints[{i}].effect"),
+                format!("{:?} must be NoSchedule, PreferNoSchedule or NoExecute", t.effect),
+            ));
+        }
+        nodewarden_cluster::check_label_syntax(&t.key, t.value.as_deref().unwrap_or(""))
+            .map_err(|e| ConfigError::field(format!("registerWithTaints[{i}]"), e))?;
+    }
+    let qps = *required(&c.kube_api_qps, "kubeAPIQPS")?;
+    if qps < 0 {
+        return Err(ConfigError::field("kubeAPIQPS", format!("{qps} is negative")));
+    }
+    let burst = *required(&c.kube_api_burst, "kubeAPIBurst")?;
+    let kube_api_burst =
+        u32::try_from(burst).map_err(|_| ConfigError::field("kubeAPIBurst", format!("{burst} is out of range")))?;
+    let provider_id = required(&c.provider_id, "providerID")?;
+
     let nw = required(&c.nodewarden, "nodewarden")?;
     let housekeeping_interval = duration_field(
         "nodewarden.housekeepingInterval",
@@ -448,6 +505,15 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         runtime_request_timeout,
         serialize_image_pulls: *required(&c.serialize_image_pulls, "serializeImagePulls")?,
         node_status_update_frequency,
+        node_status_report_frequency,
+        node_lease_duration,
+        register_node: *required(&c.register_node, "registerNode")?,
+        register_with_taints,
+        node_labels,
+        provider_id: (!provider_id.is_empty()).then(|| provider_id.clone()),
+        #[allow(clippy::cast_precision_loss)]
+        kube_api_qps: qps as f64,
+        kube_api_burst,
         cgroup_mount: PathBuf::from(required(&nw.cgroup_mount, "nodewarden.cgroupMount")?),
         nodefs_path: PathBuf::from(required(&nw.nodefs_path, "nodewarden.nodefsPath")?),
         imagefs_path: PathBuf::from(required(&nw.imagefs_path, "nodewarden.imagefsPath")?),

@@ -59,6 +59,24 @@ pub struct KubeletConfiguration {
     pub healthz_port: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_status_update_frequency: Option<String>,
+    /// `nodeStatusReportFrequency`: the longest time between two reports of an unchanged node status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_status_report_frequency: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_lease_duration_seconds: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub register_node: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub register_with_taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    /// `nodeLabels`: labels a newly registered Node gets (the kubelet's `--node-labels`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_labels: Option<BTreeMap<String, String>>,
+    #[serde(rename = "providerID", skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    #[serde(rename = "kubeAPIQPS", skip_serializing_if = "Option::is_none")]
+    pub kube_api_qps: Option<i64>,
+    #[serde(rename = "kubeAPIBurst", skip_serializing_if = "Option::is_none")]
+    pub kube_api_burst: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cgroup_root: Option<String>,
     #[serde(rename = "cgroupsPerQOS", skip_serializing_if = "Option::is_none")]
@@ -171,6 +189,14 @@ pub const IMPLEMENTED: &[&str] = &[
     "healthzBindAddress",
     "healthzPort",
     "nodeStatusUpdateFrequency",
+    "nodeStatusReportFrequency",
+    "nodeLeaseDurationSeconds",
+    "registerNode",
+    "registerWithTaints",
+    "nodeLabels",
+    "providerID",
+    "kubeAPIQPS",
+    "kubeAPIBurst",
     "cgroupRoot",
     "cgroupsPerQOS",
     "cgroupDriver",
@@ -217,7 +243,35 @@ impl KubeletConfiguration {
         or(&mut self.runtime_request_timeout, "2m".into());
         or(&mut self.healthz_bind_address, "127.0.0.1".into());
         or(&mut self.healthz_port, 10248);
-        or(&mut self.node_status_update_frequency, "10s".into());
+        // As in the kubelet, an absent or zero (kubeadm writes `0s`) frequency means the default; the report
+        // frequency defaults to the update frequency when only that was set, else to 5m.
+        let zero_or_absent = |v: &Option<String>| {
+            v.as_deref().is_none_or(|t| super::duration::parse(t) == Ok(std::time::Duration::ZERO))
+        };
+        let update_given = !zero_or_absent(&self.node_status_update_frequency);
+        if !update_given {
+            self.node_status_update_frequency = Some("10s".into());
+        }
+        if zero_or_absent(&self.node_status_report_frequency) {
+            self.node_status_report_frequency = Some(if update_given {
+                self.node_status_update_frequency.clone().unwrap_or_default()
+            } else {
+                "5m0s".into()
+            });
+        }
+        if self.node_lease_duration_seconds.is_none_or(|d| d == 0) {
+            self.node_lease_duration_seconds = Some(40);
+        }
+        or(&mut self.register_node, true);
+        or(&mut self.register_with_taints, Vec::new());
+        or(&mut self.node_labels, BTreeMap::new());
+        or(&mut self.provider_id, String::new());
+        if self.kube_api_qps.is_none_or(|q| q == 0) {
+            self.kube_api_qps = Some(50);
+        }
+        if self.kube_api_burst.is_none_or(|b| b == 0) {
+            self.kube_api_burst = Some(100);
+        }
         or(&mut self.cgroup_root, "/".into());
         or(&mut self.cgroups_per_qos, true);
         or(&mut self.cgroup_driver, "cgroupfs".into());

@@ -89,6 +89,46 @@ fn minimal_config_gets_kubelet_defaults() {
 }
 
 #[test]
+fn node_status_and_registration_fields_follow_the_kubelet() {
+    let c = parse(HEAD).unwrap();
+    assert_eq!(c.node_status_update_frequency, Duration::from_secs(10));
+    assert_eq!(c.node_status_report_frequency, Duration::from_secs(300));
+    assert_eq!(c.node_lease_duration, Duration::from_secs(40));
+    assert!(c.register_node);
+    assert_eq!((c.kube_api_qps, c.kube_api_burst), (50.0, 100));
+    // Only the update frequency given: the report frequency follows it.
+    let c = parse(&format!("{HEAD}nodeStatusUpdateFrequency: 4s\n")).unwrap();
+    assert_eq!(c.node_status_report_frequency, Duration::from_secs(4));
+    let c = parse(&format!("{HEAD}nodeStatusUpdateFrequency: 4s\nnodeStatusReportFrequency: 1m\n")).unwrap();
+    assert_eq!(c.node_status_report_frequency, Duration::from_secs(60));
+    // kubeadm's zeros mean the defaults.
+    let c = parse(KUBEADM).unwrap();
+    assert_eq!(
+        (c.node_status_update_frequency, c.node_status_report_frequency),
+        (Duration::from_secs(10), Duration::from_secs(300))
+    );
+    let c = parse(&format!(
+        "{HEAD}nodeLabels:\n  example.com/rack: r1\nregisterWithTaints:\n- {{key: dedicated, value: infra, effect: NoSchedule}}\nproviderID: x://1\n"
+    ))
+    .unwrap();
+    assert_eq!(c.node_labels.get("example.com/rack").map(String::as_str), Some("r1"));
+    assert_eq!(c.register_with_taints[0].key, "dedicated");
+    assert_eq!(c.provider_id.as_deref(), Some("x://1"));
+    for (text, field) in [
+        ("nodeLabels:\n  node-role.kubernetes.io/worker: \"\"\n", "nodeLabels.node-role.kubernetes.io/worker"),
+        ("nodeLabels:\n  example.com/x: -bad\n", "nodeLabels.example.com/x"),
+        ("registerWithTaints:\n- {key: a, effect: Sometimes}\n", "registerWithTaints[0].effect"),
+        ("nodeLeaseDurationSeconds: -1\n", "nodeLeaseDurationSeconds"),
+        ("kubeAPIQPS: -5\n", "kubeAPIQPS"),
+    ] {
+        let (f, reason) = field_error(&format!("{HEAD}{text}"));
+        assert_eq!(f, field, "{text}: {reason}");
+    }
+    let (_, reason) = field_error(&format!("{HEAD}nodeLabels:\n  node-role.kubernetes.io/worker: \"\"\n"));
+    assert!(reason.contains("NodeRestriction"), "{reason}");
+}
+
+#[test]
 fn a_non_loopback_healthz_address_is_warned_about() {
     let c = parse(&format!("{HEAD}healthzBindAddress: 0.0.0.0\n")).unwrap();
     assert!(c.warnings.iter().any(|w| w.contains("not a loopback address")), "{:?}", c.warnings);

@@ -82,6 +82,8 @@ pub struct Daemon {
     pub port: u16,
     /// The running daemon.
     pub child: Option<Child>,
+    /// More arguments for `nodewarden run` (e.g. `--kubeconfig PATH`).
+    pub args: Vec<String>,
 }
 
 impl Daemon {
@@ -97,7 +99,7 @@ impl Daemon {
              healthzPort: {port}\n{extra}"
         );
         std::fs::write(dir.join("config.yaml"), config)?;
-        Ok(Self { bin: bin.to_owned(), dir: dir.to_owned(), root, port, child: None })
+        Ok(Self { bin: bin.to_owned(), dir: dir.to_owned(), root, port, child: None, args: Vec::new() })
     }
 
     /// The config file.
@@ -120,12 +122,13 @@ impl Daemon {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Starts `nodewarden run --config`, its stderr to `log`.
+    /// Starts `nodewarden run --config` (with [`Daemon::args`]), its stderr to `log`.
     pub fn start(&mut self) -> std::io::Result<()> {
         let log = std::fs::File::create(self.dir.join("log"))?;
         let child = Command::new(&self.bin)
             .args(["run", "--config"])
             .arg(self.config_path())
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()?;

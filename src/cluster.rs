@@ -1,0 +1,117 @@
+//! Joining a cluster: with `--kubeconfig`, the node side of `nodewarden-cluster` is started on the facts the
+//! daemon already has (capacity and reported allocatable from the ledger, the eviction manager's conditions, the
+//! readiness checks of `/readyz`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, PoisonError};
+
+use nodewarden_cluster::{Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, binary_si, cpu};
+use nodewarden_resources::Condition;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::daemon::Shared;
+
+/// The readiness checks that make the Node's `Ready` condition, with the wording of the kubelet's messages
+/// (`container runtime is down`, `PLEG is not healthy: ...`). The eviction inputs are left out: a missing input
+/// drops some signals but the node still works.
+const READY_CHECKS: &[(&str, &str)] = &[
+    ("runtime", "container runtime is down"),
+    ("podsync", "pod sync is not healthy"),
+    ("eviction", "eviction manager is not healthy"),
+    ("cgroupfs", "cgroupfs is not healthy"),
+];
+
+/// The daemon's view, as the node side reads it.
+struct DaemonFacts {
+    shared: Arc<Shared>,
+    runtime_version: String,
+}
+
+impl FactSource for DaemonFacts {
+    fn facts(&self) -> NodeFacts {
+        let (capacity, allocatable, max_pods) = {
+            let m = self.shared.manager.lock().unwrap_or_else(PoisonError::into_inner);
+            (*m.capacity(), m.allocatable().reported, m.config().max_pods)
+        };
+        let pods = max_pods.to_string();
+        let capacity = BTreeMap::from([
+            ("cpu".to_owned(), cpu(capacity.cpu_millis)),
+            ("memory".to_owned(), binary_si(capacity.memory)),
+            ("ephemeral-storage".to_owned(), binary_si(capacity.ephemeral_storage)),
+            ("pods".to_owned(), pods.clone()),
+        ]);
+        let allocatable = BTreeMap::from([
+            ("cpu".to_owned(), cpu(allocatable.cpu_millis)),
+            ("memory".to_owned(), binary_si(allocatable.memory)),
+            ("ephemeral-storage".to_owned(), binary_si(allocatable.ephemeral_storage)),
+            ("pods".to_owned(), pods),
+        ]);
+        let pressure = self.shared.eviction.evaluation().pressure;
+        let checks = self.shared.readiness();
+        let not_ready = READY_CHECKS
+            .iter()
+            .filter_map(|(name, wording)| {
+                let (_, result) = checks.iter().find(|(n, _)| n == name)?;
+                result.as_ref().err().map(|e| format!("{wording}: {e}"))
+            })
+            .collect();
+        NodeFacts {
+            capacity,
+            allocatable,
+            memory_pressure: pressure.contains(Condition::MemoryPressure),
+            disk_pressure: pressure.contains(Condition::DiskPressure),
+            pid_pressure: pressure.contains(Condition::PidPressure),
+            not_ready,
+            runtime_version: self.runtime_version.clone(),
+        }
+    }
+}
+
+/// The node side's settings from the config.
+pub fn settings(c: &Config) -> ClusterSettings {
+    ClusterSettings {
+        node_name: c.node_name.clone(),
+        register_node: c.register_node,
+        register_with_taints: c.register_with_taints.clone(),
+        node_labels: c.node_labels.clone(),
+        provider_id: c.provider_id.clone(),
+        lease_duration: c.node_lease_duration,
+        status_update_frequency: c.node_status_update_frequency,
+        status_report_frequency: c.node_status_report_frequency,
+        daemon_port: c.healthz.map_or(0, |a| a.port()),
+        node_ip: None,
+    }
+}
+
+/// Reads the kubeconfig (an unusable one is an error now) and starts registration, heartbeats and node status
+/// in the background: building the clients loads the root certificates, which no other part of the start waits
+/// for. The status is `/readyz`'s `apiserver` check from the start.
+pub async fn start(
+    kubeconfig: &Path,
+    shared: &Arc<Shared>,
+    runtime_version: String,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Arc<ClusterStatus>> {
+    let config = shared.config();
+    let s = settings(&config);
+    let kube_config = Clients::read_kubeconfig(kubeconfig).await?;
+    tracing::info!(node = %s.node_name, apiserver = %kube_config.cluster_url, "joining the cluster");
+    let status = Arc::new(ClusterStatus::new(s.lease_duration));
+    let facts = Arc::new(DaemonFacts { shared: shared.clone(), runtime_version });
+    let changed = shared.eviction.conditions_changed();
+    let (qps, burst, timeout) = (config.kube_api_qps, config.kube_api_burst, s.heartbeat_timeout());
+    let (status2, tasks2, shutdown2) = (status.clone(), tasks.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        let built = tokio::task::spawn_blocking(move || Clients::from_config(kube_config, qps, burst, timeout)).await;
+        match built {
+            Ok(Ok(clients)) => nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2),
+            Ok(Err(e)) => tracing::error!(error = %e, "cannot join the cluster"),
+            Err(e) => tracing::error!(error = %e, "cannot join the cluster: building the clients failed"),
+        }
+    });
+    Ok(status)
+}

