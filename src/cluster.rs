@@ -5,14 +5,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, PoisonError};
+use std::time::Duration;
 
 use nodewarden_cluster::{Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, binary_si, cpu};
 use nodewarden_resources::Condition;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::daemon::Shared;
+use crate::daemon::{NodeResources, Shared};
 
 /// The readiness checks that make the Node's `Ready` condition, with the wording of the kubelet's messages
 /// (`container runtime is down`, `PLEG is not healthy: ...`). The eviction inputs are left out: a missing input
@@ -30,12 +32,24 @@ struct DaemonFacts {
     runtime_version: String,
 }
 
+impl DaemonFacts {
+    /// Why the node is not Ready now, in the kubelet's words.
+    fn not_ready(&self) -> Vec<String> {
+        let checks = self.shared.readiness();
+        READY_CHECKS
+            .iter()
+            .filter_map(|(name, wording)| {
+                let (_, result) = checks.iter().find(|(n, _)| n == name)?;
+                result.as_ref().err().map(|e| format!("{wording}: {e}"))
+            })
+            .collect()
+    }
+}
+
 impl FactSource for DaemonFacts {
     fn facts(&self) -> NodeFacts {
-        let (capacity, allocatable, max_pods) = {
-            let m = self.shared.manager.lock().unwrap_or_else(PoisonError::into_inner);
-            (*m.capacity(), m.allocatable().reported, m.config().max_pods)
-        };
+        let NodeResources { capacity, allocatable, max_pods } =
+            *self.shared.node_resources.lock().unwrap_or_else(PoisonError::into_inner);
         let pods = max_pods.to_string();
         let capacity = BTreeMap::from([
             ("cpu".to_owned(), cpu(capacity.cpu_millis)),
@@ -50,14 +64,7 @@ impl FactSource for DaemonFacts {
             ("pods".to_owned(), pods),
         ]);
         let pressure = self.shared.eviction.evaluation().pressure;
-        let checks = self.shared.readiness();
-        let not_ready = READY_CHECKS
-            .iter()
-            .filter_map(|(name, wording)| {
-                let (_, result) = checks.iter().find(|(n, _)| n == name)?;
-                result.as_ref().err().map(|e| format!("{wording}: {e}"))
-            })
-            .collect();
+        let not_ready = self.not_ready();
         NodeFacts {
             capacity,
             allocatable,
@@ -102,16 +109,57 @@ pub async fn start(
     tracing::info!(node = %s.node_name, apiserver = %kube_config.cluster_url, "joining the cluster");
     let status = Arc::new(ClusterStatus::new(s.lease_duration));
     let facts = Arc::new(DaemonFacts { shared: shared.clone(), runtime_version });
-    let changed = shared.eviction.conditions_changed();
+    let (changed_tx, changed) = watch::channel(0u64);
+    tasks.spawn(watch_changes(facts.clone(), shared.eviction.conditions_changed(), changed_tx, shutdown.clone()));
     let (qps, burst, timeout) = (config.kube_api_qps, config.kube_api_burst, s.heartbeat_timeout());
     let (status2, tasks2, shutdown2) = (status.clone(), tasks.clone(), shutdown.clone());
     tasks.spawn(async move {
         let built = tokio::task::spawn_blocking(move || Clients::from_config(kube_config, qps, burst, timeout)).await;
-        match built {
-            Ok(Ok(clients)) => nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2),
-            Ok(Err(e)) => tracing::error!(error = %e, "cannot join the cluster"),
-            Err(e) => tracing::error!(error = %e, "cannot join the cluster: building the clients failed"),
-        }
+        let error = match built {
+            Ok(Ok(clients)) => {
+                return nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2);
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => format!("building the clients failed: {e}"),
+        };
+        tracing::error!(error = %error, "cannot join the cluster");
+        status2.register_failed(error);
     });
     Ok(status)
+}
+
+/// How often readiness is looked at for a change to post.
+const READINESS_POLL: Duration = Duration::from_secs(1);
+
+/// Tells the status loop when to report at once: when the eviction manager changes a condition, and when the
+/// reasons the node is not Ready change (looked at every second), so Ready flips reach the apiserver within a
+/// second instead of at the next `nodeStatusUpdateFrequency`.
+async fn watch_changes(
+    facts: Arc<DaemonFacts>,
+    mut conditions: watch::Receiver<u64>,
+    changed: watch::Sender<u64>,
+    shutdown: CancellationToken,
+) {
+    let bump = || changed.send_modify(|g| *g = g.wrapping_add(1));
+    let mut last: Option<Vec<String>> = None;
+    let mut tick = tokio::time::interval(READINESS_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conditions_open = true;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = conditions.changed(), if conditions_open => {
+                conditions_open = r.is_ok();
+                if conditions_open { bump() }
+            }
+            _ = tick.tick() => {
+                let f = facts.clone();
+                let Ok(now) = tokio::task::spawn_blocking(move || f.not_ready()).await else { continue };
+                if last.as_ref().is_some_and(|l| *l != now) {
+                    bump();
+                }
+                last = Some(now);
+            }
+        }
+    }
 }

@@ -45,6 +45,26 @@ pub struct Shared {
     probe: (CgroupFs, CgroupPath),
     /// The node side's heartbeats, when the daemon was started with `--kubeconfig`.
     cluster: std::sync::OnceLock<Arc<nodewarden_cluster::ClusterStatus>>,
+    /// Capacity, the reported allocatable and maxPods, as the Node reports them: kept here (and replaced by a
+    /// reload) so that reporting never waits for the manager's lock.
+    pub node_resources: Mutex<NodeResources>,
+}
+
+/// What the Node reports of the ledger.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeResources {
+    /// The node's capacity.
+    pub capacity: nodewarden_resources::Capacity,
+    /// The reported allocatable (capacity − reserved − hard eviction thresholds).
+    pub allocatable: nodewarden_resources::Resources,
+    /// `maxPods`.
+    pub max_pods: u32,
+}
+
+impl NodeResources {
+    fn of(m: &ResourceManager) -> NodeResources {
+        NodeResources { capacity: *m.capacity(), allocatable: m.allocatable().reported, max_pods: m.config().max_pods }
+    }
 }
 
 impl Shared {
@@ -85,6 +105,7 @@ impl Shared {
         let alloc = {
             let mut m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
             m.reconfigure(config.resources.clone()).map_err(|e| format!("cannot apply the new resources: {e}"))?;
+            *self.node_resources.lock().unwrap_or_else(PoisonError::into_inner) = NodeResources::of(&m);
             *m.allocatable()
         };
         self.metrics.set_allocatable(&alloc, config.resources.max_pods);
@@ -309,6 +330,7 @@ pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>)
     metrics.set_allocatable(&alloc, config.resources.max_pods);
     let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let fs = manager.cgroupfs().clone();
+    let node_resources = Mutex::new(NodeResources::of(&manager));
     let manager = Arc::new(Mutex::new(manager));
     // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
     let shutdown = CancellationToken::new();
@@ -354,10 +376,18 @@ pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>)
         metrics,
         config: config_tx,
         cluster: std::sync::OnceLock::new(),
+        node_resources,
     });
     let eviction = eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
+    // Before the endpoints are served: /readyz names the apiserver from its first answer.
+    if let Some(kubeconfig) = &kubeconfig {
+        let status = crate::cluster::start(kubeconfig, &shared, runtime_version, &tasks, &shutdown)
+            .await
+            .context("--kubeconfig")?;
+        let _ = shared.cluster.set(status);
+    }
     let healthz = shared.config().healthz;
     let server = match healthz {
         Some(addr) => {
@@ -370,12 +400,6 @@ pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>)
         }
         None => None,
     };
-    if let Some(kubeconfig) = &kubeconfig {
-        let status = crate::cluster::start(kubeconfig, &shared, runtime_version, &tasks, &shutdown)
-            .await
-            .context("--kubeconfig")?;
-        let _ = shared.cluster.set(status);
-    }
 
     let signal = wait_for_signal().await.context("cannot install signal handlers")?;
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
@@ -462,9 +486,9 @@ mod tests {
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
         let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
         let eviction = EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, Some(gauges));
-        let probe = {
+        let (probe, node_resources) = {
             let m = manager.lock().unwrap();
-            (m.cgroupfs().clone(), m.tree().kubepods.clone())
+            ((m.cgroupfs().clone(), m.tree().kubepods.clone()), Mutex::new(NodeResources::of(&m)))
         };
         let shared = Arc::new(Shared {
             config: config_tx,
@@ -476,6 +500,7 @@ mod tests {
             eviction_settings: settings_tx,
             probe,
             cluster: std::sync::OnceLock::new(),
+            node_resources,
         });
         Rig { host, shared, eviction }
     }

@@ -209,14 +209,25 @@ fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived(
         return;
     }
     let _serial = serial();
-    let mut n = cri_node("cri-restart", "");
+    let mut n = cri_node("cri-restart", "nodeStatusUpdateFrequency: 1s\n");
     n.write("keep.yaml", &busybox_pod("keep", "exec sleep 3600", "", ""));
     let p = n.wait_pod("keep", 180, "ran", running);
     let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
     let id = container_id(&p);
     let sbs = sandboxes(&uid);
 
-    // The daemon restarts: the same sandbox and container, nothing new created, no restart counted.
+    // The daemon restarts, now joined to a (test) cluster: the same sandbox and container, nothing new created,
+    // no restart counted.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(nodewarden_testapi::TestApi::start(0)).unwrap();
+    api.add_token("vm-token", Some("vm"));
+    let kubeconfig = api.write_kubeconfig(n.d.dir.path(), "vm-token").unwrap();
+    n.d.args = vec!["--kubeconfig".into(), kubeconfig.display().to_string()];
+    let ready = |api: &nodewarden_testapi::TestApi| -> Option<(String, String)> {
+        let node = api.get("nodes", None, "vm")?;
+        let c = node["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready")?.clone();
+        Some((c["status"].as_str()?.to_owned(), c["message"].as_str().unwrap_or("").to_owned()))
+    };
     assert_eq!(n.d.stop(), Some(0));
     n.d.start();
     n.d.wait_ready();
@@ -233,8 +244,16 @@ fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived(
     wait_until(30, "/readyz failed", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s != 200));
     let (_, body) = get(n.d.port, "/readyz?verbose").unwrap();
     assert!(body.contains("runtime"), "{body}");
+    // The Node says why it is not Ready, with the kubelet's words.
+    wait_until(30, "the Node NotReady", || ready(&api).is_some_and(|(s, _)| s == "False"));
+    let (_, message) = ready(&api).unwrap();
+    assert!(message.starts_with("container runtime is down"), "{message}");
     start_containerd();
     wait_until(60, "/readyz recovered", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+    wait_until(30, "the Node Ready again", || ready(&api).is_some_and(|(s, _)| s == "True"));
+    let node = api.get("nodes", None, "vm").unwrap();
+    let version = node["status"]["nodeInfo"]["containerRuntimeVersion"].as_str().unwrap();
+    assert!(version.starts_with("containerd://"), "{version}");
     let p = n.pod("keep").unwrap();
     assert!(running(&p) && container_id(&p) == id, "the pod did not survive: {p:#}");
     // ... and new pods start again.

@@ -12,11 +12,15 @@
 //!
 //! `reload`: a threshold edit → the new threshold in `/metrics` (see `reload.rs`).
 //!
+//! `cluster`: the daemon joined to the test apiserver: requests per minute when idle, and a condition change →
+//! the apiserver's copy (see `cluster.rs`).
+//!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
 //! nodewarden, each alone (see `eviction/`); `hog` is their workload.
 
 #![allow(clippy::disallowed_types)] // benchmarks measure real time
 
+mod cluster;
 mod cri;
 mod eviction;
 mod hog;
@@ -121,6 +125,20 @@ enum Cmd {
         out: PathBuf,
     },
     /// Writes eviction.md and the plots from the runs in <out>/eviction-raw/ (on the host, no VM needed).
+    Cluster {
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        #[arg(long, default_value_t = 100)]
+        pods: usize,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long, default_value_t = 3)]
+        edits: usize,
+        #[arg(long, default_value = "results/cluster.md")]
+        out: PathBuf,
+    },
     EvictionReport {
         /// The directory holding eviction-raw/; the report is written there.
         #[arg(long, default_value = "results")]
@@ -160,6 +178,9 @@ fn main() -> Result<()> {
             eviction::run(&nodewarden, &scenarios, &agents, runs, &out)
         }
         Cmd::EvictionReport { out } => eviction::report(&out),
+        Cmd::Cluster { nodewarden, pods, seconds, runs, edits, out } => {
+            cluster::run(&nodewarden, pods, seconds, runs, edits, &out)
+        }
         Cmd::Hog(args) => hog::run(&args),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
     }
@@ -308,6 +329,11 @@ struct StaticNode {
 impl StaticNode {
     /// Starts `bin` with `extra` (top-level config lines) and waits until it answers.
     fn start(bin: &Path, name: &str, extra: &str) -> Result<Self> {
+        Self::start_with(bin, name, extra, &[])
+    }
+
+    /// As [`StaticNode::start`], with more arguments for `nodewarden run`.
+    fn start_with(bin: &Path, name: &str, extra: &str, args: &[&str]) -> Result<Self> {
         remove_tree(&root());
         let dir = std::env::temp_dir().join(format!("nwbench-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -327,7 +353,13 @@ impl StaticNode {
             ),
         )?;
         let log = std::fs::File::create(dir.join("daemon.log"))?;
-        let child = Command::new(bin).args(["run", "--config"]).arg(&cfg).stdout(Stdio::null()).stderr(log).spawn()?;
+        let child = Command::new(bin)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
         let node = Self { guard: Guard(child), dir, manifests, port };
         wait("readiness", 60, || get(port, "/readyz").is_some())?;
         Ok(node)

@@ -34,8 +34,9 @@ fn renewed(mut lease: Lease, node: &str, duration: Duration, node_uid: Option<&s
     spec.holder_identity = Some(node.to_owned());
     spec.lease_duration_seconds = Some(i32::try_from(duration.as_secs()).unwrap_or(i32::MAX));
     spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+    // Set once, while the Lease has no owner (as the kubelet does; another owner set meanwhile is kept).
     if let Some(uid) = node_uid
-        && lease.metadata.owner_references.as_ref().is_none_or(|o| o.iter().all(|r| r.uid != uid))
+        && lease.metadata.owner_references.as_ref().is_none_or(Vec::is_empty)
     {
         lease.metadata.owner_references = Some(vec![owner(node, uid)]);
     }
@@ -122,7 +123,7 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
                 failures += 1;
                 let wait = backoff.fail();
                 tracing::warn!(error = %e, failures, retry_in = ?wait, "cannot renew the node lease");
-                ctx.status.failed(format!("node lease: {e}"));
+                ctx.status.heartbeat_failed(format!("node lease: {e}"));
                 wait
             }
         };

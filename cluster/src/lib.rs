@@ -117,7 +117,10 @@ pub trait FactSource: Send + Sync + 'static {
 pub struct ClusterStatus {
     started: Instant,
     last_heartbeat: Mutex<Option<Instant>>,
-    last_error: Mutex<Option<String>>,
+    /// Why the last heartbeat failed, until one succeeds.
+    heartbeat_error: Mutex<Option<String>>,
+    /// Why registration (or building the clients) failed, until it succeeds.
+    register_error: Mutex<Option<String>>,
     node_uid: watch::Sender<Option<String>>,
     lease_duration: Duration,
 }
@@ -132,7 +135,8 @@ impl ClusterStatus {
         ClusterStatus {
             started: Instant::now(),
             last_heartbeat: Mutex::new(None),
-            last_error: Mutex::new(None),
+            heartbeat_error: Mutex::new(None),
+            register_error: Mutex::new(None),
             node_uid: watch::Sender::new(None),
             lease_duration,
         }
@@ -140,22 +144,39 @@ impl ClusterStatus {
 
     fn heartbeat_ok(&self) {
         *lock(&self.last_heartbeat) = Some(Instant::now());
-        *lock(&self.last_error) = None;
+        *lock(&self.heartbeat_error) = None;
     }
 
-    fn failed(&self, error: String) {
-        *lock(&self.last_error) = Some(error);
+    fn heartbeat_failed(&self, error: String) {
+        *lock(&self.heartbeat_error) = Some(error);
+    }
+
+    /// Records why the node could not register (or join at all), for `/readyz`.
+    pub fn register_failed(&self, error: String) {
+        *lock(&self.register_error) = Some(error);
+    }
+
+    fn registered(&self, uid: Option<String>) {
+        *lock(&self.register_error) = None;
+        self.node_uid.send_replace(uid.or_else(|| Some(String::new())));
     }
 
     /// The registered Node's UID, once known.
     pub fn node_uid(&self) -> Option<String> {
-        self.node_uid.borrow().clone()
+        self.node_uid.borrow().clone().filter(|u| !u.is_empty())
     }
 
-    /// `Ok` while the last Lease renewal is younger than the Lease's duration; else how old it is and the last
-    /// error.
+    /// `Ok` once the Node is registered and while the last Lease renewal is younger than the Lease's duration;
+    /// else what is missing, how old the last heartbeat is, and the last error.
     pub fn readiness(&self) -> Result<(), String> {
-        let error = lock(&self.last_error).clone().map(|e| format!(": {e}")).unwrap_or_default();
+        if self.node_uid.borrow().is_none() {
+            let error = lock(&self.register_error).clone().map(|e| format!(": {e}")).unwrap_or_default();
+            return Err(format!(
+                "the Node is not registered yet ({:.1}s since start){error}",
+                self.started.elapsed().as_secs_f64()
+            ));
+        }
+        let error = lock(&self.heartbeat_error).clone().map(|e| format!(": {e}")).unwrap_or_default();
         match *lock(&self.last_heartbeat) {
             Some(t) if t.elapsed() <= self.lease_duration => Ok(()),
             Some(t) => Err(format!("last heartbeat accepted {:.1}s ago{error}", t.elapsed().as_secs_f64())),
@@ -194,7 +215,8 @@ pub fn start(
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) {
-    let host = HostInfo::read(settings.node_ip);
+    // As the kubelet's: the node name is the host name unless overridden, and the override names both.
+    let host = HostInfo { hostname: settings.node_name.clone(), ..HostInfo::read(settings.node_ip) };
     let (events, poster) = events::Recorder::new(&settings.node_name, clients.clone());
     tasks.spawn(poster.run(shutdown.clone()));
     let ctx = Arc::new(Ctx { settings, clients, host, facts, status, events });

@@ -13,12 +13,13 @@ use serde_json::Value;
 use crate::host::HostInfo;
 use crate::{ClusterSettings, NodeFacts};
 
-/// The Kubernetes release whose kubelet nodewarden follows; `kubeletVersion` is `v<this>.0-nodewarden.<version>`.
+/// The Kubernetes release whose kubelet nodewarden follows; `kubeletVersion` is `v<this>.0+nodewarden.<version>`
+/// (build metadata, so it sorts as the release itself, not below it as a pre-release would).
 pub const KUBERNETES_VERSION: &str = "1.34";
 
 /// The `kubeletVersion` reported.
 pub fn kubelet_version() -> String {
-    format!("v{KUBERNETES_VERSION}.0-nodewarden.{}", env!("CARGO_PKG_VERSION"))
+    format!("v{KUBERNETES_VERSION}.0+nodewarden.{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// Go's name for the CPU architecture (`GOARCH`), as the `kubernetes.io/arch` label carries it.

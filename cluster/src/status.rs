@@ -1,5 +1,5 @@
 //! The node status loop: every `nodeStatusUpdateFrequency`, or at once when the daemon says a condition or
-//! readiness changed, the status is built; it is patched (a strategic merge patch of `nodes/<name>/status`) only
+//! readiness changed, the status is built (from facts read on a blocking thread); it is patched (a strategic merge patch of `nodes/<name>/status`) only
 //! when it differs from the last one sent (compared at second precision, heartbeats left out) or
 //! `nodeStatusReportFrequency` has passed. A transition's events are posted once its patch is accepted.
 
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::conditions::{self, Transition};
-use crate::{Ctx, node, register};
+use crate::{Ctx, NodeFacts, node, register};
 
 /// Patches tried in a row for one update (the kubelet's `nodeStatusUpdateRetry`).
 const UPDATE_RETRIES: usize = 5;
@@ -34,9 +34,30 @@ struct Sent {
     conditions: Vec<NodeCondition>,
 }
 
+/// The daemon's facts, read on a blocking thread: they may touch cgroupfs, and no async thread may wait on it.
+pub async fn read_facts(ctx: &Ctx) -> NodeFacts {
+    let source = ctx.facts.clone();
+    match tokio::task::spawn_blocking(move || source.facts()).await {
+        Ok(f) => f,
+        Err(e) => {
+            NodeFacts { not_ready: vec![format!("the node's facts could not be read: {e}")], ..NodeFacts::default() }
+        }
+    }
+}
+
+/// Posts the events of `transitions` (once the status that carries them was accepted).
+fn post(ctx: &Ctx, transitions: Vec<Transition>) {
+    let name = &ctx.settings.node_name;
+    for t in transitions {
+        tracing::info!(node = %name, event = t.event, "node condition changed");
+        // As the kubelet's recordNodeStatusEvent words it: "Node n1 status is now: NodeReady".
+        ctx.events.record("Normal", t.event, format!("Node {name} status is now: {}", t.event));
+    }
+}
+
 /// Builds the status now, with the transitions since the last one sent and whether it must be sent.
-fn due(ctx: &Ctx, last: Option<&Sent>) -> (NodeStatus, Vec<Transition>, bool) {
-    let facts = ctx.facts.facts();
+async fn due(ctx: &Ctx, last: Option<&Sent>) -> (NodeStatus, Vec<Transition>, bool) {
+    let facts = read_facts(ctx).await;
     let previous = last.map(|l| l.conditions.as_slice()).unwrap_or(&[]);
     let (conds, transitions) = conditions::build(&facts, previous, jiff::Timestamp::now());
     let status = node::status(&ctx.settings, &ctx.host, &facts, conds);
@@ -49,7 +70,9 @@ fn due(ctx: &Ctx, last: Option<&Sent>) -> (NodeStatus, Vec<Transition>, bool) {
 
 /// Registers the Node, then keeps its status current until `shutdown`.
 pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: CancellationToken) {
-    let Some(registered) = register::register(&ctx, &shutdown).await else { return };
+    ctx.events.record("Normal", "Starting", format!("Starting nodewarden {}.", env!("CARGO_PKG_VERSION")));
+    let Some((registered, created)) = register::register(&ctx, &shutdown).await else { return };
+    post(&ctx, created);
     let api: Api<Node> = Api::all(ctx.clients.main.clone());
     let name = ctx.settings.node_name.clone();
     // The registered Node's conditions give the transition times to keep (a restart is not a transition).
@@ -60,13 +83,15 @@ pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: Can
     });
     let mut tick = tokio::time::interval(ctx.settings.status_update_frequency);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut told = true;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
-            r = changed.changed() => if r.is_err() { changed = watch::channel(0).1 },
+            // A sender gone (the daemon stopping) leaves only the ticks.
+            r = changed.changed(), if told => told = r.is_ok(),
         }
-        let (status, transitions, send) = due(&ctx, last.as_ref());
+        let (status, transitions, send) = due(&ctx, last.as_ref()).await;
         if !send {
             continue;
         }
@@ -86,24 +111,18 @@ pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: Can
                 }
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
                     tracing::warn!(node = %name, "the Node is gone from the apiserver; registering it again");
-                    if register::register(&ctx, &shutdown).await.is_none() {
-                        return;
+                    match register::register(&ctx, &shutdown).await {
+                        Some((_, created)) => post(&ctx, created),
+                        None => return,
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, attempt, "cannot update the node status");
-                    ctx.status.failed(format!("node status: {e}"));
-                }
+                Err(e) => tracing::warn!(error = %e, attempt, "cannot update the node status"),
             }
         }
         if !accepted {
             continue;
         }
-        for t in transitions {
-            tracing::info!(node = %name, event = t.event, "node condition changed");
-            // As the kubelet's recordNodeStatusEvent words it: "Node n1 status is now: NodeReady".
-            ctx.events.record("Normal", t.event, format!("Node {name} status is now: {}", t.event));
-        }
+        post(&ctx, transitions);
         last = Some(Sent {
             comparable: node::comparable(&status),
             at: Instant::now(),

@@ -57,11 +57,18 @@ pub struct Logged {
     pub query: String,
     /// The client's User-Agent.
     pub user_agent: String,
+    /// The status code of the answer (200 for a watch that started).
+    pub status: u16,
+    /// The body of a write (its first 16 KiB), empty for reads.
+    pub body: String,
     /// When it arrived.
     pub at: Instant,
     /// When it arrived, by the wall clock (to compare with a daemon's log).
     pub time: jiff::Timestamp,
 }
+
+/// The requests the log keeps.
+const MAX_LOGGED: usize = 100_000;
 
 /// The state the handler shares.
 pub(crate) struct State {
@@ -81,7 +88,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl State {
     pub(crate) fn log(&self, l: Logged) {
-        lock(&self.requests).push(l);
+        let mut r = lock(&self.requests);
+        // Bounded, for long benchmark runs: the oldest half goes.
+        if r.len() >= MAX_LOGGED {
+            r.drain(..MAX_LOGGED / 2);
+        }
+        r.push(l);
     }
 
     pub(crate) fn fault(&self) -> Fault {
@@ -97,9 +109,12 @@ pub struct TestApi {
     stop: CancellationToken,
 }
 
-/// Where a resource lives: `resource` by its plural (and group, for `leases`), in `namespace` if namespaced.
+/// The resource named by its plural (`events` is the core group's); a name not served is a bug in the test.
 fn resource(plural: &str) -> &'static Resource {
-    RESOURCES.iter().find(|r| r.plural == plural).unwrap_or(&RESOURCES[0])
+    match RESOURCES.iter().find(|r| r.plural == plural) {
+        Some(r) => r,
+        None => panic!("the test apiserver serves no {plural:?}"),
+    }
 }
 
 impl TestApi {

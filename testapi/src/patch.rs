@@ -3,17 +3,14 @@
 
 use serde_json::{Map, Value};
 
-/// Lists merged element by element in a strategic merge patch, by path (from the object's root) and key.
+/// Lists merged element by element in a strategic merge patch, by path (from the object's root) and key, as the
+/// API's patch strategies say; other lists (taints, images, container statuses) are atomic and replaced.
 const MERGE_KEYS: &[(&[&str], &str)] = &[
     (&["status", "conditions"], "type"),
     (&["status", "addresses"], "type"),
-    (&["status", "containerStatuses"], "name"),
-    (&["status", "initContainerStatuses"], "name"),
-    (&["status", "images"], "names"),
     (&["metadata", "ownerReferences"], "uid"),
     (&["spec", "containers"], "name"),
     (&["spec", "initContainers"], "name"),
-    (&["spec", "taints"], "key"),
 ];
 
 /// Applies an RFC 7386 merge patch.

@@ -36,7 +36,7 @@ pub fn kubelet_may_set(label: &str) -> bool {
 }
 
 fn forbidden(node: &str, message: String) -> ApiError {
-    ApiError::new(403, "Forbidden", format!("User \"system:node:{node}\" cannot do this: {message}"))
+    ApiError::new(403, "Forbidden", format!("User \"system:node:{node}\" is forbidden: {message}"))
 }
 
 /// Checks a request by node `node` on `target` (`verb` as the authorizer names it) with its body, if any, and
@@ -62,23 +62,10 @@ pub fn check(
             {
                 return Err(forbidden(node, format!("node \"{node}\" is not allowed to modify node \"{name}\"")));
             }
-            if let Some(b) = body {
-                if let Some(labels) = b["metadata"]["labels"].as_object() {
-                    let old = stored.and_then(|s| s["metadata"]["labels"].as_object());
-                    for (k, v) in labels {
-                        let unchanged = old.and_then(|o| o.get(k)) == Some(v);
-                        if !unchanged && !kubelet_may_set(k) {
-                            return Err(forbidden(node, format!("is not allowed to modify labels: {k}")));
-                        }
-                    }
-                }
-                if let Some(old) = stored
-                    && target.subresource.is_none()
-                    && !b["spec"]["taints"].is_null()
-                    && b["spec"]["taints"] != old["spec"]["taints"]
-                {
-                    return Err(forbidden(node, format!("node \"{node}\" is not allowed to modify taints")));
-                }
+            if verb == "create"
+                && let Some(b) = body
+            {
+                check_labels(node, &Value::Null, b)?;
             }
             Ok(())
         }
@@ -113,6 +100,32 @@ pub fn check(
         _ if verb == "get" || verb == "list" || verb == "watch" => Ok(()),
         other => Err(forbidden(node, format!("cannot {verb} {other} objects"))),
     }
+}
+
+/// A node may add, change or remove only the labels a kubelet may set.
+fn check_labels(node: &str, old: &Value, new: &Value) -> Result<(), ApiError> {
+    let empty = serde_json::Map::new();
+    let before = old["metadata"]["labels"].as_object().unwrap_or(&empty);
+    let after = new["metadata"]["labels"].as_object().unwrap_or(&empty);
+    let changed = after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| k);
+    let removed = before.keys().filter(|k| !after.contains_key(*k));
+    match changed.chain(removed).find(|k| !kubelet_may_set(k)) {
+        Some(k) => Err(forbidden(node, format!("is not allowed to modify labels: {k}"))),
+        None => Ok(()),
+    }
+}
+
+/// Checks what a node's update or patch would make of its Node: only kubelet labels change, and (outside the
+/// status subresource) the taints stay as they are.
+pub fn check_result(node: &str, target: &Target, old: &Value, new: &Value) -> Result<(), ApiError> {
+    if target.resource.kind != "Node" {
+        return Ok(());
+    }
+    check_labels(node, old, new)?;
+    if target.subresource.is_none() && old["spec"]["taints"] != new["spec"]["taints"] {
+        return Err(forbidden(node, format!("node \"{node}\" is not allowed to modify taints")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

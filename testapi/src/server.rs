@@ -71,7 +71,7 @@ fn identity(state: &State, headers: &HeaderMap) -> Result<Option<String>, ApiErr
     }
 }
 
-/// The single handler.
+/// The single handler: answers, then logs the request with its status (and a write's body).
 pub async fn handle(
     axum::extract::State(state): axum::extract::State<Arc<State>>,
     method: Method,
@@ -79,15 +79,31 @@ pub async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path = uri.path().to_owned();
+    let (at, time) = (tokio::time::Instant::now(), jiff::Timestamp::now());
+    let response = respond(&state, &method, &uri, &headers, &body).await;
+    let kept = if method == Method::GET {
+        String::new()
+    } else {
+        String::from_utf8_lossy(&body[..body.len().min(LOGGED_BODY)]).into_owned()
+    };
     state.log(Logged {
         method: method.to_string(),
-        path: path.clone(),
+        path: uri.path().to_owned(),
         query: uri.query().unwrap_or("").to_owned(),
         user_agent: headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned(),
-        at: tokio::time::Instant::now(),
-        time: jiff::Timestamp::now(),
+        status: response.status().as_u16(),
+        body: kept,
+        at,
+        time,
     });
+    response
+}
+
+/// How much of a write's body the log keeps.
+const LOGGED_BODY: usize = 16 << 10;
+
+async fn respond(state: &Arc<State>, method: &Method, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> Response {
+    let path = uri.path().to_owned();
     let fault = state.fault();
     if !fault.delay.is_zero() {
         tokio::time::sleep(fault.delay).await;
@@ -97,7 +113,7 @@ pub async fn handle(
     {
         return error(&ApiError::new(code, "InternalError", format!("injected by the test: {code}")));
     }
-    let who = match identity(&state, &headers) {
+    let who = match identity(state, headers) {
         Ok(w) => w,
         Err(e) => return error(&e),
     };
@@ -124,18 +140,20 @@ pub async fn handle(
     let Some(target) = route::parse(&path) else {
         return not_served(&path);
     };
-    let q = query(&uri);
+    let q = query(uri);
     let body = if body.is_empty() {
         None
     } else {
-        match serde_json::from_slice::<Value>(&body) {
-            Ok(v) => Some(v),
+        match serde_json::from_slice::<Value>(body) {
+            // Objects only, with an object (or no) `metadata`: anything else would be indexed as one.
+            Ok(v) if v.is_object() && (v["metadata"].is_null() || v["metadata"].is_object()) => Some(v),
+            Ok(_) => return error(&ApiError::new(400, "BadRequest", "the request body must be a JSON object")),
             Err(e) => return error(&ApiError::new(400, "BadRequest", format!("the request body is not JSON: {e}"))),
         }
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    match serve(&state, &method, &target, &q, body, &content_type, &accept, who.as_deref()).await {
+    match serve(state, method, &target, &q, body, &content_type, &accept, who.as_deref()).await {
         Ok(r) => r,
         Err(e) => error(&e),
     }
@@ -184,6 +202,12 @@ async fn serve(
         )?;
     }
     let status = target.subresource.as_deref() == Some("status");
+    // What a node's write would make of the object is checked too (a PUT that drops a taint, a patch that nulls
+    // a label), against the object it changes, under the store's lock.
+    let guard = |old: &Value, new: &Value| match who {
+        Some(node) => restriction::check_result(node, target, old, new),
+        None => Ok(()),
+    };
     if let Some(sub) = target.subresource.as_deref()
         && (sub != "status" || !r.status)
     {
@@ -223,7 +247,7 @@ async fn serve(
         "update" => {
             let body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "an update needs a body"))?;
             let name = target.name.as_deref().unwrap_or("");
-            Ok(json_response(200, &state.store.replace(r, ns, name, body, status)?))
+            Ok(json_response(200, &state.store.replace(r, ns, name, body, status, &guard)?))
         }
         "patch" => {
             let patch_body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "a patch needs a body"))?;
@@ -252,6 +276,10 @@ async fn serve(
                     {
                         return Err(ApiError::new(409, "Conflict", format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", r.plural)));
                     }
+                    if !new.is_object() || !(new["metadata"].is_object() || new["metadata"].is_null()) {
+                        return Err(ApiError::new(422, "Invalid", "the patch does not leave an object with metadata"));
+                    }
+                    guard(old, &new)?;
                     Ok(new)
                 },
                 status,
@@ -272,21 +300,38 @@ async fn serve(
     }
 }
 
-/// A list, paged by `limit` and `continue` (an offset into the list at its resourceVersion).
+/// A list, paged by `limit` and `continue`. The token carries the first page's resourceVersion and the last
+/// name served, so a delete between pages skips nothing, and every page reports the first page's
+/// resourceVersion (a watch from it then replays what changed while paging).
 fn page(r: &route::Resource, items: Vec<Value>, rv: u64, q: &HashMap<String, String>) -> Result<Value, ApiError> {
-    let start: usize = match q.get("continue").filter(|c| !c.is_empty()) {
-        Some(c) => c.parse().map_err(|_| ApiError::new(400, "BadRequest", "invalid continue token"))?,
-        None => 0,
+    let key = |o: &Value| {
+        format!(
+            "{}/{}",
+            o["metadata"]["namespace"].as_str().unwrap_or(""),
+            o["metadata"]["name"].as_str().unwrap_or("")
+        )
+    };
+    let invalid = || ApiError::new(400, "BadRequest", "invalid continue token");
+    let (rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
+        Some(c) => {
+            let (first, last) = c.split_once(':').ok_or_else(invalid)?;
+            (first.parse().map_err(|_| invalid())?, Some(last.to_owned()))
+        }
+        None => (rv, None),
     };
     let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
-    let end = start.saturating_add(limit).min(items.len());
+    let mut rest: Vec<Value> = items.into_iter().filter(|o| after.as_ref().is_none_or(|a| key(o) > *a)).collect();
+    rest.sort_by_key(|o| key(o));
     let mut meta = json!({"resourceVersion": rv.to_string()});
-    if end < items.len() {
-        meta["continue"] = json!(end.to_string());
-        meta["remainingItemCount"] = json!(items.len() - end);
+    if rest.len() > limit {
+        let remaining = rest.len() - limit;
+        rest.truncate(limit);
+        if let Some(last) = rest.last() {
+            meta["continue"] = json!(format!("{rv}:{}", key(last)));
+            meta["remainingItemCount"] = json!(remaining);
+        }
     }
-    let items: Vec<Value> = items.into_iter().skip(start).take(end.saturating_sub(start)).collect();
-    Ok(json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": items}))
+    Ok(json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": rest}))
 }
 
 /// One line of a watch stream.
@@ -325,7 +370,7 @@ fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Re
     let timeout = q
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
-        .map_or(Duration::from_secs(1800), Duration::from_secs);
+        .map_or(Duration::from_secs(1800), |t| Duration::from_secs(t.min(86_400)));
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     // Without a resourceVersion, a watch starts with the current objects as ADDED.
     let (initial, start) = match from {
@@ -337,7 +382,6 @@ fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Re
     };
     let opened = state.store.watch_from(&r, ns.as_deref(), start);
     let mut closed = state.closed.subscribe();
-    let state2 = state.clone();
     state.tasks.spawn(async move {
         let (replay, mut changes) = match opened {
             Ok(w) => w,
@@ -371,14 +415,15 @@ fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Re
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = closed.changed() => return,
                 _ = tick.tick(), if bookmarks => {
-                    let rv = state2.store.resource_version().max(last);
-                    let bookmark = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": rv.to_string()}});
+                    // Only as far as this stream has read the changes: a bookmark promises every event before it.
+                    let bookmark = json!({"kind": r.kind, "apiVersion": r.api_version(), "metadata": {"resourceVersion": last.to_string()}});
                     if tx.send(event_line("BOOKMARK", &bookmark)).await.is_err() { return; }
                 }
                 c = changes.recv() => match c {
-                    Ok(c) if c.rv > last && concerns(&c, &r, ns.as_deref()) => {
+                    Ok(c) if c.rv > last => {
                         last = c.rv;
-                        if let Some(kind) = filtered(&c, &selector)
+                        if concerns(&c, &r, ns.as_deref())
+                            && let Some(kind) = filtered(&c, &selector)
                             && tx.send(event_line(kind, &c.object)).await.is_err()
                         {
                             return;

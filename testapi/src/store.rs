@@ -9,6 +9,9 @@ use tokio::sync::broadcast;
 use crate::route::Resource;
 use crate::select::Selector;
 
+/// The longest grace period honoured, in seconds (a year), so no deadline overflows.
+const MAX_GRACE: i64 = 365 * 24 * 3600;
+
 /// How many changes a watch can be resumed from.
 pub const HISTORY: usize = 10_000;
 
@@ -238,7 +241,7 @@ impl Store {
     }
 
     /// Replaces an object (PUT) or, with `status`, only its status. A resourceVersion in `object` that is not the
-    /// stored one is a 409 Conflict.
+    /// stored one is a 409 Conflict; `guard` sees the stored object and the proposed one first.
     pub fn replace(
         &self,
         r: &Resource,
@@ -246,12 +249,14 @@ impl Store {
         name: &str,
         object: Value,
         status: bool,
+        guard: &dyn Fn(&Value, &Value) -> Result<(), ApiError>,
     ) -> Result<Value, ApiError> {
         self.update(
             r,
             namespace,
             name,
             |old| {
+                guard(old, &object)?;
                 if let Some(rv) = rv_of(&object)
                     && Some(rv) != rv_of(old)
                 {
@@ -365,7 +370,14 @@ impl Store {
                 if current.is_some_and(|c| c <= grace) {
                     return Ok(old);
                 }
-                let at = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(grace);
+                // A later, shorter grace moves the deadline earlier: from when the deletion was first asked.
+                let asked = current
+                    .and_then(|c| {
+                        let t: jiff::Timestamp = old["metadata"]["deletionTimestamp"].as_str()?.parse().ok()?;
+                        t.checked_sub(jiff::SignedDuration::from_secs(c)).ok()
+                    })
+                    .unwrap_or_else(jiff::Timestamp::now);
+                let at = asked.checked_add(jiff::SignedDuration::from_secs(grace.min(MAX_GRACE))).unwrap_or(asked);
                 let mut new = old.clone();
                 new["metadata"]["deletionTimestamp"] = json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
                 new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
@@ -438,12 +450,13 @@ mod tests {
         // A stale resourceVersion conflicts; status is not written through the main resource.
         let mut stale = p.clone();
         stale["status"] = json!({"phase": "Running"});
-        let v = s.replace(r, Some("default"), "p", stale.clone(), false).unwrap();
+        let ok = |_: &Value, _: &Value| Ok(());
+        let v = s.replace(r, Some("default"), "p", stale.clone(), false, &ok).unwrap();
         assert!(v["status"].is_null());
         assert_eq!(v["metadata"]["resourceVersion"], "1", "nothing changed, no new resourceVersion");
-        let v = s.replace(r, Some("default"), "p", stale.clone(), true).unwrap();
+        let v = s.replace(r, Some("default"), "p", stale.clone(), true, &ok).unwrap();
         assert_eq!(v["status"]["phase"], "Running");
-        assert_eq!(s.replace(r, Some("default"), "p", stale, true).unwrap_err().reason, "Conflict");
+        assert_eq!(s.replace(r, Some("default"), "p", stale, true, &ok).unwrap_err().reason, "Conflict");
         // A graceful delete marks the pod; a shorter grace moves it; grace 0 removes it.
         let d = s.delete(r, Some("default"), "p", Some(30), (None, None)).unwrap();
         assert_eq!(d["metadata"]["deletionGracePeriodSeconds"], 30);

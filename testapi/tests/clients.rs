@@ -91,20 +91,24 @@ async fn lists_page_select_and_watches_resume() {
     assert_eq!(rest.items.len(), 3);
     assert!(all.list(&ListParams::default().fields("spec.bogus=x")).await.is_err());
 
-    // A watch from the list's resourceVersion with bookmarks: a pod moving onto n1 is ADDED, one leaving DELETED.
+    // A watch from the list's resourceVersion with bookmarks, selecting the pods of n1 that have not failed: a pod
+    // that fails leaves the selection (DELETED), one that runs again enters it (ADDED).
     let rv = on_n1.metadata.resource_version.clone().unwrap();
-    let wp = WatchParams::default().fields("spec.nodeName=n1").timeout(10);
+    let wp = WatchParams::default().fields("spec.nodeName=n1,status.phase!=Failed").timeout(10);
     let mut with_bookmarks = wp.clone();
     with_bookmarks.bookmarks = true;
     let mut stream = all.watch(&with_bookmarks, &rv).await.unwrap().boxed();
     pods.patch("p3", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})))
         .await
         .unwrap();
+    let phase = |p: &str| json!({"status": {"phase": p}});
+    pods.patch_status("p1", &PatchParams::default(), &Patch::Merge(phase("Failed"))).await.unwrap();
+    pods.patch_status("p1", &PatchParams::default(), &Patch::Merge(phase("Running"))).await.unwrap();
     let graceful = pods.delete("p0", &DeleteParams::default().grace_period(30)).await.unwrap();
     assert!(graceful.left().unwrap().metadata.deletion_timestamp.is_some(), "a bound pod is deleted gracefully");
     pods.delete("p0", &DeleteParams::default().grace_period(0)).await.unwrap();
     let mut seen = Vec::new();
-    while seen.len() < 2 {
+    while seen.len() < 4 {
         match tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.unwrap().unwrap().unwrap() {
             WatchEvent::Modified(p) => seen.push(format!("MODIFIED {}", p.metadata.name.unwrap())),
             WatchEvent::Deleted(p) => seen.push(format!("DELETED {}", p.metadata.name.unwrap())),
@@ -113,7 +117,7 @@ async fn lists_page_select_and_watches_resume() {
             WatchEvent::Error(e) => panic!("{e}"),
         }
     }
-    assert_eq!(seen, ["MODIFIED p0", "DELETED p0"], "p3 is on n2 and never matched");
+    assert_eq!(seen, ["DELETED p1", "ADDED p1", "MODIFIED p0", "DELETED p0"], "p3 is on n2 and never matched");
     // A bookmark arrives within its period.
     let bookmark = tokio::time::timeout(Duration::from_secs(8), async {
         while let Some(e) = stream.try_next().await.unwrap() {
@@ -154,6 +158,19 @@ async fn a_node_identity_is_restricted_as_noderestriction_restricts_it() {
     nodes.create(&PostParams::default(), &own).await.unwrap();
     let untaint = json!({"spec": {"taints": []}});
     assert_eq!(code(&nodes.patch("n1", &PatchParams::default(), &Patch::Strategic(&untaint)).await.unwrap_err()), 403);
+    // What a write would make of the Node counts, not only what it sends: a PUT that leaves the taints out, a
+    // patch that removes a label only an administrator may set.
+    let mut without_taints = nodes.get("n1").await.unwrap();
+    without_taints.spec = None;
+    assert_eq!(code(&nodes.replace("n1", &PostParams::default(), &without_taints).await.unwrap_err()), 403);
+    api.create("nodes", None, json!({"metadata": {"name": "n4", "labels": {"node-role.kubernetes.io/worker": ""}}}))
+        .unwrap();
+    api.add_token("n4-token", Some("n4"));
+    let n4: Api<Node> = Api::all(client(&api, "n4-token").await);
+    let unlabel = json!({"metadata": {"labels": {"node-role.kubernetes.io/worker": null}}});
+    assert_eq!(code(&n4.patch("n4", &PatchParams::default(), &Patch::Merge(&unlabel)).await.unwrap_err()), 403);
+    let relabel = json!({"metadata": {"labels": {"kubernetes.io/hostname": "n4"}}});
+    n4.patch("n4", &PatchParams::default(), &Patch::Merge(&relabel)).await.unwrap();
     let leases: Api<Lease> = Api::namespaced(c.clone(), "kube-node-lease");
     let theirs: Lease = serde_json::from_value(json!({"metadata": {"name": "n2"}})).unwrap();
     assert_eq!(code(&leases.create(&PostParams::default(), &theirs).await.unwrap_err()), 403);

@@ -1,0 +1,171 @@
+//! `cluster`: the daemon joined to the test apiserver (in this process) with N static pods.
+//!
+//! - idle: the requests a node makes per minute once registered, by kind (the kubelet's cadence is 6 Lease
+//!   renewals and a status patch only on change, or every 5 minutes);
+//! - conditions: a threshold edit makes MemoryPressure True (then False again): the time from the eviction
+//!   manager's decision (its log line) to the status patch that carries it, and from the edit to the apiserver's
+//!   copy.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nodewarden_testapi::TestApi;
+
+use crate::{StaticNode, median, pods, wait, worst, write};
+
+const NODE: &str = "bench";
+
+struct Run {
+    per_minute: f64,
+    leases: f64,
+    patches: f64,
+    other: f64,
+    decided_ms: Vec<f64>,
+    edit_ms: Vec<f64>,
+}
+
+fn pod(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: app\n    image: busybox\n    \
+         command: [sleep, '100000']\n"
+    )
+}
+
+fn memory_pressure(api: &TestApi) -> Option<String> {
+    let node = api.get("nodes", None, NODE)?;
+    node["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "MemoryPressure")?["status"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The time of the last daemon log line containing `needle`.
+fn logged(log: &Path, needle: &str) -> Option<jiff::Timestamp> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines().rfind(|l| l.contains(needle))?.split_whitespace().next()?.parse().ok()
+}
+
+fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let api = rt.block_on(TestApi::start(0))?;
+    api.add_token("node", Some(NODE));
+    let dir = std::env::temp_dir().join(format!("nwbench-cluster-kube-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = api.write_kubeconfig(&dir, "node")?;
+    let kubeconfig = kubeconfig.display().to_string();
+    let base = "evictionPressureTransitionPeriod: 1s\n";
+    let node = StaticNode::start_with(bin, "cluster", base, &["--kubeconfig", &kubeconfig])?;
+    for i in 0..n {
+        write(&node.manifests, &format!("p{i}.yaml"), &pod(&format!("p{i}")))?;
+    }
+    wait("all pods running", 300, || {
+        pods(node.port).iter().filter(|p| p["status"]["phase"] == "Running").count() == n
+    })?;
+    wait("the node registered and Ready", 60, || memory_pressure(&api).is_some())?;
+    // Settle past the start (registration, the first status reports), then count.
+    std::thread::sleep(Duration::from_secs(15));
+    let from = api.requests().len();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let window = api.requests()[from..].to_vec();
+    let minutes = t0.elapsed().as_secs_f64() / 60.0;
+    let count = |f: &dyn Fn(&nodewarden_testapi::Logged) -> bool| {
+        #[allow(clippy::cast_precision_loss)]
+        let c = window.iter().filter(|r| f(r)).count() as f64;
+        c / minutes
+    };
+    let leases = count(&|r| r.path.contains("/leases/"));
+    let patches = count(&|r| r.method == "PATCH" && r.path.ends_with("/status"));
+    let all = count(&|_| true);
+
+    let config = node.dir.join("config.yaml");
+    let log = node.dir.join("daemon.log");
+    let original = std::fs::read_to_string(&config)?;
+    let mut decided_ms = Vec::new();
+    let mut edit_ms = Vec::new();
+    for k in 0..edits {
+        for (want, text) in [
+            (
+                "True",
+                format!(
+                    "{original}evictionSoft:\n  memory.available: 100Gi\nevictionSoftGracePeriod:\n  memory.available: 10m\n"
+                ),
+            ),
+            ("False", original.clone()),
+        ] {
+            let edited = jiff::Timestamp::now();
+            let t = Instant::now();
+            std::fs::write(&config, text)?;
+            wait(&format!("MemoryPressure {want} (edit {k})"), 60, || memory_pressure(&api).as_deref() == Some(want))?;
+            #[allow(clippy::cast_precision_loss)]
+            edit_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            let decided =
+                logged(&log, "node conditions changed").filter(|d| *d >= edited).context("no decision logged")?;
+            let patched = api
+                .requests()
+                .iter()
+                .filter(|r| r.method == "PATCH" && r.time >= decided)
+                .map(|r| r.time)
+                .next()
+                .context("no status patch after the decision")?;
+            #[allow(clippy::cast_precision_loss)]
+            decided_ms.push((patched - decided).get_milliseconds() as f64);
+        }
+    }
+    drop(node);
+    Ok(Run { per_minute: all, leases, patches, other: all - leases - patches, decided_ms, edit_ms })
+}
+
+/// Runs the cluster benchmark and writes a Markdown table.
+pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &Path) -> Result<()> {
+    if runs == 0 || seconds == 0 {
+        bail!("--runs and --seconds must be at least 1");
+    }
+    let mut results = Vec::new();
+    for r in 0..runs {
+        let run = one_run(bin, n, seconds, edits).with_context(|| format!("run {}", r + 1))?;
+        eprintln!(
+            "run {}: {:.1} requests/min ({:.1} lease, {:.1} status patches, {:.1} other); decision → patch {:.0} ms, \
+             edit → apiserver {:.0} ms (medians)",
+            r + 1,
+            run.per_minute,
+            run.leases,
+            run.patches,
+            run.other,
+            median(run.decided_ms.clone()),
+            median(run.edit_ms.clone())
+        );
+        results.push(run);
+    }
+    let col = |f: &dyn Fn(&Run) -> f64| -> Vec<f64> { results.iter().map(f).collect() };
+    let (all, leases, patches, other) =
+        (col(&|r| r.per_minute), col(&|r| r.leases), col(&|r| r.patches), col(&|r| r.other));
+    let decided: Vec<f64> = results.iter().flat_map(|r| r.decided_ms.clone()).collect();
+    let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
+    let table = format!(
+        "# Joined to a cluster (test apiserver)\n\n{runs} runs, {n} static pods, {seconds} s idle window, {edits} \
+         MemoryPressure round trips per run; 1 GiB guest, 2 emulated vCPUs (TCG). Median (worst).\n\n\
+         | measure | kubelet | median | worst |\n|---|---|---|---|\n\
+         | requests per minute, idle | 6 Lease renewals + status on change | {:.1} | {:.1} |\n\
+         | of which Lease renewals | 6 | {:.1} | {:.1} |\n\
+         | of which status patches | 0 (one per 5 min) | {:.1} | {:.1} |\n\
+         | of which other | | {:.1} | {:.1} |\n\
+         | MemoryPressure decided → status patch received | up to 10 s (nodeStatusUpdateFrequency) | {:.0} ms | {:.0} ms |\n\
+         | threshold edit → the apiserver's copy changed | | {:.0} ms | {:.0} ms |\n",
+        median(all.clone()),
+        worst(&all),
+        median(leases.clone()),
+        worst(&leases),
+        median(patches.clone()),
+        worst(&patches),
+        median(other.clone()),
+        worst(&other),
+        median(decided.clone()),
+        worst(&decided),
+        median(edit.clone()),
+        worst(&edit),
+    );
+    std::fs::write(out, &table)?;
+    print!("{table}");
+    Ok(())
+}
