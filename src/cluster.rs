@@ -8,7 +8,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use nodewarden_cluster::{Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, binary_si, cpu};
-use nodewarden_resources::Condition;
+use nodewarden_resources::{Condition, Resources};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -50,24 +50,11 @@ impl FactSource for DaemonFacts {
     fn facts(&self) -> NodeFacts {
         let NodeResources { capacity, allocatable, max_pods } =
             *self.shared.node_resources.lock().unwrap_or_else(PoisonError::into_inner);
-        let pods = max_pods.to_string();
-        let capacity = BTreeMap::from([
-            ("cpu".to_owned(), cpu(capacity.cpu_millis)),
-            ("memory".to_owned(), binary_si(capacity.memory)),
-            ("ephemeral-storage".to_owned(), binary_si(capacity.ephemeral_storage)),
-            ("pods".to_owned(), pods.clone()),
-        ]);
-        let allocatable = BTreeMap::from([
-            ("cpu".to_owned(), cpu(allocatable.cpu_millis)),
-            ("memory".to_owned(), binary_si(allocatable.memory)),
-            ("ephemeral-storage".to_owned(), binary_si(allocatable.ephemeral_storage)),
-            ("pods".to_owned(), pods),
-        ]);
         let pressure = self.shared.eviction.evaluation().pressure;
         let not_ready = self.not_ready();
         NodeFacts {
-            capacity,
-            allocatable,
+            capacity: quantities(&capacity, max_pods),
+            allocatable: quantities(&allocatable, max_pods),
             memory_pressure: pressure.contains(Condition::MemoryPressure),
             disk_pressure: pressure.contains(Condition::DiskPressure),
             pid_pressure: pressure.contains(Condition::PidPressure),
@@ -75,6 +62,16 @@ impl FactSource for DaemonFacts {
             runtime_version: self.runtime_version.clone(),
         }
     }
+}
+
+/// `status.capacity` or `status.allocatable` as the kubelet prints them.
+fn quantities(r: &Resources, max_pods: u32) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("cpu".to_owned(), cpu(r.cpu_millis)),
+        ("memory".to_owned(), binary_si(r.memory)),
+        ("ephemeral-storage".to_owned(), binary_si(r.ephemeral_storage)),
+        ("pods".to_owned(), max_pods.to_string()),
+    ])
 }
 
 /// The node side's settings from the config.

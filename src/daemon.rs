@@ -54,7 +54,7 @@ pub struct Shared {
 #[derive(Debug, Clone, Copy)]
 pub struct NodeResources {
     /// The node's capacity.
-    pub capacity: nodewarden_resources::Capacity,
+    pub capacity: nodewarden_resources::Resources,
     /// The reported allocatable (capacity − reserved − hard eviction thresholds).
     pub allocatable: nodewarden_resources::Resources,
     /// `maxPods`.
@@ -63,7 +63,8 @@ pub struct NodeResources {
 
 impl NodeResources {
     fn of(m: &ResourceManager) -> NodeResources {
-        NodeResources { capacity: *m.capacity(), allocatable: m.allocatable().reported, max_pods: m.config().max_pods }
+        let a = m.allocatable();
+        NodeResources { capacity: a.capacity, allocatable: a.reported, max_pods: m.config().max_pods }
     }
 }
 

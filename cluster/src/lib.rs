@@ -121,7 +121,8 @@ pub struct ClusterStatus {
     heartbeat_error: Mutex<Option<String>>,
     /// Why registration (or building the clients) failed, until it succeeds.
     register_error: Mutex<Option<String>>,
-    node_uid: watch::Sender<Option<String>>,
+    /// `Some` once the Node is registered: its UID (empty if the apiserver gave none).
+    node_uid: Mutex<Option<String>>,
     lease_duration: Duration,
 }
 
@@ -137,7 +138,7 @@ impl ClusterStatus {
             last_heartbeat: Mutex::new(None),
             heartbeat_error: Mutex::new(None),
             register_error: Mutex::new(None),
-            node_uid: watch::Sender::new(None),
+            node_uid: Mutex::new(None),
             lease_duration,
         }
     }
@@ -158,18 +159,18 @@ impl ClusterStatus {
 
     fn registered(&self, uid: Option<String>) {
         *lock(&self.register_error) = None;
-        self.node_uid.send_replace(uid.or_else(|| Some(String::new())));
+        *lock(&self.node_uid) = Some(uid.unwrap_or_default());
     }
 
     /// The registered Node's UID, once known.
     pub fn node_uid(&self) -> Option<String> {
-        self.node_uid.borrow().clone().filter(|u| !u.is_empty())
+        lock(&self.node_uid).clone().filter(|u| !u.is_empty())
     }
 
     /// `Ok` once the Node is registered and while the last Lease renewal is younger than the Lease's duration;
     /// else what is missing, how old the last heartbeat is, and the last error.
     pub fn readiness(&self) -> Result<(), String> {
-        if self.node_uid.borrow().is_none() {
+        if lock(&self.node_uid).is_none() {
             let error = lock(&self.register_error).clone().map(|e| format!(": {e}")).unwrap_or_default();
             return Err(format!(
                 "the Node is not registered yet ({:.1}s since start){error}",
@@ -185,11 +186,6 @@ impl ClusterStatus {
                 self.started.elapsed().as_secs_f64()
             )),
         }
-    }
-
-    /// The time since the last accepted heartbeat, if any.
-    pub fn heartbeat_age(&self) -> Option<Duration> {
-        lock(&self.last_heartbeat).map(|t| t.elapsed())
     }
 }
 

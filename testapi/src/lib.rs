@@ -26,13 +26,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use serde_json::Value;
+
+use route::{RESOURCES, Resource};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use restriction::kubelet_may_set;
-pub use route::{RESOURCES, Resource};
 pub use store::ApiError;
 
 /// Faults injected into every request (until cleared).

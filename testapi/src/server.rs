@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::discovery;
 use crate::route::{self, Target};
 use crate::select::Selector;
-use crate::store::{ApiError, Change, concerns};
+use crate::store::{self, ApiError, Change, concerns};
 use crate::{Logged, State, patch, restriction};
 
 fn json_response(code: u16, v: &Value) -> Response {
@@ -274,7 +274,7 @@ async fn serve(
                     if let Some(rv) = patch_body["metadata"]["resourceVersion"].as_str()
                         && Some(rv) != old["metadata"]["resourceVersion"].as_str()
                     {
-                        return Err(ApiError::new(409, "Conflict", format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", r.plural)));
+                        return Err(store::conflict(r, name));
                     }
                     if !new.is_object() || !(new["metadata"].is_object() || new["metadata"].is_null()) {
                         return Err(ApiError::new(422, "Invalid", "the patch does not leave an object with metadata"));

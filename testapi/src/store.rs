@@ -52,19 +52,23 @@ impl ApiError {
     }
 }
 
-fn not_found(r: &Resource, name: &str) -> ApiError {
-    let group = if r.group.is_empty() { String::new() } else { format!(".{}", r.group) };
-    ApiError::new(404, "NotFound", format!("{}{group} \"{name}\" not found", r.plural)).about(r, name)
+/// The resource as the apiserver's messages name it: `pods`, `leases.coordination.k8s.io`.
+fn qualified(r: &Resource) -> String {
+    if r.group.is_empty() { r.plural.to_owned() } else { format!("{}.{}", r.plural, r.group) }
 }
 
-fn conflict(r: &Resource, name: &str) -> ApiError {
-    let group = if r.group.is_empty() { String::new() } else { format!(".{}", r.group) };
+fn not_found(r: &Resource, name: &str) -> ApiError {
+    ApiError::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(r))).about(r, name)
+}
+
+/// The 409 of a write against a stale resourceVersion.
+pub(crate) fn conflict(r: &Resource, name: &str) -> ApiError {
     ApiError::new(
         409,
         "Conflict",
         format!(
-            "Operation cannot be fulfilled on {}{group} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-            r.plural
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            qualified(r)
         ),
     )
     .about(r, name)
@@ -218,8 +222,7 @@ impl Store {
         }
         let key = Key::new(r, namespace, &name);
         if inner.objects.contains_key(&key) {
-            let group = if r.group.is_empty() { String::new() } else { format!(".{}", r.group) };
-            return Err(ApiError::new(409, "AlreadyExists", format!("{}{group} \"{name}\" already exists", r.plural))
+            return Err(ApiError::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(r)))
                 .about(r, &name));
         }
         inner.rv += 1;
