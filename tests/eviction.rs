@@ -156,11 +156,7 @@ fn nodefs_pressure_evicts_the_pod_writing_to_its_empty_dir() {
     }
     let _serial = serial();
     // A 64 MiB file system of its own for the pods' volumes and logs, so the test fills nothing else.
-    let dir = tempfile::tempdir().unwrap().keep();
-    let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"]).arg(&dir).status().unwrap();
-    assert!(status.success(), "cannot mount a tmpfs");
-    let fs = format!("  nodefsPath: {0}\n  imagefsPath: {0}\n", dir.display());
-    let n = node_in(dir.clone(), "evict-disk", &fs, "evictionHard:\n  nodefs.available: 50%\n");
+    let n = node_on_tmpfs(64, "evict-disk", "", "evictionHard:\n  nodefs.available: 50%\n");
     let volume = "  volumes:\n  - name: data\n    emptyDir: {}\n";
     let mount = "    volumeMounts:\n    - {name: data, mountPath: /mnt}\n";
     n.write("quiet.yaml", &pod_yaml("quiet", &format!("{}{mount}{volume}", containers("[sleep, '1000']", ""))));
@@ -178,8 +174,6 @@ fn nodefs_pressure_evicts_the_pod_writing_to_its_empty_dir() {
     assert_eq!(first["pod"], "default/writer-vm", "{e:#}");
     assert!(first["usage"].as_u64().unwrap() >= 20 * MIB, "{e:#}");
     assert!(condition(&n, "DiskPressure"), "{}\n{}", metrics(&n), n.d.log());
-    drop(n);
-    let _ = Command::new("umount").arg(&dir).status();
 }
 
 #[test]

@@ -615,17 +615,18 @@ impl<E: Evictor> EvictionManager<E> {
         let condition = signal.condition();
         let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
         let any_pending = self.in_flight.values().any(|f| f.condition == condition);
-        let needed = breach.deficit().saturating_sub(pending);
-        if any_pending && needed == 0 {
-            return;
-        }
-        // Node storage that no running pod needs goes first; the next pass sees what that freed.
+        // Node storage that no running pod needs goes first, also while an eviction is in flight (the evicted pod's
+        // own logs are reclaimable once it is over); the next pass sees what that freed.
         if condition == Condition::DiskPressure {
             let freed = self.evictor.reclaim_disk();
             if freed > 0 {
                 tracing::info!(%signal, freed, "reclaimed the logs of pods that are over before evicting; looking again");
                 return;
             }
+        }
+        let needed = breach.deficit().saturating_sub(pending);
+        if any_pending && needed == 0 {
+            return;
         }
         let now = Instant::now();
         // A failure is remembered (so the next back-off is longer) until it has been over for the longest back-off.

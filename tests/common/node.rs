@@ -13,6 +13,16 @@ pub struct Node {
     pub manifests: PathBuf,
     pub logs: PathBuf,
     pub root: PathBuf,
+    /// A file system of the node's own, unmounted (lazily) when the node is dropped.
+    pub tmpfs: Option<PathBuf>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.tmpfs {
+            let _ = std::process::Command::new("umount").arg("-l").arg(dir).status();
+        }
+    }
 }
 
 pub fn node(name: &str) -> Node {
@@ -37,7 +47,23 @@ pub fn node_in(dir: PathBuf, name: &str, nodewarden: &str, top: &str) -> Node {
     let mut d = Daemon::new(name, &extra);
     d.start();
     d.wait_ready();
-    Node { d, manifests, logs, root }
+    Node { d, manifests, logs, root, tmpfs: None }
+}
+
+/// A node whose directories, nodefs and imagefs are a tmpfs of `mib` MiB of its own, so what its pods write
+/// fills nothing another test's daemon measures (tests run in parallel on the VM's one small root).
+pub fn node_on_tmpfs(mib: u64, name: &str, nodewarden: &str, top: &str) -> Node {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cannot mount a tmpfs at {}", dir.display());
+    let fs = format!("  nodefsPath: {0}\n  imagefsPath: {0}\n{nodewarden}", dir.display());
+    let mut n = node_in(dir.clone(), name, &fs, top);
+    n.tmpfs = Some(dir);
+    n
 }
 
 pub fn pod_yaml(name: &str, body: &str) -> String {

@@ -422,6 +422,28 @@ async fn disk_pressure_ranks_by_ephemeral_storage() {
     assert!(r.evictor.evicted.lock().unwrap()[0].2.contains("low on resource: ephemeral-storage"));
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_logs_of_pods_that_are_over_are_reclaimed_while_an_eviction_is_in_flight() {
+    // 20 MiB short of the threshold: the writer's 50 MiB, once it is evicted, covers the deficit.
+    let available = fs_stats(FakeHost::new().host().nodefs.as_path()).unwrap();
+    let threshold = Amount::Quantity(available.available_bytes + 20 * MIB);
+    let mut r = rig(
+        settings(&[(Signal::NodeFsAvailable, threshold, None)], &[]),
+        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
+    );
+    r.evictor.hang.lock().unwrap().insert("writer".into());
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.attempts.lock().unwrap().as_slice(), ["writer"]);
+    // The writer is still terminating when its (or another finished pod's) logs become reclaimable: they go at
+    // the next pass, although the eviction in flight already covers the deficit.
+    *r.evictor.reclaimable.lock().unwrap() = 10 * MIB;
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(*r.evictor.reclaimable.lock().unwrap(), 0, "the reclaimable logs waited for the eviction in flight");
+    assert_eq!(r.evictor.attempts.lock().unwrap().as_slice(), ["writer"], "nobody else was evicted");
+}
+
 #[test]
 fn poll_period_shrinks_with_headroom() {
     let s = settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]);
