@@ -9,13 +9,15 @@ step() { printf '\n== %s\n' "$*"; }
 
 # python3 reads cargo's JSON below; Debian's prometheus package gives promtool (checks /metrics) and the server
 # that scrapes the daemon in the VM tests; stress-ng is the memory hog of the eviction tests; containerd and runc
-# run the CRI tests' pods in the VM (deploy/containerd/start builds their images from busybox-static).
+# run the CRI tests' pods in the VM (deploy/containerd/start builds their images from busybox-static), and the
+# CNI plugins (bridge, host-local, loopback) give the pods that are not on the host's network their IPs.
 missing=()
 command -v python3 >/dev/null || missing+=(python3)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v stress-ng >/dev/null || missing+=(stress-ng)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 [ -x /bin/busybox ] || missing+=(busybox-static)
 command -v pip3 >/dev/null || python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -16,11 +16,10 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::daemon::{NodeResources, Shared};
 
-/// The readiness checks that make the Node's `Ready` condition, with the wording of the kubelet's messages
-/// (`container runtime is down`, `PLEG is not healthy: ...`). The eviction inputs are left out: a missing input
-/// drops some signals but the node still works.
+/// The readiness checks that make the Node's `Ready` condition besides the runtime's own, with the wording of
+/// the kubelet's messages (`PLEG is not healthy: ...`). The eviction inputs are left out: a missing input drops
+/// some signals but the node still works.
 const READY_CHECKS: &[(&str, &str)] = &[
-    ("runtime", "container runtime is down"),
     ("podsync", "pod sync is not healthy"),
     ("eviction", "eviction manager is not healthy"),
     ("cgroupfs", "cgroupfs is not healthy"),
@@ -29,20 +28,20 @@ const READY_CHECKS: &[(&str, &str)] = &[
 /// The daemon's view, as the node side reads it.
 struct DaemonFacts {
     shared: Arc<Shared>,
-    runtime_version: String,
 }
 
 impl DaemonFacts {
-    /// Why the node is not Ready now, in the kubelet's words.
+    /// Why the node is not Ready now, in the kubelet's words: the runtime's problems as the kubelet words them
+    /// (`container runtime is down`, `container runtime network not ready: NetworkReady=false ...`), then the
+    /// other checks of `/readyz`.
     fn not_ready(&self) -> Vec<String> {
+        let runtime = self.shared.pods.runtime_health();
         let checks = self.shared.readiness();
-        READY_CHECKS
-            .iter()
-            .filter_map(|(name, wording)| {
-                let (_, result) = checks.iter().find(|(n, _)| n == name)?;
-                result.as_ref().err().map(|e| format!("{wording}: {e}"))
-            })
-            .collect()
+        let others = READY_CHECKS.iter().filter_map(|(name, wording)| {
+            let (_, result) = checks.iter().find(|(n, _)| n == name)?;
+            result.as_ref().err().map(|e| format!("{wording}: {e}"))
+        });
+        [runtime.runtime, runtime.network].into_iter().flatten().map(|p| p.message).chain(others).collect()
     }
 }
 
@@ -59,7 +58,7 @@ impl FactSource for DaemonFacts {
             disk_pressure: pressure.contains(Condition::DiskPressure),
             pid_pressure: pressure.contains(Condition::PidPressure),
             not_ready,
-            runtime_version: self.runtime_version.clone(),
+            runtime_version: self.shared.pods.runtime_version(),
         }
     }
 }
@@ -96,16 +95,15 @@ pub fn settings(c: &Config) -> ClusterSettings {
 pub async fn start(
     kubeconfig: &Path,
     shared: &Arc<Shared>,
-    runtime_version: String,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Arc<ClusterStatus>> {
     let config = shared.config();
-    let s = settings(&config);
+    let s = ClusterSettings { node_ip: shared.node_ip, ..settings(&config) };
     let kube_config = Clients::read_kubeconfig(kubeconfig).await?;
     tracing::info!(node = %s.node_name, apiserver = %kube_config.cluster_url, "joining the cluster");
     let status = Arc::new(ClusterStatus::new(s.lease_duration));
-    let facts = Arc::new(DaemonFacts { shared: shared.clone(), runtime_version });
+    let facts = Arc::new(DaemonFacts { shared: shared.clone() });
     let (changed_tx, changed) = watch::channel(0u64);
     tasks.spawn(watch_changes(facts.clone(), shared.eviction.conditions_changed(), changed_tx, shutdown.clone()));
     let (qps, burst, timeout) = (config.kube_api_qps, config.kube_api_burst, s.heartbeat_timeout());

@@ -31,7 +31,7 @@ pub struct Shared {
     /// The resource manager, the only writer of cgroupfs.
     pub manager: Arc<Mutex<ResourceManager>>,
     /// Pod sync; `None` when no runtime is available.
-    pods: Arc<PodManager<SelectedRuntime>>,
+    pub pods: Arc<PodManager<SelectedRuntime>>,
     /// Pods and their status (`/pods`).
     pub store: Arc<StatusStore>,
     /// The metrics.
@@ -48,6 +48,8 @@ pub struct Shared {
     /// Capacity, the reported allocatable and maxPods, as the Node reports them: kept here (and replaced by a
     /// reload) so that reporting never waits for the manager's lock.
     pub node_resources: Mutex<NodeResources>,
+    /// The node's address, found once at start: the Node's `InternalIP` and every pod's `hostIP`.
+    pub node_ip: Option<std::net::IpAddr>,
 }
 
 /// What the Node reports of the ledger.
@@ -81,12 +83,14 @@ impl Shared {
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
         let (podsync, runtime) = (self.pods.readiness(), self.pods.runtime_health());
+        let problem = |p: Option<nodewarden_sync::Problem>| p.map_or(Ok(()), |p| Err(p.to_string()));
         let inputs = self.eviction.inputs();
         let mut checks = vec![
             ("eviction", eviction),
             ("cgroupfs", cgroupfs),
             ("podsync", podsync),
-            ("runtime", runtime),
+            ("runtime", problem(runtime.runtime)),
+            ("network", problem(runtime.network)),
             ("evictioninputs", inputs),
         ];
         if let Some(cluster) = self.cluster.get() {
@@ -151,20 +155,18 @@ impl PassObserver for Gauges {
     }
 }
 
-/// The runtime `containerRuntimeEndpoint` selects, with its `<name>://<version>` (`Unknown` if it did not
-/// answer). For CRI, the runtime's version is checked first: a runtime that does not serve CRI v1 stops the
-/// daemon; one that does not answer yet is waited for (pods wait, `/readyz` says why) while everything else is
-/// served.
+/// The runtime `containerRuntimeEndpoint` selects. For CRI, the runtime's version is checked first: a runtime
+/// that does not serve CRI v1 stops the daemon; one that does not answer yet is waited for (pods wait, `/readyz`
+/// says why) while everything else is served.
 async fn select_runtime(
     config: &Config,
     fs: &CgroupFs,
     metrics: &Metrics,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
-) -> Result<(SelectedRuntime, String), DaemonError> {
+) -> Result<SelectedRuntime, DaemonError> {
     let Some(endpoint) = &config.container_runtime_endpoint else {
-        let version = format!("nodewarden-process://{}", env!("CARGO_PKG_VERSION"));
-        return Ok((SelectedRuntime::Process(ProcessRuntime::new(fs.clone())), version));
+        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone())));
     };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
@@ -174,19 +176,15 @@ async fn select_runtime(
     };
     let runtime_metrics = RuntimeMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let cri = Arc::new(CriRuntime::new(settings, Some(runtime_metrics)).context("containerRuntimeEndpoint")?);
-    let version = match cri.check_version().await {
-        Ok((name, version)) => {
-            tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected");
-            format!("{name}://{version}")
-        }
+    match cri.check_version().await {
+        Ok((name, version)) => tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected"),
         Err(e) if e.is_transient() => {
             tracing::error!(error = %e, "the CRI runtime does not answer; pods wait until it does");
-            "Unknown".to_owned()
         }
         Err(e) => return Err(anyhow::Error::new(e).into()),
-    };
+    }
     tasks.spawn(cri.clone().monitor(shutdown.clone()));
-    Ok((SelectedRuntime::Cri(cri), version))
+    Ok(SelectedRuntime::Cri(cri))
 }
 
 /// How often the CRI runtime's containers are listed (exits, health): the kubelet's PLEG relist period.
@@ -336,12 +334,14 @@ pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>)
     // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let (runtime, runtime_version) = select_runtime(&config, &fs, &metrics, &tasks, &shutdown).await?;
+    let runtime = select_runtime(&config, &fs, &metrics, &tasks, &shutdown).await?;
+    let node_ip = nodewarden_cluster::node_ip();
     let settings = SyncSettings {
         root_dir: config.root_dir.clone(),
         log_dir: config.pod_logs_dir.clone(),
         node_name: config.node_name.clone(),
         log_rotation: config.log_rotation,
+        host_ips: node_ip.iter().map(ToString::to_string).collect(),
     };
     let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
@@ -378,15 +378,14 @@ pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>)
         config: config_tx,
         cluster: std::sync::OnceLock::new(),
         node_resources,
+        node_ip,
     });
     let eviction = eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.
     if let Some(kubeconfig) = &kubeconfig {
-        let status = crate::cluster::start(kubeconfig, &shared, runtime_version, &tasks, &shutdown)
-            .await
-            .context("--kubeconfig")?;
+        let status = crate::cluster::start(kubeconfig, &shared, &tasks, &shutdown).await.context("--kubeconfig")?;
         let _ = shared.cluster.set(status);
     }
     let healthz = shared.config().healthz;
@@ -483,6 +482,7 @@ mod tests {
             log_dir: host.path().join("logs"),
             node_name: "node".into(),
             log_rotation: nodewarden_sync::LogRotation::default(),
+            host_ips: Vec::new(),
         };
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
         let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
@@ -502,6 +502,7 @@ mod tests {
             probe,
             cluster: std::sync::OnceLock::new(),
             node_resources,
+            node_ip: None,
         });
         Rig { host, shared, eviction }
     }

@@ -4,7 +4,8 @@
 //!
 //! A static pod runs as a sandbox whose cgroup is the placement's, with the placement's limits; an OOM kill is
 //! reported; eviction stops the hog through CRI; a restarted daemon adopts its sandboxes; a containerd restart is
-//! survived; unpullable images, a missing socket and `nodewarden cri` are checked.
+//! survived; pods on the pod network get their CNI address and wait while it is not ready (the Node says so);
+//! unpullable images, a missing socket and `nodewarden cri` are checked.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 #![allow(clippy::disallowed_types)] // waits for real processes, in real time
 
@@ -247,7 +248,7 @@ fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived(
     // The Node says why it is not Ready, with the kubelet's words.
     wait_until(30, "the Node NotReady", || ready(&api).is_some_and(|(s, _)| s == "False"));
     let (_, message) = ready(&api).unwrap();
-    assert!(message.starts_with("container runtime is down"), "{message}");
+    assert_eq!(message, "container runtime is down", "the kubelet's words, without the cause /readyz adds");
     start_containerd();
     wait_until(60, "/readyz recovered", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s == 200));
     wait_until(30, "the Node Ready again", || ready(&api).is_some_and(|(s, _)| s == "True"));
@@ -262,6 +263,105 @@ fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived(
     remove_pod(&n, "after.yaml", "after");
     remove_pod(&n, "keep.yaml", "keep");
     assert!(sandboxes(&uid).is_empty());
+}
+
+/// The CNI config `deploy/containerd/start` writes.
+const CNI_CONF: &str = "/etc/cni/net.d/10-nodewarden.conflist";
+
+/// A pod on the pod network (not `hostNetwork`) running `command`, with its IP in `POD_IP` and a readiness
+/// probe on `port` that names no host (so it goes to the pod's IP).
+fn pod_network_pod(name: &str, command: &str, port: u16) -> String {
+    pod_yaml(
+        name,
+        &format!(
+            "  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    \
+             command: [sh, -c, '{command}']\n    env:\n    - name: POD_IP\n      valueFrom:\n        \
+             fieldRef: {{fieldPath: status.podIP}}\n    readinessProbe:\n      \
+             httpGet: {{path: /, port: {port}}}\n      periodSeconds: 1\n"
+        ),
+    )
+}
+
+#[test]
+fn the_pod_network_gives_pods_their_ips_and_its_absence_makes_the_node_not_ready() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(nodewarden_testapi::TestApi::start(0)).unwrap();
+    api.add_token("vm-token", Some("vm"));
+    let mut n = cri_node("cri-net", "nodeStatusUpdateFrequency: 1s\n");
+    let kubeconfig = api.write_kubeconfig(n.d.dir.path(), "vm-token").unwrap();
+    n.d.args = vec!["--kubeconfig".into(), kubeconfig.display().to_string()];
+    assert_eq!(n.d.stop(), Some(0));
+    n.d.start();
+    n.d.wait_ready();
+    let ready = || -> Option<(String, String)> {
+        let node = api.get("nodes", None, "vm")?;
+        let c = node["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready")?.clone();
+        Some((c["status"].as_str()?.to_owned(), c["message"].as_str().unwrap_or("").to_owned()))
+    };
+
+    // A pod on the pod network gets an address from CNI, sees it through the downward API, and its probe
+    // reaches it there (the bridge routes from the node into the pod's namespace).
+    let web = "mkdir -p /www && echo ok > /www/index.html && echo ip=$POD_IP && exec httpd -f -p 8080 -h /www";
+    n.write("web.yaml", &pod_network_pod("web", web, 8080));
+    let p = n.wait_pod("web", 180, "became ready", |p| running(p) && container(p, "app")["ready"] == true);
+    let ip = p["status"]["podIP"].as_str().unwrap().to_owned();
+    assert!(ip.starts_with("10.88."), "an address from the CNI bridge's range: {p:#}");
+    assert_eq!(p["status"]["podIPs"][0]["ip"], ip.as_str());
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    let log = std::fs::read_to_string(n.logs.join(format!("default_web-vm_{uid}/app/0.log"))).unwrap();
+    assert!(log.contains(&format!("ip={ip}")), "the downward API gave another address: {log}");
+    wait_until(30, "the Node Ready", || ready().is_some_and(|(s, _)| s == "True"));
+
+    // The CNI config goes away: containerd says its network is not ready, and the node is not Ready, in the
+    // kubelet's words; /readyz names the network.
+    let aside = format!("{CNI_CONF}.aside");
+    std::fs::rename(CNI_CONF, &aside).unwrap();
+    let restore = scopeguard(|| {
+        let _ = std::fs::rename(&aside, CNI_CONF);
+    });
+    wait_until(30, "/readyz failed", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s != 200));
+    let (_, body) = get(n.d.port, "/readyz?verbose").unwrap();
+    assert!(body.contains("[-]network failed") && body.contains("NetworkReady=false"), "{body}");
+    wait_until(30, "the Node NotReady", || ready().is_some_and(|(s, _)| s == "False"));
+    let (_, message) = ready().unwrap();
+    let prefix = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:";
+    assert!(message.starts_with(prefix), "{message}");
+    // A new pod on the pod network waits for it, saying why; a host-network pod starts; the running pod stays.
+    n.write("later.yaml", &pod_network_pod("later", "exec httpd -f -p 8081", 8081));
+    let p = n.wait_pod("later", 60, "waits for the network", |p| {
+        p["status"]["message"].as_str().is_some_and(|m| m.contains("network is not ready: container runtime network"))
+    });
+    assert_eq!(phase(&p), "Pending");
+    n.write("host.yaml", &busybox_pod("host", "exec sleep 3600", "", ""));
+    n.wait_pod("host", 120, "ran on the host's network", running);
+    assert!(running(&n.pod("web").unwrap()), "the running pod was disturbed");
+
+    // The config is back: the node is Ready again and the waiting pod starts with an address.
+    drop(restore);
+    wait_until(60, "/readyz recovered", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+    wait_until(30, "the Node Ready again", || ready().is_some_and(|(s, _)| s == "True"));
+    let p = n.wait_pod("later", 120, "ran once the network was ready", running);
+    assert!(p["status"]["podIP"].as_str().is_some_and(|a| a.starts_with("10.88.") && a != ip), "{p:#}");
+    for (file, name) in [("web.yaml", "web"), ("later.yaml", "later"), ("host.yaml", "host")] {
+        remove_pod(&n, file, name);
+    }
+}
+
+/// Runs `f` when dropped, also when the test fails: what a test changed outside its own directories goes back.
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }
 
 #[test]

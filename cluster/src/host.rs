@@ -44,29 +44,34 @@ pub fn hosts_address(hosts: &str, hostname: &str) -> Option<IpAddr> {
         .find(|ip| !ip.is_loopback())
 }
 
-/// The address of the interface that would carry traffic out (a UDP socket is connected, nothing is sent); else
-/// the host name's address in `/etc/hosts`; else none. No DNS is asked: a node without a resolver must not wait
-/// for one at start.
-fn internal_ip(hostname: &str) -> Option<String> {
+/// The host name, lower case, as the Node's `Hostname` address and label show it.
+fn hostname() -> String {
+    rustix::system::uname().nodename().to_string_lossy().to_lowercase()
+}
+
+/// The node's address (its `InternalIP`, and every pod's `hostIP`): the address of the interface that would
+/// carry traffic out (a UDP socket is connected, nothing is sent); else the host name's address in `/etc/hosts`;
+/// else none. No DNS is asked: a node without a resolver must not wait for one at start.
+pub fn node_ip() -> Option<IpAddr> {
     let routed = UdpSocket::bind("0.0.0.0:0")
         .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
         .and_then(|s| s.local_addr())
         .ok()
         .map(|a| a.ip())
         .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
-    routed.or_else(|| hosts_address(&std::fs::read_to_string("/etc/hosts").ok()?, hostname)).map(|ip| ip.to_string())
+    routed.or_else(|| hosts_address(&std::fs::read_to_string("/etc/hosts").ok()?, &hostname()))
 }
 
 impl HostInfo {
     /// Reads the running machine, with `node_ip` (the kubelet's `--node-ip`) as the address if given.
     pub fn read(node_ip: Option<IpAddr>) -> HostInfo {
-        let hostname = rustix::system::uname().nodename().to_string_lossy().to_lowercase();
+        let hostname = hostname();
         let os_image = std::fs::read_to_string("/etc/os-release")
             .ok()
             .and_then(|t| pretty_name(&t))
             .unwrap_or_else(|| "Linux".to_owned());
         HostInfo {
-            internal_ip: node_ip.map(|ip| ip.to_string()).or_else(|| internal_ip(&hostname)),
+            internal_ip: node_ip.or_else(self::node_ip).map(|ip| ip.to_string()),
             machine_id: first_line(Path::new("/etc/machine-id")),
             system_uuid: first_line(Path::new("/sys/class/dmi/id/product_uuid")),
             boot_id: first_line(Path::new("/proc/sys/kernel/random/boot_id")),

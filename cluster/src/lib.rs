@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 pub use client::{Clients, RateLimiter};
 pub use conditions::aggregate;
-pub use host::HostInfo;
+pub use host::{HostInfo, node_ip};
 pub use labels::{check_label_syntax, check_node_label};
 pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};
 

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::SyncMetrics;
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, RuntimeHealth};
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
 use crate::worker::{Reason, Shared, SyncSettings, TerminateRequest, Worker, kill_and_release};
@@ -308,9 +308,14 @@ impl<R: Runtime> PodManager<R> {
         Ok(Eviction { signalled, terminated })
     }
 
-    /// `Ok` while the runtime answers.
-    pub fn runtime_health(&self) -> Result<(), String> {
+    /// Whether the runtime can run containers, and pods on the pod network.
+    pub fn runtime_health(&self) -> RuntimeHealth {
         self.ctx.runtime.health()
+    }
+
+    /// The runtime's `<name>://<version>`, as it last said.
+    pub fn runtime_version(&self) -> String {
+        self.ctx.runtime.version()
     }
 
     /// `Ok` when the manager loop ticked recently and no pod sync has been stuck in a runtime call.

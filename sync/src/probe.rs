@@ -81,8 +81,8 @@ fn count(v: Option<i32>, default: u32) -> u32 {
     v.and_then(|v| u32::try_from(v).ok()).filter(|v| *v >= 1).unwrap_or(default)
 }
 
-/// The address a probe uses when it names no host: the process runtime's pods share the node's network.
-pub const POD_IP: &str = "127.0.0.1";
+/// The address a probe of a pod on the host's network uses when it names no host.
+pub const LOOPBACK: &str = "127.0.0.1";
 
 fn port(p: &IntOrString, c: &Container) -> Result<u16, String> {
     match p {
@@ -101,7 +101,8 @@ fn port(p: &IntOrString, c: &Container) -> Result<u16, String> {
 
 impl ProbeConfig {
     /// Reads a probe of container `c`; named ports are looked up in its `ports`.
-    pub fn from_probe(p: &Probe, c: &Container) -> Result<Self, String> {
+    /// A probe that names no host goes to `pod_ip`.
+    pub fn from_probe(p: &Probe, c: &Container, pod_ip: &str) -> Result<Self, String> {
         let action = if let Some(e) = &p.exec {
             Action::Exec(e.command.clone().unwrap_or_default())
         } else if let Some(h) = &p.http_get {
@@ -111,14 +112,14 @@ impl ProbeConfig {
             let path = h.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
             let path = if path.starts_with('/') { path } else { format!("/{path}") };
             Action::Http {
-                host: h.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| POD_IP.into()),
+                host: h.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| pod_ip.into()),
                 port: port(&h.port, c)?,
                 path,
                 headers: h.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect(),
             }
         } else if let Some(t) = &p.tcp_socket {
             Action::Tcp {
-                host: t.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| POD_IP.into()),
+                host: t.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| pod_ip.into()),
                 port: port(&t.port, c)?,
             }
         } else {
@@ -281,10 +282,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        let got = ProbeConfig::from_probe(&p, &c).unwrap();
+        let got = ProbeConfig::from_probe(&p, &c, "10.88.0.7").unwrap();
         assert_eq!(
             got.action,
-            Action::Http { host: POD_IP.into(), port: 8080, path: "/healthz".into(), headers: vec![] }
+            Action::Http { host: "10.88.0.7".into(), port: 8080, path: "/healthz".into(), headers: vec![] }
         );
         assert_eq!(
             (got.period, got.timeout, got.success_threshold, got.failure_threshold),
@@ -294,7 +295,7 @@ mod tests {
             tcp_socket: Some(TCPSocketAction { port: IntOrString::String("nope".into()), ..Default::default() }),
             ..Default::default()
         };
-        assert!(ProbeConfig::from_probe(&bad, &c).unwrap_err().contains("no port named \"nope\""));
+        assert!(ProbeConfig::from_probe(&bad, &c, LOOPBACK).unwrap_err().contains("no port named \"nope\""));
     }
 
     #[tokio::test]

@@ -238,6 +238,47 @@ impl ExecOutput {
     }
 }
 
+/// A runtime problem: the kubelet's message (what the Node's `Ready` condition says), and the error behind it
+/// where there is one (what `/readyz` adds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The kubelet's words: `container runtime is down`, `container runtime network not ready: ...`.
+    pub message: String,
+    /// The error behind it.
+    pub cause: Option<String>,
+}
+
+impl Problem {
+    /// A problem with no error behind it.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), cause: None }
+    }
+
+    /// A problem caused by `cause`.
+    pub fn caused(message: impl Into<String>, cause: impl std::fmt::Display) -> Self {
+        Self { message: message.into(), cause: Some(cause.to_string()) }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.cause {
+            Some(c) => write!(f, "{}: {c}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// What a runtime says about itself: the kubelet's runtime state (`pkg/kubelet/runtime.go`), which makes the
+/// Node's `Ready` condition and `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuntimeHealth {
+    /// Why no container can run now; `None` when they can.
+    pub runtime: Option<Problem>,
+    /// Why pods on the pod network cannot start now (host-network pods can); `None` when they can.
+    pub network: Option<Problem>,
+}
+
 /// A runtime failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {
@@ -267,6 +308,9 @@ pub enum RuntimeError {
     /// The runtime cannot be reached.
     #[error("{0}")]
     Unavailable(String),
+    /// The pod network is not ready, and the pod is not on the host's network (the kubelet's `NetworkNotReady`).
+    #[error("network is not ready: {0}")]
+    NetworkNotReady(String),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -290,9 +334,16 @@ pub trait Runtime: Send + Sync + 'static {
         async {}
     }
 
-    /// Whether the runtime answers; the error says why not.
-    fn health(&self) -> Result<(), String> {
-        Ok(())
+    /// Whether the runtime can run containers and pods on the pod network; a runtime that has neither problem
+    /// (the process runtime) keeps the default.
+    fn health(&self) -> RuntimeHealth {
+        RuntimeHealth::default()
+    }
+
+    /// `<name>://<version>` as the Node's `containerRuntimeVersion` shows it, as the runtime last said; the
+    /// default is the kubelet's for a runtime whose version is not known (`<scheme>://Unknown`).
+    fn version(&self) -> String {
+        format!("{}://Unknown", self.scheme())
     }
 
     /// Starts a container in the sandbox `spec.sandbox_id`.
@@ -333,13 +384,22 @@ pub trait Runtime: Send + Sync + 'static {
     }
 }
 
+/// A pod sandbox that runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunningSandbox {
+    /// The runtime's ID.
+    pub id: String,
+    /// The pod's addresses on the pod network, the primary first (`podIP`); empty on the host's network.
+    pub ips: Vec<String>,
+}
+
 /// The pod sandboxes of a runtime that has them.
 pub trait SandboxRuntime: Send + Sync + 'static {
-    /// Creates a pod's sandbox and returns its ID.
-    fn run_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+    /// Creates a pod's sandbox.
+    fn run_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Result<RunningSandbox, RuntimeError>> + Send;
 
     /// Finds the ready sandbox of a pod an earlier daemon ran, so that no new one is created.
-    fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<String>> + Send;
+    fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<RunningSandbox>> + Send;
 
     /// Stops and removes every sandbox of the pod (what is left of its containers with them).
     fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
@@ -350,11 +410,11 @@ pub trait SandboxRuntime: Send + Sync + 'static {
 pub enum NoSandboxes {}
 
 impl SandboxRuntime for NoSandboxes {
-    async fn run_sandbox(&self, _spec: &SandboxSpec) -> Result<String, RuntimeError> {
+    async fn run_sandbox(&self, _spec: &SandboxSpec) -> Result<RunningSandbox, RuntimeError> {
         match *self {}
     }
 
-    async fn adopt_sandbox(&self, _spec: &SandboxSpec) -> Option<String> {
+    async fn adopt_sandbox(&self, _spec: &SandboxSpec) -> Option<RunningSandbox> {
         match *self {}
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
-use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, Started};
+use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, RuntimeHealth, Started};
 
 /// The runtime in use.
 #[derive(Debug)]
@@ -45,8 +45,12 @@ impl Runtime for SelectedRuntime {
         each!(self, r => r.reconcile(keep).await)
     }
 
-    fn health(&self) -> Result<(), String> {
+    fn health(&self) -> RuntimeHealth {
         each!(self, r => r.health())
+    }
+
+    fn version(&self) -> String {
+        each!(self, r => r.version())
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use nodewarden_resources::{ContainerPlacement, Placement};
 
-use crate::probe::POD_IP;
 use crate::runtime::{ContainerSpec, LinuxResources, Mount, PullPolicy, SandboxSpec};
 use crate::volumes::PreparedVolume;
 
@@ -60,7 +59,30 @@ pub fn expand(s: &str, vars: &BTreeMap<String, String>) -> String {
     out
 }
 
-fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
+/// The addresses the downward API gives a container: the pod's (`status.podIP`, `status.podIPs`) and the
+/// node's (`status.hostIP`, `status.hostIPs`), the primary first.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodIps<'a> {
+    /// The pod's.
+    pub pod: &'a [String],
+    /// The node's.
+    pub host: &'a [String],
+}
+
+/// The pod-level inputs of a container's spec.
+#[derive(Debug, Clone, Copy)]
+pub struct PodContext<'a> {
+    /// The pod.
+    pub pod: &'a Pod,
+    /// Its prepared volumes.
+    pub volumes: &'a [PreparedVolume],
+    /// `podLogsDir`.
+    pub log_root: &'a Path,
+    /// Its addresses.
+    pub ips: PodIps<'a>,
+}
+
+fn field_ref(pod: &Pod, path: &str, ips: PodIps<'_>) -> Result<String, String> {
     let m = &pod.metadata;
     let spec = pod.spec.as_ref();
     Ok(match path {
@@ -69,7 +91,10 @@ fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
         "metadata.uid" => m.uid.clone().unwrap_or_default(),
         "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
         "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
-        "status.podIP" | "status.hostIP" => POD_IP.to_owned(),
+        "status.podIP" => ips.pod.first().cloned().unwrap_or_default(),
+        "status.podIPs" => ips.pod.join(","),
+        "status.hostIP" => ips.host.first().cloned().unwrap_or_default(),
+        "status.hostIPs" => ips.host.join(","),
         other => {
             if let Some(key) = other.strip_prefix("metadata.labels['").and_then(|k| k.strip_suffix("']")) {
                 m.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default()
@@ -84,14 +109,13 @@ fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
 
 /// Builds a container's runtime spec. Errors are the kubelet's `CreateContainerConfigError` messages.
 pub fn container_spec(
-    pod: &Pod,
+    ctx: &PodContext<'_>,
     c: &Container,
     placement: &ContainerPlacement,
-    volumes: &[PreparedVolume],
-    log_root: &Path,
     attempt: u32,
     stage: &mut dyn FnMut(&PreparedVolume, &str, usize) -> Result<PathBuf, String>,
 ) -> Result<ContainerSpec, String> {
+    let PodContext { pod, volumes, log_root, ips } = *ctx;
     let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
     let mut env: Vec<(String, String)> = Vec::new();
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
@@ -104,7 +128,7 @@ pub fn container_spec(
     for e in c.env.iter().flatten() {
         let value = match (&e.value, &e.value_from) {
             (_, Some(from)) => match &from.field_ref {
-                Some(f) => field_ref(pod, &f.field_path)?,
+                Some(f) => field_ref(pod, &f.field_path, ips)?,
                 None => return Err(format!("env {}: only value and fieldRef are supported", e.name)),
             },
             (Some(v), None) => expand(v, &vars),
@@ -240,7 +264,9 @@ mod tests {
                     "command": ["sh", "-c"], "args": ["echo $(GREETING) $(POD)"],
                     "env": [
                         {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "GREETING", "value": "hi-$(POD)"}
+                        {"name": "GREETING", "value": "hi-$(POD)"},
+                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "HOST_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIPs"}}}
                     ],
                     "securityContext": {"runAsGroup": 1000},
                     "volumeMounts": [
@@ -272,8 +298,13 @@ mod tests {
             staged.push((v.name.clone(), sub.to_owned(), i));
             Ok(PathBuf::from("/staged"))
         };
-        let s = container_spec(&pod, c, &placement, &vols, Path::new("/var/log/pods"), 2, &mut stage).unwrap();
+        let (pod_ips, host_ips) = (["10.88.0.7".to_owned()], ["192.0.2.10".to_owned()]);
+        let ips = PodIps { pod: &pod_ips, host: &host_ips };
+        let ctx = PodContext { pod: &pod, volumes: &vols, log_root: Path::new("/var/log/pods"), ips };
+        let s = container_spec(&ctx, c, &placement, 2, &mut stage).unwrap();
         assert_eq!(s.argv(), ["sh", "-c", "echo hi-web-n web-n"]);
+        let env = |k: &str| s.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!((env("POD_IP"), env("HOST_IPS")), (Some("10.88.0.7"), Some("192.0.2.10")), "the downward API");
         assert_eq!(s.pull_policy, PullPolicy::Always, "an untagged image is pulled every time");
         assert_eq!(s.log_path, Path::new("/var/log/pods/default_web-n_u1/app/2.log"));
         assert_eq!((s.user, s.group), (Some(1000), Some(1000)));
@@ -292,13 +323,15 @@ mod tests {
         mounts[1].sub_path = Some("x".into());
         let c = &bad.spec.as_ref().unwrap().containers[0];
         let mut never = |_: &PreparedVolume, _: &str, _: usize| -> Result<PathBuf, String> { panic!("staged") };
-        let err = container_spec(&bad, c, &placement, &vols, Path::new("/l"), 0, &mut never).unwrap_err();
+        let ctx = PodContext { pod: &bad, volumes: &vols, log_root: Path::new("/l"), ips: PodIps::default() };
+        let err = container_spec(&ctx, c, &placement, 0, &mut never).unwrap_err();
         assert!(err.contains("mutually exclusive"), "{err}");
         let mut bad = pod.clone();
         let mounts = bad.spec.as_mut().unwrap().containers[0].volume_mounts.as_mut().unwrap();
         mounts[1].sub_path_expr = Some("../$(POD)".into());
         let c = &bad.spec.as_ref().unwrap().containers[0];
-        let err = container_spec(&bad, c, &placement, &vols, Path::new("/l"), 0, &mut never).unwrap_err();
+        let ctx = PodContext { pod: &bad, volumes: &vols, log_root: Path::new("/l"), ips: PodIps::default() };
+        let err = container_spec(&ctx, c, &placement, 0, &mut never).unwrap_err();
         assert!(err.contains("without '..'"), "{err}");
         assert_eq!(s.working_dir, None, "the image's working directory");
     }

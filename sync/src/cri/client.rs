@@ -13,7 +13,8 @@ use nodewarden_proto::v1::{
     ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest, ListContainersRequest, ListImagesRequest,
     ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxStatusRequest, PodSandboxStatusResponse,
     PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, ReopenContainerLogRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
+    StartContainerRequest, StatusRequest, StatusResponse, StopContainerRequest, StopPodSandboxRequest, VersionRequest,
+    VersionResponse,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -198,6 +199,12 @@ impl CriClient {
     pub async fn version(&self) -> Result<VersionResponse, CriError> {
         let req = VersionRequest { version: CRI_API_VERSION.to_owned() };
         rpc!(self, runtime.version("Version", req, self.timeout))
+    }
+
+    /// `Status`: the runtime's conditions (`RuntimeReady`, `NetworkReady`).
+    pub async fn status(&self) -> Result<StatusResponse, CriError> {
+        let req = StatusRequest { verbose: false };
+        rpc!(self, runtime.status("Status", req, self.timeout))
     }
 
     /// `RunPodSandbox`: the new sandbox's ID.

@@ -1,10 +1,12 @@
 //! The CRI runtime: pods run as sandboxes of a CRI runtime (containerd, CRI-O) reached over gRPC. nodewarden
 //! stays the owner of the accounting: each sandbox's `cgroup_parent` is the pod's placement and each container
 //! gets the placement's limits; eviction and usage keep reading cgroupfs. Exits are found by listing the
-//! containers once per poll period (as the kubelet's PLEG relists), which doubles as the runtime's health check.
+//! containers once per poll period (as the kubelet's PLEG relists), which also finds a runtime that stopped
+//! answering; its `Status` says whether it and its pod network are ready.
 
 pub mod client;
 mod config;
+mod health;
 mod metrics;
 
 use std::collections::{BTreeSet, HashMap};
@@ -24,13 +26,17 @@ pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESP
 pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, PullPolicy, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
-    exit_reason,
+    ContainerSpec, ExecOutput, ExitInfo, PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth,
+    SandboxRuntime, SandboxSpec, Started, exit_reason,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
 /// cost the daemon about 1 % of a CPU with 10 pods in the emulated guest.
 const SANDBOX_CHECK_EVERY: u32 = 10;
+
+/// The runtime's `Status` is asked every this many relists while it is ready (the kubelet asks every 5 s), and
+/// at every relist while it is not.
+const STATUS_EVERY: u32 = 5;
 
 /// How long an image pull may take.
 const PULL_DEADLINE: Duration = Duration::from_secs(30 * 60);
@@ -58,7 +64,9 @@ pub struct CriRuntime {
     sandboxes: Mutex<HashMap<String, (SandboxSpec, PodSandboxConfig)>>,
     /// Containers whose exit is awaited.
     waiters: Mutex<HashMap<String, watch::Sender<Option<ExitInfo>>>>,
-    health: Mutex<Result<(), String>>,
+    health: Mutex<RuntimeHealth>,
+    /// `<name>://<version>` from the last `Version` answer.
+    version: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -110,7 +118,8 @@ impl CriRuntime {
             pulls: tokio::sync::Mutex::new(()),
             sandboxes: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
-            health: Mutex::new(Err("the CRI runtime has not been reached yet".into())),
+            health: Mutex::new(health::unchecked()),
+            version: Mutex::new(None),
         })
     }
 
@@ -120,7 +129,7 @@ impl CriRuntime {
         let v = match v {
             Ok(v) => v,
             Err(e) => {
-                *lock(&self.health) = Err(e.to_string());
+                self.set_down(&e);
                 return Err(e.into());
             }
         };
@@ -130,8 +139,16 @@ impl CriRuntime {
                 found: v.runtime_api_version,
             });
         }
-        *lock(&self.health) = Ok(());
+        *lock(&self.version) = Some(format!("{}://{}", v.runtime_name, v.runtime_version));
         Ok((v.runtime_name, v.runtime_version))
+    }
+
+    /// The sandbox's addresses on the pod network, the primary first (`PodSandboxStatus`).
+    async fn sandbox_ips(&self, id: &str) -> Result<Vec<String>, CriError> {
+        let status = self.client.pod_sandbox_status(id).await?;
+        let network = status.status.and_then(|s| s.network).unwrap_or_default();
+        let extra = network.additional_ips.into_iter().map(|ip| ip.ip);
+        Ok(std::iter::once(network.ip).chain(extra).filter(|ip| !ip.is_empty()).collect())
     }
 
     /// Watches the runtime until `drain`: lists the containers every poll period, resolves the waits of those
@@ -145,33 +162,27 @@ impl CriRuntime {
             tokio::select! {
                 _ = tick.tick() => {
                     n = n.wrapping_add(1);
-                    self.relist(n.is_multiple_of(SANDBOX_CHECK_EVERY)).await;
+                    let answered = self.relist(n.is_multiple_of(SANDBOX_CHECK_EVERY)).await;
+                    let unwell = { let h = lock(&self.health); h.runtime.is_some() || h.network.is_some() };
+                    if answered && (unwell || n.is_multiple_of(STATUS_EVERY)) {
+                        self.check_status().await;
+                    }
                 }
                 () = shutdown.cancelled() => return,
             }
         }
     }
 
-    async fn relist(&self, check_sandboxes: bool) {
+    /// Lists the containers and resolves the exits found; false when the runtime did not answer.
+    async fn relist(&self, check_sandboxes: bool) -> bool {
         let listed = self.client.list_containers(None).await;
         let containers = match listed {
             Ok(c) => c,
             Err(e) => {
-                let mut h = lock(&self.health);
-                if h.is_ok() {
-                    tracing::warn!(error = %e, "the CRI runtime does not answer");
-                }
-                *h = Err(e.to_string());
-                return;
+                self.set_down(&e);
+                return false;
             }
         };
-        {
-            let mut h = lock(&self.health);
-            if h.is_err() {
-                tracing::info!(endpoint = %self.settings.endpoint, "the CRI runtime answers");
-            }
-            *h = Ok(());
-        }
         let states: HashMap<&str, ContainerState> = containers.iter().map(|c| (c.id.as_str(), c.state())).collect();
         let watched: Vec<String> = lock(&self.waiters).keys().cloned().collect();
         if check_sandboxes && !watched.is_empty() {
@@ -186,6 +197,7 @@ impl CriRuntime {
                 tx.send_replace(Some(info));
             }
         }
+        true
     }
 
     /// Stops the running containers of sandboxes that are no longer ready (their pause container died): as the
@@ -315,7 +327,13 @@ impl CriRuntime {
 }
 
 impl SandboxRuntime for CriRuntime {
-    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<RunningSandbox, RuntimeError> {
+        // As the kubelet: a pod on the pod network waits for it; a host-network pod does not need it.
+        if !spec.host_network
+            && let Some(p) = lock(&self.health).network.clone()
+        {
+            return Err(RuntimeError::NetworkNotReady(p.message));
+        }
         // Each sandbox of a pod gets the next attempt number: the runtime reserves (name, attempt).
         let earlier = self.pod_sandboxes(&spec.pod_uid, None).await.map_err(runtime_error)?;
         let attempt = earlier.iter().filter_map(|s| s.metadata.as_ref()).map(|m| m.attempt + 1).max().unwrap_or(0);
@@ -327,10 +345,11 @@ impl SandboxRuntime for CriRuntime {
         let req = RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
         let id = self.client.run_pod_sandbox(req).await.map_err(runtime_error)?;
         lock(&self.sandboxes).insert(id.clone(), (spec.clone(), config));
-        Ok(id)
+        let ips = if spec.host_network { Vec::new() } else { self.sandbox_ips(&id).await.map_err(runtime_error)? };
+        Ok(RunningSandbox { id, ips })
     }
 
-    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Option<String> {
+    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Option<RunningSandbox> {
         let ready = match self.pod_sandboxes(&spec.pod_uid, Some(PodSandboxState::SandboxReady)).await {
             Ok(s) => s,
             Err(e) => {
@@ -341,8 +360,18 @@ impl SandboxRuntime for CriRuntime {
         let newest = ready.into_iter().max_by_key(|s| s.created_at)?;
         let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
         lock(&self.sandboxes).insert(newest.id.clone(), (spec.clone(), config::sandbox_config(spec, attempt)));
-        tracing::info!(pod_uid = %spec.pod_uid, sandbox = %newest.id, "adopted running pod sandbox");
-        Some(newest.id)
+        let ips = if spec.host_network {
+            Vec::new()
+        } else {
+            // The sandbox keeps running either way: a status that cannot be read costs the pod its IP in the
+            // status until the next daemon start, not its containers.
+            self.sandbox_ips(&newest.id).await.unwrap_or_else(|e| {
+                tracing::warn!(sandbox = %newest.id, error = %e, "cannot read an adopted sandbox's IPs");
+                Vec::new()
+            })
+        };
+        tracing::info!(pod_uid = %spec.pod_uid, sandbox = %newest.id, ?ips, "adopted running pod sandbox");
+        Some(RunningSandbox { id: newest.id, ips })
     }
 
     async fn remove_sandbox(&self, spec: &SandboxSpec) {
@@ -390,8 +419,12 @@ impl Runtime for CriRuntime {
         }
     }
 
-    fn health(&self) -> Result<(), String> {
+    fn health(&self) -> RuntimeHealth {
         lock(&self.health).clone()
+    }
+
+    fn version(&self) -> String {
+        lock(&self.version).clone().unwrap_or_else(|| format!("{}://Unknown", self.scheme()))
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {

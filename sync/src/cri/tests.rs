@@ -19,6 +19,8 @@ use crate::runtime::{LinuxResources, Mount as SpecMount};
 #[derive(Default)]
 struct State {
     api_version: String,
+    /// The `NetworkReady` condition's message while the network is not ready (no CNI config).
+    network_not_ready: Option<String>,
     calls: Vec<String>,
     images: BTreeSet<String>,
     pullable: BTreeSet<String>,
@@ -120,7 +122,10 @@ impl RuntimeService for Fake {
         let id = r.into_inner().pod_sandbox_id;
         let s = self.state();
         let sb = s.sandboxes.iter().find(|sb| sb.0.id == id).ok_or_else(|| Status::not_found("no such sandbox"))?;
-        let status = PodSandboxStatus { id, state: sb.0.state, ..PodSandboxStatus::default() };
+        // What CNI gave it (the runtime reads it only for a pod on the pod network).
+        let network =
+            PodSandboxNetworkStatus { ip: "10.88.0.9".into(), additional_ips: vec![PodIp { ip: "fd00::9".into() }] };
+        let status = PodSandboxStatus { id, state: sb.0.state, network: Some(network), ..PodSandboxStatus::default() };
         Ok(Response::new(PodSandboxStatusResponse { status: Some(status), ..PodSandboxStatusResponse::default() }))
     }
 
@@ -255,7 +260,16 @@ impl RuntimeService for Fake {
     }
 
     async fn status(&self, _r: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
-        Ok(Response::new(StatusResponse::default()))
+        let not_ready = self.state().network_not_ready.clone();
+        let condition = |kind: &str, reason: &str, message: Option<String>| RuntimeCondition {
+            r#type: kind.into(),
+            status: message.is_none(),
+            reason: if message.is_some() { reason.into() } else { String::new() },
+            message: message.unwrap_or_default(),
+        };
+        let conditions =
+            vec![condition("RuntimeReady", "", None), condition("NetworkReady", "NetworkPluginNotReady", not_ready)];
+        Ok(Response::new(StatusResponse { status: Some(RuntimeStatus { conditions }), info: HashMap::new() }))
     }
 }
 
@@ -373,7 +387,7 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
     tokio::spawn(rt.clone().monitor(CancellationToken::new()));
     assert_eq!(rt.check_version().await.unwrap(), ("fake".to_owned(), "1".to_owned()));
 
-    let sb = rt.run_sandbox(&sandbox("u1")).await.unwrap();
+    let sb = rt.run_sandbox(&sandbox("u1")).await.unwrap().id;
     let c = rt.start(&container(&sb, "u1", "localhost/app:1", PullPolicy::IfNotPresent)).await.unwrap();
     {
         let s = fake.state();
@@ -418,7 +432,7 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
     fake.state().sandboxes[0].0.state = PodSandboxState::SandboxNotready.into();
     let err = rt.start(&second).await.unwrap_err();
     assert_eq!(err, RuntimeError::SandboxNotFound(sb.clone()));
-    let replacement = rt.run_sandbox(&sandbox("u1")).await.unwrap();
+    let replacement = rt.run_sandbox(&sandbox("u1")).await.unwrap().id;
     let ids: Vec<String> = fake.state().sandboxes.iter().map(|s| s.0.id.clone()).collect();
     assert_eq!(ids, std::slice::from_ref(&replacement), "the dead sandbox was removed");
     assert_eq!(fake.state().sandboxes[0].1.metadata.as_ref().unwrap().attempt, 1);
@@ -433,7 +447,7 @@ async fn images_follow_the_pull_policy_and_pull_errors_have_the_kubelets_reasons
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::default();
     let rt = started(&fake, dir.path());
-    let sb = rt.run_sandbox(&sandbox("u2")).await.unwrap();
+    let sb = rt.run_sandbox(&sandbox("u2")).await.unwrap().id;
     let err = rt.start(&container(&sb, "u2", "registry.invalid/x:1", PullPolicy::IfNotPresent)).await.unwrap_err();
     let RuntimeError::Image { reason, message } = err else { panic!("{err:?}") };
     assert_eq!(reason, "ErrImagePull");
@@ -454,15 +468,15 @@ async fn stops_execs_adoption_and_reconciliation() {
     let fake = Fake::default();
     fake.state().images.insert("img:1".into());
     let rt = started(&fake, dir.path());
-    let keep = rt.run_sandbox(&sandbox("keep")).await.unwrap();
+    let keep = rt.run_sandbox(&sandbox("keep")).await.unwrap().id;
     let c = rt.start(&container(&keep, "keep", "img:1", PullPolicy::IfNotPresent)).await.unwrap();
-    let gone = rt.run_sandbox(&sandbox("gone")).await.unwrap();
+    let gone = rt.run_sandbox(&sandbox("gone")).await.unwrap().id;
     // A sandbox someone else made (no nodewarden label) is never touched.
     fake.state().sandboxes.push((PodSandbox { id: "foreign".into(), ..PodSandbox::default() }, Default::default()));
 
     // A restarted daemon finds the sandbox and the running container; nothing new is created.
     let fresh = CriRuntime::new(settings(&dir.path().join("cri.sock")), None).unwrap();
-    assert_eq!(fresh.adopt_sandbox(&sandbox("keep")).await.as_deref(), Some(keep.as_str()));
+    assert_eq!(fresh.adopt_sandbox(&sandbox("keep")).await.map(|s| s.id), Some(keep.clone()));
     let adopted = fresh.adopt(&container(&keep, "keep", "img:1", PullPolicy::IfNotPresent), None).await.unwrap();
     assert_eq!(adopted.id, c.id);
     assert_eq!(fresh.adopt_sandbox(&sandbox("never-ran")).await, None);
@@ -497,7 +511,10 @@ async fn an_unreachable_runtime_is_reported_and_its_return_noticed() {
     assert!(err.is_transient(), "{err}");
     let message = err.to_string();
     assert!(message.contains("later.sock") && message.contains("No such file"), "{message}");
-    assert!(rt.health().is_err());
+    let down = rt.health().runtime.unwrap();
+    assert_eq!(down.message, "container runtime is down", "the kubelet's words for the Node");
+    assert!(down.to_string().contains("later.sock"), "the cause for /readyz: {down}");
+    assert_eq!(rt.version(), "containerd://Unknown");
     let err = rt.run_sandbox(&sandbox("u3")).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Unavailable(_)), "{err:?}");
 
@@ -506,12 +523,13 @@ async fn an_unreachable_runtime_is_reported_and_its_return_noticed() {
     fake.state().api_version = "v1".into();
     serve(&fake, &path);
     for _ in 0..250 {
-        if rt.health().is_ok() {
+        if rt.health() == RuntimeHealth::default() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(rt.health(), Ok(()), "healthy once the runtime answers");
+    assert_eq!(rt.health(), RuntimeHealth::default(), "healthy once the runtime answers and says it is ready");
+    assert_eq!(rt.version(), "fake://1", "the version is asked again once the runtime is back");
     rt.run_sandbox(&sandbox("u3")).await.unwrap();
 
     assert!(CriRuntime::new(settings(Path::new("relative.sock")), None).is_err(), "a relative path is refused");
@@ -541,4 +559,49 @@ async fn a_log_is_rotated_by_rename_and_reopen() {
     assert_eq!(std::fs::read_to_string(&to).unwrap(), "old lines\n");
     assert!(!log.exists(), "the runtime makes the new file when it reopens");
     assert_eq!(fake.state().calls.last().map(String::as_str), Some("ReopenContainerLog c1"));
+}
+
+#[tokio::test]
+async fn a_pod_network_that_is_not_ready_holds_pods_off_it_and_not_host_network_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cri.sock");
+    let fake = Fake::default();
+    fake.state().api_version = "v1".into();
+    let message = "Network plugin returns error: cni plugin not initialized";
+    fake.state().network_not_ready = Some(message.into());
+    serve(&fake, &path);
+    let rt = Arc::new(CriRuntime::new(settings(&path), None).unwrap());
+    assert_eq!(rt.health().runtime.unwrap().message, "container runtime status check may not have completed yet");
+    rt.check_version().await.unwrap();
+    tokio::spawn(rt.clone().monitor(CancellationToken::new()));
+    let wanted = format!(
+        "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:{message}"
+    );
+    let mut health = rt.health();
+    for _ in 0..250 {
+        if health.runtime.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        health = rt.health();
+    }
+    assert_eq!((health.runtime, health.network.map(|p| p.message)), (None, Some(wanted.clone())));
+    // A pod on the pod network waits, with the kubelet's message; a host-network pod starts.
+    let pod_network = SandboxSpec { host_network: false, ..sandbox("net") };
+    let err = rt.run_sandbox(&pod_network).await.unwrap_err();
+    assert_eq!(err.to_string(), format!("network is not ready: {wanted}"));
+    assert!(!fake.state().calls.contains(&"RunPodSandbox".to_owned()), "no sandbox was asked for");
+    rt.run_sandbox(&sandbox("host")).await.unwrap();
+    // A CNI config appears: within a relist or two the pod network is ready.
+    fake.state().network_not_ready = None;
+    for _ in 0..250 {
+        if rt.health().network.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rt.health(), RuntimeHealth::default());
+    let running = rt.run_sandbox(&pod_network).await.unwrap();
+    assert_eq!(running.ips, ["10.88.0.9", "fd00::9"], "the pod's IPs, the primary first");
+    assert!(rt.run_sandbox(&sandbox("host2")).await.unwrap().ips.is_empty(), "a host-network pod has the node's");
 }

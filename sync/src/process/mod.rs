@@ -194,6 +194,10 @@ impl Runtime for ProcessRuntime {
         "process"
     }
 
+    fn version(&self) -> String {
+        format!("nodewarden-process://{}", env!("CARGO_PKG_VERSION"))
+    }
+
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
         confine::check(spec)?;
         if spec.command.is_empty() {

@@ -3,7 +3,7 @@
 
 use super::lifecycle::{ContainerSlot, ContainerState, LastExit, Lifecycle, PodState, PrepareStep, Resume, Role};
 use super::{Sandbox, Worker};
-use crate::runtime::{Runtime, SandboxRuntime};
+use crate::runtime::{RunningSandbox, Runtime, SandboxRuntime};
 use crate::state::{self, SavedContainer, SavedPod};
 
 /// The state to save for the next daemon.
@@ -59,13 +59,13 @@ impl<R: Runtime> Worker<R> {
             tracing::warn!(pod = %self.full_name(), error = %e, "cannot prepare an adopted pod's volumes");
         }
         let sandbox = match (self.shared.runtime.sandboxes(), self.sandbox_spec()) {
-            (None, _) => Some(self.uid.clone()),
+            (None, _) => Some(RunningSandbox { id: self.uid.clone(), ips: Vec::new() }),
             (Some(sandboxes), Some(spec)) => sandboxes.adopt_sandbox(&spec).await,
             (Some(_), None) => None,
         };
         let sandbox_lost = sandbox.is_none();
-        if let Some(id) = sandbox {
-            self.sandbox = Sandbox::Running(id);
+        if let Some(running) = sandbox {
+            self.sandbox = Sandbox::Running(running);
         } else {
             // The runtime lost the sandbox, and its containers with it: a new one is made.
             tracing::warn!(pod = %self.full_name(), "no ready sandbox found for an adopted pod; creating a new one");

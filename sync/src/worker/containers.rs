@@ -11,13 +11,13 @@ use super::{Event, Sandbox, Worker};
 /// A runtime call that completed.
 pub(super) enum Completed {
     /// The sandbox was made (its ID), or why not.
-    Sandbox(Result<String, String>),
+    Sandbox(Result<RunningSandbox, String>),
     /// Container `index` was started for run `attempt`, or why not.
     Started { index: usize, attempt: u32, result: Result<Started, StartFailure> },
 }
-use crate::probe::{self, ProbeConfig, ProbeKind};
-use crate::runtime::{ContainerSpec, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started};
-use crate::spec::container_spec;
+use crate::probe::{self, LOOPBACK, ProbeConfig, ProbeKind};
+use crate::runtime::{ContainerSpec, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started};
+use crate::spec::{PodContext, PodIps, container_spec};
 
 impl<R: Runtime> Worker<R> {
     /// The sandbox spec, once the pod is placed.
@@ -29,7 +29,7 @@ impl<R: Runtime> Worker<R> {
     /// Creates the sandbox as a task, where the runtime has sandboxes; the pod cgroup is the sandbox otherwise.
     pub(super) fn run_sandbox(&mut self) -> Option<Input> {
         if self.shared.runtime.sandboxes().is_none() {
-            self.sandbox = Sandbox::Running(self.uid.clone());
+            self.sandbox = Sandbox::Running(RunningSandbox { id: self.uid.clone(), ips: Vec::new() });
             return Some(Input::SandboxReady(Ok(())));
         }
         let Some(spec) = self.sandbox_spec() else { return Some(Input::SandboxReady(Err("pod not placed".into()))) };
@@ -39,9 +39,9 @@ impl<R: Runtime> Worker<R> {
         self.in_flight.spawn(async move {
             let Some(sandboxes) = runtime.sandboxes() else { return Completed::Sandbox(Err("no sandboxes".into())) };
             match sandboxes.run_sandbox(&spec).await {
-                Ok(id) => {
-                    tracing::info!(pod = %full_name, sandbox = %id, "pod sandbox running");
-                    Completed::Sandbox(Ok(id))
+                Ok(running) => {
+                    tracing::info!(pod = %full_name, sandbox = %running.id, ips = ?running.ips, "pod sandbox running");
+                    Completed::Sandbox(Ok(running))
                 }
                 Err(e) => {
                     // A half-made sandbox is not left behind.
@@ -53,10 +53,25 @@ impl<R: Runtime> Worker<R> {
         None
     }
 
+    /// Whether the pod is on the host's network: every pod of a runtime without sandboxes, and `hostNetwork` pods.
+    pub(super) fn on_host_network(&self) -> bool {
+        self.shared.runtime.sandboxes().is_none()
+            || self.pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false)
+    }
+
+    /// The pod's IPs, the primary first: its sandbox's on the pod network, the node's on the host's network;
+    /// none before its sandbox runs.
+    pub(super) fn pod_ips(&self) -> Vec<String> {
+        let Sandbox::Running(running) = &self.sandbox else { return Vec::new() };
+        if self.on_host_network() { self.shared.settings.host_ips.clone() } else { running.ips.clone() }
+    }
+
     /// Takes note of a runtime call that completed and turns it into the machine's input.
     pub(super) fn completed(&mut self, done: Completed) -> Input {
         match done {
-            Completed::Sandbox(result) => Input::SandboxReady(result.map(|id| self.sandbox = Sandbox::Running(id))),
+            Completed::Sandbox(result) => {
+                Input::SandboxReady(result.map(|running| self.sandbox = Sandbox::Running(running)))
+            }
             Completed::Started { index, attempt, result } => {
                 let result = result.map(|started| {
                     let name = self.lifecycle.containers.get(index).map(|c| c.name.clone()).unwrap_or_default();
@@ -85,11 +100,12 @@ impl<R: Runtime> Worker<R> {
                 Ok(crate::subpath::staging_path(root, &self.uid, &v.name, name, index))
             }
         };
-        let settings = &self.shared.settings;
-        let mut spec =
-            container_spec(&self.pod, container, placement, &self.volumes, &settings.log_dir, attempt, &mut stage)?;
+        let pod_ips = self.pod_ips();
+        let ips = PodIps { pod: &pod_ips, host: &self.shared.settings.host_ips };
+        let ctx = PodContext { pod: &self.pod, volumes: &self.volumes, log_root: &self.shared.settings.log_dir, ips };
+        let mut spec = container_spec(&ctx, container, placement, attempt, &mut stage)?;
         spec.sandbox_id = match &self.sandbox {
-            Sandbox::Running(id) => id.clone(),
+            Sandbox::Running(running) => running.id.clone(),
             Sandbox::None | Sandbox::Requested => String::new(),
         };
         Ok(spec)
@@ -148,6 +164,10 @@ impl<R: Runtime> Worker<R> {
     /// The probes of a container, with the kubelet's defaults.
     pub(super) fn probes(&self, name: &str) -> Vec<(ProbeKind, ProbeConfig)> {
         let Some(container) = self.container(name) else { return Vec::new() };
+        // A probe that names no host goes to the pod's IP, as the kubelet's do: on the pod network that is the
+        // pod's own namespace; on the host's, the loopback reaches the same sockets.
+        let host =
+            self.pod_ips().into_iter().next().filter(|_| !self.on_host_network()).unwrap_or_else(|| LOOPBACK.into());
         let mut out = Vec::new();
         for (kind, p) in [
             (ProbeKind::Startup, &container.startup_probe),
@@ -155,7 +175,7 @@ impl<R: Runtime> Worker<R> {
             (ProbeKind::Readiness, &container.readiness_probe),
         ] {
             let Some(p) = p else { continue };
-            match ProbeConfig::from_probe(p, container) {
+            match ProbeConfig::from_probe(p, container, &host) {
                 Ok(cfg) => out.push((kind, cfg)),
                 Err(e) => tracing::warn!(pod = %self.full_name(), container = %name, error = %e, "probe not run"),
             }

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use crate::metrics::SyncMetrics;
 use crate::probe::ProbeKind;
-use crate::runtime::{ExitInfo, Runtime};
+use crate::runtime::{ExitInfo, RunningSandbox, Runtime};
 use crate::store::StatusStore;
 use crate::volumes::{self, PreparedVolume};
 use lifecycle::{Action, Input, Lifecycle, PlaceFailure, PodState, grace_period};
@@ -45,6 +45,9 @@ pub struct SyncSettings {
     pub node_name: String,
     /// Container log rotation.
     pub log_rotation: crate::LogRotation,
+    /// The node's addresses (its `InternalIP`), the primary first: every pod's `hostIP`, and the `podIP` of a
+    /// pod on the host's network. Empty when the node has none but the loopback.
+    pub host_ips: Vec<String>,
 }
 
 /// What the workers share.
@@ -90,8 +93,8 @@ enum Sandbox {
     None,
     /// Asked for (it may exist even if the call was dropped).
     Requested,
-    /// Running, with this ID.
-    Running(String),
+    /// Running.
+    Running(RunningSandbox),
 }
 
 /// The worker's handles on a running container: its exit watcher, its probes and a stop in progress.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
-    self as core, ContainerStateRunning, ContainerStateWaiting, ContainerStatus, Pod, PodStatus,
+    self as core, ContainerStateRunning, ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
@@ -35,6 +35,9 @@ pub(super) struct View<'a> {
     pub uid: &'a str,
     pub scheme: &'static str,
     pub qos: Option<&'static str>,
+    /// The pod's IPs and the node's, the primary first.
+    pub pod_ips: &'a [String],
+    pub host_ips: &'a [String],
 }
 
 fn waiting(reason: &str, message: Option<String>) -> core::ContainerState {
@@ -130,10 +133,15 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
             pod_phase(pod.policy, !pod.initialized(), &apps)
         }
     };
+    let listed = |ips: &[String]| (!ips.is_empty()).then(|| ips.to_vec());
     let mut status = PodStatus {
         qos_class: view.qos.map(str::to_owned),
         start_time: pod.start_time.map(Time),
         phase: Some(phase.as_str().to_owned()),
+        host_ip: view.host_ips.first().cloned(),
+        host_ips: listed(view.host_ips).map(|l| l.into_iter().map(|ip| HostIP { ip }).collect()),
+        pod_ip: view.pod_ips.first().cloned(),
+        pod_ips: listed(view.pod_ips).map(|l| l.into_iter().map(|ip| PodIP { ip }).collect()),
         ..PodStatus::default()
     };
     if let Some(t) = terminal {
@@ -166,11 +174,14 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
 impl<R: Runtime> Worker<R> {
     /// Publishes the pod with its current status.
     pub(super) fn publish(&mut self) {
+        let pod_ips = self.pod_ips();
         let view = View {
             pod: &self.pod,
             uid: &self.uid,
             scheme: self.shared.runtime.scheme(),
             qos: self.placement.as_ref().map(|p| p.qos.as_str()),
+            pod_ips: &pod_ips,
+            host_ips: &self.shared.settings.host_ips,
         };
         let mut status = pod_status(&self.lifecycle, &view, &mut self.conditions, Instant::now());
         if let Some(c) = &self.incident {

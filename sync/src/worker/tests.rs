@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
+    ContainerSpec, ExecOutput, ExitInfo, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
 };
 
 const SIGTERM: i32 = 15;
@@ -88,12 +88,13 @@ impl Fake {
 }
 
 impl SandboxRuntime for Fake {
-    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<String, RuntimeError> {
+    async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<RunningSandbox, RuntimeError> {
         self.sandboxes.lock().unwrap().push(format!("run {}", spec.pod_uid));
-        Ok(format!("sb-{}", spec.pod_uid))
+        let ips = if spec.host_network { vec![] } else { vec!["10.88.0.7".to_owned()] };
+        Ok(RunningSandbox { id: format!("sb-{}", spec.pod_uid), ips })
     }
 
-    async fn adopt_sandbox(&self, _spec: &SandboxSpec) -> Option<String> {
+    async fn adopt_sandbox(&self, _spec: &SandboxSpec) -> Option<RunningSandbox> {
         None
     }
 
@@ -199,6 +200,7 @@ fn harness_on(host: FakeHost) -> Harness {
         log_dir: p.join("logs"),
         node_name: "n".into(),
         log_rotation: crate::LogRotation::default(),
+        host_ips: vec!["192.0.2.10".into()],
     };
     let metrics = SyncMetrics::new(&prometheus::Registry::new()).unwrap();
     let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics);
@@ -554,4 +556,31 @@ async fn start_up_cleans_up_only_what_nodewarden_made() {
     assert!(cg.join("besteffort/podstray").exists(), "a pod cgroup without the mark is left alone");
     assert_eq!(std::fs::read_to_string(root.join("pods/foreign/data")).unwrap(), "keep");
     assert!(!root.join("pods/gone").exists(), "its own stale directory is removed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn pods_report_their_ips_and_the_nodes() {
+    let h = harness();
+    let mut c = app("net");
+    c["env"] = json!([{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]);
+    let mut host = app("host");
+    host["env"] = c["env"].clone();
+    h.set(vec![pod("u20", json!({"containers": [c]})), pod("u21", json!({"hostNetwork": true, "containers": [host]}))])
+        .await;
+    // On the pod network: the sandbox's IP; on the host's: the node's. Both show the node's as hostIP.
+    let v = h.until("u20", "runs", |v| phase(v) == "Running").await;
+    assert_eq!((&v["status"]["podIP"], &v["status"]["podIPs"]), (&json!("10.88.0.7"), &json!([{"ip": "10.88.0.7"}])));
+    assert_eq!(
+        (&v["status"]["hostIP"], &v["status"]["hostIPs"]),
+        (&json!("192.0.2.10"), &json!([{"ip": "192.0.2.10"}]))
+    );
+    let v = h.until("u21", "runs", |v| phase(v) == "Running").await;
+    assert_eq!((&v["status"]["podIP"], &v["status"]["hostIP"]), (&json!("192.0.2.10"), &json!("192.0.2.10")));
+    // The downward API sees the same addresses.
+    let env = |name: &str| {
+        let started = h.fake.started.lock().unwrap();
+        let spec = &started.iter().find(|(_, s)| s.name == name).unwrap().1;
+        spec.env.iter().find(|(k, _)| k == "POD_IP").map(|(_, v)| v.clone())
+    };
+    assert_eq!((env("net").as_deref(), env("host").as_deref()), (Some("10.88.0.7"), Some("192.0.2.10")));
 }
