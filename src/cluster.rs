@@ -59,6 +59,7 @@ impl FactSource for DaemonFacts {
             pid_pressure: pressure.contains(Condition::PidPressure),
             not_ready,
             runtime_version: self.shared.pods.runtime_version(),
+            images: self.shared.pods.runtime_images().into_iter().map(|i| (i.names, i.size_bytes)).collect(),
         }
     }
 }
@@ -86,6 +87,7 @@ pub fn settings(c: &Config) -> ClusterSettings {
         status_report_frequency: c.node_status_report_frequency,
         daemon_port: c.healthz.map_or(0, |a| a.port()),
         node_ip: None,
+        max_images: c.node_status_max_images,
     }
 }
 

@@ -255,6 +255,12 @@ fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived(
     let node = api.get("nodes", None, "vm").unwrap();
     let version = node["status"]["nodeInfo"]["containerRuntimeVersion"].as_str().unwrap();
     assert!(version.starts_with("containerd://"), "{version}");
+    // The images containerd holds, the largest first, with their names.
+    let images = node["status"]["images"].as_array().unwrap();
+    let named = |name: &str| images.iter().any(|i| i["names"].as_array().is_some_and(|n| n.iter().any(|x| x == name)));
+    assert!(named("localhost/busybox:1") && named("localhost/pause:1"), "{images:#?}");
+    let sizes: Vec<i64> = images.iter().map(|i| i["sizeBytes"].as_i64().unwrap()).collect();
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
     let p = n.pod("keep").unwrap();
     assert!(running(&p) && container_id(&p) == id, "the pod did not survive: {p:#}");
     // ... and new pods start again.

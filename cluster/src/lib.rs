@@ -73,6 +73,8 @@ pub struct ClusterSettings {
     pub daemon_port: u16,
     /// The node's address, if configured; else the address of the default route's interface.
     pub node_ip: Option<IpAddr>,
+    /// `nodeStatusMaxImages`: the most images `status.images` lists, the largest first; `None` for all.
+    pub max_images: Option<usize>,
 }
 
 impl ClusterSettings {
@@ -104,6 +106,8 @@ pub struct NodeFacts {
     pub not_ready: Vec<String>,
     /// `<runtime>://<version>`, or `Unknown`.
     pub runtime_version: String,
+    /// The images the runtime holds: (names, digests first, then tags; size in bytes).
+    pub images: Vec<(Vec<String>, u64)>,
 }
 
 /// Where the node side reads the facts it reports.

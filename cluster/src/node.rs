@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSystemInfo,
+    ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -107,9 +108,27 @@ pub fn status(
             swap: None,
             system_uuid: host.system_uuid.clone(),
         }),
-        images: Some(Vec::new()),
+        images: Some(images(&facts.images, settings.max_images)),
         ..NodeStatus::default()
     }
+}
+
+/// The most names one image shows (the kubelet's `maxNamesPerImageInNodeStatus`).
+const MAX_NAMES_PER_IMAGE: usize = 5;
+
+/// `status.images` as the kubelet lists them: the largest first, at most `max` of them, each with at most
+/// [`MAX_NAMES_PER_IMAGE`] names.
+fn images(all: &[(Vec<String>, u64)], max: Option<usize>) -> Vec<ContainerImage> {
+    let mut sorted: Vec<&(Vec<String>, u64)> = all.iter().collect();
+    sorted.sort_by_key(|i| std::cmp::Reverse(i.1));
+    sorted
+        .into_iter()
+        .take(max.unwrap_or(usize::MAX))
+        .map(|(names, size)| ContainerImage {
+            names: Some(names.iter().take(MAX_NAMES_PER_IMAGE).cloned().collect()),
+            size_bytes: Some(i64::try_from(*size).unwrap_or(i64::MAX)),
+        })
+        .collect()
 }
 
 /// The Node to register: labels (the defaults, then `nodeLabels`), the attach-detach annotation, taints,

@@ -36,6 +36,11 @@ fn facts() -> Arc<Facts> {
             ("pods".into(), "110".into()),
         ]),
         runtime_version: "nodewarden-process://0.1.0".into(),
+        images: vec![
+            (vec!["localhost/small:1".into()], 10),
+            (vec!["sha256:big".into(), "localhost/big:1".into()], 3000),
+            (vec!["localhost/mid:1".into()], 200),
+        ],
         ..NodeFacts::default()
     })))
 }
@@ -52,6 +57,7 @@ fn settings(node: &str) -> ClusterSettings {
         status_report_frequency: Duration::from_secs(60),
         daemon_port: 10248,
         node_ip: None,
+        max_images: Some(2),
     }
 }
 
@@ -120,6 +126,14 @@ async fn a_node_registers_heartbeats_and_reports_changes_at_once() {
     assert_eq!(node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10248);
     assert_eq!(node["status"]["nodeInfo"]["containerRuntimeVersion"], "nodewarden-process://0.1.0");
     assert_eq!(node["status"]["nodeInfo"]["architecture"], labels["kubernetes.io/arch"]);
+    // The largest images first, at most nodeStatusMaxImages (2 here).
+    assert_eq!(
+        node["status"]["images"],
+        serde_json::json!([
+            {"names": ["sha256:big", "localhost/big:1"], "sizeBytes": 3000},
+            {"names": ["localhost/mid:1"], "sizeBytes": 200}
+        ])
+    );
     let kinds: Vec<&str> =
         node["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"], "Ready last");

@@ -51,7 +51,6 @@ pub const IGNORED: &[&str] = &[
     "podCIDR",
     "resolvConf",
     "runOnce",
-    "nodeStatusMaxImages",
     "contentType",
     "maxParallelImagePulls",
     "podsPerCore",

@@ -101,6 +101,8 @@ pub struct Config {
     pub node_labels: BTreeMap<String, String>,
     /// `providerID`, if set.
     pub provider_id: Option<String>,
+    /// `nodeStatusMaxImages`: the most images the Node's status lists; `None` (-1) for all.
+    pub node_status_max_images: Option<usize>,
     /// `kubeAPIQPS` and `kubeAPIBurst`: the main apiserver client's rate limit.
     pub kube_api_qps: f64,
     /// `kubeAPIBurst`.
@@ -413,6 +415,14 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     let kube_api_burst =
         u32::try_from(burst).map_err(|_| ConfigError::field("kubeAPIBurst", format!("{burst} is out of range")))?;
     let provider_id = required(&c.provider_id, "providerID")?;
+    let max_images = *required(&c.node_status_max_images, "nodeStatusMaxImages")?;
+    let node_status_max_images =
+        match max_images {
+            -1 => None,
+            n => Some(usize::try_from(n).map_err(|_| {
+                ConfigError::field("nodeStatusMaxImages", format!("{n} must be -1 (no limit) or greater"))
+            })?),
+        };
 
     let nw = required(&c.nodewarden, "nodewarden")?;
     let housekeeping_interval = duration_field(
@@ -514,6 +524,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         #[allow(clippy::cast_precision_loss)]
         kube_api_qps: qps as f64,
         kube_api_burst,
+        node_status_max_images,
         cgroup_mount: PathBuf::from(required(&nw.cgroup_mount, "nodewarden.cgroupMount")?),
         nodefs_path: PathBuf::from(required(&nw.nodefs_path, "nodewarden.nodefsPath")?),
         imagefs_path: PathBuf::from(required(&nw.imagefs_path, "nodewarden.imagefsPath")?),

@@ -73,6 +73,8 @@ pub struct KubeletConfiguration {
     pub node_labels: Option<BTreeMap<String, String>>,
     #[serde(rename = "providerID", skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_status_max_images: Option<i64>,
     #[serde(rename = "kubeAPIQPS", skip_serializing_if = "Option::is_none")]
     pub kube_api_qps: Option<i64>,
     #[serde(rename = "kubeAPIBurst", skip_serializing_if = "Option::is_none")]
@@ -195,6 +197,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "registerWithTaints",
     "nodeLabels",
     "providerID",
+    "nodeStatusMaxImages",
     "kubeAPIQPS",
     "kubeAPIBurst",
     "cgroupRoot",
@@ -266,6 +269,7 @@ impl KubeletConfiguration {
         or(&mut self.register_with_taints, Vec::new());
         or(&mut self.node_labels, BTreeMap::new());
         or(&mut self.provider_id, String::new());
+        or(&mut self.node_status_max_images, 50);
         if self.kube_api_qps.is_none_or(|q| q == 0) {
             self.kube_api_qps = Some(50);
         }

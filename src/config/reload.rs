@@ -53,6 +53,7 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
         register_with_taints => "registerWithTaints",
         node_labels => "nodeLabels",
         provider_id => "providerID",
+        node_status_max_images => "nodeStatusMaxImages",
         kube_api_qps => "kubeAPIQPS",
         kube_api_burst => "kubeAPIBurst",
         cgroup_root => "cgroupRoot",

@@ -96,6 +96,9 @@ fn node_status_and_registration_fields_follow_the_kubelet() {
     assert_eq!(c.node_lease_duration, Duration::from_secs(40));
     assert!(c.register_node);
     assert_eq!((c.kube_api_qps, c.kube_api_burst), (50.0, 100));
+    assert_eq!(c.node_status_max_images, Some(50));
+    assert_eq!(parse(&format!("{HEAD}nodeStatusMaxImages: -1\n")).unwrap().node_status_max_images, None);
+    assert_eq!(parse(&format!("{HEAD}nodeStatusMaxImages: 0\n")).unwrap().node_status_max_images, Some(0));
     // Only the update frequency given: the report frequency follows it.
     let c = parse(&format!("{HEAD}nodeStatusUpdateFrequency: 4s\n")).unwrap();
     assert_eq!(c.node_status_report_frequency, Duration::from_secs(4));
@@ -120,6 +123,7 @@ fn node_status_and_registration_fields_follow_the_kubelet() {
         ("registerWithTaints:\n- {key: a, effect: Sometimes}\n", "registerWithTaints[0].effect"),
         ("nodeLeaseDurationSeconds: -1\n", "nodeLeaseDurationSeconds"),
         ("kubeAPIQPS: -5\n", "kubeAPIQPS"),
+        ("nodeStatusMaxImages: -2\n", "nodeStatusMaxImages"),
     ] {
         let (f, reason) = field_error(&format!("{HEAD}{text}"));
         assert_eq!(f, field, "{text}: {reason}");

@@ -36,8 +36,8 @@ pub use manifest::{
 pub use metrics::SyncMetrics;
 pub use process::{ProcessRuntime, START_FAILED};
 pub use runtime::{
-    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, LinuxResources, Mount, NoSandboxes, Problem, PullPolicy,
-    RunningSandbox, Runtime, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
+    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, Mount, NoSandboxes, Problem,
+    PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
 };
 pub use selected::SelectedRuntime;
 pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::SyncMetrics;
-use crate::runtime::{Runtime, RuntimeHealth};
+use crate::runtime::{ImageSummary, Runtime, RuntimeHealth};
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
 use crate::worker::{Reason, Shared, SyncSettings, TerminateRequest, Worker, kill_and_release};
@@ -311,6 +311,11 @@ impl<R: Runtime> PodManager<R> {
     /// Whether the runtime can run containers, and pods on the pod network.
     pub fn runtime_health(&self) -> RuntimeHealth {
         self.ctx.runtime.health()
+    }
+
+    /// The images the runtime holds, as it last listed them.
+    pub fn runtime_images(&self) -> Vec<ImageSummary> {
+        self.ctx.runtime.images()
     }
 
     /// The runtime's `<name>://<version>`, as it last said.

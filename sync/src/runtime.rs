@@ -279,6 +279,15 @@ pub struct RuntimeHealth {
     pub network: Option<Problem>,
 }
 
+/// An image the runtime holds, as the Node's `status.images` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageSummary {
+    /// Its digests, then its tags.
+    pub names: Vec<String>,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+}
+
 /// A runtime failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {
@@ -338,6 +347,11 @@ pub trait Runtime: Send + Sync + 'static {
     /// (the process runtime) keeps the default.
     fn health(&self) -> RuntimeHealth {
         RuntimeHealth::default()
+    }
+
+    /// The images the runtime holds, as it last listed them; none for a runtime without images.
+    fn images(&self) -> Vec<ImageSummary> {
+        Vec::new()
     }
 
     /// `<name>://<version>` as the Node's `containerRuntimeVersion` shows it, as the runtime last said; the

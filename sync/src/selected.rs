@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
-use crate::runtime::{ContainerSpec, ExecOutput, ExitInfo, Runtime, RuntimeError, RuntimeHealth, Started};
+use crate::runtime::{
+    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, Runtime, RuntimeError, RuntimeHealth, Started,
+};
 
 /// The runtime in use.
 #[derive(Debug)]
@@ -51,6 +53,10 @@ impl Runtime for SelectedRuntime {
 
     fn version(&self) -> String {
         each!(self, r => r.version())
+    }
+
+    fn images(&self) -> Vec<ImageSummary> {
+        each!(self, r => r.images())
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {

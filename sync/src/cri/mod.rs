@@ -26,8 +26,8 @@ pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESP
 pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth,
-    SandboxRuntime, SandboxSpec, Started, exit_reason,
+    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, PullPolicy, RunningSandbox, Runtime, RuntimeError,
+    RuntimeHealth, SandboxRuntime, SandboxSpec, Started, exit_reason,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
@@ -37,6 +37,10 @@ const SANDBOX_CHECK_EVERY: u32 = 10;
 /// The runtime's `Status` is asked every this many relists while it is ready (the kubelet asks every 5 s), and
 /// at every relist while it is not.
 const STATUS_EVERY: u32 = 5;
+
+/// The images are listed every this many relists (the kubelet's image cache is refreshed every 30 s), and at
+/// the next relist after a pull.
+const IMAGES_EVERY: u32 = 30;
 
 /// How long an image pull may take.
 const PULL_DEADLINE: Duration = Duration::from_secs(30 * 60);
@@ -67,6 +71,8 @@ pub struct CriRuntime {
     health: Mutex<RuntimeHealth>,
     /// `<name>://<version>` from the last `Version` answer.
     version: Mutex<Option<String>>,
+    /// The images from the last `ListImages`; `None` until listed, and again after a pull.
+    images: Mutex<Option<Vec<ImageSummary>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -120,6 +126,7 @@ impl CriRuntime {
             waiters: Mutex::new(HashMap::new()),
             health: Mutex::new(health::unchecked()),
             version: Mutex::new(None),
+            images: Mutex::new(None),
         })
     }
 
@@ -141,6 +148,20 @@ impl CriRuntime {
         }
         *lock(&self.version) = Some(format!("{}://{}", v.runtime_name, v.runtime_version));
         Ok((v.runtime_name, v.runtime_version))
+    }
+
+    /// Lists the images for the Node's status; a failure keeps the last list.
+    async fn list_images(&self) {
+        match self.client.list_images().await {
+            Ok(images) => {
+                let summaries = images
+                    .into_iter()
+                    .map(|i| ImageSummary { names: [i.repo_digests, i.repo_tags].concat(), size_bytes: i.size })
+                    .collect();
+                *lock(&self.images) = Some(summaries);
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot list the images"),
+        }
     }
 
     /// The sandbox's addresses on the pod network, the primary first (`PodSandboxStatus`).
@@ -166,6 +187,9 @@ impl CriRuntime {
                     let unwell = { let h = lock(&self.health); h.runtime.is_some() || h.network.is_some() };
                     if answered && (unwell || n.is_multiple_of(STATUS_EVERY)) {
                         self.check_status().await;
+                    }
+                    if answered && (n.is_multiple_of(IMAGES_EVERY) || lock(&self.images).is_none()) {
+                        self.list_images().await;
                     }
                 }
                 () = shutdown.cancelled() => return,
@@ -294,6 +318,7 @@ impl CriRuntime {
         match self.client.pull_image(req, PULL_DEADLINE).await {
             Ok(image_ref) => {
                 tracing::info!(image = %spec.image, %image_ref, "image pulled");
+                *lock(&self.images) = None;
                 Ok(())
             }
             Err(e) => Err(RuntimeError::Image {
@@ -421,6 +446,10 @@ impl Runtime for CriRuntime {
 
     fn health(&self) -> RuntimeHealth {
         lock(&self.health).clone()
+    }
+
+    fn images(&self) -> Vec<ImageSummary> {
+        lock(&self.images).clone().unwrap_or_default()
     }
 
     fn version(&self) -> String {

@@ -401,6 +401,14 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
             ["Version", "RunPodSandbox", "PullImage localhost/app:1", "CreateContainer", "StartContainer"]
         );
     }
+    // The images are listed again after the pull, for the Node's status.
+    for _ in 0..250 {
+        if !rt.images().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rt.images().iter().map(|i| i.names.clone()).collect::<Vec<_>>(), [["localhost/app:1"]]);
     // The image is present now: a second container does not pull it again.
     let mut second = container(&sb, "u1", "localhost/app:1", PullPolicy::IfNotPresent);
     second.name = "second".into();
