@@ -16,9 +16,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::daemon::{NodeResources, Shared};
 
-/// The readiness checks that make the Node's `Ready` condition besides the runtime's own, with the wording of
-/// the kubelet's messages (`PLEG is not healthy: ...`). The eviction inputs are left out: a missing input drops
-/// some signals but the node still works.
+/// The readiness checks that make the Node's `Ready` condition besides the runtime's own, worded as the
+/// kubelet words its health checks (`<check> is not healthy: <why>`). The eviction inputs are left out: a
+/// missing input drops some signals but the node still works.
 const READY_CHECKS: &[(&str, &str)] = &[
     ("podsync", "pod sync is not healthy"),
     ("eviction", "eviction manager is not healthy"),
@@ -31,9 +31,9 @@ struct DaemonFacts {
 }
 
 impl DaemonFacts {
-    /// Why the node is not Ready now, in the kubelet's words: the runtime's problems as the kubelet words them
-    /// (`container runtime is down`, `container runtime network not ready: NetworkReady=false ...`), then the
-    /// other checks of `/readyz`.
+    /// Why the node is not Ready now, in the kubelet's words and order: the runtime's own problem (`container
+    /// runtime is down`, `container runtime not ready: ...`), the other checks of `/readyz` (as the kubelet's
+    /// health checks), then the network's (`container runtime network not ready: NetworkReady=false ...`).
     fn not_ready(&self) -> Vec<String> {
         let runtime = self.shared.pods.runtime_health();
         let checks = self.shared.readiness();
@@ -41,7 +41,8 @@ impl DaemonFacts {
             let (_, result) = checks.iter().find(|(n, _)| n == name)?;
             result.as_ref().err().map(|e| format!("{wording}: {e}"))
         });
-        [runtime.runtime, runtime.network].into_iter().flatten().map(|p| p.message).chain(others).collect()
+        let own = runtime.runtime.map(|p| p.message);
+        own.into_iter().chain(others).chain(runtime.network.map(|p| p.message)).collect()
     }
 }
 

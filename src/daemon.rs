@@ -282,9 +282,17 @@ pub enum DaemonError {
     Other(#[from] anyhow::Error),
 }
 
-/// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits; with `kubeconfig`
-/// the node joins the cluster it names.
-pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>) -> Result<(), DaemonError> {
+/// The flags of `nodewarden run` beside the config file (the kubelet's, and restart-only as its are).
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    /// `--kubeconfig`: the node joins the cluster it names.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--node-ip`: the node's address, instead of the one found.
+    pub node_ip: Option<std::net::IpAddr>,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits.
+pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), DaemonError> {
     for f in &config.ignored {
         tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
     }
@@ -335,7 +343,7 @@ pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>)
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let runtime = select_runtime(&config, &fs, &metrics, &tasks, &shutdown).await?;
-    let node_ip = nodewarden_cluster::node_ip();
+    let node_ip = flags.node_ip.or_else(nodewarden_cluster::node_ip);
     let settings = SyncSettings {
         root_dir: config.root_dir.clone(),
         log_dir: config.pod_logs_dir.clone(),
@@ -384,7 +392,7 @@ pub async fn run(mut config: Config, path: PathBuf, kubeconfig: Option<PathBuf>)
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.
-    if let Some(kubeconfig) = &kubeconfig {
+    if let Some(kubeconfig) = &flags.kubeconfig {
         let status = crate::cluster::start(kubeconfig, &shared, &tasks, &shutdown).await.context("--kubeconfig")?;
         let _ = shared.cluster.set(status);
     }

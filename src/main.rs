@@ -1,6 +1,7 @@
 //! nodewarden: the part of a kubelet that decides whether a node survives.
 //!
-//! `nodewarden run --config PATH [--kubeconfig PATH]` runs the daemon (joined to a cluster with a kubeconfig); `nodewarden check-config PATH` validates a config and prints
+//! `nodewarden run --config PATH [--kubeconfig PATH] [--node-ip IP]` runs the daemon (joined to a cluster with a
+//! kubeconfig); `nodewarden check-config PATH` validates a config and prints
 //! the effective values.
 
 mod cluster;
@@ -62,6 +63,11 @@ enum Command {
         /// reports its status there (the kubelet's flag). Without it, nodewarden runs standalone.
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
+        /// The node's address (the kubelet's flag): the Node's `InternalIP` and every pod's `hostIP`. Without it
+        /// (or with `0.0.0.0` or `::`), the address of the interface that routes out, else the host name's in
+        /// `/etc/hosts`.
+        #[arg(long)]
+        node_ip: Option<std::net::IpAddr>,
     },
     /// Validate a config file and print the effective configuration.
     CheckConfig {
@@ -102,7 +108,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { path } => check_config(&path).into(),
-        Command::Run { config, kubeconfig } => run(&config, kubeconfig).into(),
+        Command::Run { config, kubeconfig, node_ip } => {
+            run(&config, daemon::Flags { kubeconfig, node_ip: node_ip.filter(|ip| !ip.is_unspecified()) }).into()
+        }
         Command::Cri { endpoint, request_timeout, command } => cri_command(&endpoint, request_timeout, command),
     }
 }
@@ -126,7 +134,7 @@ fn check_config(path: &std::path::Path) -> Exit {
     }
 }
 
-fn run(path: &std::path::Path, kubeconfig: Option<PathBuf>) -> Exit {
+fn run(path: &std::path::Path, flags: daemon::Flags) -> Exit {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -149,7 +157,7 @@ fn run(path: &std::path::Path, kubeconfig: Option<PathBuf>) -> Exit {
             return Exit::Failure;
         }
     };
-    match runtime.block_on(daemon::run(config, path.to_path_buf(), kubeconfig)) {
+    match runtime.block_on(daemon::run(config, path.to_path_buf(), flags)) {
         Ok(()) => Exit::Ok,
         Err(daemon::DaemonError::KernelDefaults(e)) => {
             tracing::error!("{e}");

@@ -11,10 +11,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nodewarden_testapi::TestApi;
+use nodewarden_testapi::{Fault, TestApi};
 use serde_json::Value;
 
 const NODE: &str = "vm-node";
+/// The address given with `--node-ip` (TEST-NET-1: the VM has no other).
+const NODE_IP: &str = "192.0.2.44";
 
 /// The kubectl to use: NODEWARDEN_KUBECTL; required in the VM run, else the test is skipped.
 fn kubectl_binary() -> Option<PathBuf> {
@@ -70,11 +72,11 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     .unwrap();
     let top = format!(
         "  nodeName: {NODE}\nstaticPodPath: {}\nnodeLeaseDurationSeconds: 8\n\
-         nodeLabels:\n  example.com/rack: r1\n",
+         evictionPressureTransitionPeriod: 5s\nnodeLabels:\n  example.com/rack: r1\n",
         manifests.display()
     );
     let mut d = Daemon::new("cluster", &top);
-    d.args = vec!["--kubeconfig".into(), node_kubeconfig.display().to_string()];
+    d.args = vec!["--kubeconfig".into(), node_kubeconfig.display().to_string(), "--node-ip".into(), NODE_IP.into()];
     d.start();
     // /readyz includes the apiserver check: ready means registered and heartbeating.
     d.wait_ready();
@@ -93,6 +95,8 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     assert_eq!(condition(&node, "Ready")["status"], "True", "{node:#}");
     assert_eq!(condition(&node, "Ready")["reason"], "KubeletReady");
     assert_eq!(node["metadata"]["labels"]["example.com/rack"], "r1");
+    let addresses = node["status"]["addresses"].as_array().unwrap();
+    assert!(addresses.iter().any(|a| a["type"] == "InternalIP" && a["address"] == NODE_IP), "{addresses:?}");
     assert_eq!(node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"], u64::from(d.port));
     let capacity = &node["status"]["capacity"];
     assert!(capacity["memory"].as_str().unwrap().ends_with("Ki"), "{capacity}");
@@ -120,6 +124,10 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     };
     wait_until(30, "the quiet pod running", || quiet_pid().is_some());
     let pid = quiet_pid();
+    // A pod of the process runtime is on the host's network: its IP is the node's, as is its hostIP.
+    let pods: Value = serde_json::from_str(&get(port, "/pods").unwrap().1).unwrap();
+    let status = &pods["items"][0]["status"];
+    assert_eq!((&status["podIP"], &status["hostIP"]), (&Value::from(NODE_IP), &Value::from(NODE_IP)), "{status:#}");
 
     // A soft memory threshold above what is available (with a long grace, so nothing is evicted):
     // MemoryPressure goes True in the apiserver within a second of the eviction manager seeing it (the status is
@@ -150,30 +158,53 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     let events = kubectl(&kubectl_bin, &admin, &["get", "events", "-n", "default", "-o", "json"]);
     assert!(events.contains("Node vm-node status is now: NodeHasInsufficientMemory"), "{events}");
 
-    // The apiserver away for over 30 s: /readyz names it with the heartbeat's age, the pod is untouched, and the
-    // heartbeats resume within a renewal interval (2 s) plus the back-off once it is back.
+    // The apiserver away for 60 s: 30 s refusing connections, then 30 s answering 503. /readyz names it with the
+    // heartbeat's age, the pod is untouched, and the eviction manager keeps deciding: the soft threshold is
+    // dropped, and 5 s later (evictionPressureTransitionPeriod) MemoryPressure is over on the node, which the
+    // apiserver hears of once it is back.
     api.set_up(false);
     wait_until(30, "/readyz naming the apiserver", || {
         get(d.port, "/readyz?verbose").is_some_and(|(s, b)| s != 200 && b.contains("apiserver"))
     });
     let (_, body) = get(d.port, "/readyz?verbose").unwrap();
     assert!(body.contains("last heartbeat accepted"), "{body}");
-    // Through the outage the eviction loop keeps passing and pod sync keeps ticking; only the apiserver fails.
+    std::fs::write(d.config_path(), &config).unwrap();
     let outage = Instant::now();
-    while outage.elapsed() < Duration::from_secs(25) {
+    let mut answering_503 = false;
+    while outage.elapsed() < Duration::from_secs(60) {
+        if !answering_503 && outage.elapsed() >= Duration::from_secs(30) {
+            api.set_fault(Fault { status: Some(503), ..Fault::default() });
+            api.set_up(true);
+            answering_503 = true;
+        }
         let (_, body) = get(port, "/readyz?verbose").unwrap();
-        for check in ["eviction", "podsync", "runtime", "cgroupfs"] {
+        for check in ["eviction", "podsync", "runtime", "network", "cgroupfs"] {
             assert!(body.contains(&format!("[+]{check} ok")), "{check} failed during the outage:\n{body}");
         }
         assert!(body.contains("[-]apiserver failed"), "{body}");
         std::thread::sleep(Duration::from_secs(1));
     }
+    let (_, evictions) = get(port, "/evictions").unwrap();
+    assert!(
+        !evictions.contains("MemoryPressure"),
+        "the eviction manager did not decide during the outage: {evictions}"
+    );
+    assert_eq!(
+        condition(&api.get("nodes", None, NODE).unwrap(), "MemoryPressure")["status"],
+        "True",
+        "nothing reached the apiserver during the outage"
+    );
+    assert!(api.requests().iter().any(|r| r.status == 503 && r.path.contains("/leases/")), "503s were answered");
     assert_eq!(quiet_pid(), pid, "the pod kept running through the outage");
-    api.set_up(true);
+    api.set_fault(Fault::default());
     let back = Instant::now();
     wait_until(20, "/readyz after the outage", || get(d.port, "/readyz").is_some_and(|(s, _)| s == 200));
     eprintln!("heartbeats resumed {:?} after the apiserver came back", back.elapsed());
     assert!(back.elapsed() < Duration::from_secs(10), "{:?}", back.elapsed());
+    // What changed during the outage is reported once it is over.
+    wait_until(20, "MemoryPressure False in the apiserver", || {
+        api.get("nodes", None, NODE).is_some_and(|n| condition(&n, "MemoryPressure")["status"] == "False")
+    });
 
     // kill -9 and a restart: the same Node and Lease, nothing created twice.
     let uid = api.get("nodes", None, NODE).unwrap()["metadata"]["uid"].clone();

@@ -14,7 +14,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
@@ -242,9 +242,12 @@ fn a_restarted_daemon_adopts_its_sandboxes_and_containerd_restarts_are_survived(
     let pid = containerd_pid().expect("containerd is not running");
     Command::new("kill").arg(pid.to_string()).status().unwrap();
     wait_until(30, "containerd stopped", || containerd_pid().is_none());
-    wait_until(30, "/readyz failed", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s != 200));
+    // As the kubelet, the runtime is down once no Status said it was ready for 30 s.
+    let stopped = Instant::now();
+    wait_until(60, "/readyz failed", || get(n.d.port, "/readyz").is_some_and(|(s, _)| s != 200));
+    assert!(stopped.elapsed() >= Duration::from_secs(25), "down before 30 s: {:?}", stopped.elapsed());
     let (_, body) = get(n.d.port, "/readyz?verbose").unwrap();
-    assert!(body.contains("runtime"), "{body}");
+    assert!(body.contains("[-]runtime failed: container runtime is down: "), "{body}");
     // The Node says why it is not Ready, with the kubelet's words.
     wait_until(30, "the Node NotReady", || ready(&api).is_some_and(|(s, _)| s == "False"));
     let (_, message) = ready(&api).unwrap();

@@ -63,7 +63,7 @@ pub fn node_ip() -> Option<IpAddr> {
 }
 
 impl HostInfo {
-    /// Reads the running machine, with `node_ip` (the kubelet's `--node-ip`) as the address if given.
+    /// Reads the running machine; `node_ip` is its address (`--node-ip`, or what [`node_ip`] found at start).
     pub fn read(node_ip: Option<IpAddr>) -> HostInfo {
         let hostname = hostname();
         let os_image = std::fs::read_to_string("/etc/os-release")
@@ -71,7 +71,7 @@ impl HostInfo {
             .and_then(|t| pretty_name(&t))
             .unwrap_or_else(|| "Linux".to_owned());
         HostInfo {
-            internal_ip: node_ip.or_else(self::node_ip).map(|ip| ip.to_string()),
+            internal_ip: node_ip.map(|ip| ip.to_string()),
             machine_id: first_line(Path::new("/etc/machine-id")),
             system_uuid: first_line(Path::new("/sys/class/dmi/id/product_uuid")),
             boot_id: first_line(Path::new("/proc/sys/kernel/random/boot_id")),

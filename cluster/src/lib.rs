@@ -71,7 +71,7 @@ pub struct ClusterSettings {
     pub status_report_frequency: Duration,
     /// The port reported in `daemonEndpoints.kubeletEndpoint` (the port nodewarden serves, 0 if none).
     pub daemon_port: u16,
-    /// The node's address, if configured; else the address of the default route's interface.
+    /// The node's `InternalIP`: `--node-ip`, or the address [`node_ip`] found at start; none if neither.
     pub node_ip: Option<IpAddr>,
     /// `nodeStatusMaxImages`: the most images `status.images` lists, the largest first; `None` for all.
     pub max_images: Option<usize>,
@@ -104,7 +104,7 @@ pub struct NodeFacts {
     pub pid_pressure: bool,
     /// Why the node is not Ready (empty when it is): the runtime, its network, pod sync, the eviction loop.
     pub not_ready: Vec<String>,
-    /// `<runtime>://<version>`, or `Unknown`.
+    /// `<runtime>://<version>`, the version `Unknown` while the runtime does not answer.
     pub runtime_version: String,
     /// The images the runtime holds: (names, digests first, then tags; size in bytes).
     pub images: Vec<(Vec<String>, u64)>,

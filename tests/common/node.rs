@@ -13,15 +13,17 @@ pub struct Node {
     pub manifests: PathBuf,
     pub logs: PathBuf,
     pub root: PathBuf,
-    /// A file system of the node's own, unmounted (lazily) when the node is dropped.
-    pub tmpfs: Option<PathBuf>,
+    /// A file system of the node's own. Last, so it is unmounted once the daemon (dropped first) is gone.
+    pub tmpfs: Option<Tmpfs>,
 }
 
-impl Drop for Node {
+/// A tmpfs mounted for a test, unmounted (lazily: the killed pods may still hold files) when dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
     fn drop(&mut self) {
-        if let Some(dir) = &self.tmpfs {
-            let _ = std::process::Command::new("umount").arg("-l").arg(dir).status();
-        }
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 
@@ -60,9 +62,10 @@ pub fn node_on_tmpfs(mib: u64, name: &str, nodewarden: &str, top: &str) -> Node 
         .status()
         .unwrap();
     assert!(status.success(), "cannot mount a tmpfs at {}", dir.display());
+    let mounted = Tmpfs(dir.clone());
     let fs = format!("  nodefsPath: {0}\n  imagefsPath: {0}\n{nodewarden}", dir.display());
-    let mut n = node_in(dir.clone(), name, &fs, top);
-    n.tmpfs = Some(dir);
+    let mut n = node_in(dir, name, &fs, top);
+    n.tmpfs = Some(mounted);
     n
 }
 

@@ -34,13 +34,8 @@ use crate::runtime::{
 /// cost the daemon about 1 % of a CPU with 10 pods in the emulated guest.
 const SANDBOX_CHECK_EVERY: u32 = 10;
 
-/// The runtime's `Status` is asked every this many relists while it is ready (the kubelet asks every 5 s), and
-/// at every relist while it is not.
-const STATUS_EVERY: u32 = 5;
-
-/// The images are listed every this many relists (the kubelet's image cache is refreshed every 30 s), and at
-/// the next relist after a pull.
-const IMAGES_EVERY: u32 = 30;
+/// The scheme of container IDs (`containerd://...`), and the runtime's name until its `Version` answered.
+const SCHEME: &str = "containerd";
 
 /// How long an image pull may take.
 const PULL_DEADLINE: Duration = Duration::from_secs(30 * 60);
@@ -68,11 +63,8 @@ pub struct CriRuntime {
     sandboxes: Mutex<HashMap<String, (SandboxSpec, PodSandboxConfig)>>,
     /// Containers whose exit is awaited.
     waiters: Mutex<HashMap<String, watch::Sender<Option<ExitInfo>>>>,
-    health: Mutex<RuntimeHealth>,
-    /// `<name>://<version>` from the last `Version` answer.
-    version: Mutex<Option<String>>,
-    /// The images from the last `ListImages`; `None` until listed, and again after a pull.
-    images: Mutex<Option<Vec<ImageSummary>>>,
+    /// The runtime's health, version and images, as the monitor last learnt them.
+    known: Mutex<health::Known>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -124,9 +116,7 @@ impl CriRuntime {
             pulls: tokio::sync::Mutex::new(()),
             sandboxes: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
-            health: Mutex::new(health::unchecked()),
-            version: Mutex::new(None),
-            images: Mutex::new(None),
+            known: Mutex::new(health::Known::new(SCHEME)),
         })
     }
 
@@ -136,7 +126,7 @@ impl CriRuntime {
         let v = match v {
             Ok(v) => v,
             Err(e) => {
-                self.set_down(&e);
+                self.set_failed(&e);
                 return Err(e.into());
             }
         };
@@ -146,22 +136,8 @@ impl CriRuntime {
                 found: v.runtime_api_version,
             });
         }
-        *lock(&self.version) = Some(format!("{}://{}", v.runtime_name, v.runtime_version));
+        lock(&self.known).set_version(v.runtime_name.clone(), v.runtime_version.clone());
         Ok((v.runtime_name, v.runtime_version))
-    }
-
-    /// Lists the images for the Node's status; a failure keeps the last list.
-    async fn list_images(&self) {
-        match self.client.list_images().await {
-            Ok(images) => {
-                let summaries = images
-                    .into_iter()
-                    .map(|i| ImageSummary { names: [i.repo_digests, i.repo_tags].concat(), size_bytes: i.size })
-                    .collect();
-                *lock(&self.images) = Some(summaries);
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot list the images"),
-        }
     }
 
     /// The sandbox's addresses on the pod network, the primary first (`PodSandboxStatus`).
@@ -174,7 +150,8 @@ impl CriRuntime {
 
     /// Watches the runtime until `drain`: lists the containers every poll period, resolves the waits of those
     /// that exited or vanished, and records whether the runtime answers; every [`SANDBOX_CHECK_EVERY`] periods it
-    /// also looks for sandboxes that died under running containers.
+    /// also looks for sandboxes that died under running containers. `Status`, `Version` and the images are asked
+    /// when due (`health.rs`).
     pub async fn monitor(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.settings.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,13 +161,7 @@ impl CriRuntime {
                 _ = tick.tick() => {
                     n = n.wrapping_add(1);
                     let answered = self.relist(n.is_multiple_of(SANDBOX_CHECK_EVERY)).await;
-                    let unwell = { let h = lock(&self.health); h.runtime.is_some() || h.network.is_some() };
-                    if answered && (unwell || n.is_multiple_of(STATUS_EVERY)) {
-                        self.check_status().await;
-                    }
-                    if answered && (n.is_multiple_of(IMAGES_EVERY) || lock(&self.images).is_none()) {
-                        self.list_images().await;
-                    }
+                    self.check(n, answered).await;
                 }
                 () = shutdown.cancelled() => return,
             }
@@ -203,7 +174,7 @@ impl CriRuntime {
         let containers = match listed {
             Ok(c) => c,
             Err(e) => {
-                self.set_down(&e);
+                self.set_failed(&e);
                 return false;
             }
         };
@@ -318,7 +289,7 @@ impl CriRuntime {
         match self.client.pull_image(req, PULL_DEADLINE).await {
             Ok(image_ref) => {
                 tracing::info!(image = %spec.image, %image_ref, "image pulled");
-                *lock(&self.images) = None;
+                lock(&self.known).pulled();
                 Ok(())
             }
             Err(e) => Err(RuntimeError::Image {
@@ -355,7 +326,7 @@ impl SandboxRuntime for CriRuntime {
     async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<RunningSandbox, RuntimeError> {
         // As the kubelet: a pod on the pod network waits for it; a host-network pod does not need it.
         if !spec.host_network
-            && let Some(p) = lock(&self.health).network.clone()
+            && let Some(p) = lock(&self.known).health(tokio::time::Instant::now()).network
         {
             return Err(RuntimeError::NetworkNotReady(p.message));
         }
@@ -419,7 +390,7 @@ impl Runtime for CriRuntime {
     }
 
     fn scheme(&self) -> &'static str {
-        "containerd"
+        SCHEME
     }
 
     async fn reconcile(&self, keep: &BTreeSet<String>) {
@@ -445,15 +416,15 @@ impl Runtime for CriRuntime {
     }
 
     fn health(&self) -> RuntimeHealth {
-        lock(&self.health).clone()
+        lock(&self.known).health(tokio::time::Instant::now())
     }
 
     fn images(&self) -> Vec<ImageSummary> {
-        lock(&self.images).clone().unwrap_or_default()
+        lock(&self.known).images()
     }
 
     fn version(&self) -> String {
-        lock(&self.version).clone().unwrap_or_else(|| format!("{}://Unknown", self.scheme()))
+        lock(&self.known).version()
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {

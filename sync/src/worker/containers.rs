@@ -165,9 +165,13 @@ impl<R: Runtime> Worker<R> {
     pub(super) fn probes(&self, name: &str) -> Vec<(ProbeKind, ProbeConfig)> {
         let Some(container) = self.container(name) else { return Vec::new() };
         // A probe that names no host goes to the pod's IP, as the kubelet's do: on the pod network that is the
-        // pod's own namespace; on the host's, the loopback reaches the same sockets.
-        let host =
-            self.pod_ips().into_iter().next().filter(|_| !self.on_host_network()).unwrap_or_else(|| LOOPBACK.into());
+        // pod's own namespace (a pod that has no IP has no host to probe, and its probes fail); on the host's, the
+        // loopback reaches the same sockets.
+        let host = if self.on_host_network() {
+            LOOPBACK.to_owned()
+        } else {
+            self.pod_ips().into_iter().next().unwrap_or_default()
+        };
         let mut out = Vec::new();
         for (kind, p) in [
             (ProbeKind::Startup, &container.startup_probe),
