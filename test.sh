@@ -49,9 +49,10 @@ cargo build --workspace --locked
 step "real-kernel tests in the VM, then a short run of the benchmark harness"
 # The integration test executables that need cgroup v2, built above; run in the guest at their host paths.
 # The CRI tests run last: the containerd they start stays up for the rest of the boot.
+# The systemd tests, last in the list, get a boot of their own with systemd as PID 1.
 mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
-order = ["kernel", "daemon", "pods", "eviction", "cluster", "cri"]
+order = ["kernel", "daemon", "pods", "eviction", "cluster", "cri", "systemd"]
 found = {}
 for line in sys.stdin:
     m = json.loads(line)
@@ -61,7 +62,9 @@ for name in order:
     if name in found:
         print(found[name])
 ')
-[ "${#exes[@]}" -eq 6 ] || { echo "expected the kernel, daemon, pods, eviction, cluster and cri test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+[ "${#exes[@]}" -eq 7 ] || { echo "expected the kernel, daemon, pods, eviction, cluster, cri and systemd test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+systemd_tests=${exes[6]}
+exes=("${exes[@]:0:6}")
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
     echo "-- benchmark harnesses (not measurements: debug build, one short run each)"
@@ -71,5 +74,8 @@ NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
         --runs 1 --out /tmp/eviction || exit 1
     target/debug/nodewarden-bench cri --nodewarden target/debug/nodewarden --pods 2 --seconds 1 --runs 1 \
         --out /tmp/cri.md' vm-tests "${exes[@]}"
+
+step "systemd tests in the VM, with systemd as PID 1"
+NODEWARDEN_VM_TESTS=1 NODEWARDEN_VM_SYSTEMD=1 NODEWARDEN_VM_INIT=systemd deploy/vm/run "$systemd_tests" --color never
 echo
 echo "all checks passed"

@@ -12,7 +12,10 @@ use nodewarden_eviction::{
     EvictionManager, EvictionMetrics, EvictionSettings, EvictionStatus, PassObserver, Signal, SignalObservation,
     Thresholds,
 };
-use nodewarden_resources::{CgroupError, CgroupFs, CgroupPath, HostPaths, Observations, ResourceManager, check_host};
+use nodewarden_resources::{
+    CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, Observations, REQUIRED_CONTROLLERS, ResourceManager,
+    check_host,
+};
 use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
 use nodewarden_sync::{
     PodManager, PodSource, ProcessRuntime, SelectedRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings,
@@ -270,7 +273,7 @@ const TASK_DRAIN: Duration = Duration::from_secs(5);
 pub enum DaemonError {
     /// The host cannot run nodewarden (no cgroup v2, missing controllers, not writable).
     #[error(transparent)]
-    Host(#[from] nodewarden_resources::HostError),
+    Host(#[from] HostError),
     /// `protectKernelDefaults` and a kernel tunable that differs.
     #[error(transparent)]
     KernelDefaults(#[from] crate::kernel_defaults::KernelDefaultsError),
@@ -300,9 +303,33 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         tracing::warn!("{w}");
     }
     let fs = CgroupFs::new(&config.cgroup_mount, config.resources.cgroup_root.clone());
-    check_host(&fs, &config.resources.cgroup_root)?;
+    let checked = check_host(&fs, &config.resources.cgroup_root);
+    if let Err(e) = &checked
+        && !matches!(e, HostError::MissingControllers { .. })
+    {
+        return Err(e.clone().into());
+    }
     // Before anything is touched (the check above only reads): a second daemon on this root changes nothing.
     let _lock = crate::lock::lock(&config.root_dir)?;
+    if Path::new("/run/systemd/system").exists() {
+        tracing::warn!(
+            "systemd is the init system and owns the cgroup tree; nodewarden writes its kubepods tree beside it \
+             (the cgroupfs driver)"
+        );
+    }
+    if checked.is_err() {
+        // Controllers the ancestors offer but have not enabled (a systemd host enables at the root only what its
+        // units need) are enabled, as the kubelet's cgroupfs driver does; then the check must pass.
+        match fs.enable_above_scope(&REQUIRED_CONTROLLERS) {
+            Ok(changed) => {
+                for (cg, enabled) in changed {
+                    tracing::info!(cgroup = %cg, ?enabled, "enabled controllers for the cgroup root's subtree");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot enable the controllers above the cgroup root"),
+        }
+        check_host(&fs, &config.resources.cgroup_root)?;
+    }
     raise_open_files(config.max_open_files);
     // Only on a host that can run pods: nothing is changed where the daemon will not run.
     crate::kernel_defaults::ensure(Path::new("/proc/sys"), config.protect_kernel_defaults)?;
@@ -408,6 +435,10 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         }
         None => None,
     };
+    // Under a systemd unit of Type=notify: READY=1 after the first pod sync and eviction pass, and the watchdog.
+    if let Some(notifier) = crate::notify::Notifier::from_env() {
+        tasks.spawn(crate::notify::run(notifier, shared.clone(), shutdown.clone()));
+    }
 
     let signal = wait_for_signal().await.context("cannot install signal handlers")?;
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");

@@ -12,6 +12,7 @@ mod http;
 mod kernel_defaults;
 mod lock;
 mod metrics;
+mod notify;
 mod reload;
 mod serve;
 

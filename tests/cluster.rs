@@ -62,14 +62,7 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     let dir = tempfile::tempdir().unwrap();
     let node_kubeconfig = api.write_kubeconfig(dir.path(), "node-token").unwrap();
     let admin = api.write_kubeconfig(dir.path(), "admin-token").unwrap();
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
-    std::fs::write(
-        manifests.join("quiet.yaml"),
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: quiet\nspec:\n  containers:\n  - name: app\n    image: busybox\n    \
-         command: [sleep, '100000']\n",
-    )
-    .unwrap();
+    let manifests = quiet_manifests(dir.path());
     let top = format!(
         "  nodeName: {NODE}\nstaticPodPath: {}\nnodeLeaseDurationSeconds: 8\n\
          evictionPressureTransitionPeriod: 5s\nnodeLabels:\n  example.com/rack: r1\n",
@@ -115,13 +108,7 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     assert!(described.lines().any(|l| l.contains("HolderIdentity:") && l.contains(NODE)), "{described}");
     // The quiet pod's container, as its ID and start time: unchanged means untouched.
     let port = d.port;
-    let quiet_pid = || -> Option<String> {
-        let (_, body) = get(port, "/pods")?;
-        let pods: Value = serde_json::from_str(&body).ok()?;
-        let c = &pods["items"].as_array()?.first()?["status"]["containerStatuses"][0];
-        let started = c["state"]["running"]["startedAt"].as_str()?;
-        Some(format!("{} {started}", c["containerID"]))
-    };
+    let quiet_pid = || first_container(port);
     wait_until(30, "the quiet pod running", || quiet_pid().is_some());
     let pid = quiet_pid();
     // A pod of the process runtime is on the host's network: its IP is the node's, as is its hostIP.

@@ -280,6 +280,48 @@ impl CgroupFs {
         Ok(self.read(cg, "cgroup.controllers")?.split_whitespace().map(str::to_owned).collect())
     }
 
+    /// Enables `controllers` in the `cgroup.subtree_control` of each ancestor of the scope, from the top, where
+    /// the ancestor has them and has not enabled them yet: a cgroup gets a controller only when its parent enabled
+    /// it, and on a systemd host the root enables only what systemd's units need (runc's cgroupfs manager, and
+    /// so the kubelet's, does the same). The one write outside the scope; it only ever adds controllers. Returns
+    /// the ancestors changed, with what was enabled in each.
+    pub fn enable_above_scope(&self, controllers: &[&str]) -> Result<Vec<(CgroupPath, Vec<String>)>, IoError> {
+        let mut ancestors = Vec::new();
+        let mut cg = self.scope.clone();
+        while let Some((head, _)) = cg.as_str().rsplit_once('/').filter(|_| cg.as_str() != "/") {
+            cg = CgroupPath::parse(if head.is_empty() { "/" } else { head }).unwrap_or_else(|_| CgroupPath::root());
+            ancestors.push(cg.clone());
+        }
+        let mut changed = Vec::new();
+        for a in ancestors.into_iter().rev() {
+            if !self.exists(&a) {
+                break;
+            }
+            let words = |file: &str| -> Result<Vec<String>, IoError> {
+                Ok(self.read(&a, file)?.split_whitespace().map(str::to_owned).collect())
+            };
+            let (offered, enabled) = (words("cgroup.controllers")?, words("cgroup.subtree_control")?);
+            let missing: Vec<String> = controllers
+                .iter()
+                .filter(|c| offered.iter().any(|o| o == *c) && !enabled.iter().any(|e| e == *c))
+                .map(|c| (*c).to_owned())
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let path = self.file(&a, "cgroup.subtree_control");
+            // A stand-in directory holds the list itself; the kernel takes `+name` and keeps the rest.
+            let value = if self.emulated {
+                enabled.iter().chain(&missing).cloned().collect::<Vec<_>>().join(" ")
+            } else {
+                missing.iter().map(|c| format!("+{c}")).collect::<Vec<_>>().join(" ")
+            };
+            fs::write(&path, value).map_err(|e| IoError::new(Op::Write, &path, e))?;
+            changed.push((a, missing));
+        }
+        Ok(changed)
+    }
+
     /// Enables controllers for a cgroup's children (`cgroup.subtree_control`).
     pub fn enable_controllers(&self, cg: &CgroupPath, controllers: &[&str]) -> Result<(), IoError> {
         let value: Vec<String> = controllers.iter().map(|c| format!("+{c}")).collect();
@@ -364,6 +406,31 @@ pub fn open_psi_trigger(path: &Path, trigger: &str) -> Result<fs::File, IoError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn controllers_are_enabled_above_the_scope_only_where_offered_and_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let scope = CgroupPath::parse("/a/b").unwrap();
+        let fs = CgroupFs::emulated(dir.path(), scope.clone());
+        fs::write(dir.path().join("cgroup.controllers"), "cpuset cpu io memory pids").unwrap();
+        fs::write(dir.path().join("cgroup.subtree_control"), "memory pids").unwrap();
+        fs::create_dir(dir.path().join("a")).unwrap();
+        fs::write(dir.path().join("a/cgroup.controllers"), "memory pids").unwrap();
+        fs::write(dir.path().join("a/cgroup.subtree_control"), "").unwrap();
+        let changed = fs.enable_above_scope(&REQUIRED).unwrap();
+        let root = CgroupPath::root();
+        let a = CgroupPath::parse("/a").unwrap();
+        assert_eq!(
+            changed,
+            [(root.clone(), vec!["cpu".to_owned()]), (a.clone(), vec!["memory".into(), "pids".into()])]
+        );
+        assert_eq!(fs.read(&root, "cgroup.subtree_control").unwrap(), "memory pids cpu");
+        // Nothing left to do: nothing written; the scope itself is never touched.
+        assert!(fs.enable_above_scope(&REQUIRED).unwrap().is_empty());
+        assert!(!dir.path().join("a/b").exists());
+    }
+
+    const REQUIRED: [&str; 3] = ["cpu", "memory", "pids"];
 
     #[test]
     fn paths_are_built_from_checked_components() {

@@ -127,3 +127,23 @@ pub fn phase(p: &Value) -> &str {
 pub fn container<'a>(p: &'a Value, name: &str) -> &'a Value {
     p["status"]["containerStatuses"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap()
 }
+
+/// A static pod directory below `dir` with one pod, `quiet`, whose container sleeps.
+pub fn quiet_manifests(dir: &std::path::Path) -> PathBuf {
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("quiet.yaml"),
+        pod_yaml("quiet", "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '100000']\n"),
+    )
+    .unwrap();
+    manifests
+}
+
+/// The first pod's first container from `/pods` on `port`, as its ID and start time: unchanged means untouched.
+pub fn first_container(port: u16) -> Option<String> {
+    let (_, body) = get(port, "/pods")?;
+    let pods: Value = serde_json::from_str(&body).ok()?;
+    let c = &pods["items"].as_array()?.first()?["status"]["containerStatuses"][0];
+    Some(format!("{} {}", c["containerID"], c["state"]["running"]["startedAt"].as_str()?))
+}

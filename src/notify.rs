@@ -1,0 +1,203 @@
+//! systemd's service notifications (`sd_notify`): `READY=1` once the first pod sync and eviction pass are done,
+//! `STATUS=` lines saying what the daemon is doing, `STOPPING=1` at shutdown, and the watchdog: `WATCHDOG=1` every
+//! half `WatchdogSec`, sent only while the pod sync loop and the eviction loop are making progress, so systemd
+//! restarts a daemon that is stuck (the kubelet's `SystemdWatchdog`). Outside a `Type=notify` unit
+//! (`NOTIFY_SOCKET` unset) nothing is sent.
+
+use std::io;
+use std::os::unix::net::UnixDatagram;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::Shared;
+
+/// The readiness checks that say the daemon is making progress: what the watchdog is fed on. A runtime or an
+/// apiserver that is away is not the daemon's fault, and a restart would not mend it.
+const PROGRESS_CHECKS: &[&str] = &["podsync", "eviction"];
+
+/// The shortest watchdog period honoured (the kubelet's minimum): a shorter `WatchdogSec` is fed every 0.5 s.
+const MIN_WATCHDOG: Duration = Duration::from_secs(1);
+
+/// How often the status line is refreshed when there is no watchdog to feed.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// A connection to systemd's notification socket.
+#[derive(Debug)]
+pub struct Notifier {
+    socket: UnixDatagram,
+    /// `WATCHDOG_USEC`, when the unit has a watchdog meant for this process.
+    watchdog: Option<Duration>,
+}
+
+impl Notifier {
+    /// The notifier of this process from `NOTIFY_SOCKET` (a path, or `@name` in the abstract namespace) and
+    /// `WATCHDOG_USEC`/`WATCHDOG_PID`; `None` outside a notify unit. A socket that cannot be opened is logged.
+    pub fn from_env() -> Option<Notifier> {
+        let path = std::env::var_os("NOTIFY_SOCKET")?;
+        let watchdog = watchdog_period(
+            std::env::var("WATCHDOG_USEC").ok().as_deref(),
+            std::env::var("WATCHDOG_PID").ok().as_deref(),
+            std::process::id(),
+        );
+        match connect(&path) {
+            Ok(socket) => Some(Notifier { socket, watchdog }),
+            Err(e) => {
+                tracing::warn!(socket = ?path, error = %e, "cannot reach systemd's notification socket");
+                None
+            }
+        }
+    }
+
+    /// Sends one notification (newline-separated `KEY=value` assignments). A failure is logged, not fatal.
+    pub fn send(&self, message: &str) {
+        if let Err(e) = self.socket.send(message.as_bytes()) {
+            tracing::debug!(error = %e, message, "cannot notify systemd");
+        }
+    }
+}
+
+fn connect(path: &std::ffi::OsStr) -> io::Result<UnixDatagram> {
+    use std::os::unix::ffi::OsStrExt;
+    let socket = UnixDatagram::unbound()?;
+    let bytes = path.as_bytes();
+    if let Some(name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+        socket.connect_addr(&addr)?;
+    } else {
+        socket.connect(std::path::Path::new(path))?;
+    }
+    Ok(socket)
+}
+
+/// The watchdog period systemd set for process `pid`: `WATCHDOG_USEC` microseconds, unless `WATCHDOG_PID` names
+/// another process; `None` when there is none (unset, zero or unreadable).
+fn watchdog_period(usec: Option<&str>, for_pid: Option<&str>, pid: u32) -> Option<Duration> {
+    if for_pid.is_some_and(|p| p.trim().parse::<u32>().ok() != Some(pid)) {
+        return None;
+    }
+    let usec: u64 = usec?.trim().parse().ok().filter(|u| *u > 0)?;
+    Some(Duration::from_micros(usec))
+}
+
+/// How often the watchdog is fed for a period: half of it, at least every half `MIN_WATCHDOG`.
+fn feed_every(period: Duration) -> Duration {
+    period.max(MIN_WATCHDOG) / 2
+}
+
+/// Why the daemon is not making progress (the failing progress checks), or `None` when it is.
+fn stalled(checks: &[(&'static str, Result<(), String>)]) -> Option<String> {
+    let failing: Vec<String> = checks
+        .iter()
+        .filter(|(name, _)| PROGRESS_CHECKS.contains(name))
+        .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
+        .collect();
+    (!failing.is_empty()).then(|| failing.join("; "))
+}
+
+/// The `STATUS=` line of a daemon that runs.
+fn status_line(shared: &Shared) -> String {
+    let (running, _) = shared.store.counts();
+    let pressure = shared.eviction.evaluation().pressure.names();
+    let conditions = if pressure.is_empty() { "no pressure".to_owned() } else { pressure.join(", ") };
+    format!("Running: {running} pods running; node conditions: {conditions}")
+}
+
+/// Tells systemd the daemon is ready once the first pod sync and eviction pass are done, then keeps the status
+/// line current and feeds the watchdog while the daemon makes progress, until `shutdown`.
+pub async fn run(notifier: Notifier, shared: Arc<Shared>, shutdown: CancellationToken) {
+    notifier.send("STATUS=Starting: waiting for the first pod sync and eviction pass");
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return notifier.send("STOPPING=1\nSTATUS=Stopping"),
+        }
+        if stalled(&shared.readiness()).is_none() {
+            break;
+        }
+    }
+    notifier.send(&format!("READY=1\nSTATUS={}", status_line(&shared)));
+    tracing::info!(watchdog = ?notifier.watchdog, "told systemd the daemon is ready");
+    let every = notifier.watchdog.map_or(STATUS_EVERY, feed_every);
+    let mut tick = tokio::time::interval(every);
+    let mut withheld = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => break,
+        }
+        let checks = shared.readiness();
+        match stalled(&checks) {
+            None => {
+                let feed = if notifier.watchdog.is_some() { "WATCHDOG=1\n" } else { "" };
+                notifier.send(&format!("{feed}STATUS={}", status_line(&shared)));
+                if withheld {
+                    tracing::info!("the daemon is making progress again; feeding the watchdog");
+                    withheld = false;
+                }
+            }
+            Some(why) => {
+                // No keep-alive: if this lasts for WatchdogSec, systemd restarts the daemon.
+                notifier.send(&format!("STATUS=Stalled: {why}"));
+                if !withheld && notifier.watchdog.is_some() {
+                    tracing::error!(reason = %why, "the daemon is not making progress; the systemd watchdog is not fed");
+                }
+                withheld = true;
+            }
+        }
+    }
+    notifier.send("STOPPING=1\nSTATUS=Stopping: the pods keep running, and the next start adopts them");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_period_is_systemds_for_this_process() {
+        assert_eq!(watchdog_period(Some("4000000"), None, 7), Some(Duration::from_secs(4)));
+        assert_eq!(watchdog_period(Some("4000000"), Some("7"), 7), Some(Duration::from_secs(4)));
+        assert_eq!(watchdog_period(Some("4000000"), Some("8"), 7), None, "meant for another process");
+        assert_eq!(watchdog_period(Some("0"), None, 7), None);
+        assert_eq!(watchdog_period(Some("x"), None, 7), None);
+        assert_eq!(watchdog_period(None, None, 7), None);
+        assert_eq!(feed_every(Duration::from_secs(30)), Duration::from_secs(15), "every WatchdogSec/2");
+        assert_eq!(feed_every(Duration::from_millis(200)), Duration::from_millis(500), "at least 1 s, halved");
+    }
+
+    #[test]
+    fn the_watchdog_is_fed_on_the_progress_of_pod_sync_and_eviction_only() {
+        let ok = |n| (n, Ok(()));
+        let bad = |n, e: &str| (n, Err(e.to_owned()));
+        assert_eq!(stalled(&[ok("podsync"), ok("eviction"), bad("runtime", "down"), bad("apiserver", "away")]), None);
+        assert_eq!(
+            stalled(&[bad("podsync", "the pod sync loop last ran 6.0s ago"), ok("eviction")]).as_deref(),
+            Some("podsync: the pod sync loop last ran 6.0s ago")
+        );
+    }
+
+    #[test]
+    fn notifications_reach_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let server = UnixDatagram::bind(&path).unwrap();
+        let n = Notifier { socket: connect(path.as_os_str()).unwrap(), watchdog: None };
+        n.send("READY=1\nSTATUS=x");
+        let mut buf = [0u8; 64];
+        let len = server.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"READY=1\nSTATUS=x");
+        // The abstract namespace, as systemd's own socket is named.
+        let name = format!("nodewarden-test-{}", std::process::id());
+        let addr =
+            <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
+                .unwrap();
+        let abstract_server = UnixDatagram::bind_addr(&addr).unwrap();
+        let n = Notifier { socket: connect(std::ffi::OsStr::new(&format!("@{name}"))).unwrap(), watchdog: None };
+        n.send("WATCHDOG=1");
+        let len = abstract_server.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"WATCHDOG=1");
+    }
+}
