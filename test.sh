@@ -49,10 +49,11 @@ cargo build --workspace --locked
 step "real-kernel tests in the VM, then a short run of the benchmark harness"
 # The integration test executables that need cgroup v2, built above; run in the guest at their host paths.
 # The CRI tests run last: the containerd they start stays up for the rest of the boot.
-# The systemd tests, last in the list, get a boot of their own with systemd as PID 1.
+# The systemd tests, last in the list, get a boot of their own with systemd as PID 1, and the shutdown test one
+# more (it powers the guest off).
 mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
-order = ["kernel", "daemon", "pods", "eviction", "cluster", "cri", "systemd"]
+order = ["kernel", "daemon", "pods", "eviction", "cluster", "cri", "systemd", "shutdown"]
 found = {}
 for line in sys.stdin:
     m = json.loads(line)
@@ -62,8 +63,9 @@ for name in order:
     if name in found:
         print(found[name])
 ')
-[ "${#exes[@]}" -eq 7 ] || { echo "expected the kernel, daemon, pods, eviction, cluster, cri and systemd test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+[ "${#exes[@]}" -eq 8 ] || { echo "expected the kernel, daemon, pods, eviction, cluster, cri, systemd and shutdown test executables, found: ${exes[*]:-none}" >&2; exit 1; }
 systemd_tests=${exes[6]}
+shutdown_tests=${exes[7]}
 exes=("${exes[@]:0:6}")
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do echo "-- $t"; "$t" --color never || exit 1; done
@@ -77,5 +79,8 @@ NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
 
 step "systemd tests in the VM, with systemd as PID 1"
 NODEWARDEN_VM_TESTS=1 NODEWARDEN_VM_SYSTEMD=1 NODEWARDEN_VM_INIT=systemd deploy/vm/run "$systemd_tests" --color never
+
+step "graceful node shutdown in the VM: systemctl poweroff with pods of three priorities"
+NODEWARDEN_VM_TESTS=1 NODEWARDEN_VM_SYSTEMD=1 NODEWARDEN_VM_INIT=systemd deploy/vm/run "$shutdown_tests" --color never --nocapture
 echo
 echo "all checks passed"

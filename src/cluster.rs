@@ -23,6 +23,8 @@ const READY_CHECKS: &[(&str, &str)] = &[
     ("podsync", "pod sync is not healthy"),
     ("eviction", "eviction manager is not healthy"),
     ("cgroupfs", "cgroupfs is not healthy"),
+    // The node's shutdown, in the kubelet's words as they are (`node is shutting down`).
+    ("shutdown", ""),
 ];
 
 /// The daemon's view, as the node side reads it.
@@ -39,7 +41,7 @@ impl DaemonFacts {
         let checks = self.shared.readiness();
         let others = READY_CHECKS.iter().filter_map(|(name, wording)| {
             let (_, result) = checks.iter().find(|(n, _)| n == name)?;
-            result.as_ref().err().map(|e| format!("{wording}: {e}"))
+            result.as_ref().err().map(|e| if wording.is_empty() { e.clone() } else { format!("{wording}: {e}") })
         });
         let own = runtime.runtime.map(|p| p.message);
         own.into_iter().chain(others).chain(runtime.network.map(|p| p.message)).collect()

@@ -53,6 +53,8 @@ pub struct Shared {
     pub node_resources: Mutex<NodeResources>,
     /// The node's address, found once at start: the Node's `InternalIP` and every pod's `hostIP`.
     pub node_ip: Option<std::net::IpAddr>,
+    /// Set while the node shuts down (logind's `PrepareForShutdown`): `/readyz` and the Node's `Ready` say so.
+    pub node_shutdown: std::sync::atomic::AtomicBool,
 }
 
 /// What the Node reports of the ledger.
@@ -79,10 +81,14 @@ impl Shared {
         self.config.borrow().clone()
     }
 
+    /// Whether the eviction loop completed a pass within 3 × housekeepingInterval (at least 3 s).
+    pub fn eviction_health(&self) -> Result<(), String> {
+        self.eviction.readiness((self.config().housekeeping_interval * 3).max(Duration::from_secs(3)))
+    }
+
     /// The readiness checks with their results.
     pub fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
-        let stale_after = (self.config().housekeeping_interval * 3).max(Duration::from_secs(3));
-        let eviction = self.eviction.readiness(stale_after);
+        let eviction = self.eviction_health();
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
         let (podsync, runtime) = (self.pods.readiness(), self.pods.runtime_health());
@@ -96,6 +102,9 @@ impl Shared {
             ("network", problem(runtime.network)),
             ("evictioninputs", inputs),
         ];
+        if self.node_shutdown.load(std::sync::atomic::Ordering::Relaxed) {
+            checks.push(("shutdown", Err(SHUTTING_DOWN.to_owned())));
+        }
         if let Some(cluster) = self.cluster.get() {
             checks.push(("apiserver", cluster.readiness()));
         }
@@ -122,6 +131,9 @@ impl Shared {
         Ok(needs_restart)
     }
 }
+
+/// The kubelet's words for a node that shuts down (its shutdown manager's status), in `/readyz` and `Ready`.
+pub const SHUTTING_DOWN: &str = "node is shutting down";
 
 /// The eviction loop's settings from the config.
 fn eviction_settings(c: &Config) -> EvictionSettings {
@@ -218,7 +230,13 @@ fn raise_open_files(wanted: u64) {
 /// OOM killer would choose, and locks its pages in memory. Failures are logged: the daemon runs on without the
 /// protection.
 fn protect_self(manager: &ResourceManager, config: &Config) {
-    if let Some(name) = &config.daemon_cgroup {
+    // A systemd service stays in its unit's cgroup: journald files its log under the unit by that cgroup, and
+    // the unit's own settings (MemoryMin=, OOMScoreAdjust=) protect it there.
+    if config.daemon_cgroup.is_some() && std::env::var_os("INVOCATION_ID").is_some() {
+        tracing::info!(
+            "running as a systemd service: the daemon stays in its unit's cgroup (daemonCgroup is not used)"
+        );
+    } else if let Some(name) = &config.daemon_cgroup {
         match manager.place_daemon(name, std::process::id(), config.daemon_memory_min) {
             Ok(cg) => {
                 tracing::info!(cgroup = %cg, memory_min = config.daemon_memory_min, "moved the daemon into its own cgroup")
@@ -414,6 +432,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         cluster: std::sync::OnceLock::new(),
         node_resources,
         node_ip,
+        node_shutdown: std::sync::atomic::AtomicBool::new(false),
     });
     let eviction = eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
@@ -435,6 +454,10 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         }
         None => None,
     };
+    let shutdown_groups = shared.config().shutdown_groups.clone();
+    if !shutdown_groups.is_empty() {
+        tasks.spawn(crate::shutdown::run(shared.clone(), shutdown_groups, shutdown.clone()));
+    }
     // Under a systemd unit of Type=notify: READY=1 after the first pod sync and eviction pass, and the watchdog.
     if let Some(notifier) = crate::notify::Notifier::from_env() {
         tasks.spawn(crate::notify::run(notifier, shared.clone(), shutdown.clone()));
@@ -542,6 +565,7 @@ mod tests {
             cluster: std::sync::OnceLock::new(),
             node_resources,
             node_ip: None,
+            node_shutdown: std::sync::atomic::AtomicBool::new(false),
         });
         Rig { host, shared, eviction }
     }

@@ -15,6 +15,7 @@ mod metrics;
 mod notify;
 mod reload;
 mod serve;
+mod shutdown;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

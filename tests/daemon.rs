@@ -149,24 +149,80 @@ fn readyz_fails_when_the_kubepods_cgroup_is_gone() {
     assert_eq!(get(d.port, "/healthz").map(|r| r.0), Some(200), "the process is still alive");
 }
 
+/// Held by the tests whose daemons run to the kernel tunables (`kernel.panic`, ...), which one of them checks.
+static KERNEL_TUNABLES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn kernel_tunables() -> std::sync::MutexGuard<'static, ()> {
+    KERNEL_TUNABLES.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs `nodewarden run` on `cfg` for at most `secs`: its exit code (`None` if it was still running and was
+/// killed) and stderr.
+fn run_for(cfg: &Path, secs: u64, until: impl Fn() -> bool) -> (Option<i32>, String) {
+    let mut child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() > deadline || until() {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+    (code, stderr)
+}
+
 #[test]
-fn refuses_a_root_without_the_required_controllers() {
+fn controllers_a_parent_offers_are_enabled_and_a_parent_that_cannot_delegate_is_refused() {
     if !cgroup2_available() {
         return;
     }
-    // A parent that delegates only memory: cpu and pids are missing for the root below it.
+    let _tunables = kernel_tunables();
+    let config = |root: &str| {
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {root}\nhealthzPort: 0\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+
+    // A parent that delegates only memory: cpu and pids, which it has, are enabled for the root below it, as the
+    // kubelet's cgroupfs driver does (a systemd host enables at the root only what its units need).
     let parent_cg = CgroupPath::parse("/nwtest-d-noctl").unwrap();
     let parent = Path::new(MOUNT).join("nwtest-d-noctl");
     remove_tree(&parent_cg);
     std::fs::create_dir(&parent).unwrap();
     std::fs::write(parent.join("cgroup.subtree_control"), "+memory").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.yaml");
-    std::fs::write(&cfg, "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: /nwtest-d-noctl/root\nhealthzPort: 0\n").unwrap();
-    let out = Command::new(BIN).args(["run", "--config"]).arg(&cfg).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("cpu, pids") && stderr.contains("deploy/vm"), "{stderr}");
+    std::fs::write(&cfg, config("/nwtest-d-noctl/root")).unwrap();
+    let started = || parent.join("root/kubepods").exists();
+    let (code, stderr) = run_for(&cfg, 60, started);
+    assert_eq!(code, None, "the daemon did not start: {stderr}");
+    let enabled = std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap();
+    assert!(enabled.contains("cpu") && enabled.contains("pids"), "{enabled}");
+    assert!(stderr.contains("enabled controllers for the cgroup root's subtree"), "{stderr}");
+    remove_tree(&parent_cg);
+
+    // A parent with a process in it cannot delegate anything (the kernel's no-internal-process rule): the start
+    // is refused with what is missing, and nothing is created.
+    std::fs::create_dir(&parent).unwrap();
+    let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
+    std::fs::write(parent.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let (code, stderr) = run_for(&cfg, 60, || false);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("cpu, memory, pids") && stderr.contains("deploy/vm"), "{stderr}");
     assert!(!parent.join("root").exists(), "nothing is created when the start is refused");
     remove_tree(&parent_cg);
 }
@@ -314,6 +370,7 @@ fn protect_kernel_defaults_refuses_a_differing_tunable_and_otherwise_sets_it() {
     if !cgroup2_available() {
         return;
     }
+    let _tunables = kernel_tunables();
     let panic = Path::new("/proc/sys/kernel/panic");
     std::fs::write(panic, "0").unwrap();
     let mut d = Daemon::new("kdefaults", "protectKernelDefaults: true\n");

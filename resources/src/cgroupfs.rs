@@ -286,12 +286,8 @@ impl CgroupFs {
     /// so the kubelet's, does the same). The one write outside the scope; it only ever adds controllers. Returns
     /// the ancestors changed, with what was enabled in each.
     pub fn enable_above_scope(&self, controllers: &[&str]) -> Result<Vec<(CgroupPath, Vec<String>)>, IoError> {
-        let mut ancestors = Vec::new();
-        let mut cg = self.scope.clone();
-        while let Some((head, _)) = cg.as_str().rsplit_once('/').filter(|_| cg.as_str() != "/") {
-            cg = CgroupPath::parse(if head.is_empty() { "/" } else { head }).unwrap_or_else(|_| CgroupPath::root());
-            ancestors.push(cg.clone());
-        }
+        let ancestors: Vec<CgroupPath> =
+            std::iter::successors(crate::host::parent(&self.scope), crate::host::parent).collect();
         let mut changed = Vec::new();
         for a in ancestors.into_iter().rev() {
             if !self.exists(&a) {

@@ -51,7 +51,9 @@ pub use parse::{
     parse_limit, parse_loadavg_threads, parse_meminfo, parse_nested_keyed, parse_psi, parse_u64,
 };
 pub use pressure::{Condition, NodePressure};
-pub use priority::{CONFIG_SOURCE_ANNOTATION, SYSTEM_CRITICAL_PRIORITY, is_critical, is_static_pod, pod_priority};
+pub use priority::{
+    CONFIG_SOURCE_ANNOTATION, SYSTEM_CRITICAL_PRIORITY, is_critical, is_static_pod, pod_priority, resolved_priority,
+};
 pub use qos::{
     BEST_EFFORT_OOM_SCORE_ADJ, ContainerResources, DEFAULT_CFS_PERIOD_US, GUARANTEED_OOM_SCORE_ADJ, PodResources,
     PodSpecError, QosClass, cpu_quota, cpu_shares, memory_high, oom_score_adj, shares_to_weight,

@@ -17,6 +17,18 @@ pub fn pod_priority(pod: &Pod) -> i32 {
     pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
+/// The pod's priority as the apiserver's admission would resolve it: `spec.priority`, else that of the two
+/// system priority classes (`system-node-critical` 2000001000, `system-cluster-critical` 2000000000), else 0.
+/// Static pods never pass that admission, so the node's shutdown orders them by this.
+pub fn resolved_priority(pod: &Pod) -> i32 {
+    let spec = pod.spec.as_ref();
+    spec.and_then(|s| s.priority).unwrap_or_else(|| match spec.and_then(|s| s.priority_class_name.as_deref()) {
+        Some("system-node-critical") => SYSTEM_CRITICAL_PRIORITY + 1000,
+        Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
+        _ => 0,
+    })
+}
+
 /// True for a pod that came from a manifest file or URL rather than an API server.
 pub fn is_static_pod(pod: &Pod) -> bool {
     let source = pod.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION));
@@ -55,6 +67,10 @@ mod tests {
         assert!(!is_critical(&pod(Some(SYSTEM_CRITICAL_PRIORITY - 1), None, None), false));
         assert!(is_critical(&pod(Some(SYSTEM_CRITICAL_PRIORITY), None, None), false));
         assert!(is_critical(&pod(None, Some("system-node-critical"), None), false));
+        assert_eq!(resolved_priority(&pod(None, Some("system-node-critical"), None)), 2_000_001_000);
+        assert_eq!(resolved_priority(&pod(None, Some("system-cluster-critical"), None)), 2_000_000_000);
+        assert_eq!(resolved_priority(&pod(Some(7), Some("system-node-critical"), None)), 7);
+        assert_eq!(resolved_priority(&pod(None, Some("high"), None)), 0);
         assert!(is_critical(&pod(None, Some("system-cluster-critical"), None), false));
         assert!(!is_critical(&pod(None, Some("high"), None), false));
         // Static pods: only under the kubelet's rule.

@@ -103,6 +103,10 @@ pub struct Config {
     pub provider_id: Option<String>,
     /// `nodeStatusMaxImages`: the most images the Node's status lists; `None` (-1) for all.
     pub node_status_max_images: Option<usize>,
+    /// The node's graceful shutdown: the groups of pods by lowest priority, ascending, each with its share of the
+    /// shutdown (from `shutdownGracePeriodByPodPriority`, or `shutdownGracePeriod` and
+    /// `shutdownGracePeriodCriticalPods`); empty when graceful shutdown is off.
+    pub shutdown_groups: Vec<(i32, Duration)>,
     /// `kubeAPIQPS` and `kubeAPIBurst`: the main apiserver client's rate limit.
     pub kube_api_qps: f64,
     /// `kubeAPIBurst`.
@@ -175,6 +179,48 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     let mut config = validate(raw.with_defaults())?;
     config.ignored = ignored;
     Ok(config)
+}
+
+/// The node's shutdown groups, as the kubelet derives them: `shutdownGracePeriodByPodPriority` sorted by
+/// priority, or, from the two periods, the pods below system-critical priority with the period less the critical
+/// pods' share, then the critical pods with theirs. Setting both forms is refused, as by the kubelet.
+fn shutdown_groups(c: &KubeletConfiguration) -> Result<Vec<(i32, Duration)>, ConfigError> {
+    let total = duration_field("shutdownGracePeriod", required(&c.shutdown_grace_period, "shutdownGracePeriod")?)?;
+    let critical = duration_field(
+        "shutdownGracePeriodCriticalPods",
+        required(&c.shutdown_grace_period_critical_pods, "shutdownGracePeriodCriticalPods")?,
+    )?;
+    let by_priority = required(&c.shutdown_grace_period_by_pod_priority, "shutdownGracePeriodByPodPriority")?;
+    if !by_priority.is_empty() {
+        if !total.is_zero() || !critical.is_zero() {
+            return Err(ConfigError::field(
+                "shutdownGracePeriodByPodPriority",
+                "cannot be set with shutdownGracePeriod or shutdownGracePeriodCriticalPods",
+            ));
+        }
+        let mut groups = Vec::new();
+        for (i, g) in by_priority.iter().enumerate() {
+            let secs = u64::try_from(g.shutdown_grace_period_seconds).map_err(|_| {
+                ConfigError::field(
+                    format!("shutdownGracePeriodByPodPriority[{i}].shutdownGracePeriodSeconds"),
+                    "is negative",
+                )
+            })?;
+            groups.push((g.priority, Duration::from_secs(secs)));
+        }
+        groups.sort_by_key(|g| g.0);
+        return Ok(groups);
+    }
+    if critical > total {
+        return Err(ConfigError::field(
+            "shutdownGracePeriodCriticalPods",
+            format!("{critical:?} is longer than shutdownGracePeriod ({total:?})"),
+        ));
+    }
+    if total.is_zero() {
+        return Ok(Vec::new());
+    }
+    Ok(vec![(0, total - critical), (nodewarden_resources::SYSTEM_CRITICAL_PRIORITY, critical)])
 }
 
 fn duration_field(field: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -415,6 +461,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     let kube_api_burst =
         u32::try_from(burst).map_err(|_| ConfigError::field("kubeAPIBurst", format!("{burst} is out of range")))?;
     let provider_id = required(&c.provider_id, "providerID")?;
+    let shutdown_groups = shutdown_groups(&c)?;
     let max_images = *required(&c.node_status_max_images, "nodeStatusMaxImages")?;
     let node_status_max_images =
         match max_images {
@@ -525,6 +572,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         kube_api_qps: qps as f64,
         kube_api_burst,
         node_status_max_images,
+        shutdown_groups,
         cgroup_mount: PathBuf::from(required(&nw.cgroup_mount, "nodewarden.cgroupMount")?),
         nodefs_path: PathBuf::from(required(&nw.nodefs_path, "nodewarden.nodefsPath")?),
         imagefs_path: PathBuf::from(required(&nw.imagefs_path, "nodewarden.imagefsPath")?),

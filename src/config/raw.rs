@@ -75,6 +75,12 @@ pub struct KubeletConfiguration {
     pub provider_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_status_max_images: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period_critical_pods: Option<String>,
+    #[serde(rename = "shutdownGracePeriodByPodPriority", skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period_by_pod_priority: Option<Vec<GracePeriodByPriority>>,
     #[serde(rename = "kubeAPIQPS", skip_serializing_if = "Option::is_none")]
     pub kube_api_qps: Option<i64>,
     #[serde(rename = "kubeAPIBurst", skip_serializing_if = "Option::is_none")]
@@ -198,6 +204,9 @@ pub const IMPLEMENTED: &[&str] = &[
     "nodeLabels",
     "providerID",
     "nodeStatusMaxImages",
+    "shutdownGracePeriod",
+    "shutdownGracePeriodCriticalPods",
+    "shutdownGracePeriodByPodPriority",
     "kubeAPIQPS",
     "kubeAPIBurst",
     "cgroupRoot",
@@ -270,6 +279,9 @@ impl KubeletConfiguration {
         or(&mut self.node_labels, BTreeMap::new());
         or(&mut self.provider_id, String::new());
         or(&mut self.node_status_max_images, 50);
+        or(&mut self.shutdown_grace_period, "0s".into());
+        or(&mut self.shutdown_grace_period_critical_pods, "0s".into());
+        or(&mut self.shutdown_grace_period_by_pod_priority, Vec::new());
         if self.kube_api_qps.is_none_or(|q| q == 0) {
             self.kube_api_qps = Some(50);
         }
@@ -328,4 +340,15 @@ impl KubeletConfiguration {
         self.nodewarden = Some(nw);
         self
     }
+}
+
+/// One entry of `shutdownGracePeriodByPodPriority`: pods of at least `priority` (and below the next entry's) get
+/// `shutdownGracePeriodSeconds` at a node shutdown.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GracePeriodByPriority {
+    /// The lowest priority of the group.
+    pub priority: i32,
+    /// The group's share of the shutdown, in seconds.
+    pub shutdown_grace_period_seconds: i64,
 }

@@ -89,6 +89,29 @@ fn minimal_config_gets_kubelet_defaults() {
 }
 
 #[test]
+fn shutdown_grace_periods_become_the_kubelets_priority_groups() {
+    assert!(parse(HEAD).unwrap().shutdown_groups.is_empty(), "off by default");
+    let c = parse(&format!("{HEAD}shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n")).unwrap();
+    assert_eq!(c.shutdown_groups, [(0, Duration::from_secs(20)), (2_000_000_000, Duration::from_secs(10))]);
+    let c = parse(&format!(
+        "{HEAD}shutdownGracePeriodByPodPriority:\n- {{priority: 100000, shutdownGracePeriodSeconds: 5}}\n\
+         - {{priority: 0, shutdownGracePeriodSeconds: 3}}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.shutdown_groups, [(0, Duration::from_secs(3)), (100_000, Duration::from_secs(5))], "sorted");
+    for (text, field) in [
+        ("shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 20s\n", "shutdownGracePeriodCriticalPods"),
+        (
+            "shutdownGracePeriod: 10s\nshutdownGracePeriodByPodPriority:\n- {priority: 0, shutdownGracePeriodSeconds: 3}\n",
+            "shutdownGracePeriodByPodPriority",
+        ),
+    ] {
+        let (f, reason) = field_error(&format!("{HEAD}{text}"));
+        assert_eq!(f, field, "{text}: {reason}");
+    }
+}
+
+#[test]
 fn node_status_and_registration_fields_follow_the_kubelet() {
     let c = parse(HEAD).unwrap();
     assert_eq!(c.node_status_update_frequency, Duration::from_secs(10));

@@ -28,7 +28,7 @@ mod volumes;
 mod worker;
 
 pub use logs::LogRotation;
-pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, STUCK_AFTER, TICK, TerminateError};
+pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{
     CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, MAX_MANIFEST_BYTES, ManifestError, parse_static_pod,
     read_manifest,
@@ -41,6 +41,6 @@ pub use runtime::{
 };
 pub use selected::SelectedRuntime;
 pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
-pub use status::{PodPhase, Terminal};
+pub use status::{PodPhase, SHUTDOWN_MESSAGE, SHUTDOWN_REASON, Terminal};
 pub use store::{MANIFEST_ANNOTATION, StatusStore, WORKER_CONDITION};
 pub use worker::SyncSettings;

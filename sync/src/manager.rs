@@ -291,14 +291,35 @@ impl<R: Runtime> PodManager<R> {
     /// over. Returns at once, with a receiver that resolves once SIGTERM has been sent and one that resolves when the
     /// pod's processes are gone. A static pod stays evicted until its manifest changes.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
+        self.terminate_for(uid, grace, Reason::Evicted(message))
+    }
+
+    /// Terminates a pod because the node shuts down, within `grace` (the pod's own if shorter): it ends `Failed`
+    /// with the kubelet's reason `Terminated`, and starts again when the node is back.
+    pub fn shut_down(&self, uid: &str, grace: Duration) -> Result<Eviction, TerminateError> {
+        self.terminate_for(uid, grace, Reason::Shutdown)
+    }
+
+    /// The pods that have a worker, for the node's shutdown.
+    pub fn running_pods(&self) -> Vec<RunningPod> {
+        let uids: Vec<String> = self.workers().keys().cloned().collect();
+        uids.into_iter()
+            .filter_map(|uid| {
+                let p = self.store().get(&uid)?;
+                Some(RunningPod {
+                    name: nodewarden_resources::pod::full_name(&p),
+                    priority: nodewarden_resources::resolved_priority(&p),
+                    grace: nodewarden_resources::pod::grace_period(&p),
+                    uid,
+                })
+            })
+            .collect()
+    }
+
+    fn terminate_for(&self, uid: &str, grace: Duration, reason: Reason) -> Result<Eviction, TerminateError> {
         let (done_tx, terminated) = oneshot::channel();
         let (signalled_tx, signalled) = oneshot::channel();
-        let req = TerminateRequest {
-            grace: Some(grace),
-            reason: Reason::Evicted(message),
-            signalled: Some(signalled_tx),
-            done: Some(done_tx),
-        };
+        let req = TerminateRequest { grace: Some(grace), reason, signalled: Some(signalled_tx), done: Some(done_tx) };
         self.workers()
             .get(uid)
             .ok_or_else(|| TerminateError::UnknownPod(uid.into()))?
@@ -323,16 +344,22 @@ impl<R: Runtime> PodManager<R> {
         self.ctx.runtime.version()
     }
 
-    /// `Ok` when the manager loop ticked recently and no pod sync has been stuck in a runtime call.
-    pub fn readiness(&self) -> Result<(), String> {
+    /// `Ok` when the manager loop ticked recently: the loop itself makes progress, whatever a pod's runtime call
+    /// is waiting for (what the systemd watchdog is fed on).
+    pub fn loop_health(&self) -> Result<(), String> {
         let stale = TICK * 5;
         match *self.last_tick.lock().unwrap_or_else(PoisonError::into_inner) {
-            None => return Err("the pod sync loop has not run yet".into()),
+            None => Err("the pod sync loop has not run yet".into()),
             Some(t) if t.elapsed() > stale => {
-                return Err(format!("the pod sync loop last ran {:.1}s ago", t.elapsed().as_secs_f64()));
+                Err(format!("the pod sync loop last ran {:.1}s ago", t.elapsed().as_secs_f64()))
             }
-            Some(_) => {}
+            Some(_) => Ok(()),
         }
+    }
+
+    /// `Ok` when the manager loop ticked recently and no pod sync has been stuck in a runtime call.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.loop_health()?;
         for h in self.workers().values() {
             if let Some(since) = *h.busy.lock().unwrap_or_else(PoisonError::into_inner)
                 && since.elapsed() > STUCK_AFTER
@@ -346,6 +373,19 @@ impl<R: Runtime> PodManager<R> {
         }
         Ok(())
     }
+}
+
+/// A pod with a worker, as the node's shutdown orders them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningPod {
+    /// The pod's UID.
+    pub uid: String,
+    /// `<namespace>/<name>`.
+    pub name: String,
+    /// Its priority, as the apiserver would resolve it.
+    pub priority: i32,
+    /// Its grace period (`terminationGracePeriodSeconds`, 30 s when unset).
+    pub grace: Duration,
 }
 
 /// The text of a panic's payload.

@@ -92,10 +92,27 @@ pub struct Terminal {
     pub message: Option<String>,
 }
 
+/// The kubelet's `status.reason` of a pod terminated because the node shuts down.
+pub const SHUTDOWN_REASON: &str = "Terminated";
+
+/// The kubelet's `status.message` of a pod terminated because the node shuts down.
+pub const SHUTDOWN_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
+
 impl Terminal {
     /// A pod that failed with this reason and message.
     pub fn failed(reason: Option<String>, message: Option<String>) -> Self {
         Self { phase: PodPhase::Failed, reason, message }
+    }
+
+    /// A pod terminated because the node shuts down.
+    pub fn shutdown() -> Self {
+        Self::failed(Some(SHUTDOWN_REASON.into()), Some(SHUTDOWN_MESSAGE.into()))
+    }
+
+    /// Whether the pod ended because the node shut down: it runs again when the node is back, so its end is not
+    /// kept for the next daemon.
+    pub fn is_shutdown(&self) -> bool {
+        self.reason.as_deref() == Some(SHUTDOWN_REASON) && self.message.as_deref() == Some(SHUTDOWN_MESSAGE)
     }
 }
 

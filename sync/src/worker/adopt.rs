@@ -22,7 +22,13 @@ pub(super) fn saved(pod: &Lifecycle) -> SavedPod {
             (c.name.clone(), saved)
         })
         .collect();
-    SavedPod { uid: None, containers, start_time: pod.start_time, terminal: pod.terminal() }
+    // A pod the node's shutdown terminated starts again with the node.
+    SavedPod {
+        uid: None,
+        containers,
+        start_time: pod.start_time,
+        terminal: pod.terminal().filter(|t| !t.is_shutdown()),
+    }
 }
 
 /// The saved counts and exits, restored into a container that is not running.

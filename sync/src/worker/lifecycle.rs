@@ -34,6 +34,8 @@ pub(crate) enum Reason {
     Deleted,
     /// The eviction manager evicted it: it stays, `Failed` with reason `Evicted` and this message.
     Evicted(String),
+    /// The node shuts down: `Failed` with the kubelet's reason `Terminated` and its message.
+    Shutdown,
     /// It ended on its own (its app containers are done, or an init container failed under `Never`).
     Completed(Terminal),
 }
@@ -44,6 +46,7 @@ impl Reason {
         match self {
             Self::Deleted => None,
             Self::Evicted(message) => Some(Terminal::failed(Some("Evicted".into()), Some(message.clone()))),
+            Self::Shutdown => Some(Terminal::shutdown()),
             Self::Completed(t) => Some(t.clone()),
         }
     }

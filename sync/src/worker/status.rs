@@ -126,9 +126,12 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
         pod.containers.iter().filter(wanted).map(|c| container_status(pod, c, view, now)).collect()
     };
     let terminal = pod.terminal();
+    // As the kubelet (since 1.27): the terminal phase only once no container runs any more; a pod being evicted or
+    // shut down shows why, and stays Running until its containers have stopped.
+    let stopped = !pod.containers.iter().any(|c| c.running().is_some());
     let phase = match &terminal {
-        Some(t) => t.phase,
-        None => {
+        Some(t) if stopped => t.phase,
+        _ => {
             let apps: Vec<Observed> = pod.containers.iter().filter(|c| c.role == Role::App).map(observed).collect();
             pod_phase(pod.policy, !pod.initialized(), &apps)
         }

@@ -584,3 +584,23 @@ async fn pods_report_their_ips_and_the_nodes() {
     };
     assert_eq!((env("net").as_deref(), env("host").as_deref()), (Some("10.88.0.7"), Some("192.0.2.10")));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_the_node_shutdown_terminated_runs_again_with_the_next_daemon() {
+    let h = harness();
+    let spec = json!({"terminationGracePeriodSeconds": 30, "containers": [app("app")]});
+    h.set(vec![pod("u30", spec.clone())]).await;
+    h.until("u30", "runs", |v| phase(v) == "Running").await;
+    h.manager.shut_down("u30", Duration::from_secs(2)).unwrap();
+    let v = h.until("u30", "is shut down", |v| phase(v) == "Failed").await;
+    assert_eq!(v["status"]["reason"], "Terminated");
+    assert_eq!(v["status"]["message"], "Pod was terminated in response to imminent node shutdown.");
+    // The node comes back: the next daemon starts the pod again (an evicted pod would stay Failed).
+    let Harness { _host: host, _drain: drain, .. } = h;
+    drop(drain);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let h = harness_on(host);
+    h.set(vec![pod("u30", spec)]).await;
+    h.until("u30", "runs again", |v| phase(v) == "Running").await;
+    assert_eq!(h.fake.starts("app").len(), 1, "started anew by the next daemon");
+}

@@ -1,0 +1,186 @@
+//! Graceful node shutdown, as the kubelet's: with a shutdown period configured, the daemon takes a logind delay
+//! lock at start; when logind announces a shutdown (`PrepareForShutdown`), the node reports it is shutting down,
+//! the pods are terminated group by group in ascending priority, each group within its share of the period (a
+//! pod's own grace period if shorter), critical pods last; they end `Failed` with the kubelet's reason and
+//! message; then the lock is released and the shutdown goes on. A cancelled shutdown takes the lock again.
+
+mod logind;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use nodewarden_sync::RunningPod;
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::Shared;
+use logind::Logind;
+
+/// How long past its share a group may take (the kill and the clean-up that follow the grace period).
+const GROUP_SLACK: Duration = Duration::from_secs(1);
+
+/// The pods of one group, each with the grace period it gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Step {
+    /// The group's lowest priority.
+    priority: i32,
+    /// The group's share of the shutdown.
+    grace: Duration,
+    pods: Vec<(RunningPod, Duration)>,
+}
+
+/// The pods in their groups, in the order they are terminated: a pod belongs to the group with the highest
+/// priority at or below its own (the first group if none is), and gets its own grace period if shorter than its
+/// group's share. Groups without pods are left out.
+fn plan(pods: Vec<RunningPod>, groups: &[(i32, Duration)]) -> Vec<Step> {
+    let mut steps: Vec<Step> =
+        groups.iter().map(|&(priority, grace)| Step { priority, grace, pods: Vec::new() }).collect();
+    for pod in pods {
+        let Some(i) = groups.iter().rposition(|(p, _)| *p <= pod.priority).or((!groups.is_empty()).then_some(0)) else {
+            continue;
+        };
+        let grace = pod.grace.min(steps[i].grace);
+        steps[i].pods.push((pod, grace));
+    }
+    for s in &mut steps {
+        s.pods.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    }
+    steps.retain(|s| !s.pods.is_empty());
+    steps
+}
+
+/// Runs the node's graceful shutdown until `cancel`: takes the delay lock and handles `PrepareForShutdown`.
+/// Without logind (no system bus), says so and does nothing.
+pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: CancellationToken) {
+    let logind = match Logind::connect().await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "graceful node shutdown is off: logind does not answer on the system bus");
+            return;
+        }
+    };
+    // Each group ends a little after its share (the kill and clean-up after the grace period): logind is asked
+    // to wait a second more per group, so it never cuts the last (critical) group short.
+    let total: Duration =
+        groups.iter().map(|g| g.1).sum::<Duration>() + GROUP_SLACK * u32::try_from(groups.len()).unwrap_or(u32::MAX);
+    check_inhibit_delay(&logind, total).await;
+    let mut signals = match logind.shutdown_signals().await {
+        Ok(s) => s,
+        Err(e) => return tracing::warn!(error = %e, "graceful node shutdown is off: cannot watch logind's signals"),
+    };
+    let mut lock = take_lock(&logind).await;
+    loop {
+        let signal = tokio::select! {
+            s = signals.next() => s,
+            () = cancel.cancelled() => return,
+        };
+        let Some(start) = signal else {
+            return tracing::warn!("logind's signals ended; graceful node shutdown is off");
+        };
+        if start {
+            tracing::warn!(period = ?total, "the node is shutting down; terminating the pods in priority order");
+            shared.node_shutdown.store(true, Ordering::Relaxed);
+            terminate_in_order(&shared, &groups).await;
+            drop(lock.take());
+            tracing::info!("the pods are terminated; released the shutdown delay lock");
+        } else {
+            tracing::info!("the node's shutdown was cancelled");
+            shared.node_shutdown.store(false, Ordering::Relaxed);
+            if lock.is_none() {
+                lock = take_lock(&logind).await;
+            }
+        }
+    }
+}
+
+async fn take_lock(logind: &Logind) -> Option<zbus::zvariant::OwnedFd> {
+    match logind.delay_shutdown().await {
+        Ok(fd) => {
+            tracing::info!("took logind's delay lock on shutdown");
+            Some(fd)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot take logind's delay lock: a shutdown will not wait for the pods");
+            None
+        }
+    }
+}
+
+/// Makes sure logind waits the whole shutdown period for the lock: a shorter `InhibitDelayMaxSec` is raised
+/// with a drop-in, as the kubelet does; if logind keeps the shorter one, the pods get only that.
+async fn check_inhibit_delay(logind: &Logind, total: Duration) {
+    let max = match logind.inhibit_delay_max().await {
+        Ok(m) => m,
+        Err(e) => return tracing::warn!(error = %e, "cannot read logind's InhibitDelayMaxUSec"),
+    };
+    if max >= total {
+        return;
+    }
+    tracing::info!(current = ?max, wanted = ?total, drop_in = logind::LOGIND_DROP_IN, "raising logind's InhibitDelayMaxSec");
+    if let Err(e) = logind.raise_inhibit_delay(total).await {
+        tracing::warn!(error = %e, "cannot raise logind's InhibitDelayMaxSec");
+    }
+    // logind reads its configuration again after the signal, soon but not at once.
+    let mut now = max;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        now = logind.inhibit_delay_max().await.unwrap_or(now);
+        if now >= total {
+            return;
+        }
+    }
+    tracing::warn!(inhibit_delay_max = ?now, shutdown_grace_period = ?total, "logind waits less than the shutdown period for the pods");
+}
+
+/// Terminates the pods group by group, each group within its share.
+async fn terminate_in_order(shared: &Shared, groups: &[(i32, Duration)]) {
+    for step in plan(shared.pods.running_pods(), groups) {
+        let names: Vec<&str> = step.pods.iter().map(|(p, _)| p.name.as_str()).collect();
+        tracing::info!(priority = step.priority, share = ?step.grace, pods = ?names, "terminating a shutdown group");
+        let started = tokio::time::Instant::now();
+        let mut waits = Vec::new();
+        for (pod, grace) in &step.pods {
+            match shared.pods.shut_down(&pod.uid, *grace) {
+                Ok(e) => waits.push(e.terminated),
+                Err(e) => tracing::warn!(pod = %pod.name, error = %e, "cannot terminate a pod for the shutdown"),
+            }
+        }
+        let all = futures_util::future::join_all(waits);
+        if tokio::time::timeout(step.grace + GROUP_SLACK, all).await.is_err() {
+            tracing::warn!(priority = step.priority, "pods still terminating after their group's share; going on");
+        }
+        tracing::info!(priority = step.priority, took = ?started.elapsed(), "shutdown group terminated");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, priority: i32, grace: u64) -> RunningPod {
+        RunningPod { uid: name.into(), name: format!("default/{name}"), priority, grace: Duration::from_secs(grace) }
+    }
+
+    #[test]
+    fn pods_are_grouped_by_priority_and_get_the_shorter_grace() {
+        let s = Duration::from_secs;
+        let groups = [(0, s(20)), (100_000, s(5)), (2_000_000_000, s(10))];
+        let pods =
+            vec![pod("critical", 2_000_001_000, 30), pod("low", -5, 60), pod("quick", 10, 2), pod("high", 100_000, 30)];
+        let steps = plan(pods, &groups);
+        let got: Vec<(i32, Vec<(&str, Duration)>)> =
+            steps.iter().map(|st| (st.priority, st.pods.iter().map(|(p, g)| (p.uid.as_str(), *g)).collect())).collect();
+        assert_eq!(
+            got,
+            [
+                (0, vec![("low", s(20)), ("quick", s(2))]),
+                (100_000, vec![("high", s(5))]),
+                (2_000_000_000, vec![("critical", s(10))]),
+            ]
+        );
+        // A group without pods is skipped; without groups nothing is planned.
+        assert_eq!(plan(vec![pod("a", 1, 30)], &groups).len(), 1);
+        assert!(plan(vec![pod("a", 1, 30)], &[]).is_empty());
+    }
+}
