@@ -182,7 +182,10 @@ impl<R: Runtime> Worker<R> {
             pod: &self.pod,
             uid: &self.uid,
             scheme: self.shared.runtime.scheme(),
-            qos: self.placement.as_ref().map(|p| p.qos.as_str()),
+            // A pod that is over keeps its class (the kubelet's status does) after its placement is released.
+            qos: self.placement.as_ref().map(|p| p.qos.as_str()).or_else(|| {
+                nodewarden_resources::PodResources::from_pod(&self.pod).ok().map(|r| r.qos_class().as_str())
+            }),
             pod_ips: &pod_ips,
             host_ips: &self.shared.settings.host_ips,
         };

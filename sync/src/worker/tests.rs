@@ -372,6 +372,7 @@ async fn eviction_leaves_a_failed_evicted_pod() {
     assert_eq!(v["status"]["message"], msg);
     assert_eq!(container(&v, "hog")["state"]["terminated"]["exitCode"], 128 + SIGTERM);
     assert!(!h.cg.join("besteffort/podu6").exists());
+    assert_eq!(v["status"]["qosClass"], "BestEffort", "the class outlives the placement");
     // It stays evicted while its manifest is unchanged.
     h.set(vec![pod("u6", json!({"containers": [app("hog")]}))]).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
