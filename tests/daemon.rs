@@ -149,13 +149,6 @@ fn readyz_fails_when_the_kubepods_cgroup_is_gone() {
     assert_eq!(get(d.port, "/healthz").map(|r| r.0), Some(200), "the process is still alive");
 }
 
-/// Held by the tests whose daemons run to the kernel tunables (`kernel.panic`, ...), which one of them checks.
-static KERNEL_TUNABLES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn kernel_tunables() -> std::sync::MutexGuard<'static, ()> {
-    KERNEL_TUNABLES.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// Runs `nodewarden run` on `cfg` for at most `secs`: its exit code (`None` if it was still running and was
 /// killed) and stderr.
 fn run_for(cfg: &Path, secs: u64, until: impl Fn() -> bool) -> (Option<i32>, String) {
@@ -382,7 +375,7 @@ fn protect_kernel_defaults_refuses_a_differing_tunable_and_otherwise_sets_it() {
     // Without the flag the daemon sets it, and says so.
     let config = std::fs::read_to_string(d.config_path()).unwrap().replace("protectKernelDefaults: true", "");
     std::fs::write(d.config_path(), config).unwrap();
-    d.start();
+    d.start_unlocked();
     d.wait_ready();
     assert_eq!(std::fs::read_to_string(panic).unwrap().trim(), "10");
     assert!(d.log().contains("set a kernel tunable the kubelet needs"), "{}", d.log());

@@ -122,6 +122,11 @@ impl Daemon {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether the started daemon has exited (false before a start).
+    pub fn exited(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_some())
+    }
+
     /// Starts `nodewarden run --config` (with [`Daemon::args`]), its stderr to `log`.
     pub fn start(&mut self) -> std::io::Result<()> {
         let log = std::fs::File::create(self.dir.join("log"))?;

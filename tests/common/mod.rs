@@ -80,7 +80,19 @@ impl Daemon {
         Daemon { inner, dir }
     }
 
+    /// Starts the daemon and returns once it serves or has exited, holding [`KERNEL_TUNABLES`] shared meanwhile:
+    /// each daemon sets the kernel tunables the kubelet needs as it starts, so a test that resets one waits for
+    /// starts in progress and keeps others from starting until it is done.
     pub fn start(&mut self) {
+        let _starting = KERNEL_TUNABLES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.start_unlocked();
+        nodewarden_testkit::poll(Duration::from_secs(60), Duration::from_millis(20), || {
+            self.log().contains("serving /healthz") || self.inner.exited()
+        });
+    }
+
+    /// Starts the daemon without [`KERNEL_TUNABLES`]: for the test that holds it.
+    pub fn start_unlocked(&mut self) {
         self.inner.start().unwrap();
     }
 
@@ -106,6 +118,14 @@ impl Drop for Daemon {
             }
         }
     }
+}
+
+/// Taken shared by [`Daemon::start`] until the daemon serves, exclusively by [`kernel_tunables`].
+pub static KERNEL_TUNABLES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Keeps every daemon of this test binary from starting (and setting the kernel tunables) while held.
+pub fn kernel_tunables() -> std::sync::RwLockWriteGuard<'static, ()> {
+    KERNEL_TUNABLES.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Polls `f` every 50 ms until it holds; fails the test after `secs`. Returns how long it took.
