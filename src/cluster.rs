@@ -19,12 +19,12 @@ use crate::daemon::{NodeResources, Shared};
 /// The readiness checks that make the Node's `Ready` condition besides the runtime's own, worded as the
 /// kubelet words its health checks (`<check> is not healthy: <why>`). The eviction inputs are left out: a
 /// missing input drops some signals but the node still works.
-const READY_CHECKS: &[(&str, &str)] = &[
-    ("podsync", "pod sync is not healthy"),
-    ("eviction", "eviction manager is not healthy"),
-    ("cgroupfs", "cgroupfs is not healthy"),
+const READY_CHECKS: &[(&str, Option<&str>)] = &[
+    ("podsync", Some("pod sync is not healthy")),
+    ("eviction", Some("eviction manager is not healthy")),
+    ("cgroupfs", Some("cgroupfs is not healthy")),
     // The node's shutdown, in the kubelet's words as they are (`node is shutting down`).
-    ("shutdown", ""),
+    ("shutdown", None),
 ];
 
 /// The daemon's view, as the node side reads it.
@@ -38,10 +38,10 @@ impl DaemonFacts {
     /// health checks), then the network's (`container runtime network not ready: NetworkReady=false ...`).
     fn not_ready(&self) -> Vec<String> {
         let runtime = self.shared.pods.runtime_health();
-        let checks = self.shared.readiness();
+        let checks = self.shared.readiness_with(runtime.clone());
         let others = READY_CHECKS.iter().filter_map(|(name, wording)| {
             let (_, result) = checks.iter().find(|(n, _)| n == name)?;
-            result.as_ref().err().map(|e| if wording.is_empty() { e.clone() } else { format!("{wording}: {e}") })
+            result.as_ref().err().map(|e| wording.map_or_else(|| e.clone(), |w| format!("{w}: {e}")))
         });
         let own = runtime.runtime.map(|p| p.message);
         own.into_iter().chain(others).chain(runtime.network.map(|p| p.message)).collect()

@@ -18,7 +18,8 @@ use nodewarden_resources::{
 };
 use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
 use nodewarden_sync::{
-    PodManager, PodSource, ProcessRuntime, SelectedRuntime, StaticPodSource, StatusStore, SyncMetrics, SyncSettings,
+    PodManager, PodSource, ProcessRuntime, RuntimeHealth, SelectedRuntime, StaticPodSource, StatusStore, SyncMetrics,
+    SyncSettings,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -88,10 +89,15 @@ impl Shared {
 
     /// The readiness checks with their results.
     pub fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
+        self.readiness_with(self.pods.runtime_health())
+    }
+
+    /// [`Shared::readiness`] with the runtime's health already read.
+    pub fn readiness_with(&self, runtime: RuntimeHealth) -> Vec<(&'static str, Result<(), String>)> {
         let eviction = self.eviction_health();
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
-        let (podsync, runtime) = (self.pods.readiness(), self.pods.runtime_health());
+        let podsync = self.pods.readiness();
         let problem = |p: Option<nodewarden_sync::Problem>| p.map_or(Ok(()), |p| Err(p.to_string()));
         let inputs = self.eviction.inputs();
         let mut checks = vec![

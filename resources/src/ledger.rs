@@ -14,7 +14,7 @@ use crate::limits::{self, CgroupLimits, LimitSettings};
 use crate::names::validate_pod_uid;
 use crate::observe::{self, Observations, PodUsage};
 use crate::pressure::NodePressure;
-use crate::priority::{is_critical, is_static_pod, pod_priority};
+use crate::priority::{is_critical, is_node_critical, is_static_pod, pod_priority};
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::tree::{self, Tree};
 
@@ -250,10 +250,6 @@ fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     validate_pod_uid(&uid)?;
     Ok(uid)
-}
-
-fn is_node_critical(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()) == Some("system-node-critical")
 }
 
 impl ResourceManager {

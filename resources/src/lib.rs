@@ -52,7 +52,8 @@ pub use parse::{
 };
 pub use pressure::{Condition, NodePressure};
 pub use priority::{
-    CONFIG_SOURCE_ANNOTATION, SYSTEM_CRITICAL_PRIORITY, is_critical, is_static_pod, pod_priority, resolved_priority,
+    CONFIG_SOURCE_ANNOTATION, SYSTEM_CLUSTER_CRITICAL, SYSTEM_CRITICAL_PRIORITY, SYSTEM_NODE_CRITICAL, is_critical,
+    is_node_critical, is_static_pod, pod_priority, resolved_priority,
 };
 pub use qos::{
     BEST_EFFORT_OOM_SCORE_ADJ, ContainerResources, DEFAULT_CFS_PERIOD_US, GUARANTEED_OOM_SCORE_ADJ, PodResources,

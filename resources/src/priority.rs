@@ -9,6 +9,27 @@ use k8s_openapi::api::core::v1::Pod;
 /// The priority from which a pod is critical (the kubelet's `SystemCriticalPriority`).
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
+/// The priority class of the pods a node cannot do without (the kubelet's `system-node-critical`).
+pub const SYSTEM_NODE_CRITICAL: &str = "system-node-critical";
+
+/// The priority class of the pods a cluster cannot do without (`system-cluster-critical`).
+pub const SYSTEM_CLUSTER_CRITICAL: &str = "system-cluster-critical";
+
+/// The priority the apiserver's admission gives a system priority class: `system-node-critical` 2000001000,
+/// `system-cluster-critical` 2000000000.
+fn system_class_priority(class: &str) -> Option<i32> {
+    match class {
+        SYSTEM_NODE_CRITICAL => Some(SYSTEM_CRITICAL_PRIORITY + 1000),
+        SYSTEM_CLUSTER_CRITICAL => Some(SYSTEM_CRITICAL_PRIORITY),
+        _ => None,
+    }
+}
+
+/// `spec.priorityClassName`.
+fn priority_class(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref())
+}
+
 /// The annotation that names a pod's source; `file` for static pods.
 pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
 
@@ -18,15 +39,18 @@ pub fn pod_priority(pod: &Pod) -> i32 {
 }
 
 /// The pod's priority as the apiserver's admission would resolve it: `spec.priority`, else that of the two
-/// system priority classes (`system-node-critical` 2000001000, `system-cluster-critical` 2000000000), else 0.
-/// Static pods never pass that admission, so the node's shutdown orders them by this.
+/// system priority classes, else 0. Static pods never pass that admission, so the node's shutdown orders them by
+/// this.
 pub fn resolved_priority(pod: &Pod) -> i32 {
-    let spec = pod.spec.as_ref();
-    spec.and_then(|s| s.priority).unwrap_or_else(|| match spec.and_then(|s| s.priority_class_name.as_deref()) {
-        Some("system-node-critical") => SYSTEM_CRITICAL_PRIORITY + 1000,
-        Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
-        _ => 0,
-    })
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.priority)
+        .unwrap_or_else(|| priority_class(pod).and_then(system_class_priority).unwrap_or(0))
+}
+
+/// True for a pod of priority class `system-node-critical`.
+pub fn is_node_critical(pod: &Pod) -> bool {
+    priority_class(pod) == Some(SYSTEM_NODE_CRITICAL)
 }
 
 /// True for a pod that came from a manifest file or URL rather than an API server.
@@ -39,9 +63,8 @@ pub fn is_static_pod(pod: &Pod) -> bool {
 /// [`SYSTEM_CRITICAL_PRIORITY`], or priority class `system-node-critical` or `system-cluster-critical`; and, when
 /// `static_pods_critical` (the kubelet's rule), every static pod.
 pub fn is_critical(pod: &Pod, static_pods_critical: bool) -> bool {
-    let class = pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
     pod_priority(pod) >= SYSTEM_CRITICAL_PRIORITY
-        || matches!(class, Some("system-node-critical" | "system-cluster-critical"))
+        || priority_class(pod).and_then(system_class_priority).is_some()
         || (static_pods_critical && is_static_pod(pod))
 }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_resources::{PlaceError, Placement, ResourceManager};
+use nodewarden_resources::{PlaceError, Placement, PodResources, QosClass, ResourceManager};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -106,6 +106,8 @@ pub(crate) struct Worker<R> {
     pod: Pod,
     lifecycle: Lifecycle,
     placement: Option<Placement>,
+    /// The pod's QoS class, kept after its placement is released (the kubelet's status keeps it).
+    qos: Option<QosClass>,
     volumes: Vec<PreparedVolume>,
     sandbox: Sandbox,
     conditions: status::ConditionTimes,
@@ -145,6 +147,7 @@ impl<R: Runtime> Worker<R> {
         Self {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             lifecycle: Lifecycle::new(&pod),
+            qos: PodResources::from_pod(&pod).ok().map(|r| r.qos_class()),
             pod,
             shared,
             placement: None,
@@ -305,7 +308,10 @@ impl<R: Runtime> Worker<R> {
                 if self.placement.is_some() {
                     let res = self.shared.resources().update(&self.pod);
                     match res {
-                        Ok(p) => self.placement = Some(p),
+                        Ok(p) => {
+                            self.qos = Some(p.qos);
+                            self.placement = Some(p);
+                        }
                         Err(e) => {
                             tracing::warn!(pod_uid = %self.uid, error = %e, "cannot apply the pod's new resources")
                         }
@@ -378,6 +384,7 @@ impl<R: Runtime> Worker<R> {
         self.shared.metrics.pod_worker_duration.with_label_values(&["create"]).observe(started.elapsed().as_secs_f64());
         match placed {
             Ok(p) => {
+                self.qos = Some(p.qos);
                 self.placement = Some(p);
                 Input::Placed(Ok(jiff::Timestamp::now()))
             }

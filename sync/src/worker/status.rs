@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{
     self as core, ContainerStateRunning, ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use nodewarden_resources::QosClass;
 use tokio::time::Instant;
 
 use super::Worker;
@@ -182,10 +183,7 @@ impl<R: Runtime> Worker<R> {
             pod: &self.pod,
             uid: &self.uid,
             scheme: self.shared.runtime.scheme(),
-            // A pod that is over keeps its class (the kubelet's status does) after its placement is released.
-            qos: self.placement.as_ref().map(|p| p.qos.as_str()).or_else(|| {
-                nodewarden_resources::PodResources::from_pod(&self.pod).ok().map(|r| r.qos_class().as_str())
-            }),
+            qos: self.qos.map(QosClass::as_str),
             pod_ips: &pod_ips,
             host_ips: &self.shared.settings.host_ips,
         };
