@@ -13,8 +13,8 @@ use nodewarden_eviction::{
     Thresholds,
 };
 use nodewarden_resources::{
-    CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, Observations, REQUIRED_CONTROLLERS, ResourceManager,
-    check_host,
+    CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, Observations, REQUIRED_CONTROLLERS,
+    ResourceManager, check_host,
 };
 use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
 use nodewarden_sync::{
@@ -238,7 +238,12 @@ fn raise_open_files(wanted: u64) {
 fn protect_self(manager: &ResourceManager, config: &Config) {
     // A systemd service stays in its unit's cgroup: journald files its log under the unit by that cgroup, and
     // the unit's own settings (MemoryMin=, OOMScoreAdjust=) protect it there.
-    if config.daemon_cgroup.is_some() && std::env::var_os("INVOCATION_ID").is_some() {
+    if config.daemon_cgroup.is_some() && config.resources.cgroup_driver == CgroupDriver::Systemd {
+        tracing::info!(
+            "under the systemd cgroup driver the daemon stays where systemd put it (daemonCgroup is not used; run \
+             it as a unit with MemoryMin=)"
+        );
+    } else if config.daemon_cgroup.is_some() && std::env::var_os("INVOCATION_ID").is_some() {
         tracing::info!(
             "running as a systemd service: the daemon stays in its unit's cgroup (daemonCgroup is not used)"
         );
@@ -301,6 +306,9 @@ pub enum DaemonError {
     /// `protectKernelDefaults` and a kernel tunable that differs.
     #[error(transparent)]
     KernelDefaults(#[from] crate::kernel_defaults::KernelDefaultsError),
+    /// `cgroupDriver: systemd` on a host where systemd cannot be reached.
+    #[error(transparent)]
+    Systemd(#[from] nodewarden_systemd::SlicesError),
     /// Another nodewarden holds the node lock in rootDir.
     #[error(transparent)]
     Locked(#[from] crate::lock::LockError),
@@ -327,7 +335,11 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         tracing::warn!("{w}");
     }
     let fs = CgroupFs::new(&config.cgroup_mount, config.resources.cgroup_root.clone());
-    let checked = check_host(&fs, &config.resources.cgroup_root);
+    let systemd_driver = config.resources.cgroup_driver == CgroupDriver::Systemd;
+    // Under the systemd driver the root's slices are systemd's to make: the host is checked at the top, the
+    // kubepods slice once it is there.
+    let checked_root = if systemd_driver { CgroupPath::root() } else { config.resources.cgroup_root.clone() };
+    let checked = check_host(&fs, &checked_root);
     if let Err(e) = &checked
         && !matches!(e, HostError::MissingControllers { .. })
     {
@@ -335,13 +347,16 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     }
     // Before anything is touched (the check above only reads): a second daemon on this root changes nothing.
     let _lock = crate::lock::lock(&config.root_dir)?;
-    if Path::new("/run/systemd/system").exists() {
+    // The systemd driver asks systemd for every slice: refused, before anything is made, where it cannot.
+    let slices = if systemd_driver { Some(Arc::new(nodewarden_systemd::SystemdSlices::connect()?)) } else { None };
+    if !systemd_driver && Path::new("/run/systemd/system").exists() {
         tracing::warn!(
             "systemd is the init system and owns the cgroup tree; nodewarden writes its kubepods tree beside it \
-             (the cgroupfs driver)"
+             (the cgroupfs driver; cgroupDriver: systemd has systemd make it)"
         );
     }
-    if checked.is_err() {
+    // Under the systemd driver systemd enables the controllers its slices need: checked once they are there.
+    if checked.is_err() && !systemd_driver {
         // Controllers the ancestors offer but have not enabled (a systemd host enables at the root only what its
         // units need) are enabled, as the kubelet's cgroupfs driver does; then the check must pass.
         match fs.enable_above_scope(&REQUIRED_CONTROLLERS) {
@@ -369,7 +384,13 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let proc = host.proc.clone();
     let mut manager =
         ResourceManager::new(fs, host, config.resources.clone()).context("cannot read the node's capacity")?;
+    if let Some(slices) = slices {
+        manager = manager.with_units(slices);
+    }
     let adopted = manager.setup().context("cannot set up the kubepods tree")?;
+    if systemd_driver {
+        nodewarden_resources::check_controllers(manager.cgroupfs(), &manager.tree().kubepods)?;
+    }
     protect_self(&manager, &config);
     let alloc = *manager.allocatable();
     tracing::info!(

@@ -169,6 +169,10 @@ fn run(path: &std::path::Path, flags: daemon::Flags) -> Exit {
             tracing::error!("{e}");
             Exit::Host
         }
+        Err(daemon::DaemonError::Systemd(e)) => {
+            tracing::error!("{e}");
+            Exit::Host
+        }
         Err(daemon::DaemonError::Locked(e)) => {
             tracing::error!("{e}");
             Exit::Locked

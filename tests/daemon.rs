@@ -381,3 +381,19 @@ fn protect_kernel_defaults_refuses_a_differing_tunable_and_otherwise_sets_it() {
     assert!(d.log().contains("set a kernel tunable the kubelet needs"), "{}", d.log());
     assert_eq!(d.stop(), Some(0));
 }
+
+#[test]
+fn the_systemd_cgroup_driver_is_refused_where_systemd_is_not_the_init() {
+    if !cgroup2_available() || std::fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim() == "systemd") {
+        return;
+    }
+    let d = Daemon::new("sdrefused", "cgroupDriver: systemd\n");
+    let out = Command::new(BIN).args(["run", "--config"]).arg(d.config_path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("cgroupDriver: systemd needs systemd as PID 1"), "{stderr}");
+    // Nothing was made: neither the slices nor the cgroupfs layout.
+    for made in ["nwtest.slice", "nwtest-d-sdrefused", "kubepods.slice"] {
+        assert!(!Path::new(MOUNT).join(made).exists(), "{made} was created");
+    }
+}

@@ -1,7 +1,9 @@
 //! The daemon as a systemd service, under systemd as PID 1 (`NODEWARDEN_VM_INIT=systemd deploy/vm/run`; skipped
 //! elsewhere): the unit of `deploy/` starts as `Type=notify` (systemctl returns once the daemon said `READY=1`),
 //! its `STATUS=` line says what it does, a restart adopts the pods, and the watchdog restarts a daemon that stops
-//! making progress.
+//! making progress. The systemd cgroup driver: the slices systemd makes for the tree, the pods and the process
+//! runtime's containers, with the limits as unit properties that a reload keeps; adoption after `kill -9`; and
+//! containerd's scopes in a pod's slice.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 #![allow(clippy::disallowed_types)] // waits for real processes, in real time
 
@@ -64,7 +66,8 @@ fn the_unit_notifies_ready_restarts_adopt_and_the_watchdog_restarts_a_stalled_da
     if !systemd_available() {
         return;
     }
-    let d = Daemon::new("systemd", "");
+    // The kubeadm node's driver: the pod's slice is systemd's, and the restarts below adopt it.
+    let d = Daemon::new("systemd", "cgroupDriver: systemd\n");
     let manifests = quiet_manifests(d.dir.path());
     let config = std::fs::read_to_string(d.config_path()).unwrap();
     std::fs::write(d.config_path(), format!("{config}staticPodPath: {}\n", manifests.display())).unwrap();
@@ -112,6 +115,180 @@ fn the_unit_notifies_ready_restarts_adopt_and_the_watchdog_restarts_a_stalled_da
     assert!(ok, "{out}");
     let _ = std::fs::remove_dir_all(format!("/run/systemd/system/{UNIT}.d"));
     let _ = std::fs::remove_file(format!("/run/systemd/system/{UNIT}"));
-    // The pod outlived the daemon (KillMode=process); the test's daemon clean-up kills what is left.
+    // The pod outlived the daemon (KillMode=process); stopping its slices ends it.
     assert!(first_container(d.port).is_none(), "the daemon is stopped");
+    let (ok, out) = systemctl(&["stop", "nwtest-d-systemd.slice"]);
+    assert!(ok, "{out}");
+}
+
+/// A unit's properties, by `systemctl show`.
+fn show_unit(unit: &str, props: &[&str]) -> BTreeMap<String, String> {
+    let mut args = vec!["show", unit];
+    for p in props {
+        args.extend(["-p", p]);
+    }
+    let (_, out) = systemctl(&args);
+    out.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
+}
+
+/// A cgroup file below the mount, trimmed.
+fn cgroup_file(cgroup: &str, file: &str) -> String {
+    std::fs::read_to_string(Path::new(MOUNT).join(cgroup.trim_start_matches('/')).join(file))
+        .unwrap_or_else(|e| panic!("{cgroup}/{file}: {e}"))
+        .trim()
+        .to_owned()
+}
+
+/// systemd's words for a cgroup limit file's value.
+fn as_property(file_value: &str) -> String {
+    if file_value == "max" { "infinity".into() } else { file_value.to_owned() }
+}
+
+#[test]
+fn the_systemd_driver_has_systemd_make_the_slices_and_the_limits_hold() {
+    if !systemd_available() {
+        return;
+    }
+    let sleep = "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '100000']\n";
+    let pods = [
+        ("g", "", format!("{sleep}    resources:\n      limits: {{cpu: 250m, memory: 64Mi}}\n")),
+        (
+            "b",
+            "burstable-",
+            format!(
+                "{sleep}    resources:\n      requests: {{cpu: 100m, memory: 32Mi}}\n      limits: {{memory: 128Mi}}\n"
+            ),
+        ),
+        ("e", "besteffort-", sleep.to_owned()),
+    ];
+    let mut n = node_with("sdslices", "", "cgroupDriver: systemd\npodPidsLimit: 300\n");
+    // cgroupRoot /nwtest-d-sdslices names the slice nwtest-d-sdslices.slice, as the kubelet reads it.
+    let prefix = "nwtest-d-sdslices";
+    let kubepods = format!("{prefix}-kubepods.slice");
+    let k = show_unit(&kubepods, &["ActiveState", "ControlGroup", "MemoryMax", "TasksMax", "CPUWeight"]);
+    assert_eq!(k["ActiveState"], "active", "{k:?}\n{}", n.d.log());
+    assert_eq!(k["ControlGroup"], format!("/nwtest.slice/nwtest-d.slice/{prefix}.slice/{kubepods}"));
+    for (prop, file) in [("MemoryMax", "memory.max"), ("TasksMax", "pids.max"), ("CPUWeight", "cpu.weight")] {
+        assert_eq!(k[prop], as_property(&cgroup_file(&k["ControlGroup"], file)), "{prop} of {kubepods}");
+    }
+    for (name, _, body) in &pods {
+        n.write(&format!("{name}.yaml"), &pod_yaml(name, body));
+    }
+    let mut placed = Vec::new();
+    for (name, class, _) in &pods {
+        let p = n.wait_pod(name, 60, "running", |p| phase(p) == "Running");
+        let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+        let unit = format!("{prefix}-kubepods-{class}pod{}.slice", uid.replace('-', "_"));
+        let props = ["ActiveState", "ControlGroup", "MemoryMax", "TasksMax", "CPUWeight", "CPUQuotaPerSecUSec"];
+        let s = show_unit(&unit, &props);
+        assert_eq!(s["ActiveState"], "active", "{unit}: {s:?}\n{}", n.d.log());
+        let cg = s["ControlGroup"].clone();
+        assert!(cg.starts_with(&k["ControlGroup"]), "{cg}");
+        // The unit's properties and the files say the same (systemd would write its own on a reload).
+        for (prop, file) in [("MemoryMax", "memory.max"), ("TasksMax", "pids.max"), ("CPUWeight", "cpu.weight")] {
+            assert_eq!(s[prop], as_property(&cgroup_file(&cg, file)), "{prop} of {unit}");
+        }
+        assert_eq!(s["TasksMax"], "300", "podPidsLimit");
+        let (memory, quota) = match *name {
+            "g" => ("67108864", "250ms"),
+            "b" => ("134217728", "infinity"),
+            _ => ("max", "infinity"),
+        };
+        assert_eq!(cgroup_file(&cg, "memory.max"), memory, "{unit}");
+        assert_eq!(s["CPUQuotaPerSecUSec"], quota, "{unit}");
+        // The process runtime's container has a slice of its own in the pod's, with its limits, and runs there.
+        let app = format!("{}-app.slice", unit.trim_end_matches(".slice"));
+        let a = show_unit(&app, &["ActiveState", "ControlGroup", "MemoryMax"]);
+        assert_eq!(a["ControlGroup"], format!("{cg}/{app}"), "{a:?}");
+        assert_eq!(a["MemoryMax"], as_property(&cgroup_file(&a["ControlGroup"], "memory.max")), "{app}");
+        assert!(!cgroup_file(&a["ControlGroup"], "cgroup.procs").is_empty(), "{unit}: no process in its container");
+        placed.push((name.to_owned(), unit, a["ControlGroup"].clone(), first_container_of(&p)));
+    }
+
+    // A reload has systemd apply its properties again: the limits hold and the containers keep their
+    // controllers.
+    let (ok, out) = systemctl(&["daemon-reload"]);
+    assert!(ok, "{out}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    for (_, unit, app, _) in &placed {
+        let s = show_unit(unit, &["MemoryMax", "ControlGroup"]);
+        assert_eq!(s["MemoryMax"], as_property(&cgroup_file(&s["ControlGroup"], "memory.max")), "{unit} after reload");
+        assert!(
+            Path::new(MOUNT).join(app.trim_start_matches('/')).join("memory.max").exists(),
+            "{app}: the container lost its memory controller after daemon-reload"
+        );
+    }
+
+    // kill -9 and a new daemon: the slices are adopted and the containers left alone.
+    n.d.kill();
+    n.d.start();
+    n.d.wait_ready();
+    for (name, unit, _, container) in &placed {
+        let p = n.wait_pod(name, 60, "running again", |p| phase(p) == "Running");
+        assert_eq!(&first_container_of(&p), container, "{unit} was not adopted");
+    }
+    assert_eq!(n.d.log().matches("adopted existing pod cgroup").count(), 3, "{}", n.d.log());
+
+    // A pod that is removed has its slice stopped: the unit and its cgroup are gone.
+    let (_, unit, app, _) = &placed[0];
+    let cg = app.rsplit_once('/').unwrap().0;
+    std::fs::remove_file(n.manifests.join("g.yaml")).unwrap();
+    wait_until(60, "the removed pod's slice stopped", || {
+        show_unit(unit, &["ActiveState"]).get("ActiveState").is_none_or(|s| s == "inactive")
+            && !Path::new(MOUNT).join(cg.trim_start_matches('/')).exists()
+    });
+    assert_eq!(n.d.stop(), Some(0), "{}", n.d.log());
+    let (ok, out) = systemctl(&["stop", "nwtest-d-sdslices.slice"]);
+    assert!(ok, "{out}");
+}
+
+/// The pod's first container's ID and start time.
+fn first_container_of(p: &serde_json::Value) -> String {
+    let c = &p["status"]["containerStatuses"][0];
+    format!("{} {}", c["containerID"], c["state"]["running"]["startedAt"])
+}
+
+#[test]
+fn under_the_systemd_driver_containerd_runs_the_containers_in_scopes_of_the_pods_slice() {
+    if !systemd_available() {
+        return;
+    }
+    let socket = "/run/containerd/containerd.sock";
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/containerd/start"))
+        .env("CONTAINERD_SYSTEMD_CGROUP", "true")
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "containerd did not start: {}", String::from_utf8_lossy(&out.stderr));
+    let mut n = node_with("sdcri", "", &format!("cgroupDriver: systemd\ncontainerRuntimeEndpoint: unix://{socket}\n"));
+    let body = "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: \
+                localhost/busybox:1\n    command: [sh, -c, 'exec sleep 3600']\n    resources:\n      requests: {memory: \
+                32Mi, cpu: 100m}\n      limits: {memory: 64Mi}\n";
+    n.write("web.yaml", &pod_yaml("web", body));
+    let p = n.wait_pod("web", 180, "running", |p| phase(p) == "Running");
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    let id = p["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://");
+    let slice = format!("nwtest-d-sdcri-kubepods-burstable-pod{}.slice", uid.replace('-', "_"));
+    let s = show_unit(&slice, &["ActiveState", "ControlGroup", "MemoryMax"]);
+    assert_eq!((s["ActiveState"].as_str(), s["MemoryMax"].as_str()), ("active", "67108864"), "{s:?}");
+    // runc's systemd driver made the container a scope of the pod's slice (the sandbox's cgroup_parent), with
+    // the container's limit.
+    let scope = format!("cri-containerd-{id}.scope");
+    let c = show_unit(&scope, &["ActiveState", "ControlGroup", "Slice", "MemoryMax"]);
+    assert_eq!((c["ActiveState"].as_str(), c["Slice"].as_str()), ("active", slice.as_str()), "{c:?}");
+    assert_eq!(c["MemoryMax"], "67108864");
+    assert!(c["ControlGroup"].starts_with(&s["ControlGroup"]), "{c:?}");
+    assert!(!cgroup_file(&c["ControlGroup"], "cgroup.procs").is_empty(), "the container runs in its scope");
+
+    // Removed: the sandbox goes, and the slice is stopped with nothing left of it.
+    std::fs::remove_file(n.manifests.join("web.yaml")).unwrap();
+    let cg = Path::new(MOUNT).join(s["ControlGroup"].trim_start_matches('/'));
+    wait_until(90, "the pod's slice stopped", || {
+        n.pod("web").is_none()
+            && show_unit(&slice, &["ActiveState"]).get("ActiveState").is_none_or(|a| a == "inactive")
+            && !cg.exists()
+    });
+    assert_eq!(n.d.stop(), Some(0), "{}", n.d.log());
+    let (ok, out) = systemctl(&["stop", "nwtest-d-sdcri.slice"]);
+    assert!(ok, "{out}");
 }

@@ -15,6 +15,8 @@
 //! `cluster`: the daemon joined to the test apiserver: requests per minute when idle, and a condition change →
 //! the apiserver's copy (see `cluster.rs`).
 //!
+//! `placement`: the time to place a pod under each cgroup driver (see `placement.rs`).
+//!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
 //! nodewarden, each alone (see `eviction/`); `hog` is their workload.
 
@@ -24,6 +26,7 @@ mod cluster;
 mod cri;
 mod eviction;
 mod hog;
+mod placement;
 mod pods;
 mod reload;
 mod svg;
@@ -146,6 +149,18 @@ enum Cmd {
     },
     /// The benchmark's workload (run as a pod): grows memory, processes or files; records SIGTERM's delivery.
     Hog(hog::HogArgs),
+    /// The time to place and release a pod under the cgroupfs and the systemd cgroup drivers (systemd as PID 1).
+    Placement {
+        /// Pods per run.
+        #[arg(long, default_value_t = 50)]
+        pods: usize,
+        /// Runs per driver.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/placement.md")]
+        out: PathBuf,
+    },
     /// A threshold edit (`sed -i`, in place, rename) → the new value in `kubelet_eviction_stats`.
     Reload {
         /// The nodewarden binary to measure.
@@ -182,6 +197,7 @@ fn main() -> Result<()> {
             cluster::run(&nodewarden, pods, seconds, runs, edits, &out)
         }
         Cmd::Hog(args) => hog::run(&args),
+        Cmd::Placement { pods, runs, out } => placement::run(pods, runs, &out),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
     }
 }

@@ -124,4 +124,7 @@ pub enum CgroupError {
     /// A name was refused before it became a path.
     #[error(transparent)]
     Name(#[from] NameError),
+    /// systemd did not start, change or stop a slice (the systemd driver).
+    #[error(transparent)]
+    Unit(#[from] crate::systemd::UnitError),
 }

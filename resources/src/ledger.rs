@@ -2,6 +2,7 @@
 //! release, and adoption of the pods whose cgroups exist when nodewarden starts.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -16,6 +17,7 @@ use crate::observe::{self, Observations, PodUsage};
 use crate::pressure::NodePressure;
 use crate::priority::{is_critical, is_node_critical, is_static_pod, pod_priority};
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
+use crate::systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 use crate::tree::{self, Tree};
 
 /// The daemon cgroup's `cpu.weight`: ten times a default cgroup's, so the daemon keeps running when pods
@@ -52,6 +54,8 @@ pub struct ResourceConfig {
     /// Create a cgroup per container below the pod's. The process runtime starts containers in them; a CRI runtime
     /// creates its own (`<pod>/<container id>`) from the limits it is given, so none are made for it.
     pub container_cgroups: bool,
+    /// `cgroupDriver`: who creates the tree's and the pods' cgroups.
+    pub cgroup_driver: CgroupDriver,
 }
 
 impl ResourceConfig {
@@ -72,6 +76,7 @@ impl ResourceConfig {
             memory_throttling_factor: 0.9,
             static_pods_critical: false,
             container_cgroups: true,
+            cgroup_driver: CgroupDriver::Cgroupfs,
         }
     }
 }
@@ -244,6 +249,8 @@ pub struct ResourceManager {
     pods: BTreeMap<String, Placement>,
     terminating: BTreeSet<String>,
     pressure: NodePressure,
+    /// The systemd driver's way to systemd.
+    units: Option<Arc<dyn Units>>,
 }
 
 fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
@@ -255,7 +262,10 @@ fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
 impl ResourceManager {
     /// Reads the node's capacity and computes allocatable. Nothing is written until [`ResourceManager::setup`].
     pub fn new(fs: CgroupFs, host: HostPaths, config: ResourceConfig) -> Result<Self, CgroupError> {
-        let tree = Tree::new(config.cgroup_root.clone())?;
+        let tree = match config.cgroup_driver {
+            CgroupDriver::Cgroupfs => Tree::new(config.cgroup_root.clone())?,
+            CgroupDriver::Systemd => Tree::systemd(&config.cgroup_root)?,
+        };
         let capacity = read_capacity(&host, &fs, &config.cgroup_root)?;
         let allocatable =
             allocatable::compute(&capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
@@ -269,14 +279,31 @@ impl ResourceManager {
             pods: BTreeMap::new(),
             terminating: BTreeSet::new(),
             pressure: NodePressure::default(),
+            units: None,
         })
+    }
+
+    /// Gives the systemd driver its way to systemd: without it, [`ResourceManager::setup`] refuses that driver.
+    #[must_use]
+    pub fn with_units(mut self, units: Arc<dyn Units>) -> Self {
+        self.units = Some(units);
+        self
+    }
+
+    fn units(&self) -> Option<&dyn Units> {
+        self.units.as_deref()
     }
 
     /// Creates the kubepods tree with allocatable enforced and adopts the pod cgroups that exist. Returns the
     /// UIDs adopted.
     pub fn setup(&mut self) -> Result<Vec<String>, CgroupError> {
+        if self.tree.driver() == CgroupDriver::Systemd && self.units.is_none() {
+            let reason = "the systemd cgroup driver has no connection to systemd".to_owned();
+            return Err(UnitError { unit: self.tree.kubepods.to_string(), reason }.into());
+        }
         tree::ensure(
             &self.fs,
+            self.units(),
             &self.tree,
             &self.allocatable.enforced,
             &self.allocatable.capacity,
@@ -374,10 +401,21 @@ impl ResourceManager {
         let allocatable =
             allocatable::compute(&self.capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
         if allocatable != self.allocatable || config.enforce_pods != self.config.enforce_pods {
-            tree::ensure(&self.fs, &self.tree, &allocatable.enforced, &allocatable.capacity, config.enforce_pods)?;
+            tree::ensure(
+                &self.fs,
+                self.units(),
+                &self.tree,
+                &allocatable.enforced,
+                &allocatable.capacity,
+                config.enforce_pods,
+            )?;
         }
         self.allocatable = allocatable;
-        self.config = ResourceConfig { cgroup_root: self.config.cgroup_root.clone(), ..config };
+        self.config = ResourceConfig {
+            cgroup_root: self.config.cgroup_root.clone(),
+            cgroup_driver: self.config.cgroup_driver,
+            ..config
+        };
         Ok(())
     }
 
@@ -421,9 +459,8 @@ impl ResourceManager {
         let res = self.admit(pod)?;
         let uid = pod_uid(pod)?;
         let qos = res.qos_class();
-        let parent = self.tree.qos_parent(qos).clone();
         let cg_err = |source: CgroupError| PlaceError::Cgroup { uid: uid.clone(), source };
-        let cgroup = parent.child(&format!("pod{uid}")).map_err(|e| cg_err(e.into()))?;
+        let cgroup = self.tree.pod_cgroup(qos, &uid).map_err(|e| cg_err(e.into()))?;
         if let Some(old) = self.pods.get(&uid).filter(|old| old.qos != qos) {
             return Err(PlaceError::QosChanged { uid, from: old.qos, to: qos });
         }
@@ -437,7 +474,7 @@ impl ResourceManager {
             .map(|c| -> Result<ContainerPlacement, NameError> {
                 Ok(ContainerPlacement {
                     name: c.name.clone(),
-                    cgroup: cgroup.child(&c.name)?,
+                    cgroup: self.tree.container_cgroup(&cgroup, &c.name)?,
                     limits: limits::container_limits(c, qos, &s),
                     cpu_shares: qos::cpu_shares(c.cpu_request.unwrap_or(0)),
                     oom_score_adj: qos::oom_score_adj(
@@ -469,7 +506,7 @@ impl ResourceManager {
         let mut created = Vec::new();
         if let Err(e) = self.write_placement(&placement, &mut created) {
             for cg in created.iter().rev() {
-                if let Err(re) = self.fs.remove(cg) {
+                if let Err(re) = tree::remove(&self.fs, self.units(), &self.tree, cg) {
                     tracing::warn!(cgroup = %cg, error = %re, "cannot remove cgroup after a failed placement");
                 }
             }
@@ -481,21 +518,27 @@ impl ResourceManager {
     }
 
     fn write_placement(&self, p: &Placement, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
-        let containers = if self.config.container_cgroups { p.containers.as_slice() } else { &[] };
-        for cg in std::iter::once(&p.cgroup).chain(containers.iter().map(|c| &c.cgroup)) {
-            if !self.fs.exists(cg) {
-                self.fs.create(cg)?;
-                created.push(cg.clone());
+        self.make(&p.cgroup, &p.limits, created)?;
+        tree::delegate(&self.fs, &self.tree, &p.cgroup)?;
+        if self.config.container_cgroups {
+            for c in &p.containers {
+                self.make(&c.cgroup, &c.limits, created)?;
             }
-            if *cg == p.cgroup {
-                tree::apply(&self.fs, cg, &p.limits)?;
-                tree::delegate(&self.fs, cg)?;
-            }
-        }
-        for c in containers {
-            tree::apply(&self.fs, &c.cgroup, &c.limits)?;
         }
         Ok(())
+    }
+
+    /// Creates a pod's or a container's cgroup (recorded in `created`), or gives its slice the limits again where
+    /// it is there, and writes the limits.
+    fn make(&self, cg: &CgroupPath, limits: &CgroupLimits, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
+        let unit_limits = UnitLimits::of(limits);
+        if self.fs.exists(cg) {
+            tree::set_unit_limits(self.units(), &self.tree, cg, &unit_limits)?;
+        } else {
+            tree::create(&self.fs, self.units(), &self.tree, cg, &unit_limits)?;
+            created.push(cg.clone());
+        }
+        tree::apply(&self.fs, cg, limits)
     }
 
     /// Rewrites the limits of a placed pod from a changed spec (its QoS class must not change).
@@ -512,17 +555,13 @@ impl ResourceManager {
     pub fn release(&mut self, uid: &str) -> Result<(), PlaceError> {
         let p = self.pods.get(uid).ok_or_else(|| PlaceError::NotPlaced(uid.to_owned()))?;
         let cg_err = |source: CgroupError| PlaceError::Cgroup { uid: uid.to_owned(), source };
-        // Every cgroup below the pod, including ones a runtime made there (containerd nests sandbox and container
-        // cgroups under the pod), children first.
-        let all = self.fs.subtree(&p.cgroup).map_err(cg_err)?;
         let pids = self.fs.subtree_procs(&p.cgroup).map_err(cg_err)?;
         if !pids.is_empty() {
             return Err(PlaceError::Busy { uid: uid.to_owned(), pids });
         }
-        // `all` lists children before parents: the order in which cgroups can be removed.
-        for cg in &all {
-            self.fs.remove(cg).map_err(|e| cg_err(e.into()))?;
-        }
+        // Every cgroup below the pod goes too, including ones a runtime made there (containerd nests sandbox and
+        // container cgroups under the pod).
+        tree::remove(&self.fs, self.units(), &self.tree, &p.cgroup).map_err(cg_err)?;
         self.pods.remove(uid);
         self.terminating.remove(uid);
         self.refresh_qos_parents();
@@ -568,19 +607,17 @@ impl ResourceManager {
         let sum = |f: fn(&Placement) -> u64, classes: &[QosClass]| -> u64 {
             self.pods.values().filter(|p| classes.contains(&p.qos)).map(f).fold(0, u64::saturating_add)
         };
-        let burstable_cpu = sum(|p| p.cpu_request, &[QosClass::Burstable]);
-        self.fs.write(
-            &self.tree.burstable,
-            "cpu.weight",
-            &qos::shares_to_weight(qos::cpu_shares(burstable_cpu)).to_string(),
-        )?;
-        if self.config.memory_qos {
-            self.fs.write(
-                &self.tree.burstable,
-                "memory.min",
-                &sum(|p| p.memory_request, &[QosClass::Burstable]).to_string(),
-            )?;
-            let protected = sum(|p| p.memory_request, &[QosClass::Burstable, QosClass::Guaranteed]);
+        let weight = qos::shares_to_weight(qos::cpu_shares(sum(|p| p.cpu_request, &[QosClass::Burstable])));
+        let qos_memory = self.config.memory_qos;
+        let burstable_min = qos_memory.then(|| sum(|p| p.memory_request, &[QosClass::Burstable]));
+        let protected = qos_memory.then(|| sum(|p| p.memory_request, &[QosClass::Burstable, QosClass::Guaranteed]));
+        let burstable = UnitLimits { cpu_weight: Some(weight), memory_min: burstable_min, ..UnitLimits::default() };
+        tree::set_unit_limits(self.units(), &self.tree, &self.tree.burstable, &burstable)?;
+        self.fs.write(&self.tree.burstable, "cpu.weight", &weight.to_string())?;
+        if let (Some(burstable_min), Some(protected)) = (burstable_min, protected) {
+            self.fs.write(&self.tree.burstable, "memory.min", &burstable_min.to_string())?;
+            let kubepods = UnitLimits { memory_min: Some(protected), ..UnitLimits::default() };
+            tree::set_unit_limits(self.units(), &self.tree, &self.tree.kubepods, &kubepods)?;
             self.fs.write(&self.tree.kubepods, "memory.min", &protected.to_string())?;
         }
         Ok(())
@@ -594,14 +631,14 @@ impl ResourceManager {
         for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
             let parent = self.tree.qos_parent(qos).clone();
             for name in self.fs.children(&parent)? {
-                let Some(uid) = name.strip_prefix("pod") else { continue };
-                if validate_pod_uid(uid).is_err() || self.pods.contains_key(uid) {
+                let Some(uid) = self.tree.pod_uid(qos, &name) else { continue };
+                if validate_pod_uid(&uid).is_err() || self.pods.contains_key(&uid) {
                     continue;
                 }
-                match self.read_existing(&parent, uid, qos) {
+                match self.read_existing(&uid, qos) {
                     Ok(p) => {
-                        adopted.push(uid.to_owned());
-                        self.pods.insert(uid.to_owned(), p);
+                        adopted.push(uid.clone());
+                        self.pods.insert(uid, p);
                     }
                     Err(e) => tracing::warn!(pod_uid = uid, error = %e, "cannot adopt existing pod cgroup"),
                 }
@@ -611,12 +648,13 @@ impl ResourceManager {
         Ok(adopted)
     }
 
-    fn read_existing(&self, parent: &CgroupPath, uid: &str, qos: QosClass) -> Result<Placement, CgroupError> {
-        let cgroup = parent.child(&format!("pod{uid}"))?;
+    fn read_existing(&self, uid: &str, qos: QosClass) -> Result<Placement, CgroupError> {
+        let cgroup = self.tree.pod_cgroup(qos, uid)?;
         let limits = tree::read_limits(&self.fs, &cgroup)?;
         let mut containers = Vec::new();
-        for name in self.fs.children(&cgroup)? {
-            let cg = cgroup.child(&name)?;
+        for child in self.fs.children(&cgroup)? {
+            let Some(name) = self.tree.container_name(&cgroup, &child) else { continue };
+            let cg = cgroup.child(&child)?;
             let limits = tree::read_limits(&self.fs, &cg)?;
             containers.push(ContainerPlacement {
                 name,

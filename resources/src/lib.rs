@@ -30,6 +30,7 @@ mod priority;
 mod qos;
 mod quantity;
 mod statfs;
+pub mod systemd;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tree;
@@ -60,4 +61,5 @@ pub use qos::{
     PodSpecError, QosClass, cpu_quota, cpu_shares, memory_high, oom_score_adj, shares_to_weight,
 };
 pub use quantity::{Amount, Quantity, QuantityError, parse_millicores, parse_non_negative};
+pub use systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 pub use tree::Tree;

@@ -9,7 +9,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use nodewarden_resources::{
-    AdmitError, CgroupFs, CgroupPath, EvictionReserve, HostPaths, Limit, PlaceError, QosClass, Reserved,
+    AdmitError, CgroupDriver, CgroupFs, CgroupPath, EvictionReserve, HostPaths, Limit, PlaceError, QosClass, Reserved,
     ResourceConfig, ResourceManager, check_host,
 };
 use serde_json::json;
@@ -81,6 +81,7 @@ fn config(root: &Root) -> ResourceConfig {
         memory_throttling_factor: 0.9,
         static_pods_critical: false,
         container_cgroups: true,
+        cgroup_driver: CgroupDriver::Cgroupfs,
     }
 }
 

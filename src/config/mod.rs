@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use nodewarden_eviction::Thresholds;
 use nodewarden_resources::{
-    CgroupPath, EvictionReserve, Reserved, ResourceConfig, parse_millicores, parse_non_negative,
+    CgroupDriver, CgroupPath, EvictionReserve, Reserved, ResourceConfig, parse_millicores, parse_non_negative,
 };
 
 pub use raw::{KubeletConfiguration, QuantityMap};
@@ -279,15 +279,18 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
             "false is not supported: nodewarden always creates the kubepods tree",
         ));
     }
-    match required(&c.cgroup_driver, "cgroupDriver")?.as_str() {
-        "cgroupfs" => {}
-        "systemd" => warnings.push(
-            "cgroupDriver: systemd is treated as cgroupfs: nodewarden lays out kubepods/<qos>/pod<UID> directly".into(),
-        ),
+    let (cgroup_driver, cgroup_root) = match required(&c.cgroup_driver, "cgroupDriver")?.as_str() {
+        "cgroupfs" => (CgroupDriver::Cgroupfs, cgroup_root),
+        // As the kubelet reads it under systemd: `cgroupRoot` names a slice (`/nodewarden` is nodewarden.slice).
+        "systemd" => {
+            let root = nodewarden_resources::systemd::root_path(&cgroup_root)
+                .map_err(|e| ConfigError::field("cgroupRoot", e.to_string()))?;
+            (CgroupDriver::Systemd, root)
+        }
         other => {
             return Err(ConfigError::field("cgroupDriver", format!("must be cgroupfs or systemd, found {other:?}")));
         }
-    }
+    };
     let enforce = required(&c.enforce_node_allocatable, "enforceNodeAllocatable")?;
     for v in enforce {
         match v.as_str() {
@@ -541,6 +544,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         memory_throttling_factor: factor,
         static_pods_critical: *required(&nw.static_pods_critical, "nodewarden.staticPodsCritical")?,
         container_cgroups: endpoint.is_empty(),
+        cgroup_driver,
     };
     Ok(Config {
         ignored: Vec::new(),

@@ -170,7 +170,9 @@ fn a_real_kubelet_config_loads() {
     for f in ["authentication", "authorization", "clusterDNS", "logging", "rotateCertificates", "memorySwap"] {
         assert!(c.ignored.iter().any(|i| i == f), "{f} not reported as ignored: {:?}", c.ignored);
     }
-    assert!(c.warnings.iter().any(|w| w.contains("systemd")), "{:?}", c.warnings);
+    // kubeadm's driver, with its default root: the kubelet's kubepods.slice.
+    assert_eq!(c.resources.cgroup_driver, CgroupDriver::Systemd);
+    assert_eq!(c.resources.cgroup_root, CgroupPath::root());
     assert_eq!(c.static_pod_path, Some(PathBuf::from("/etc/kubernetes/manifests")));
     assert_eq!(
         c.resources.system_reserved,
@@ -263,4 +265,14 @@ fn oversized_files_are_refused_before_parsing() {
     std::fs::write(&p, vec![b'#'; usize::try_from(MAX_CONFIG_BYTES + 1).unwrap()]).unwrap();
     assert!(matches!(load(&p), Err(ConfigError::Read { .. })));
     assert!(matches!(load(&dir.path().join("missing.yaml")), Err(ConfigError::Read { .. })));
+}
+
+#[test]
+fn under_the_systemd_driver_the_cgroup_root_names_a_slice() {
+    let root = |extra: &str| parse(&format!("{HEAD}cgroupDriver: systemd\n{extra}")).unwrap().resources.cgroup_root;
+    assert_eq!(root("cgroupRoot: /nodewarden\n").as_str(), "/nodewarden.slice");
+    assert_eq!(root("cgroupRoot: /a.slice/a-b.slice\n").as_str(), "/a.slice/a-b.slice");
+    assert_eq!(root("cgroupRoot: /a-b.slice\n").as_str(), "/a.slice/a-b.slice");
+    let c = parse(&format!("{HEAD}cgroupRoot: /nodewarden\n")).unwrap();
+    assert_eq!((c.resources.cgroup_driver, c.resources.cgroup_root.as_str()), (CgroupDriver::Cgroupfs, "/nodewarden"));
 }

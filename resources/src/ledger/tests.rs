@@ -24,6 +24,7 @@ fn config() -> ResourceConfig {
         memory_throttling_factor: 0.9,
         static_pods_critical: false,
         container_cgroups: true,
+        cgroup_driver: CgroupDriver::Cgroupfs,
     }
 }
 
@@ -299,4 +300,108 @@ fn eviction_candidates_carry_what_eviction_ranks_by() {
     let mut m2 = ResourceManager::new(fs, f.host(), config()).unwrap();
     m2.setup().unwrap();
     assert!(m2.eviction_candidates().is_empty());
+}
+
+/// systemd as the systemd driver sees it: starting a slice makes its cgroup, stopping one removes it; every call
+/// is recorded.
+#[derive(Debug)]
+struct FakeSystemd {
+    fs: CgroupFs,
+    calls: std::sync::Mutex<Vec<String>>,
+}
+
+impl Units for FakeSystemd {
+    fn start_slice(&self, unit: &str, limits: &UnitLimits) -> Result<(), UnitError> {
+        self.calls.lock().unwrap().push(format!("start {unit} {limits:?}"));
+        let cg = crate::systemd::slice_path(unit).unwrap();
+        if !self.fs.exists(&cg) {
+            self.fs.create(&cg).unwrap();
+        }
+        Ok(())
+    }
+    fn set_limits(&self, unit: &str, limits: &UnitLimits) -> Result<(), UnitError> {
+        self.calls.lock().unwrap().push(format!("set {unit} {limits:?}"));
+        Ok(())
+    }
+    fn stop(&self, unit: &str) -> Result<(), UnitError> {
+        self.calls.lock().unwrap().push(format!("stop {unit}"));
+        let cg = crate::systemd::slice_path(unit).unwrap();
+        for c in self.fs.subtree(&cg).unwrap_or_default() {
+            self.fs.remove(&c).unwrap();
+        }
+        Ok(())
+    }
+}
+
+fn systemd_manager(f: &FakeHost) -> (ResourceManager, Arc<FakeSystemd>) {
+    let root = CgroupPath::root();
+    let units = Arc::new(FakeSystemd {
+        fs: CgroupFs::emulated(f.cgroup_mount(), root.clone()),
+        calls: std::sync::Mutex::default(),
+    });
+    let config = ResourceConfig { cgroup_root: root.clone(), cgroup_driver: CgroupDriver::Systemd, ..config() };
+    let fs = CgroupFs::emulated(f.cgroup_mount(), root);
+    let mut m = ResourceManager::new(fs, f.host(), config).unwrap().with_units(units.clone());
+    m.setup().unwrap();
+    (m, units)
+}
+
+#[test]
+fn the_systemd_driver_places_pods_in_slices_named_as_the_kubelet_names_them() {
+    let f = FakeHost::new();
+    let (mut m, units) = systemd_manager(&f);
+    assert_eq!(m.tree().kubepods.as_str(), "/kubepods.slice");
+    assert_eq!(read(&f, "kubepods.slice/memory.max"), (900 * MIB).to_string(), "the files are written too");
+    assert_eq!(read(&f, "kubepods.slice/kubepods-besteffort.slice/cpu.weight"), "1");
+    let calls = units.calls.lock().unwrap().clone();
+    assert!(calls[0].starts_with("start kubepods.slice") && calls[0].contains("memory_max: Some(Value(943718400))"));
+    assert!(
+        calls.iter().any(|c| c.starts_with("start kubepods-besteffort.slice") && c.contains("cpu_weight: Some(1)"))
+    );
+
+    let g = m.place(&guaranteed("0a-1b", "128Mi")).unwrap();
+    assert_eq!(g.cgroup.as_str(), "/kubepods.slice/kubepods-pod0a_1b.slice");
+    assert_eq!(read(&f, "kubepods.slice/kubepods-pod0a_1b.slice/memory.max"), (128 * MIB).to_string());
+    // The container's cgroup is a slice of its own inside the pod's, so systemd keeps its controllers.
+    assert_eq!(g.containers[0].cgroup.as_str(), "/kubepods.slice/kubepods-pod0a_1b.slice/kubepods-pod0a_1b-app.slice");
+    assert_eq!(
+        read(&f, "kubepods.slice/kubepods-pod0a_1b.slice/kubepods-pod0a_1b-app.slice/memory.max"),
+        (128 * MIB).to_string()
+    );
+    let b = m
+        .place(&pod("b1", json!([{"name": "w", "resources": {"requests": {"cpu": "250m", "memory": "100Mi"}}}])))
+        .unwrap();
+    assert_eq!(b.cgroup.as_str(), "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb1.slice");
+    let calls = units.calls.lock().unwrap().clone();
+    let start = calls.iter().find(|c| c.starts_with("start kubepods-pod0a_1b.slice")).unwrap();
+    assert!(start.contains("memory_max: Some(Value(134217728))") && start.contains("quota: Some(50000)"), "{start}");
+    // The burstable slice's weight follows its pods, as a property and in the file.
+    let weight = qos::shares_to_weight(qos::cpu_shares(250));
+    let set = calls.iter().rev().find(|c| c.starts_with("set kubepods-burstable.slice")).unwrap();
+    assert!(set.contains(&format!("cpu_weight: Some({weight})")), "{calls:?}");
+    assert_eq!(read(&f, "kubepods.slice/kubepods-burstable.slice/cpu.weight"), weight.to_string());
+
+    // A restart adopts the slices; a release stops the pod's slice and nothing is left of it.
+    let (mut again, units) = systemd_manager(&f);
+    let mut adopted = again.placements().map(|p| p.uid.clone()).collect::<Vec<_>>();
+    adopted.sort();
+    assert_eq!(adopted, ["0a-1b", "b1"]);
+    let containers: Vec<&str> = again.placement("0a-1b").unwrap().containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(containers, ["app"], "the container slice read back as its container");
+    again.release("0a-1b").unwrap();
+    assert!(units.calls.lock().unwrap().iter().any(|c| c == "stop kubepods-pod0a_1b.slice"));
+    assert!(!f.cgroup_mount().join("kubepods.slice/kubepods-pod0a_1b.slice").exists());
+
+    // A UID with an underscore could not be read back from its slice's name.
+    let err = again.place(&guaranteed("a_b", "64Mi")).unwrap_err();
+    assert!(err.to_string().contains("'_'"), "{err}");
+}
+
+#[test]
+fn the_systemd_driver_is_refused_without_a_way_to_systemd() {
+    let f = FakeHost::new();
+    let config = ResourceConfig { cgroup_driver: CgroupDriver::Systemd, ..config() };
+    let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw.slice").unwrap());
+    let err = ResourceManager::new(fs, f.host(), config).unwrap().setup().unwrap_err();
+    assert!(err.to_string().contains("no connection to systemd"), "{err}");
 }
