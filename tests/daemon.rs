@@ -393,7 +393,7 @@ fn the_systemd_cgroup_driver_is_refused_where_systemd_is_not_the_init() {
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("cgroupDriver: systemd needs systemd as PID 1"), "{stderr}");
     // Nothing was made: neither the slices nor the cgroupfs layout.
-    for made in ["nwtest.slice", "nwtest-d-sdrefused", "kubepods.slice"] {
+    for made in ["nwtest_d_sdrefused.slice", "nwtest-d-sdrefused", "kubepods.slice"] {
         assert!(!Path::new(MOUNT).join(made).exists(), "{made} was created");
     }
 }

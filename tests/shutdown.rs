@@ -126,17 +126,29 @@ fn a_poweroff_terminates_the_pods_by_priority_within_their_shares() {
     let t0 = Instant::now();
     let mut ended: BTreeMap<String, Duration> = BTreeMap::new();
     let mut shutting_down = false;
-    while ended.len() < 3 && t0.elapsed() < Duration::from_secs(30) {
+    // A pod that comes while the node shuts down is refused, as the kubelet refuses it.
+    let mut late: Option<(String, String, String)> = None;
+    while (ended.len() < 3 || late.is_none()) && t0.elapsed() < Duration::from_secs(30) {
         // One time for everything one look at /pods finds.
         let (seen, now) = (phases(), t0.elapsed());
         for (name, (phase, reason, message)) in seen {
-            if phase == "Failed" && !ended.contains_key(&name) {
+            if name == "late-vm" {
+                if phase == "Failed" {
+                    late = Some((phase, reason, message));
+                }
+            } else if phase == "Failed" && !ended.contains_key(&name) {
                 assert_eq!(reason, "Terminated", "{name}");
                 assert_eq!(message, "Pod was terminated in response to imminent node shutdown.", "{name}");
                 ended.insert(name, now);
             }
         }
-        shutting_down |= get(d.port, "/readyz?verbose").is_some_and(|(_, b)| b.contains("node is shutting down"));
+        let now_shutting_down =
+            get(d.port, "/readyz?verbose").is_some_and(|(_, b)| b.contains("node is shutting down"));
+        if now_shutting_down && !shutting_down {
+            std::fs::write(manifests.join("late.yaml"), prioritized("late", "priority: 0", "exec sleep 100000"))
+                .unwrap();
+        }
+        shutting_down |= now_shutting_down;
         std::thread::sleep(Duration::from_millis(50));
     }
     // The shutdown goes on (systemd is stopping) once the daemon released its lock. This test's unit is not
@@ -146,6 +158,9 @@ fn a_poweroff_terminates_the_pods_by_priority_within_their_shares() {
     });
     let resumed = t0.elapsed();
     assert!(shutting_down, "/readyz never said the node is shutting down");
+    let refused =
+        ("Failed".to_owned(), "NodeShutdown".to_owned(), "Pod was rejected as the node is shutting down.".to_owned());
+    assert_eq!(late, Some(refused), "the pod that came during the shutdown");
     let journal = Command::new("journalctl").args(["-u", UNIT, "--no-pager", "-o", "short-precise"]).output().unwrap();
     let journal = String::from_utf8_lossy(&journal.stdout).into_owned();
     let ended_and_log = format!("{ended:?}\n{journal}");

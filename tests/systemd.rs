@@ -117,7 +117,7 @@ fn the_unit_notifies_ready_restarts_adopt_and_the_watchdog_restarts_a_stalled_da
     let _ = std::fs::remove_file(format!("/run/systemd/system/{UNIT}"));
     // The pod outlived the daemon (KillMode=process); stopping its slices ends it.
     assert!(first_container(d.port).is_none(), "the daemon is stopped");
-    let (ok, out) = systemctl(&["stop", "nwtest-d-systemd.slice"]);
+    let (ok, out) = systemctl(&["stop", "nwtest_d_systemd.slice"]);
     assert!(ok, "{out}");
 }
 
@@ -162,12 +162,13 @@ fn the_systemd_driver_has_systemd_make_the_slices_and_the_limits_hold() {
         ("e", "besteffort-", sleep.to_owned()),
     ];
     let mut n = node_with("sdslices", "", "cgroupDriver: systemd\npodPidsLimit: 300\n");
-    // cgroupRoot /nwtest-d-sdslices names the slice nwtest-d-sdslices.slice, as the kubelet reads it.
-    let prefix = "nwtest-d-sdslices";
+    // cgroupRoot /nwtest-d-sdslices names the slice nwtest_d_sdslices.slice, as the kubelet reads it (one part, its
+    // dashes written as underscores).
+    let prefix = "nwtest_d_sdslices";
     let kubepods = format!("{prefix}-kubepods.slice");
     let k = show_unit(&kubepods, &["ActiveState", "ControlGroup", "MemoryMax", "TasksMax", "CPUWeight"]);
     assert_eq!(k["ActiveState"], "active", "{k:?}\n{}", n.d.log());
-    assert_eq!(k["ControlGroup"], format!("/nwtest.slice/nwtest-d.slice/{prefix}.slice/{kubepods}"));
+    assert_eq!(k["ControlGroup"], format!("/{prefix}.slice/{kubepods}"));
     for (prop, file) in [("MemoryMax", "memory.max"), ("TasksMax", "pids.max"), ("CPUWeight", "cpu.weight")] {
         assert_eq!(k[prop], as_property(&cgroup_file(&k["ControlGroup"], file)), "{prop} of {kubepods}");
     }
@@ -238,7 +239,7 @@ fn the_systemd_driver_has_systemd_make_the_slices_and_the_limits_hold() {
             && !Path::new(MOUNT).join(cg.trim_start_matches('/')).exists()
     });
     assert_eq!(n.d.stop(), Some(0), "{}", n.d.log());
-    let (ok, out) = systemctl(&["stop", "nwtest-d-sdslices.slice"]);
+    let (ok, out) = systemctl(&["stop", "nwtest_d_sdslices.slice"]);
     assert!(ok, "{out}");
 }
 
@@ -268,7 +269,7 @@ fn under_the_systemd_driver_containerd_runs_the_containers_in_scopes_of_the_pods
     let p = n.wait_pod("web", 180, "running", |p| phase(p) == "Running");
     let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
     let id = p["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://");
-    let slice = format!("nwtest-d-sdcri-kubepods-burstable-pod{}.slice", uid.replace('-', "_"));
+    let slice = format!("nwtest_d_sdcri-kubepods-burstable-pod{}.slice", uid.replace('-', "_"));
     let s = show_unit(&slice, &["ActiveState", "ControlGroup", "MemoryMax"]);
     assert_eq!((s["ActiveState"].as_str(), s["MemoryMax"].as_str()), ("active", "67108864"), "{s:?}");
     // runc's systemd driver made the container a scope of the pod's slice (the sandbox's cgroup_parent), with
@@ -289,6 +290,6 @@ fn under_the_systemd_driver_containerd_runs_the_containers_in_scopes_of_the_pods
             && !cg.exists()
     });
     assert_eq!(n.d.stop(), Some(0), "{}", n.d.log());
-    let (ok, out) = systemctl(&["stop", "nwtest-d-sdcri.slice"]);
+    let (ok, out) = systemctl(&["stop", "nwtest_d_sdcri.slice"]);
     assert!(ok, "{out}");
 }

@@ -37,7 +37,11 @@ fn one_run(driver: CgroupDriver, pods: usize, units: Option<&Arc<SystemdSlices>>
         (CgroupDriver::Systemd, None) => bail!("the systemd driver needs its connection"),
     };
     let fs = CgroupFs::new("/sys/fs/cgroup", root.clone());
-    fs.enable_above_scope(&REQUIRED_CONTROLLERS).context("cannot enable the controllers above the root")?;
+    // As the daemon does: under cgroupfs the controllers a systemd host has not enabled above the root are
+    // enabled; under systemd the slices' properties have systemd enable them.
+    if driver == CgroupDriver::Cgroupfs {
+        fs.enable_above_scope(&REQUIRED_CONTROLLERS).context("cannot enable the controllers above the root")?;
+    }
     let config = ResourceConfig { cgroup_driver: driver, ..ResourceConfig::new(root.clone()) };
     let mut m = ResourceManager::new(fs, HostPaths::default(), config)?;
     if let Some(u) = &units {
@@ -58,7 +62,7 @@ fn one_run(driver: CgroupDriver, pods: usize, units: Option<&Arc<SystemdSlices>>
     }
     drop(m);
     match &units {
-        Some(u) => u.stop(&systemd::slice_unit(&systemd::root_parts(&root)))?,
+        Some(u) => u.stop(&systemd::slice_unit(&systemd::root_parts(&root)?))?,
         None => remove_tree(&root),
     }
     Ok(run)
@@ -79,9 +83,10 @@ pub fn run(pods: usize, runs: usize, out: &Path) -> Result<()> {
     }
     let mut md = format!(
         "# Placing a pod under each cgroup driver\n\n{pods} Burstable pods with one container placed and then released \
-         through the resources library, {runs} runs per driver taking turns in one VM boot with systemd 252 as PID 1 \
+         through the resources library, {runs} runs per driver taking turns in one VM boot with systemd {} as PID 1 \
          (TCG, 2 vCPUs). Per pod: the median of the runs' medians, and the worst single pod of all runs.\n\n\
-         | driver | place, median | place, worst | release, median | release, worst |\n|---|---|---|---|---|\n"
+         | driver | place, median | place, worst | release, median | release, worst |\n|---|---|---|---|---|\n",
+        units.version()
     );
     let mut medians = Vec::new();
     for (driver, done) in &results {

@@ -110,6 +110,15 @@ pub enum NameError {
         /// The name.
         name: String,
     },
+    /// A path that the systemd driver cannot read as a slice.
+    #[error(
+        "{path} is neither plain components (read as the kubelet reads them) nor the path systemd gives its last \
+         slice (such as /a.slice/a-b.slice)"
+    )]
+    NotASlice {
+        /// The path.
+        path: String,
+    },
 }
 
 /// Any error of a cgroupfs operation.

@@ -184,6 +184,9 @@ pub enum AdmitError {
     /// The node is under pressure and the pod may not start now (the kubelet's message).
     #[error("{0}")]
     NodePressure(String),
+    /// The node is shutting down (the kubelet's message).
+    #[error("Pod was rejected as the node is shutting down.")]
+    NodeShutdown,
 }
 
 impl AdmitError {
@@ -195,6 +198,7 @@ impl AdmitError {
             AdmitError::Insufficient { .. } => "OutOfmemory",
             AdmitError::Spec(_) | AdmitError::Uid(_) => "InvalidPod",
             AdmitError::NodePressure(_) => "Evicted",
+            AdmitError::NodeShutdown => "NodeShutdown",
         }
     }
 }
@@ -251,6 +255,8 @@ pub struct ResourceManager {
     pressure: NodePressure,
     /// The systemd driver's way to systemd.
     units: Option<Arc<dyn Units>>,
+    /// The node is shutting down: no pod is admitted that is not placed already.
+    shutting_down: bool,
 }
 
 fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
@@ -280,6 +286,7 @@ impl ResourceManager {
             terminating: BTreeSet::new(),
             pressure: NodePressure::default(),
             units: None,
+            shutting_down: false,
         })
     }
 
@@ -394,6 +401,12 @@ impl ResourceManager {
         self.pressure
     }
 
+    /// While the node shuts down (and until the shutdown is cancelled), pods not placed yet are refused with the
+    /// kubelet's `NodeShutdown`.
+    pub fn set_shutting_down(&mut self, shutting_down: bool) {
+        self.shutting_down = shutting_down;
+    }
+
     /// Applies a reloaded configuration: reserved resources, the hard eviction thresholds that allocatable
     /// subtracts, `maxPods` and `podPidsLimit` (for pods placed from now on). Allocatable is computed again and
     /// the kubepods limits rewritten. The cgroup root and driver settings cannot change here.
@@ -431,6 +444,9 @@ impl ResourceManager {
         let uid = pod_uid(pod)?;
         let res = PodResources::from_pod(pod)?;
         if !self.pods.contains_key(&uid) {
+            if self.shutting_down {
+                return Err(AdmitError::NodeShutdown);
+            }
             let critical = is_critical(pod, self.config.static_pods_critical);
             self.pressure.admit(res.qos_class(), critical).map_err(AdmitError::NodePressure)?;
         }
@@ -535,8 +551,9 @@ impl ResourceManager {
         if self.fs.exists(cg) {
             tree::set_unit_limits(self.units(), &self.tree, cg, &unit_limits)?;
         } else {
-            tree::create(&self.fs, self.units(), &self.tree, cg, &unit_limits)?;
+            // Recorded before it is asked for: a slice systemd started but whose cgroup never came is stopped too.
             created.push(cg.clone());
+            tree::create(&self.fs, self.units(), &self.tree, cg, &unit_limits)?;
         }
         tree::apply(&self.fs, cg, limits)
     }
@@ -611,16 +628,16 @@ impl ResourceManager {
         let qos_memory = self.config.memory_qos;
         let burstable_min = qos_memory.then(|| sum(|p| p.memory_request, &[QosClass::Burstable]));
         let protected = qos_memory.then(|| sum(|p| p.memory_request, &[QosClass::Burstable, QosClass::Guaranteed]));
-        let burstable = UnitLimits { cpu_weight: Some(weight), memory_min: burstable_min, ..UnitLimits::default() };
-        tree::set_unit_limits(self.units(), &self.tree, &self.tree.burstable, &burstable)?;
+        // The files first: they hold at once, whatever systemd answers.
         self.fs.write(&self.tree.burstable, "cpu.weight", &weight.to_string())?;
         if let (Some(burstable_min), Some(protected)) = (burstable_min, protected) {
             self.fs.write(&self.tree.burstable, "memory.min", &burstable_min.to_string())?;
+            self.fs.write(&self.tree.kubepods, "memory.min", &protected.to_string())?;
             let kubepods = UnitLimits { memory_min: Some(protected), ..UnitLimits::default() };
             tree::set_unit_limits(self.units(), &self.tree, &self.tree.kubepods, &kubepods)?;
-            self.fs.write(&self.tree.kubepods, "memory.min", &protected.to_string())?;
         }
-        Ok(())
+        let burstable = UnitLimits { cpu_weight: Some(weight), memory_min: burstable_min, ..UnitLimits::default() };
+        tree::set_unit_limits(self.units(), &self.tree, &self.tree.burstable, &burstable)
     }
 
     /// Rebuilds the ledger from the pod cgroups that exist under kubepods, so that a restart adopts running pods

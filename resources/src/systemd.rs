@@ -31,12 +31,22 @@ pub fn escape_part(part: &str) -> String {
     part.replace('-', "_")
 }
 
-/// The parts of the cgroup name a `cgroupRoot` stands for under the systemd driver, as the kubelet reads it: the
-/// last path component without `.slice`, split at its dashes (`/` has none; `/a.slice/a-b.slice` is `[a, b]`).
-pub fn root_parts(cgroup_root: &CgroupPath) -> Vec<String> {
-    let base = cgroup_root.name().unwrap_or_default();
-    let base = base.strip_suffix(SLICE_SUFFIX).unwrap_or(base);
-    base.split('-').filter(|p| !p.is_empty()).map(|p| p.replace('_', "-")).collect()
+/// The parts of the cgroup name a `cgroupRoot` stands for under the systemd driver. A path of plain components is
+/// read as the kubelet reads it, one part per component (`/` has none, `/nodewarden` is `[nodewarden]`,
+/// `/a/b` is `[a, b]`). A path of slices is read as where systemd puts its last slice (`/a.slice/a-b.slice` is
+/// `[a, b]`), which the kubelet misreads; one that is not that path, or a mix of the two forms, is refused.
+pub fn root_parts(cgroup_root: &CgroupPath) -> Result<Vec<String>, NameError> {
+    let components: Vec<&str> = cgroup_root.as_str().split('/').filter(|c| !c.is_empty()).collect();
+    let slices = components.iter().filter(|c| c.ends_with(SLICE_SUFFIX)).count();
+    if slices == 0 {
+        return Ok(components.into_iter().map(str::to_owned).collect());
+    }
+    let last = components.last().copied().unwrap_or_default();
+    if slices != components.len() || slice_path(last)? != *cgroup_root {
+        return Err(NameError::NotASlice { path: cgroup_root.to_string() });
+    }
+    let stem = last.strip_suffix(SLICE_SUFFIX).unwrap_or(last);
+    Ok(stem.split('-').map(|p| p.replace('_', "-")).collect())
 }
 
 /// The slice unit of a cgroup name (`[kubepods, burstable]` → `kubepods-burstable.slice`); the root slice
@@ -69,9 +79,9 @@ pub fn slice_path(unit: &str) -> Result<CgroupPath, NameError> {
 }
 
 /// The cgroup of `cgroupRoot` under the systemd driver: the slice its parts name (`/nodewarden` is
-/// `/nodewarden.slice`, `/` stays `/`).
+/// `/nodewarden.slice`, `/my-root` is `/my_root.slice`, `/` stays `/`).
 pub fn root_path(cgroup_root: &CgroupPath) -> Result<CgroupPath, NameError> {
-    slice_path(&slice_unit(&root_parts(cgroup_root)))
+    slice_path(&slice_unit(&root_parts(cgroup_root)?))
 }
 
 /// The limits a slice unit carries as properties (the ones systemd has; `None` leaves a property as it is).
@@ -164,17 +174,24 @@ mod tests {
     }
 
     #[test]
-    fn the_cgroup_root_is_read_as_a_slice() {
+    fn the_cgroup_root_is_read_as_the_kubelet_reads_it() {
         let root = |s: &str| CgroupPath::parse(s).unwrap();
-        assert!(root_parts(&root("/")).is_empty());
-        assert_eq!(root_path(&root("/")).unwrap().as_str(), "/");
-        assert_eq!(root_parts(&root("/nodewarden")), parts(&["nodewarden"]));
-        assert_eq!(root_path(&root("/nodewarden")).unwrap().as_str(), "/nodewarden.slice");
-        assert_eq!(root_parts(&root("/a.slice/a-b.slice")), parts(&["a", "b"]));
-        assert_eq!(root_path(&root("/a.slice/a-b.slice")).unwrap().as_str(), "/a.slice/a-b.slice");
-        // An underscore stands for a dash inside a part.
-        assert_eq!(root_parts(&root("/my_root.slice")), parts(&["my-root"]));
-        assert_eq!(slice_unit(&root_parts(&root("/my_root.slice"))), "my_root.slice");
+        let path = |s: &str| root_path(&root(s)).map(|p| p.as_str().to_owned());
+        assert!(root_parts(&root("/")).unwrap().is_empty());
+        assert_eq!(path("/").unwrap(), "/");
+        assert_eq!(root_parts(&root("/nodewarden")).unwrap(), parts(&["nodewarden"]));
+        assert_eq!(path("/nodewarden").unwrap(), "/nodewarden.slice");
+        // One part per component, a dash inside a part written as an underscore.
+        assert_eq!(path("/a/b").unwrap(), "/a.slice/a-b.slice");
+        assert_eq!(path("/my-root").unwrap(), "/my_root.slice");
+        // Where systemd puts a slice is read back as that slice.
+        assert_eq!(root_parts(&root("/a.slice/a-b.slice")).unwrap(), parts(&["a", "b"]));
+        assert_eq!(path("/a.slice/a-b.slice").unwrap(), "/a.slice/a-b.slice");
+        assert_eq!(path("/my_root.slice").unwrap(), "/my_root.slice");
+        // A slice where systemd would not put it, or the two forms mixed, is refused.
+        for bad in ["/a-b.slice", "/x.slice/a-b.slice", "/a/b.slice"] {
+            assert!(root_parts(&root(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -42,7 +42,7 @@ impl Tree {
     /// The tree of slices the systemd driver names for a cgroup root (`/` gives `/kubepods.slice`,
     /// `/nodewarden.slice` gives `/nodewarden.slice/nodewarden-kubepods.slice`).
     pub fn systemd(root: &CgroupPath) -> Result<Self, NameError> {
-        let parts = systemd::root_parts(root);
+        let parts = systemd::root_parts(root)?;
         let at = |more: &[&str]| {
             let name: Vec<String> = parts.iter().cloned().chain(more.iter().map(|s| (*s).to_owned())).collect();
             systemd::slice_path(&systemd::slice_unit(&name))
@@ -113,6 +113,12 @@ impl Tree {
     pub fn container_cgroup(&self, pod: &CgroupPath, name: &str) -> Result<CgroupPath, NameError> {
         match self.pod_stem(pod) {
             None => pod.child(name),
+            // As with UIDs: the slice name writes dashes as underscores, so an underscore could not be read back.
+            Some(_) if name.contains('_') => Err(NameError::BadChar {
+                what: "container name under the systemd cgroup driver",
+                name: name.to_owned(),
+                bad: '_',
+            }),
             Some(stem) => pod.child(&format!("{stem}-{}{}", systemd::escape_part(name), systemd::SLICE_SUFFIX)),
         }
     }

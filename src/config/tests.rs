@@ -269,10 +269,14 @@ fn oversized_files_are_refused_before_parsing() {
 
 #[test]
 fn under_the_systemd_driver_the_cgroup_root_names_a_slice() {
-    let root = |extra: &str| parse(&format!("{HEAD}cgroupDriver: systemd\n{extra}")).unwrap().resources.cgroup_root;
-    assert_eq!(root("cgroupRoot: /nodewarden\n").as_str(), "/nodewarden.slice");
-    assert_eq!(root("cgroupRoot: /a.slice/a-b.slice\n").as_str(), "/a.slice/a-b.slice");
-    assert_eq!(root("cgroupRoot: /a-b.slice\n").as_str(), "/a.slice/a-b.slice");
+    let root = |extra: &str| {
+        parse(&format!("{HEAD}cgroupDriver: systemd\n{extra}")).map(|c| c.resources.cgroup_root.as_str().to_owned())
+    };
+    assert_eq!(root("cgroupRoot: /nodewarden\n").unwrap(), "/nodewarden.slice");
+    assert_eq!(root("cgroupRoot: /my-root\n").unwrap(), "/my_root.slice");
+    assert_eq!(root("cgroupRoot: /a.slice/a-b.slice\n").unwrap(), "/a.slice/a-b.slice");
+    let err = root("cgroupRoot: /a-b.slice\n").unwrap_err().to_string();
+    assert!(err.contains("cgroupRoot"), "{err}");
     let c = parse(&format!("{HEAD}cgroupRoot: /nodewarden\n")).unwrap();
     assert_eq!((c.resources.cgroup_driver, c.resources.cgroup_root.as_str()), (CgroupDriver::Cgroupfs, "/nodewarden"));
 }

@@ -80,6 +80,8 @@ pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: Canc
         };
         if start {
             tracing::warn!(period = ?total, "the node is shutting down; terminating the pods in priority order");
+            // Admission first: once /readyz says so, no new pod gets in.
+            shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(true);
             shared.node_shutdown.store(true, Ordering::Relaxed);
             terminate_in_order(&shared, &groups).await;
             drop(lock.take());
@@ -87,6 +89,7 @@ pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: Canc
         } else {
             tracing::info!("the node's shutdown was cancelled");
             shared.node_shutdown.store(false, Ordering::Relaxed);
+            shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(false);
             if lock.is_none() {
                 lock = take_lock(&logind).await;
             }

@@ -308,11 +308,16 @@ fn eviction_candidates_carry_what_eviction_ranks_by() {
 struct FakeSystemd {
     fs: CgroupFs,
     calls: std::sync::Mutex<Vec<String>>,
+    /// Starting a unit whose name contains this fails.
+    refuse: std::sync::Mutex<Option<&'static str>>,
 }
 
 impl Units for FakeSystemd {
     fn start_slice(&self, unit: &str, limits: &UnitLimits) -> Result<(), UnitError> {
         self.calls.lock().unwrap().push(format!("start {unit} {limits:?}"));
+        if self.refuse.lock().unwrap().is_some_and(|r| unit.contains(r)) {
+            return Err(UnitError { unit: unit.to_owned(), reason: "refused by the test".into() });
+        }
         let cg = crate::systemd::slice_path(unit).unwrap();
         if !self.fs.exists(&cg) {
             self.fs.create(&cg).unwrap();
@@ -338,6 +343,7 @@ fn systemd_manager(f: &FakeHost) -> (ResourceManager, Arc<FakeSystemd>) {
     let units = Arc::new(FakeSystemd {
         fs: CgroupFs::emulated(f.cgroup_mount(), root.clone()),
         calls: std::sync::Mutex::default(),
+        refuse: std::sync::Mutex::default(),
     });
     let config = ResourceConfig { cgroup_root: root.clone(), cgroup_driver: CgroupDriver::Systemd, ..config() };
     let fs = CgroupFs::emulated(f.cgroup_mount(), root);
@@ -404,4 +410,38 @@ fn the_systemd_driver_is_refused_without_a_way_to_systemd() {
     let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw.slice").unwrap());
     let err = ResourceManager::new(fs, f.host(), config).unwrap().setup().unwrap_err();
     assert!(err.to_string().contains("no connection to systemd"), "{err}");
+}
+
+#[test]
+fn a_node_that_shuts_down_refuses_new_pods_and_keeps_those_it_has() {
+    let f = FakeHost::new();
+    let mut m = manager(&f);
+    m.place(&guaranteed("g1", "64Mi")).unwrap();
+    m.set_shutting_down(true);
+    let err = m.admit(&guaranteed("g2", "64Mi")).unwrap_err();
+    assert_eq!(
+        (err.reason(), err.to_string().as_str()),
+        ("NodeShutdown", "Pod was rejected as the node is shutting down.")
+    );
+    assert!(m.admit(&guaranteed("g1", "64Mi")).is_ok(), "a placed pod is admitted again");
+    m.set_shutting_down(false);
+    assert!(m.admit(&guaranteed("g2", "64Mi")).is_ok(), "a cancelled shutdown admits again");
+}
+
+#[test]
+fn a_slice_systemd_refuses_undoes_the_placement() {
+    let f = FakeHost::new();
+    let (mut m, units) = systemd_manager(&f);
+    *units.refuse.lock().unwrap() = Some("-app.slice");
+    let err = m.place(&guaranteed("g1", "64Mi")).unwrap_err();
+    assert!(err.to_string().contains("refused by the test"), "{err}");
+    // The pod's slice, started before its container's was refused, is stopped again; the ledger has nothing.
+    assert!(units.calls.lock().unwrap().iter().any(|c| c == "stop kubepods-podg1.slice"));
+    assert!(!f.cgroup_mount().join("kubepods.slice/kubepods-podg1.slice").exists());
+    assert!(m.placement("g1").is_none());
+    *units.refuse.lock().unwrap() = None;
+    m.place(&guaranteed("g1", "64Mi")).unwrap();
+    // A container name with an underscore could not be read back from its slice's name.
+    let err = m.place(&pod("u1", json!([{"name": "a_b"}]))).unwrap_err();
+    assert!(err.to_string().contains("'_'"), "{err}");
 }
