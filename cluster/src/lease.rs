@@ -137,6 +137,133 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    use crate::{Clients, ClusterSettings, ClusterStatus, FactSource, HostInfo, NodeFacts, RateLimiter, events};
+
+    /// An apiserver in the test's own runtime (no sockets, so the paused clock is exact): each request is logged
+    /// with the time it came, and `answer` gives (status, body) for the n-th request of its method.
+    struct Apiserver {
+        log: Mutex<Vec<(Instant, String)>>,
+        answer: Box<Answer>,
+    }
+
+    /// (status, body) for the n-th request of a method.
+    type Answer = dyn Fn(&str, usize) -> (u16, String) + Send + Sync;
+
+    const LEASE: &str = r#"{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"n1","namespace":"kube-node-lease","resourceVersion":"7"},"spec":{"holderIdentity":"n1","leaseDurationSeconds":40}}"#;
+
+    fn status(code: u16, reason: &str) -> (u16, String) {
+        let body = format!(
+            r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"{reason}","reason":"{reason}","code":{code}}}"#
+        );
+        (code, body)
+    }
+
+    struct NoFacts;
+    impl FactSource for NoFacts {
+        fn facts(&self) -> NodeFacts {
+            NodeFacts::default()
+        }
+    }
+
+    /// Runs the Lease loop against `api` for `secs` of paused time; returns the requests as (seconds since the
+    /// start, method).
+    async fn heartbeats(api: Arc<Apiserver>, secs: u64) -> (Vec<(f64, String)>, Arc<ClusterStatus>) {
+        let server = api.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let server = server.clone();
+            async move {
+                let method = req.method().as_str().to_owned();
+                let n = {
+                    let mut log = server.log.lock().unwrap();
+                    log.push((Instant::now(), method.clone()));
+                    log.iter().filter(|(_, m)| *m == method).count() - 1
+                };
+                let (code, body) = (server.answer)(&method, n);
+                http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.into_bytes()))
+            }
+        });
+        let client = kube::Client::new(service, "default");
+        let clients =
+            Clients { main: client.clone(), limiter: Arc::new(RateLimiter::new(100.0, 100)), heartbeat: client };
+        let settings = ClusterSettings {
+            node_name: "n1".into(),
+            register_node: true,
+            register_with_taints: Vec::new(),
+            node_labels: Default::default(),
+            provider_id: None,
+            lease_duration: Duration::from_secs(40),
+            status_update_frequency: Duration::from_secs(10),
+            status_report_frequency: Duration::from_secs(300),
+            daemon_port: 0,
+            node_ip: None,
+            max_images: None,
+        };
+        let status = Arc::new(ClusterStatus::new(settings.lease_duration));
+        let (events, _poster) = events::Recorder::new("n1", clients.clone());
+        let facts: Arc<dyn FactSource> = Arc::new(NoFacts);
+        let ctx = Arc::new(Ctx { settings, clients, host: HostInfo::default(), facts, status: status.clone(), events });
+        let start = Instant::now();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(ctx, shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        shutdown.cancel();
+        task.await.unwrap();
+        let log = api.log.lock().unwrap().iter().map(|(t, m)| ((*t - start).as_secs_f64(), m.clone())).collect();
+        (log, status)
+    }
+
+    fn gaps(times: &[f64]) -> Vec<f64> {
+        times.windows(2).map(|w| ((w[1] - w[0]) * 1000.0).round() / 1000.0).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lease_is_renewed_every_quarter_of_its_duration_with_a_little_jitter() {
+        let api = Arc::new(Apiserver { log: Mutex::default(), answer: Box::new(|_, _| (200, LEASE.into())) });
+        let (log, status) = heartbeats(api, 61).await;
+        assert_eq!(log[0], (0.0, "GET".to_owned()), "{log:?}");
+        let puts: Vec<f64> = log.iter().filter(|(_, m)| m == "PUT").map(|(t, _)| *t).collect();
+        assert_eq!(puts[0], 0.0, "the Lease that is there is renewed at once");
+        assert!(puts.len() >= 6, "{log:?}");
+        for gap in gaps(&puts) {
+            assert!((10.0..=10.4).contains(&gap), "renewed {gap} s after the last: {log:?}");
+        }
+        assert!(status.readiness().is_err(), "not registered: the Node loop is not running here");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_renewals_back_off_from_200_ms_doubling_to_7_s() {
+        // Ten failures (the apiserver answering 500), then it is back.
+        let api = Arc::new(Apiserver {
+            log: Mutex::default(),
+            answer: Box::new(
+                |m, n| if m == "GET" && n < 10 { status(500, "InternalError") } else { (200, LEASE.into()) },
+            ),
+        });
+        let (log, _) = heartbeats(api, 60).await;
+        let gets: Vec<f64> = log.iter().filter(|(_, m)| m == "GET").map(|(t, _)| *t).collect();
+        assert_eq!(gaps(&gets[..11]), [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 7.0, 7.0, 7.0, 7.0], "{log:?}");
+        // Back within one attempt: the renewal comes with the first answer, the next one a renew interval later.
+        let puts: Vec<f64> = log.iter().filter(|(_, m)| m == "PUT").map(|(t, _)| *t).collect();
+        assert_eq!(puts[0], gets[10], "{log:?}");
+        assert!(puts.len() == 1 || (10.0..=10.4).contains(&(puts[1] - puts[0])), "{log:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_conflict_reads_the_lease_again_and_retries_at_once() {
+        let api = Arc::new(Apiserver {
+            log: Mutex::default(),
+            answer: Box::new(|m, n| if m == "PUT" && n == 0 { status(409, "Conflict") } else { (200, LEASE.into()) }),
+        });
+        let (log, _) = heartbeats(api, 5).await;
+        let methods: Vec<(f64, &str)> = log.iter().map(|(t, m)| (*t, m.as_str())).collect();
+        assert_eq!(methods, [(0.0, "GET"), (0.0, "PUT"), (0.0, "GET"), (0.0, "PUT")]);
+    }
 
     #[test]
     fn a_renewal_sets_holder_duration_time_and_owner_once() {
