@@ -29,6 +29,13 @@ fn systemd_available() -> bool {
     cgroup2_available()
 }
 
+/// The tests share PID 1: one at a time, so that one's `daemon-reload` or unit restart never lands in the middle
+/// of another's daemon start (under TCG a reload keeps systemd from answering for seconds).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static PID1: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    PID1.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn systemctl(args: &[&str]) -> (bool, String) {
     let out = Command::new("systemctl").args(args).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -66,6 +73,7 @@ fn the_unit_notifies_ready_restarts_adopt_and_the_watchdog_restarts_a_stalled_da
     if !systemd_available() {
         return;
     }
+    let _pid1 = one_at_a_time();
     // The kubeadm node's driver: the pod's slice is systemd's, and the restarts below adopt it.
     let d = Daemon::new("systemd", "cgroupDriver: systemd\n");
     let manifests = quiet_manifests(d.dir.path());
@@ -149,6 +157,7 @@ fn the_systemd_driver_has_systemd_make_the_slices_and_the_limits_hold() {
     if !systemd_available() {
         return;
     }
+    let _pid1 = one_at_a_time();
     let sleep = "  containers:\n  - name: app\n    image: busybox\n    command: [sleep, '100000']\n";
     let pods = [
         ("g", "", format!("{sleep}    resources:\n      limits: {{cpu: 250m, memory: 64Mi}}\n")),
@@ -254,6 +263,7 @@ fn under_the_systemd_driver_containerd_runs_the_containers_in_scopes_of_the_pods
     if !systemd_available() {
         return;
     }
+    let _pid1 = one_at_a_time();
     let socket = "/run/containerd/containerd.sock";
     let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/containerd/start"))
         .env("CONTAINERD_SYSTEMD_CGROUP", "true")

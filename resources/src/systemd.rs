@@ -46,7 +46,11 @@ pub fn root_parts(cgroup_root: &CgroupPath) -> Result<Vec<String>, NameError> {
         return Err(NameError::NotASlice { path: cgroup_root.to_string() });
     }
     let stem = last.strip_suffix(SLICE_SUFFIX).unwrap_or(last);
-    Ok(stem.split('-').map(|p| p.replace('_', "-")).collect())
+    let parts: Vec<String> = stem.split('-').map(|p| p.replace('_', "-")).collect();
+    if parts.iter().any(String::is_empty) {
+        return Err(NameError::NotASlice { path: cgroup_root.to_string() });
+    }
+    Ok(parts)
 }
 
 /// The slice unit of a cgroup name (`[kubepods, burstable]` → `kubepods-burstable.slice`); the root slice
@@ -189,7 +193,7 @@ mod tests {
         assert_eq!(path("/a.slice/a-b.slice").unwrap(), "/a.slice/a-b.slice");
         assert_eq!(path("/my_root.slice").unwrap(), "/my_root.slice");
         // A slice where systemd would not put it, or the two forms mixed, is refused.
-        for bad in ["/a-b.slice", "/x.slice/a-b.slice", "/a/b.slice"] {
+        for bad in ["/a-b.slice", "/x.slice/a-b.slice", "/a/b.slice", "/.slice", "/a.slice/a-.slice"] {
             assert!(root_parts(&root(bad)).is_err(), "{bad}");
         }
     }

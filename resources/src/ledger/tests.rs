@@ -435,8 +435,11 @@ fn a_slice_systemd_refuses_undoes_the_placement() {
     *units.refuse.lock().unwrap() = Some("-app.slice");
     let err = m.place(&guaranteed("g1", "64Mi")).unwrap_err();
     assert!(err.to_string().contains("refused by the test"), "{err}");
-    // The pod's slice, started before its container's was refused, is stopped again; the ledger has nothing.
-    assert!(units.calls.lock().unwrap().iter().any(|c| c == "stop kubepods-podg1.slice"));
+    // The refused container slice (recorded before it was asked for) and the pod's slice, started before it, are
+    // stopped again; the ledger has nothing.
+    let calls = units.calls.lock().unwrap().clone();
+    let stops: Vec<&String> = calls.iter().filter(|c| c.starts_with("stop")).collect();
+    assert_eq!(stops, ["stop kubepods-podg1-app.slice", "stop kubepods-podg1.slice"], "{calls:?}");
     assert!(!f.cgroup_mount().join("kubepods.slice/kubepods-podg1.slice").exists());
     assert!(m.placement("g1").is_none());
     *units.refuse.lock().unwrap() = None;
