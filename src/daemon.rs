@@ -18,8 +18,8 @@ use nodewarden_resources::{
 };
 use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
 use nodewarden_sync::{
-    PodManager, PodSource, ProcessRuntime, RuntimeHealth, SelectedRuntime, StaticPodSource, StatusStore, SyncMetrics,
-    SyncSettings,
+    FILE_SOURCE, PodManager, PodSource, ProcessRuntime, RuntimeHealth, SelectedRuntime, StaticPodSource, StatusStore,
+    SyncMetrics, SyncSettings,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -429,6 +429,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     if let Some(dir) = &config.static_pod_path {
         tracing::info!(dir = %dir.display(), "watching static pod manifests");
         let source = StaticPodSource::new(dir, &config.node_name, config.file_check_frequency);
+        pods.expect_source(FILE_SOURCE);
         tasks.spawn(source.run(tx, shutdown.clone()));
     }
     tasks.spawn(pods.clone().run(rx, shutdown.clone()));

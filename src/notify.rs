@@ -1,5 +1,5 @@
-//! systemd's service notifications (`sd_notify`): `READY=1` once the pod sync loop has ticked and the eviction
-//! loop has passed, `STATUS=` lines saying what the daemon is doing, `STOPPING=1` at shutdown, and the watchdog:
+//! systemd's service notifications (`sd_notify`): `READY=1` once every pod source's first pods are synced, the pod
+//! sync loop has ticked and the eviction loop has passed, `STATUS=` lines saying what the daemon is doing, `STOPPING=1` at shutdown, and the watchdog:
 //! `WATCHDOG=1` every half `WatchdogSec`, sent only while those two loops are making progress, so systemd
 //! restarts a daemon that is stuck (the kubelet's `SystemdWatchdog`). Outside a `Type=notify` unit
 //! (`NOTIFY_SOCKET` unset) nothing is sent.
@@ -13,8 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::daemon::Shared;
 
-/// How often the status line is refreshed when there is no watchdog to feed.
+/// How often the status line is sent again when there is no watchdog to feed.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
+
+/// How often the status line is looked at: it is sent at once when it changed.
+const STATUS_LOOK: Duration = Duration::from_secs(1);
 
 /// A connection to systemd's notification socket.
 #[derive(Debug)]
@@ -93,56 +96,75 @@ fn progress(shared: &Shared) -> Vec<(&'static str, Result<(), String>)> {
     vec![("podsync", shared.pods.loop_health()), ("eviction", shared.eviction_health())]
 }
 
+/// What `READY=1` waits for: progress, and the first full sync (every pod source's first pods have workers).
+fn startup(shared: &Shared) -> Vec<(&'static str, Result<(), String>)> {
+    let mut checks = progress(shared);
+    checks.push(("sources", shared.pods.synced()));
+    checks
+}
+
 /// The `STATUS=` line of a daemon that runs.
 fn status_line(shared: &Shared) -> String {
     let (running, _) = shared.store.counts();
     let pressure = shared.eviction.evaluation().pressure.names();
     let conditions = if pressure.is_empty() { "no pressure".to_owned() } else { pressure.join(", ") };
-    format!("Running: {running} pods running; node conditions: {conditions}")
+    let what = if shared.node_shutdown.load(std::sync::atomic::Ordering::Relaxed) {
+        "Shutting down: terminating pods before the node shuts down"
+    } else {
+        "Running"
+    };
+    format!("{what}: {running} pods running; node conditions: {conditions}")
 }
 
-/// Tells systemd the daemon is ready once the first pod sync and eviction pass are done, then keeps the status
-/// line current and feeds the watchdog while the daemon makes progress, until `shutdown`.
+/// Tells systemd the daemon is ready once the first full pod sync and eviction pass are done, then keeps the
+/// status line current and feeds the watchdog while the daemon makes progress, until `shutdown`.
 pub async fn run(notifier: Notifier, shared: Arc<Shared>, shutdown: CancellationToken) {
-    notifier.send("STATUS=Starting: waiting for the first pod sync and eviction pass");
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut said = String::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = shutdown.cancelled() => return notifier.send("STOPPING=1\nSTATUS=Stopping"),
         }
-        if stalled(&progress(&shared)).is_none() {
-            break;
+        let Some(why) = stalled(&startup(&shared)) else { break };
+        if why != said {
+            notifier.send(&format!("STATUS=Starting: {why}"));
+            said = why;
         }
     }
-    notifier.send(&format!("READY=1\nSTATUS={}", status_line(&shared)));
+    let mut said = status_line(&shared);
+    notifier.send(&format!("READY=1\nSTATUS={said}"));
     tracing::info!(watchdog = ?notifier.watchdog, "told systemd the daemon is ready");
-    let every = notifier.watchdog.map_or(STATUS_EVERY, feed_every);
-    let mut tick = tokio::time::interval(every);
+    let mut feed = tokio::time::interval(notifier.watchdog.map_or(STATUS_EVERY, feed_every));
+    // The status line follows what the daemon does (a node shutdown, a stall) within a second.
+    let mut look = tokio::time::interval(STATUS_LOOK);
     let mut withheld = false;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
+        let feeding = tokio::select! {
+            _ = feed.tick() => true,
+            _ = look.tick() => false,
             () = shutdown.cancelled() => break,
+        };
+        let (line, progress) = match stalled(&progress(&shared)) {
+            None => (status_line(&shared), true),
+            Some(why) => (format!("Stalled: {why}"), false),
+        };
+        if feeding && progress && notifier.watchdog.is_some() {
+            notifier.send(&format!("WATCHDOG=1\nSTATUS={line}"));
+        } else if feeding || line != said {
+            notifier.send(&format!("STATUS={line}"));
         }
-        match stalled(&progress(&shared)) {
-            None => {
-                let feed = if notifier.watchdog.is_some() { "WATCHDOG=1\n" } else { "" };
-                notifier.send(&format!("{feed}STATUS={}", status_line(&shared)));
-                if withheld {
-                    tracing::info!("the daemon is making progress again; feeding the watchdog");
-                    withheld = false;
-                }
-            }
-            Some(why) => {
-                // No keep-alive: if this lasts for WatchdogSec, systemd restarts the daemon.
-                notifier.send(&format!("STATUS=Stalled: {why}"));
-                if !withheld && notifier.watchdog.is_some() {
-                    tracing::error!(reason = %why, "the daemon is not making progress; the systemd watchdog is not fed");
-                }
-                withheld = true;
-            }
+        said = line;
+        if !feeding {
+            continue;
         }
+        if progress && withheld {
+            tracing::info!("the daemon is making progress again; feeding the watchdog");
+        } else if !progress && !withheld && notifier.watchdog.is_some() {
+            // No keep-alive: if this lasts for WatchdogSec, systemd restarts the daemon.
+            tracing::error!(reason = %said, "the daemon is not making progress; the systemd watchdog is not fed");
+        }
+        withheld = !progress;
     }
     notifier.send("STOPPING=1\nSTATUS=Stopping: the pods keep running, and the next start adopts them");
 }

@@ -40,7 +40,7 @@ pub use runtime::{
     PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
 };
 pub use selected::SelectedRuntime;
-pub use source::{InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
+pub use source::{FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
 pub use status::{PodPhase, SHUTDOWN_MESSAGE, SHUTDOWN_REASON, Terminal};
 pub use store::{MANIFEST_ANNOTATION, StatusStore, WORKER_CONDITION};
 pub use worker::SyncSettings;

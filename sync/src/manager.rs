@@ -65,6 +65,8 @@ pub struct PodManager<R: Runtime> {
     workers: Mutex<HashMap<String, Handle>>,
     name_locks: Mutex<HashMap<String, Arc<Semaphore>>>,
     last_tick: Mutex<Option<Instant>>,
+    /// The sources expected whose first snapshot has not been applied yet.
+    awaited: Mutex<BTreeSet<&'static str>>,
     /// The detached tasks (orphan termination, reconciliation), which end on the shutdown token.
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -90,6 +92,7 @@ impl<R: Runtime> PodManager<R> {
             workers: Mutex::new(HashMap::new()),
             name_locks: Mutex::new(HashMap::new()),
             last_tick: Mutex::new(None),
+            awaited: Mutex::new(BTreeSet::new()),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
         })
@@ -124,11 +127,16 @@ impl<R: Runtime> PodManager<R> {
             tokio::select! {
                 snap = rx.recv(), if open => match snap {
                     Some(s) => {
-                        let initial = first.insert(s.source);
+                        let (source, initial) = (s.source, first.insert(s.source));
                         self.apply(s, initial);
+                        self.awaited().remove(source);
                     }
-                    // No source (no staticPodPath), or every source ended: the workers go on.
-                    None => open = false,
+                    // No source (no staticPodPath), or every source ended: the workers go on, and no first
+                    // snapshot is awaited any more.
+                    None => {
+                        open = false;
+                        self.awaited().clear();
+                    }
                 },
                 _ = tick.tick() => self.tick(),
                 () = shutdown.cancelled() => break,
@@ -139,6 +147,27 @@ impl<R: Runtime> PodManager<R> {
         for (_, h) in self.workers().drain() {
             h.task.abort();
         }
+    }
+
+    fn awaited(&self) -> std::sync::MutexGuard<'_, BTreeSet<&'static str>> {
+        self.awaited.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Says that `source` will send snapshots: [`PodManager::synced`] waits for its first one. Call it before
+    /// [`PodManager::run`].
+    pub fn expect_source(&self, source: &'static str) {
+        self.awaited().insert(source);
+    }
+
+    /// `Ok` once every expected source's first snapshot has been applied (each of its pods has a worker, and
+    /// adopted pods no source has are being terminated): the first full sync. Else which sources are awaited.
+    pub fn synced(&self) -> Result<(), String> {
+        let awaited = self.awaited();
+        if awaited.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = awaited.iter().copied().collect();
+        Err(format!("waiting for the first pods from source {}", names.join(", ")))
     }
 
     fn tick(&self) {

@@ -35,6 +35,9 @@ pub struct SourceSnapshot {
     pub invalid: Vec<InvalidManifest>,
 }
 
+/// The static pod directory's name as a source.
+pub const FILE_SOURCE: &str = "file";
+
 /// A source of pods: runs until shutdown, sending a snapshot after each change.
 pub trait PodSource: Send + 'static {
     /// Runs the source. The first snapshot is the initial state; the manager treats pods it adopted and that no
@@ -207,7 +210,7 @@ impl StaticPodSource {
                 Err(error) => invalid.push(InvalidManifest { path, error }),
             }
         }
-        Some(SourceSnapshot { source: "file", pods, invalid })
+        Some(SourceSnapshot { source: FILE_SOURCE, pods, invalid })
     }
 
     fn watch(&self) -> Option<inotify::EventStream<Vec<u8>>> {

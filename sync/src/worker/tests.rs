@@ -224,7 +224,7 @@ fn app(name: &str) -> serde_json::Value {
 
 impl Harness {
     async fn set(&self, pods: Vec<Pod>) {
-        self.tx.send(SourceSnapshot { source: "file", pods, invalid: vec![] }).await.unwrap();
+        self.tx.send(SourceSnapshot { source: crate::FILE_SOURCE, pods, invalid: vec![] }).await.unwrap();
     }
 
     /// Waits (in paused time) until the pod's status satisfies `f`.
@@ -604,4 +604,24 @@ async fn a_pod_the_node_shutdown_terminated_runs_again_with_the_next_daemon() {
     h.set(vec![pod("u30", spec)]).await;
     h.until("u30", "runs again", |v| phase(v) == "Running").await;
     assert_eq!(h.fake.starts("app").len(), 1, "started anew by the next daemon");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_full_sync_waits_for_every_expected_source() {
+    let h = harness();
+    assert_eq!(h.manager.synced(), Ok(()), "no source expected, nothing to wait for");
+    h.manager.expect_source(crate::FILE_SOURCE);
+    let waiting = h.manager.synced().unwrap_err();
+    assert_eq!(waiting, "waiting for the first pods from source file");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(h.manager.synced().is_err(), "ticks alone are no sync");
+    h.set(vec![pod("u1", json!({"containers": [app("app")]}))]).await;
+    for _ in 0..100 {
+        if h.manager.synced().is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(h.manager.synced(), Ok(()));
+    h.until("u1", "runs", |v| phase(v) == "Running").await;
 }
