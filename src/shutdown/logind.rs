@@ -20,6 +20,10 @@ trait Manager {
     #[zbus(property(emits_changed_signal = "false"), name = "InhibitDelayMaxUSec")]
     fn inhibit_delay_max_usec(&self) -> zbus::Result<u64>;
 
+    /// Whether a shutdown has been announced and is under way.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn preparing_for_shutdown(&self) -> zbus::Result<bool>;
+
     /// `true` when a shutdown starts (delay locks are honoured from then on), `false` when it was cancelled.
     #[zbus(signal)]
     fn prepare_for_shutdown(&self, start: bool) -> zbus::Result<()>;
@@ -45,6 +49,11 @@ impl Logind {
     /// `InhibitDelayMaxUSec`.
     pub async fn inhibit_delay_max(&self) -> zbus::Result<Duration> {
         Ok(Duration::from_micros(self.manager.inhibit_delay_max_usec().await?))
+    }
+
+    /// Whether logind is shutting the node down now (`PreparingForShutdown`): for a daemon that starts meanwhile.
+    pub async fn preparing_for_shutdown(&self) -> zbus::Result<bool> {
+        self.manager.preparing_for_shutdown().await
     }
 
     /// Takes the delay lock on shutdown; dropping the descriptor releases it.

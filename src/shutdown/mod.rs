@@ -2,7 +2,9 @@
 //! lock at start; when logind announces a shutdown (`PrepareForShutdown`), the node reports it is shutting down,
 //! the pods are terminated group by group in ascending priority, each group within its share of the period (a
 //! pod's own grace period if shorter), critical pods last; they end `Failed` with the kubelet's reason and
-//! message; then the lock is released and the shutdown goes on. A cancelled shutdown takes the lock again.
+//! message; then the lock is released and the shutdown goes on. A cancelled shutdown takes the lock again. A
+//! daemon that starts while a shutdown is under way terminates its pods at once; a lost connection to the system
+//! bus is made again every second.
 
 mod logind;
 
@@ -50,40 +52,97 @@ fn plan(pods: Vec<RunningPod>, groups: &[(i32, Duration)]) -> Vec<Step> {
     steps
 }
 
-/// Runs the node's graceful shutdown until `cancel`: takes the delay lock and handles `PrepareForShutdown`.
-/// Without logind (no system bus), says so and does nothing.
+/// How long to wait before connecting to logind again after the connection was lost (the kubelet's
+/// `dbusReconnectPeriod`).
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// Runs the node's graceful shutdown until `cancel`: takes the delay lock and handles `PrepareForShutdown`. When
+/// logind cannot be reached, or the connection to the system bus is lost (a D-Bus restart), it connects again
+/// every second, as the kubelet does; a node shutdown meanwhile does not wait for the pods.
 pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: CancellationToken) {
-    let logind = match Logind::connect().await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "graceful node shutdown is off: logind does not answer on the system bus");
-            return;
-        }
-    };
     // Each group ends a little after its share (the kill and clean-up after the grace period): logind is asked
     // to wait a second more per group, so it never cuts the last (critical) group short.
     let total: Duration =
         groups.iter().map(|g| g.1).sum::<Duration>() + GROUP_SLACK * u32::try_from(groups.len()).unwrap_or(u32::MAX);
-    check_inhibit_delay(&logind, total).await;
+    let mut failures = 0u32;
+    loop {
+        let lost = match Logind::connect().await {
+            Ok(logind) => {
+                failures = 0;
+                match watch(&shared, &groups, total, &logind, &cancel).await {
+                    Some(lost) => lost,
+                    None => return,
+                }
+            }
+            Err(e) => format!("logind does not answer on the system bus: {e}"),
+        };
+        // Said once at warning level; while it stays so, the retries are quiet.
+        if failures == 0 {
+            tracing::warn!(reason = %lost, "graceful node shutdown is off until logind can be reached again");
+        } else {
+            tracing::debug!(reason = %lost, attempt = failures, "logind still cannot be reached");
+        }
+        failures = failures.saturating_add(1);
+        tokio::select! {
+            () = tokio::time::sleep(RECONNECT_AFTER) => {}
+            () = cancel.cancelled() => return,
+        }
+    }
+}
+
+/// Watches one connection to logind until `cancel` (`None`) or until the connection is lost (why). The signals
+/// are subscribed to before the lock is taken, so no announcement between the two is missed; the lock is taken
+/// before anything slower; a shutdown already under way (a daemon started meanwhile) is handled at once.
+async fn watch(
+    shared: &Shared,
+    groups: &[(i32, Duration)],
+    total: Duration,
+    logind: &Logind,
+    cancel: &CancellationToken,
+) -> Option<String> {
     let mut signals = match logind.shutdown_signals().await {
         Ok(s) => s,
-        Err(e) => return tracing::warn!(error = %e, "graceful node shutdown is off: cannot watch logind's signals"),
+        Err(e) => return Some(format!("cannot watch logind's signals: {e}")),
     };
-    let mut lock = take_lock(&logind).await;
+    let mut lock = take_lock(logind).await;
+    let mut pending = match logind.preparing_for_shutdown().await {
+        Ok(true) => {
+            tracing::warn!("logind is already shutting the node down");
+            Some(true)
+        }
+        Ok(false) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read logind's PreparingForShutdown");
+            None
+        }
+    };
+    if pending.is_none() {
+        check_inhibit_delay(logind, total).await;
+    }
     loop {
-        let signal = tokio::select! {
-            s = signals.next() => s,
-            () = cancel.cancelled() => return,
-        };
-        let Some(start) = signal else {
-            return tracing::warn!("logind's signals ended; graceful node shutdown is off");
+        let start = match pending.take() {
+            Some(start) => start,
+            None => {
+                let signal = tokio::select! {
+                    s = signals.next() => s,
+                    () = cancel.cancelled() => return None,
+                };
+                let Some(start) = signal else { return Some("logind's signals ended".to_owned()) };
+                start
+            }
         };
         if start {
+            if shared.node_shutdown.load(Ordering::Relaxed) {
+                // Announced again (seen after a reconnect): the pods were terminated already, and this
+                // connection's lock must not hold the shutdown back.
+                drop(lock.take());
+                continue;
+            }
             tracing::warn!(period = ?total, "the node is shutting down; terminating the pods in priority order");
             // Admission first: once /readyz says so, no new pod gets in.
             shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(true);
             shared.node_shutdown.store(true, Ordering::Relaxed);
-            terminate_in_order(&shared, &groups).await;
+            terminate_in_order(shared, groups).await;
             drop(lock.take());
             tracing::info!("the pods are terminated; released the shutdown delay lock");
         } else {
@@ -91,7 +150,7 @@ pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: Canc
             shared.node_shutdown.store(false, Ordering::Relaxed);
             shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(false);
             if lock.is_none() {
-                lock = take_lock(&logind).await;
+                lock = take_lock(logind).await;
             }
         }
     }
