@@ -128,6 +128,11 @@ fn a_poweroff_terminates_the_pods_by_priority_within_their_shares() {
     let mut shutting_down = false;
     // A pod that comes while the node shuts down is refused, as the kubelet refuses it.
     let mut late: Option<(String, String, String)> = None;
+    let mut status_said = false;
+    let show_status = || {
+        let out = Command::new("systemctl").args(["show", "-P", "StatusText", UNIT]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
     while (ended.len() < 3 || late.is_none()) && t0.elapsed() < Duration::from_secs(30) {
         // One time for everything one look at /pods finds.
         let (seen, now) = (phases(), t0.elapsed());
@@ -149,6 +154,10 @@ fn a_poweroff_terminates_the_pods_by_priority_within_their_shares() {
                 .unwrap();
         }
         shutting_down |= now_shutting_down;
+        // `systemctl status` says so too (the status line follows within a second).
+        if shutting_down && !status_said {
+            status_said = show_status().starts_with("Shutting down: ");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     // The shutdown goes on (systemd is stopping) once the daemon released its lock. This test's unit is not
@@ -164,6 +173,9 @@ fn a_poweroff_terminates_the_pods_by_priority_within_their_shares() {
     let journal = Command::new("journalctl").args(["-u", UNIT, "--no-pager", "-o", "short-precise"]).output().unwrap();
     let journal = String::from_utf8_lossy(&journal.stdout).into_owned();
     let ended_and_log = format!("{ended:?}\n{journal}");
+    assert!(status_said, "the status line never said the node is shutting down: {}", show_status());
+    // This daemon runs the cgroupfs driver on a systemd host: it says that systemd owns the tree.
+    assert!(journal.contains("systemd is the init system and owns the cgroup tree"), "{journal}");
     let ended = &ended;
     let at = |name: &str| ended.get(name).copied().unwrap_or_else(|| panic!("{name} was not terminated: {ended:?}"));
     let (low, mid, critical) = (at("low-vm"), at("mid-vm"), at("critical-vm"));
