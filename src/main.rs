@@ -5,7 +5,6 @@
 //! the effective values.
 
 mod cluster;
-mod config;
 mod cri;
 mod daemon;
 mod http;
@@ -19,6 +18,9 @@ mod shutdown;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+// The config lives in a library of its own (its parsers are fuzzed); `crate::config` names it throughout.
+use nodewarden_config as config;
 
 use clap::{Parser, Subcommand};
 
