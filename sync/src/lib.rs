@@ -9,6 +9,7 @@
 mod backoff;
 pub mod cri;
 mod evictor;
+pub mod fuzzing;
 mod logs;
 mod manager;
 mod manifest;

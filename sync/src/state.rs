@@ -87,25 +87,55 @@ struct TerminalRecord {
     terminal: Terminal,
 }
 
+/// Why a saved file was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// Not a state file (or a terminal record) of this version or an earlier one.
+    #[error("unreadable: {0}")]
+    Unreadable(String),
+    /// It belongs to another pod.
+    #[error("it belongs to pod {0}")]
+    OtherPod(String),
+}
+
+/// The terminal state in a terminal record's bytes (up to the first NUL of its reserved space), when it holds one
+/// for `uid`; `Ok(None)` for an empty record.
+pub fn decode_terminal(bytes: &[u8], uid: &str) -> Result<Option<Terminal>, StateError> {
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    if end == 0 {
+        return Ok(None);
+    }
+    let r: TerminalRecord = serde_json::from_slice(&bytes[..end]).map_err(|e| StateError::Unreadable(e.to_string()))?;
+    if r.uid != uid {
+        return Err(StateError::OtherPod(r.uid));
+    }
+    Ok(Some(r.terminal))
+}
+
 /// The terminal state in the record, when it holds one for `uid`.
 fn load_terminal(root: &Path, uid: &str) -> Option<Terminal> {
     let p = terminal_path(root, uid);
     let bytes = nodewarden_resources::read_bounded(&p, TERMINAL_RECORD_BYTES).ok()?;
-    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
-    if end == 0 {
-        return None;
+    decode_terminal(&bytes, uid).unwrap_or_else(|e| {
+        tracing::warn!(file = %p.display(), error = %e, "ignoring a terminal record");
+        None
+    })
+}
+
+/// A pod's state from a state file's bytes: refused when unreadable or stamped with another pod's UID (files
+/// written before the stamp was recorded have none and are taken).
+pub fn decode(bytes: &[u8], uid: &str) -> Result<SavedPod, StateError> {
+    let s: SavedPod = serde_json::from_slice(bytes).map_err(|e| StateError::Unreadable(e.to_string()))?;
+    match &s.uid {
+        Some(other) if other != uid => Err(StateError::OtherPod(other.clone())),
+        _ => Ok(s),
     }
-    match serde_json::from_slice::<TerminalRecord>(&bytes[..end]) {
-        Ok(r) if r.uid == uid => Some(r.terminal),
-        Ok(r) => {
-            tracing::warn!(file = %p.display(), pod_uid = %r.uid, "ignoring a terminal record of another pod");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(file = %p.display(), error = %e, "ignoring an unreadable terminal record");
-            None
-        }
-    }
+}
+
+/// The bytes of a state file for `uid`, as [`save`] writes them.
+pub fn encode(uid: &str, state: &SavedPod) -> Result<Vec<u8>, String> {
+    let stamped = SavedPod { uid: Some(uid.to_owned()), ..state.clone() };
+    serde_json::to_vec(&stamped).map_err(|e| e.to_string())
 }
 
 /// Loads a pod's state; a missing or unreadable file gives an empty state (logged when unreadable), and so does
@@ -113,17 +143,10 @@ fn load_terminal(root: &Path, uid: &str) -> Option<Terminal> {
 pub fn load(root: &Path, uid: &str) -> SavedPod {
     let p = path(root, uid);
     let mut saved = match std::fs::read(&p) {
-        Ok(bytes) => match serde_json::from_slice::<SavedPod>(&bytes) {
-            Ok(s) if s.uid.as_deref().is_none_or(|u| u == uid) => s,
-            Ok(s) => {
-                tracing::warn!(file = %p.display(), other = ?s.uid, "ignoring the state file of another pod");
-                SavedPod::default()
-            }
-            Err(e) => {
-                tracing::warn!(file = %p.display(), error = %e, "ignoring an unreadable pod state file");
-                SavedPod::default()
-            }
-        },
+        Ok(bytes) => decode(&bytes, uid).unwrap_or_else(|e| {
+            tracing::warn!(file = %p.display(), error = %e, "ignoring a pod state file");
+            SavedPod::default()
+        }),
         Err(_) => SavedPod::default(),
     };
     if saved.terminal.is_none() {
@@ -145,6 +168,24 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet.
+/// A terminal record's bytes for `uid`, padded with NULs to its reserved size. A message too long for it is left
+/// out (the record keeps the phase and reason); a record that does not fit even so is refused, never cut.
+pub fn encode_terminal(uid: &str, terminal: &Terminal) -> Result<Vec<u8>, String> {
+    let room = usize::try_from(TERMINAL_RECORD_BYTES).unwrap_or(usize::MAX);
+    let record = |terminal: Terminal| {
+        serde_json::to_vec(&TerminalRecord { uid: uid.to_owned(), terminal }).map_err(|e| e.to_string())
+    };
+    let mut bytes = record(terminal.clone())?;
+    if bytes.len() >= room {
+        bytes = record(Terminal { message: None, ..terminal.clone() })?;
+    }
+    if bytes.len() >= room {
+        return Err(format!("a terminal record of {} bytes does not fit in {room}", bytes.len()));
+    }
+    bytes.resize(room, 0);
+    Ok(bytes)
+}
+
 fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io::Result<()> {
     use std::io::{Seek, Write};
     let p = terminal_path(root, uid);
@@ -158,16 +199,7 @@ fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io
         }
     }
     let Some(terminal) = terminal else { return Ok(()) };
-    let mut bytes = serde_json::to_vec(&TerminalRecord { uid: uid.to_owned(), terminal: terminal.clone() })
-        .map_err(std::io::Error::other)?;
-    let room = usize::try_from(TERMINAL_RECORD_BYTES).unwrap_or(usize::MAX);
-    if bytes.len() >= room {
-        // A very long message: the record keeps the phase and reason.
-        let short = Terminal { message: None, ..terminal.clone() };
-        bytes = serde_json::to_vec(&TerminalRecord { uid: uid.to_owned(), terminal: short })
-            .map_err(std::io::Error::other)?;
-    }
-    bytes.resize(room, 0);
+    let bytes = encode_terminal(uid, terminal).map_err(std::io::Error::other)?;
     f.rewind()?;
     f.write_all(&bytes)?;
     f.sync_data()
@@ -186,8 +218,7 @@ pub fn save(root: &Path, uid: &str, state: &SavedPod) -> Result<(), String> {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot write the terminal record");
     }
     let tmp = p.with_extension("json.tmp");
-    let stamped = SavedPod { uid: Some(uid.to_owned()), ..state.clone() };
-    let bytes = serde_json::to_vec(&stamped).map_err(|e| e.to_string())?;
+    let bytes = encode(uid, state)?;
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&bytes)?;

@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
-use nodewarden_proto::v1::{Image, RuntimeCondition, StatusResponse};
+use nodewarden_proto::v1::StatusResponse;
 use tokio::time::Instant;
 
+use super::responses::{image_summary, problems};
 use super::{CriError, CriRuntime, lock};
 use crate::runtime::{ImageSummary, Problem, RuntimeHealth};
 
@@ -109,13 +110,7 @@ impl Known {
 
     /// Notes a `Status` answer.
     fn answered(&mut self, status: &StatusResponse, now: Instant) {
-        let conditions = status.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
-        let problem = |kind: &str, what: &str| {
-            let c = conditions.iter().find(|c| c.r#type == kind);
-            (!c.is_some_and(|c| c.status)).then(|| Problem::new(format!("{what}: {}", describe(c))))
-        };
-        self.not_ready = problem("RuntimeReady", "container runtime not ready");
-        self.network = problem("NetworkReady", "container runtime network not ready");
+        (self.not_ready, self.network) = problems(status);
         self.error = None;
         if self.not_ready.is_none() {
             self.ready_at = Some(now);
@@ -131,20 +126,6 @@ impl Known {
     fn images_due(&self, n: u32) -> bool {
         n.is_multiple_of(IMAGES_EVERY) || self.listed_after != Some(self.pulls)
     }
-}
-
-/// A condition as the kubelet prints it: `NetworkReady=false reason:NetworkPluginNotReady message:...`, or
-/// `<nil>` when the runtime did not report it.
-fn describe(c: Option<&RuntimeCondition>) -> String {
-    match c {
-        Some(c) => format!("{}={} reason:{} message:{}", c.r#type, c.status, c.reason, c.message),
-        None => "<nil>".to_owned(),
-    }
-}
-
-/// An image as the Node lists it: its digests, then its tags.
-fn summary(i: Image) -> ImageSummary {
-    ImageSummary { names: [i.repo_digests, i.repo_tags].concat(), size_bytes: i.size }
 }
 
 impl CriRuntime {
@@ -170,7 +151,7 @@ impl CriRuntime {
             let pulls = lock(&self.known).pulls;
             match self.client.list_images().await {
                 Ok(images) => {
-                    let mut images: Vec<ImageSummary> = images.into_iter().map(summary).collect();
+                    let mut images: Vec<ImageSummary> = images.into_iter().map(image_summary).collect();
                     // A stable order for images of one size, so the Node's list does not change between lists.
                     images.sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes).then_with(|| a.names.cmp(&b.names)));
                     let mut k = lock(&self.known);
@@ -221,7 +202,7 @@ mod tests {
     fn status(conditions: &[(&str, bool, &str, &str)]) -> StatusResponse {
         let conditions = conditions
             .iter()
-            .map(|(t, s, r, m)| RuntimeCondition {
+            .map(|(t, s, r, m)| nodewarden_proto::v1::RuntimeCondition {
                 r#type: (*t).into(),
                 status: *s,
                 reason: (*r).into(),

@@ -8,6 +8,7 @@ pub mod client;
 mod config;
 mod health;
 mod metrics;
+pub mod responses;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,7 +28,7 @@ pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
     ContainerSpec, ExecOutput, ExitInfo, ImageSummary, PullPolicy, RunningSandbox, Runtime, RuntimeError,
-    RuntimeHealth, SandboxRuntime, SandboxSpec, Started, exit_reason,
+    RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
@@ -69,10 +70,6 @@ pub struct CriRuntime {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn timestamp(nanos: i64) -> Timestamp {
-    Timestamp::from_nanosecond(i128::from(nanos)).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
 fn runtime_error(e: CriError) -> RuntimeError {
@@ -142,10 +139,7 @@ impl CriRuntime {
 
     /// The sandbox's addresses on the pod network, the primary first (`PodSandboxStatus`).
     async fn sandbox_ips(&self, id: &str) -> Result<Vec<String>, CriError> {
-        let status = self.client.pod_sandbox_status(id).await?;
-        let network = status.status.and_then(|s| s.network).unwrap_or_default();
-        let extra = network.additional_ips.into_iter().map(|ip| ip.ip);
-        Ok(std::iter::once(network.ip).chain(extra).filter(|ip| !ip.is_empty()).collect())
+        Ok(responses::sandbox_ips(self.client.pod_sandbox_status(id).await?))
     }
 
     /// Watches the runtime until `drain`: lists the containers every poll period, resolves the waits of those
@@ -221,21 +215,7 @@ impl CriRuntime {
     /// still runs or the runtime cannot say now.
     async fn exit_info(&self, id: &str) -> Option<ExitInfo> {
         match self.client.container_status(id, false).await {
-            Ok(r) => {
-                let s = r.status?;
-                if s.state() != ContainerState::ContainerExited {
-                    return None;
-                }
-                let oom = s.reason == "OOMKilled";
-                Some(ExitInfo {
-                    exit_code: s.exit_code,
-                    signal: (s.exit_code > 128).then(|| s.exit_code - 128),
-                    reason: exit_reason(s.exit_code, oom).to_owned(),
-                    message: (!s.message.is_empty()).then_some(s.message),
-                    started_at: timestamp(s.started_at),
-                    finished_at: timestamp(s.finished_at),
-                })
-            }
+            Ok(r) => responses::exit_of(r.status?),
             Err(e) if e.is_not_found() => Some(ExitInfo::unknown(
                 "The container could not be located when the pod was terminated",
                 Timestamp::UNIX_EPOCH,
@@ -467,7 +447,7 @@ impl Runtime for CriRuntime {
         let running = listed.into_iter().filter(|c| c.state() == ContainerState::ContainerRunning);
         let newest = running.max_by_key(|c| c.created_at)?;
         let started_at = match self.client.container_status(&newest.id, false).await {
-            Ok(r) => r.status.map_or_else(Timestamp::now, |s| timestamp(s.started_at)),
+            Ok(r) => r.status.map_or_else(Timestamp::now, |s| responses::timestamp(s.started_at)),
             Err(_) => Timestamp::now(),
         };
         drop(self.watch(&newest.id));
