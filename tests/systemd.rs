@@ -272,33 +272,66 @@ fn under_the_systemd_driver_containerd_runs_the_containers_in_scopes_of_the_pods
         .unwrap();
     assert!(out.status.success(), "containerd did not start: {}", String::from_utf8_lossy(&out.stderr));
     let mut n = node_with("sdcri", "", &format!("cgroupDriver: systemd\ncontainerRuntimeEndpoint: unix://{socket}\n"));
-    let body = "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: \
-                localhost/busybox:1\n    command: [sh, -c, 'exec sleep 3600']\n    resources:\n      requests: {memory: \
-                32Mi, cpu: 100m}\n      limits: {memory: 64Mi}\n";
-    n.write("web.yaml", &pod_yaml("web", body));
-    let p = n.wait_pod("web", 180, "running", |p| phase(p) == "Running");
-    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
-    let id = p["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().trim_start_matches("containerd://");
-    let slice = format!("nwtest_d_sdcri-kubepods-burstable-pod{}.slice", uid.replace('-', "_"));
-    let s = show_unit(&slice, &["ActiveState", "ControlGroup", "MemoryMax"]);
-    assert_eq!((s["ActiveState"].as_str(), s["MemoryMax"].as_str()), ("active", "67108864"), "{s:?}");
-    // runc's systemd driver made the container a scope of the pod's slice (the sandbox's cgroup_parent), with
-    // the container's limit.
-    let scope = format!("cri-containerd-{id}.scope");
-    let c = show_unit(&scope, &["ActiveState", "ControlGroup", "Slice", "MemoryMax"]);
-    assert_eq!((c["ActiveState"].as_str(), c["Slice"].as_str()), ("active", slice.as_str()), "{c:?}");
-    assert_eq!(c["MemoryMax"], "67108864");
-    assert!(c["ControlGroup"].starts_with(&s["ControlGroup"]), "{c:?}");
-    assert!(!cgroup_file(&c["ControlGroup"], "cgroup.procs").is_empty(), "the container runs in its scope");
+    let body = |resources: &str| {
+        format!(
+            "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: \
+             localhost/busybox:1\n    command: [sh, -c, 'exec sleep 3600']\n{resources}"
+        )
+    };
+    // A pod of each QoS class: its slice where the kubelet puts it, the container's limit on its scope.
+    let pods = [
+        ("g", "", "    resources:\n      limits: {memory: 64Mi, cpu: 250m}\n", "67108864"),
+        (
+            "b",
+            "burstable-",
+            "    resources:\n      requests: {memory: 32Mi, cpu: 100m}\n      limits: {memory: 64Mi}\n",
+            "67108864",
+        ),
+        ("e", "besteffort-", "", "infinity"),
+    ];
+    for (name, _, resources, _) in &pods {
+        n.write(&format!("{name}.yaml"), &pod_yaml(name, &body(resources)));
+    }
+    let mut placed = Vec::new();
+    for (name, class, _, memory) in &pods {
+        let p = n.wait_pod(name, 180, "running", |p| phase(p) == "Running");
+        let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+        let id = p["status"]["containerStatuses"][0]["containerID"].as_str().unwrap().to_owned();
+        let slice = format!("nwtest_d_sdcri-kubepods-{class}pod{}.slice", uid.replace('-', "_"));
+        let s = show_unit(&slice, &["ActiveState", "ControlGroup"]);
+        assert_eq!(s["ActiveState"], "active", "{slice}: {s:?}");
+        // runc's systemd driver made the container a scope of the pod's slice (the sandbox's cgroup_parent), with
+        // the container's limit.
+        let scope = format!("cri-containerd-{}.scope", id.trim_start_matches("containerd://"));
+        let c = show_unit(&scope, &["ActiveState", "ControlGroup", "Slice", "MemoryMax"]);
+        assert_eq!((c["ActiveState"].as_str(), c["Slice"].as_str()), ("active", slice.as_str()), "{c:?}");
+        assert_eq!(c["MemoryMax"], *memory, "{scope} of pod {name}");
+        assert!(c["ControlGroup"].starts_with(&s["ControlGroup"]), "{c:?}");
+        assert!(!cgroup_file(&c["ControlGroup"], "cgroup.procs").is_empty(), "the container runs in its scope");
+        placed.push((name.to_owned(), slice, s["ControlGroup"].clone(), id));
+    }
 
-    // Removed: the sandbox goes, and the slice is stopped with nothing left of it.
-    std::fs::remove_file(n.manifests.join("web.yaml")).unwrap();
-    let cg = Path::new(MOUNT).join(s["ControlGroup"].trim_start_matches('/'));
-    wait_until(90, "the pod's slice stopped", || {
-        n.pod("web").is_none()
-            && show_unit(&slice, &["ActiveState"]).get("ActiveState").is_none_or(|a| a == "inactive")
-            && !cg.exists()
-    });
+    // kill -9 and a new daemon: the sandboxes and their containers are adopted, nothing is made again.
+    n.d.kill();
+    n.d.start();
+    n.d.wait_ready();
+    for (name, slice, _, id) in &placed {
+        let p = n.wait_pod(name, 60, "running again", |p| phase(p) == "Running");
+        assert_eq!(p["status"]["containerStatuses"][0]["containerID"].as_str(), Some(id.as_str()), "{slice}");
+        assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0);
+    }
+    assert!(n.d.log().contains("adopted running pod sandbox"), "{}", n.d.log());
+
+    // Removed: the sandboxes go, and the slices are stopped with nothing left of them.
+    for (name, slice, cg, _) in &placed {
+        std::fs::remove_file(n.manifests.join(format!("{name}.yaml"))).unwrap();
+        let cg = Path::new(MOUNT).join(cg.trim_start_matches('/'));
+        wait_until(90, "the pod's slice stopped", || {
+            n.pod(name).is_none()
+                && show_unit(slice, &["ActiveState"]).get("ActiveState").is_none_or(|a| a == "inactive")
+                && !cg.exists()
+        });
+    }
     assert_eq!(n.d.stop(), Some(0), "{}", n.d.log());
     let (ok, out) = systemctl(&["stop", "nwtest_d_sdcri.slice"]);
     assert!(ok, "{out}");
