@@ -119,6 +119,49 @@ fn memory_pressure_evicts_the_besteffort_hog_and_holds_the_condition() {
 }
 
 #[test]
+fn more_reserved_under_load_evicts_before_kubepods_memory_max_is_lowered() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // Only allocatable matters here: memory.available (and the allocatableMemory.available threshold copied
+    // from it) is 1Mi.
+    let n = node_with("evict-alloc", "", "evictionHard:\n  memory.available: 1Mi\n");
+    n.write("keep.yaml", &pod_yaml("keep", &containers("[sleep, '1000']", GUARANTEED)));
+    n.write("hog.yaml", &pod_yaml("hog", &containers(&hog("300M"), "")));
+    for p in ["keep", "hog"] {
+        n.wait_pod(p, 60, "ran", |v| phase(v) == "Running");
+    }
+    let kubepods = std::path::Path::new("/sys/fs/cgroup/nwtest-d-evict-alloc/kubepods");
+    let read = |f: &str| std::fs::read_to_string(kubepods.join(f)).unwrap().trim().to_owned();
+    wait_until(60, "the hog holds its 300M", || read("memory.current").parse::<u64>().unwrap() > 300 * MIB);
+    let before = read("memory.max");
+    let kills = oom_kills();
+
+    // systemReserved raised so that enforced allocatable (capacity − reserved) is about 200Mi, below the hog alone.
+    let capacity = mib(meminfo("MemTotal"));
+    let reserved = capacity - 16 - 200;
+    let config = n.d.dir.path().join("config.yaml");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let edited =
+        original.replace("systemReserved:\n  memory: 64Mi", &format!("systemReserved:\n  memory: {reserved}Mi"));
+    assert_ne!(edited, original);
+    std::fs::write(&config, edited).unwrap();
+    let p = n.wait_pod("hog", 60, "was evicted", evicted);
+    assert!(p["status"]["message"].as_str().unwrap().starts_with("The node was low on resource: memory."), "{p:#}");
+    let e = evictions(&n);
+    assert_eq!(e["evictions"][0]["signal"], "allocatableMemory.available", "{e:#}");
+    assert!(n.d.log().contains("kubepods' memory.max would be below what the pods use"), "{}", n.d.log());
+    // Written once the pods fit, and the kernel killed nothing meanwhile.
+    let enforced = meminfo("MemTotal") - (reserved + 16) * MIB;
+    wait_until(30, "kubepods' memory.max lowered", || read("memory.max") == enforced.to_string());
+    assert_ne!(before, read("memory.max"));
+    assert_eq!(oom_kills(), kills, "the kernel OOM killer fired:\n{}", n.d.log());
+    assert_eq!(read("memory.events").lines().find(|l| l.starts_with("oom_kill ")), Some("oom_kill 0"));
+    assert_eq!(phase(&n.pod("keep").unwrap()), "Running");
+}
+
+#[test]
 fn pid_pressure_evicts_the_pod_with_the_most_processes() {
     if !cgroup2_available() {
         return;

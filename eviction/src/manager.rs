@@ -458,7 +458,7 @@ impl<E: Evictor> EvictionManager<E> {
     /// Reads every signal (and, when `full`, the PSI averages for the observer), on the loop's own thread.
     fn read_all(&self, full: bool, in_force: &EvictionSettings) -> Result<BTreeMap<Signal, SignalObservation>, String> {
         let start = Instant::now();
-        let m = self.resources.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut m = self.resources.lock().unwrap_or_else(PoisonError::into_inner);
         let obs = if full { m.observe() } else { m.observe_signals() };
         let read = obs.map(|obs| {
             if !obs.unavailable.is_empty() {
@@ -477,6 +477,12 @@ impl<E: Evictor> EvictionManager<E> {
         });
         if let (Err(e), Some(o)) = (&read, &self.observer) {
             o.failed(e);
+        }
+        // A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available).
+        if m.pending_memory_max().is_some()
+            && let Err(e) = m.settle_memory_limit()
+        {
+            tracing::warn!(error = %e, "cannot lower kubepods' memory.max");
         }
         read.map_err(|e| e.to_string())
     }

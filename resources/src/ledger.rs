@@ -14,6 +14,7 @@ use crate::error::{CgroupError, NameError};
 use crate::limits::{self, CgroupLimits, LimitSettings};
 use crate::names::validate_pod_uid;
 use crate::observe::{self, Observations, PodUsage};
+use crate::parse::Limit;
 use crate::pressure::NodePressure;
 use crate::priority::{is_critical, is_node_critical, is_static_pod, pod_priority};
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
@@ -257,6 +258,11 @@ pub struct ResourceManager {
     units: Option<Arc<dyn Units>>,
     /// The node is shutting down: no pod is admitted that is not placed already.
     shutting_down: bool,
+    /// kubepods' `memory.max` still to be written: enforced allocatable memory that is below what the pods use
+    /// now (more reserved at a reload or a start). Writing it would have the kernel OOM-kill in kubepods; the
+    /// eviction manager evicts meanwhile (allocatableMemory.available is below its threshold), and it is written
+    /// once the pods fit. Until then kubepods keeps the limit it had.
+    pending_memory_max: Option<u64>,
 }
 
 fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
@@ -287,6 +293,7 @@ impl ResourceManager {
             pressure: NodePressure::default(),
             units: None,
             shutting_down: false,
+            pending_memory_max: None,
         })
     }
 
@@ -308,15 +315,62 @@ impl ResourceManager {
             let reason = "the systemd cgroup driver has no connection to systemd".to_owned();
             return Err(UnitError { unit: self.tree.kubepods.to_string(), reason }.into());
         }
-        tree::ensure(
-            &self.fs,
+        let allocatable = self.allocatable;
+        let memory = self.kubepods_memory_max(&allocatable, self.config.enforce_pods);
+        let target = if self.config.enforce_pods { self.allocatable.enforced } else { self.allocatable.capacity };
+        tree::ensure(&self.fs, self.units(), &self.tree, &target, memory)?;
+        self.adopt()
+    }
+
+    /// The `memory.max` to write on kubepods for `allocatable`: its enforced memory, unless that is below what
+    /// the pods use now (their working set); then the limit kubepods has stays, and the lower one is kept pending
+    /// until [`ResourceManager::settle_memory_limit`] finds the pods fit.
+    fn kubepods_memory_max(&mut self, allocatable: &Allocatable, enforce: bool) -> Limit {
+        self.pending_memory_max = None;
+        if !enforce {
+            return Limit::Max;
+        }
+        let wanted = allocatable.enforced.memory;
+        let kubepods = &self.tree.kubepods;
+        let Ok(used) = observe::working_set(&self.fs, kubepods) else { return Limit::Value(wanted) };
+        if used <= wanted {
+            return Limit::Value(wanted);
+        }
+        let current = self.fs.read_limit(kubepods, "memory.max").unwrap_or(Limit::Max);
+        tracing::warn!(
+            wanted,
+            used,
+            kept = %current,
+            "kubepods' memory.max would be below what the pods use; it is kept until evictions make room"
+        );
+        self.pending_memory_max = Some(wanted);
+        current
+    }
+
+    /// Writes kubepods' pending `memory.max` once the pods' working set fits under it; true when written (or
+    /// nothing was pending). Called by the eviction loop after each full read.
+    pub fn settle_memory_limit(&mut self) -> Result<bool, CgroupError> {
+        let Some(wanted) = self.pending_memory_max else { return Ok(true) };
+        let kubepods = self.tree.kubepods.clone();
+        if observe::working_set(&self.fs, &kubepods)? > wanted {
+            return Ok(false);
+        }
+        let limit = Limit::Value(wanted);
+        tree::set_unit_limits(
             self.units(),
             &self.tree,
-            &self.allocatable.enforced,
-            &self.allocatable.capacity,
-            self.config.enforce_pods,
+            &kubepods,
+            &UnitLimits { memory_max: Some(limit), ..UnitLimits::default() },
         )?;
-        self.adopt()
+        self.fs.write_limit(&kubepods, "memory.max", limit)?;
+        self.pending_memory_max = None;
+        tracing::info!(memory_max = wanted, "the pods fit: kubepods' memory.max lowered to enforced allocatable");
+        Ok(true)
+    }
+
+    /// kubepods' `memory.max` that waits for the pods to fit under it, if any.
+    pub fn pending_memory_max(&self) -> Option<u64> {
+        self.pending_memory_max
     }
 
     /// The node's capacity.
@@ -414,14 +468,9 @@ impl ResourceManager {
         let allocatable =
             allocatable::compute(&self.capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
         if allocatable != self.allocatable || config.enforce_pods != self.config.enforce_pods {
-            tree::ensure(
-                &self.fs,
-                self.units(),
-                &self.tree,
-                &allocatable.enforced,
-                &allocatable.capacity,
-                config.enforce_pods,
-            )?;
+            let memory = self.kubepods_memory_max(&allocatable, config.enforce_pods);
+            let target = if config.enforce_pods { allocatable.enforced } else { allocatable.capacity };
+            tree::ensure(&self.fs, self.units(), &self.tree, &target, memory)?;
         }
         self.allocatable = allocatable;
         self.config = ResourceConfig {

@@ -243,24 +243,21 @@ pub fn delegate(fs: &CgroupFs, tree: &Tree, cg: &CgroupPath) -> Result<(), Cgrou
     Ok(())
 }
 
-/// Creates the tree (idempotently) and writes the kubepods limits: `cpu.weight` from allocatable CPU always, and
-/// `memory.max` and `pids.max` from enforced allocatable when `enforce` (`enforceNodeAllocatable` has `pods`).
-/// Under systemd the slices carry the same limits as properties.
+/// Creates the tree (idempotently) and writes the kubepods limits: `cpu.weight` and `pids.max` from `target`
+/// (enforced allocatable when `enforceNodeAllocatable` has `pods`, else capacity), and `memory.max` as the ledger
+/// decided it. Under systemd the slices carry the same limits as properties.
 pub fn ensure(
     fs: &CgroupFs,
     units: Option<&dyn Units>,
     tree: &Tree,
-    enforced: &Resources,
-    capacity: &Resources,
-    enforce: bool,
+    target: &Resources,
+    memory: Limit,
 ) -> Result<(), CgroupError> {
     if tree.root != CgroupPath::root() {
         create(fs, units, tree, &tree.root, &UnitLimits::default())?;
     }
     delegate(fs, tree, &tree.root)?;
-    let target = if enforce { enforced } else { capacity };
     let weight = qos::shares_to_weight(qos::cpu_shares(target.cpu_millis));
-    let memory = if enforce { Limit::Value(enforced.memory) } else { Limit::Max };
     let kubepods = UnitLimits {
         cpu_weight: Some(weight),
         memory_max: Some(memory),

@@ -448,3 +448,36 @@ fn a_slice_systemd_refuses_undoes_the_placement() {
     let err = m.place(&pod("u1", json!([{"name": "a_b"}]))).unwrap_err();
     assert!(err.to_string().contains("'_'"), "{err}");
 }
+
+#[test]
+fn a_lowered_allocatable_waits_for_the_pods_to_fit_before_it_is_written() {
+    let f = FakeHost::new();
+    let mut m = manager(&f);
+    let kubepods = f.cgroup_mount().join("nw/kubepods");
+    // The pods use 700Mi (page cache apart): more than the 500Mi a reload leaves them.
+    std::fs::write(kubepods.join("memory.current"), (750 * MIB).to_string()).unwrap();
+    std::fs::write(kubepods.join("memory.stat"), format!("anon {}\ninactive_file {}\n", 700 * MIB, 50 * MIB)).unwrap();
+    let more =
+        ResourceConfig { system_reserved: Reserved { memory: 500 * MIB, ..config().system_reserved }, ..config() };
+    m.reconfigure(more.clone()).unwrap();
+    assert_eq!(m.allocatable().enforced.memory, 500 * MIB, "admission and allocatableMemory.available see it at once");
+    assert_eq!(read(&f, "nw/kubepods/memory.max"), (900 * MIB).to_string(), "not written under the pods' feet");
+    assert_eq!(m.pending_memory_max(), Some(500 * MIB));
+    assert!(!m.settle_memory_limit().unwrap(), "still too much in use");
+    assert_eq!(read(&f, "nw/kubepods/memory.max"), (900 * MIB).to_string());
+    // An eviction later the working set fits (the page cache above it is the kernel's to reclaim).
+    std::fs::write(kubepods.join("memory.current"), (540 * MIB).to_string()).unwrap();
+    std::fs::write(kubepods.join("memory.stat"), format!("anon {}\ninactive_file {}\n", 490 * MIB, 50 * MIB)).unwrap();
+    assert!(m.settle_memory_limit().unwrap());
+    assert_eq!(read(&f, "nw/kubepods/memory.max"), (500 * MIB).to_string());
+    assert_eq!(m.pending_memory_max(), None);
+    // A limit the pods fit under is written at once; so is a raised one, which also drops a pending one.
+    m.reconfigure(config()).unwrap();
+    assert_eq!(read(&f, "nw/kubepods/memory.max"), (900 * MIB).to_string());
+    std::fs::write(kubepods.join("memory.stat"), format!("anon {}\ninactive_file 0\n", 700 * MIB)).unwrap();
+    m.reconfigure(more).unwrap();
+    assert_eq!(m.pending_memory_max(), Some(500 * MIB));
+    m.reconfigure(config()).unwrap();
+    assert_eq!(m.pending_memory_max(), None);
+    assert_eq!(read(&f, "nw/kubepods/memory.max"), (900 * MIB).to_string());
+}
