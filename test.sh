@@ -43,6 +43,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "unit tests (this host; tests that need cgroup v2 skip here and run in the VM below)"
 cargo test --workspace --locked
 
+step "fuzzing: a short run of each target in fuzz/ (the long runs are reported in the closing notes)"
+# cargo-fuzz drives libFuzzer; RUSTC_BOOTSTRAP lets the stable toolchain take its -Z flags. No sanitizer: the code
+# is safe Rust, the runs look for panics and broken properties, and a sanitizer build would cost CI minutes.
+command -v cargo-fuzz >/dev/null || cargo install --quiet --locked cargo-fuzz --version 0.13.2
+FUZZ_SECONDS=${FUZZ_SECONDS:-10} ./fuzz/run
+
 step "build the daemon and the benchmark harness"
 cargo build --workspace --locked
 

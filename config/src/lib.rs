@@ -5,7 +5,7 @@
 //! accepted-but-ignored (real kubelet fields nodewarden does not implement) and unknown (an error naming the field
 //! and the nearest known name); then the implemented fields are deserialized and validated into [`Config`].
 
-mod duration;
+pub mod duration;
 mod kubelet_fields;
 mod raw;
 mod reload;

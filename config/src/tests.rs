@@ -280,3 +280,23 @@ fn under_the_systemd_driver_the_cgroup_root_names_a_slice() {
     let c = parse(&format!("{HEAD}cgroupRoot: /nodewarden\n")).unwrap();
     assert_eq!((c.resources.cgroup_driver, c.resources.cgroup_root.as_str()), (CgroupDriver::Cgroupfs, "/nodewarden"));
 }
+
+#[test]
+fn a_config_reloads_unchanged_and_prints_as_a_file_that_loads_as_itself() {
+    let shipped = include_str!("../../deploy/config.yaml");
+    for text in [KUBEADM, shipped, HEAD] {
+        let c = parse(text).unwrap();
+        let r = reload(&c, text).unwrap();
+        assert!(r.needs_restart.is_empty(), "{:?}", r.needs_restart);
+        assert!(r.config == c, "a reload of the same text changed the config");
+        let printed = c.to_yaml();
+        let again = parse(&printed).unwrap_or_else(|e| panic!("the printed config does not load: {e}\n{printed}"));
+        // The printed form holds the implemented fields only: the ignored ones, and what was said of them, go.
+        let again = Config { ignored: c.ignored.clone(), warnings: c.warnings.clone(), ..again };
+        if again != c {
+            let (a, b) = (format!("{c:#?}"), format!("{again:#?}"));
+            let diff: Vec<(&str, &str)> = a.lines().zip(b.lines()).filter(|(x, y)| x != y).collect();
+            panic!("the printed config loads as another config: {diff:#?}\n{printed}");
+        }
+    }
+}
