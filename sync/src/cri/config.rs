@@ -9,7 +9,6 @@ use nodewarden_proto::v1::{
     LinuxContainerResources, LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
     NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, SecurityProfile,
 };
-use nodewarden_resources::CgroupPath;
 
 use super::client::image_spec;
 use crate::runtime::{ContainerSpec, LinuxResources, SandboxSpec};
@@ -79,15 +78,6 @@ fn pod_labels(spec: &SandboxSpec) -> HashMap<String, String> {
     labels
 }
 
-/// The sandbox's `cgroup_parent`: the pod's cgroup, or where it is a systemd slice (the systemd cgroup driver) the
-/// slice's unit name alone, as the kubelet's systemd cgroup manager names it to the runtime.
-fn cgroup_parent(pod: &CgroupPath) -> String {
-    match pod.as_str().rsplit('/').next() {
-        Some(unit) if unit.ends_with(".slice") => unit.to_owned(),
-        _ => pod.as_str().to_owned(),
-    }
-}
-
 /// The sandbox of a pod, the `attempt`-th for its UID.
 pub fn sandbox_config(spec: &SandboxSpec, attempt: u32) -> PodSandboxConfig {
     PodSandboxConfig {
@@ -103,7 +93,7 @@ pub fn sandbox_config(spec: &SandboxSpec, attempt: u32) -> PodSandboxConfig {
         labels: pod_labels(spec),
         annotations: spec.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: cgroup_parent(&spec.cgroup_parent),
+            cgroup_parent: spec.cgroup_parent.as_str().to_owned(),
             security_context: Some(LinuxSandboxSecurityContext {
                 namespace_options: Some(namespaces(spec)),
                 privileged: spec.privileged,
@@ -187,6 +177,8 @@ pub fn container_config(spec: &ContainerSpec, pod: &SandboxSpec) -> ContainerCon
 mod tests {
     use std::path::PathBuf;
 
+    use nodewarden_resources::CgroupPath;
+
     use super::*;
     use crate::runtime::{Mount as SpecMount, PullPolicy};
 
@@ -215,10 +207,6 @@ mod tests {
         let linux = c.linux.unwrap();
         assert_eq!(linux.cgroup_parent, "/nodewarden/kubepods/burstable/podu1");
         assert_eq!(c.metadata.unwrap().attempt, 2);
-        let slice = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu1.slice";
-        let under_systemd = SandboxSpec { cgroup_parent: CgroupPath::parse(slice).unwrap(), ..pod() };
-        let parent = sandbox_config(&under_systemd, 0).linux.unwrap().cgroup_parent;
-        assert_eq!(parent, "kubepods-burstable-podu1.slice", "the slice's name, as the kubelet passes it");
         assert_eq!(c.labels[POD_UID_LABEL], "u1");
         assert_eq!(c.labels["app"], "web");
         assert_eq!(c.labels[MANAGED_LABEL], "true");
