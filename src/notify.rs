@@ -96,10 +96,17 @@ fn progress(shared: &Shared) -> Vec<(&'static str, Result<(), String>)> {
     vec![("podsync", shared.pods.loop_health()), ("eviction", shared.eviction_health())]
 }
 
-/// What `READY=1` waits for: progress, and the first full sync (every pod source's first pods have workers).
-fn startup(shared: &Shared) -> Vec<(&'static str, Result<(), String>)> {
+/// How long `READY=1` waits for the pod sources' first pods: a source that cannot be listed (it is retried, and
+/// the pods it had keep running) must not keep the unit from starting (systemd's start timeout is 90 s).
+const SOURCES_WAIT: Duration = Duration::from_secs(60);
+
+/// What `READY=1` waits for: progress, and the first full sync (every pod source's first pods have workers) for
+/// at most [`SOURCES_WAIT`] after `started`.
+fn startup(shared: &Shared, started: tokio::time::Instant) -> Vec<(&'static str, Result<(), String>)> {
     let mut checks = progress(shared);
-    checks.push(("sources", shared.pods.synced()));
+    if started.elapsed() < SOURCES_WAIT {
+        checks.push(("sources", shared.pods.synced()));
+    }
     checks
 }
 
@@ -120,17 +127,21 @@ fn status_line(shared: &Shared) -> String {
 /// status line current and feeds the watchdog while the daemon makes progress, until `shutdown`.
 pub async fn run(notifier: Notifier, shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let started = tokio::time::Instant::now();
     let mut said = String::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = shutdown.cancelled() => return notifier.send("STOPPING=1\nSTATUS=Stopping"),
         }
-        let Some(why) = stalled(&startup(&shared)) else { break };
+        let Some(why) = stalled(&startup(&shared, started)) else { break };
         if why != said {
             notifier.send(&format!("STATUS=Starting: {why}"));
             said = why;
         }
+    }
+    if let Err(why) = shared.pods.synced() {
+        tracing::warn!(reason = %why, "the pod sources have not synced; telling systemd the daemon is ready");
     }
     let mut said = status_line(&shared);
     notifier.send(&format!("READY=1\nSTATUS={said}"));

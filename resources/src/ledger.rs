@@ -315,26 +315,25 @@ impl ResourceManager {
             let reason = "the systemd cgroup driver has no connection to systemd".to_owned();
             return Err(UnitError { unit: self.tree.kubepods.to_string(), reason }.into());
         }
-        let allocatable = self.allocatable;
-        let memory = self.kubepods_memory_max(&allocatable, self.config.enforce_pods);
+        let (memory, pending) = self.kubepods_memory_max(&self.allocatable, self.config.enforce_pods);
         let target = if self.config.enforce_pods { self.allocatable.enforced } else { self.allocatable.capacity };
         tree::ensure(&self.fs, self.units(), &self.tree, &target, memory)?;
+        self.pending_memory_max = pending;
         self.adopt()
     }
 
-    /// The `memory.max` to write on kubepods for `allocatable`: its enforced memory, unless that is below what
-    /// the pods use now (their working set); then the limit kubepods has stays, and the lower one is kept pending
-    /// until [`ResourceManager::settle_memory_limit`] finds the pods fit.
-    fn kubepods_memory_max(&mut self, allocatable: &Allocatable, enforce: bool) -> Limit {
-        self.pending_memory_max = None;
+    /// The `memory.max` to write on kubepods for `allocatable`, and the one left pending: its enforced memory,
+    /// unless that is below what the pods use now (their working set); then the limit kubepods has stays, and the
+    /// lower one is pending until [`ResourceManager::settle_memory_limit`] finds the pods fit.
+    fn kubepods_memory_max(&self, allocatable: &Allocatable, enforce: bool) -> (Limit, Option<u64>) {
         if !enforce {
-            return Limit::Max;
+            return (Limit::Max, None);
         }
         let wanted = allocatable.enforced.memory;
         let kubepods = &self.tree.kubepods;
-        let Ok(used) = observe::working_set(&self.fs, kubepods) else { return Limit::Value(wanted) };
+        let Ok(used) = observe::working_set(&self.fs, kubepods) else { return (Limit::Value(wanted), None) };
         if used <= wanted {
-            return Limit::Value(wanted);
+            return (Limit::Value(wanted), None);
         }
         let current = self.fs.read_limit(kubepods, "memory.max").unwrap_or(Limit::Max);
         tracing::warn!(
@@ -343,12 +342,11 @@ impl ResourceManager {
             kept = %current,
             "kubepods' memory.max would be below what the pods use; it is kept until evictions make room"
         );
-        self.pending_memory_max = Some(wanted);
-        current
+        (current, Some(wanted))
     }
 
     /// Writes kubepods' pending `memory.max` once the pods' working set fits under it; true when written (or
-    /// nothing was pending). Called by the eviction loop after each full read.
+    /// nothing was pending). Called by the eviction loop after each read of every signal.
     pub fn settle_memory_limit(&mut self) -> Result<bool, CgroupError> {
         let Some(wanted) = self.pending_memory_max else { return Ok(true) };
         let kubepods = self.tree.kubepods.clone();
@@ -468,9 +466,10 @@ impl ResourceManager {
         let allocatable =
             allocatable::compute(&self.capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
         if allocatable != self.allocatable || config.enforce_pods != self.config.enforce_pods {
-            let memory = self.kubepods_memory_max(&allocatable, config.enforce_pods);
+            let (memory, pending) = self.kubepods_memory_max(&allocatable, config.enforce_pods);
             let target = if config.enforce_pods { allocatable.enforced } else { allocatable.capacity };
             tree::ensure(&self.fs, self.units(), &self.tree, &target, memory)?;
+            self.pending_memory_max = pending;
         }
         self.allocatable = allocatable;
         self.config = ResourceConfig {

@@ -56,6 +56,9 @@ fn plan(pods: Vec<RunningPod>, groups: &[(i32, Duration)]) -> Vec<Step> {
 /// `dbusReconnectPeriod`).
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a shutdown that finds the pod sources not yet synced (a daemon started meanwhile) waits for them.
+const SYNC_WAIT: Duration = Duration::from_secs(5);
+
 /// Runs the node's graceful shutdown until `cancel`: takes the delay lock and handles `PrepareForShutdown`. When
 /// logind cannot be reached, or the connection to the system bus is lost (a D-Bus restart), it connects again
 /// every second, as the kubelet does; a node shutdown meanwhile does not wait for the pods.
@@ -64,16 +67,15 @@ pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: Canc
     // to wait a second more per group, so it never cuts the last (critical) group short.
     let total: Duration =
         groups.iter().map(|g| g.1).sum::<Duration>() + GROUP_SLACK * u32::try_from(groups.len()).unwrap_or(u32::MAX);
+    // The lock is logind's, not the bus connection's: it holds across a reconnect.
+    let mut lock = None;
     let mut failures = 0u32;
     loop {
         let lost = match Logind::connect().await {
-            Ok(logind) => {
-                failures = 0;
-                match watch(&shared, &groups, total, &logind, &cancel).await {
-                    Some(lost) => lost,
-                    None => return,
-                }
-            }
+            Ok(logind) => match watch(&shared, &groups, total, &logind, &mut lock, &mut failures, &cancel).await {
+                Some(lost) => lost,
+                None => return,
+            },
             Err(e) => format!("logind does not answer on the system bus: {e}"),
         };
         // Said once at warning level; while it stays so, the retries are quiet.
@@ -92,30 +94,41 @@ pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: Canc
 
 /// Watches one connection to logind until `cancel` (`None`) or until the connection is lost (why). The signals
 /// are subscribed to before the lock is taken, so no announcement between the two is missed; the lock is taken
-/// before anything slower; a shutdown already under way (a daemon started meanwhile) is handled at once.
+/// before anything slower; logind's `PreparingForShutdown` says what happened while the daemon was not
+/// listening (it started during a shutdown, or a cancel came while the bus was away).
 async fn watch(
     shared: &Shared,
     groups: &[(i32, Duration)],
     total: Duration,
     logind: &Logind,
+    lock: &mut Option<zbus::zvariant::OwnedFd>,
+    failures: &mut u32,
     cancel: &CancellationToken,
 ) -> Option<String> {
     let mut signals = match logind.shutdown_signals().await {
         Ok(s) => s,
         Err(e) => return Some(format!("cannot watch logind's signals: {e}")),
     };
-    let mut lock = take_lock(logind).await;
+    if *failures > 0 {
+        tracing::info!("logind answers again; graceful node shutdown is on");
+    }
+    *failures = 0;
+    let shutting_down = shared.node_shutdown.load(Ordering::Relaxed);
     let mut pending = match logind.preparing_for_shutdown().await {
-        Ok(true) => {
+        Ok(true) if !shutting_down => {
             tracing::warn!("logind is already shutting the node down");
             Some(true)
         }
-        Ok(false) => None,
+        Ok(false) if shutting_down => Some(false),
+        Ok(_) => None,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read logind's PreparingForShutdown");
             None
         }
     };
+    if lock.is_none() && !shared.node_shutdown.load(Ordering::Relaxed) {
+        *lock = take_lock(logind).await;
+    }
     if pending.is_none() {
         check_inhibit_delay(logind, total).await;
     }
@@ -133,15 +146,21 @@ async fn watch(
         };
         if start {
             if shared.node_shutdown.load(Ordering::Relaxed) {
-                // Announced again (seen after a reconnect): the pods were terminated already, and this
-                // connection's lock must not hold the shutdown back.
-                drop(lock.take());
-                continue;
+                continue; // announced again: the pods are terminated already
             }
             tracing::warn!(period = ?total, "the node is shutting down; terminating the pods in priority order");
             // Admission first: once /readyz says so, no new pod gets in.
             shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(true);
             shared.node_shutdown.store(true, Ordering::Relaxed);
+            // A daemon that has just started knows its pods once their source's first snapshot is applied (for a
+            // few seconds at most: a source that cannot be listed must not hold the running pods up).
+            let synced = tokio::time::Instant::now() + SYNC_WAIT;
+            while shared.pods.synced().is_err() && tokio::time::Instant::now() < synced {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = cancel.cancelled() => return None,
+                }
+            }
             terminate_in_order(shared, groups).await;
             drop(lock.take());
             tracing::info!("the pods are terminated; released the shutdown delay lock");
@@ -150,7 +169,7 @@ async fn watch(
             shared.node_shutdown.store(false, Ordering::Relaxed);
             shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(false);
             if lock.is_none() {
-                lock = take_lock(logind).await;
+                *lock = take_lock(logind).await;
             }
         }
     }

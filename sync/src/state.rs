@@ -167,7 +167,6 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet.
 /// A terminal record's bytes for `uid`, padded with NULs to its reserved size. A message too long for it is left
 /// out (the record keeps the phase and reason); a record that does not fit even so is refused, never cut.
 pub fn encode_terminal(uid: &str, terminal: &Terminal) -> Result<Vec<u8>, String> {
@@ -186,6 +185,7 @@ pub fn encode_terminal(uid: &str, terminal: &Terminal) -> Result<Vec<u8>, String
     Ok(bytes)
 }
 
+/// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet.
 fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io::Result<()> {
     use std::io::{Seek, Write};
     let p = terminal_path(root, uid);
