@@ -1,7 +1,9 @@
 //! Hot reload of the config file. inotify watches the file's directory (an editor that writes a new file and
 //! renames it over the old one, and Kubernetes' `..data` symlink swap, both show up there) and the file itself
 //! (through a symlink, its target). Each burst of events is followed by a read; a file whose bytes differ from
-//! the last read is reloaded. A full check also runs every [`RECHECK`], in case an event was missed.
+//! the last read is reloaded. A file written in place is read only once its writer closed it: a valid prefix of
+//! a file being written never applies (unless the writer holds it open, idle, for [`WRITER_IDLE`]). A full check
+//! also runs every [`RECHECK`], in case an event was missed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +20,8 @@ use crate::daemon::Shared;
 const SETTLE: Duration = Duration::from_millis(50);
 /// A full check, whatever the events, this often.
 const RECHECK: Duration = Duration::from_secs(10);
+/// A file written in place whose writer has neither written nor closed it for this long is read as it is.
+const WRITER_IDLE: Duration = Duration::from_secs(30);
 
 fn watch_paths(mut watches: Watches, path: &Path) {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -59,24 +63,51 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
     };
     let mut tick = tokio::time::interval(RECHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let name = path.file_name().map(std::ffi::OsStr::to_os_string);
+    // Since when the file has been open for writing in place (written, not closed yet).
+    let mut writing: Option<tokio::time::Instant> = None;
     loop {
         let event = tokio::select! {
-            ev = events.next() => {
-                if ev.is_none() {
+            ev = events.next() => match ev {
+                Some(ev) => Some(ev),
+                None => {
                     tracing::warn!("the config watch ended; the config file is checked every 10s");
                     break;
                 }
-                true
-            }
-            _ = tick.tick() => false,
+            },
+            _ = tick.tick() => None,
             () = shutdown.cancelled() => return,
         };
-        if event {
+        if let Some(first) = event {
             // Let the rest of the edit arrive, then take everything that queued up.
+            let mut seen = vec![first];
             tokio::time::sleep(SETTLE).await;
-            while tokio::time::timeout(Duration::ZERO, events.next()).await.is_ok_and(|e| e.is_some()) {}
+            while let Ok(Some(ev)) = tokio::time::timeout(Duration::ZERO, events.next()).await {
+                seen.push(ev);
+            }
+            for ev in seen.into_iter().filter_map(Result::ok) {
+                // Events of the file's own watch have no name; the directory's name the entry.
+                if ev.name.is_some() && ev.name != name {
+                    continue;
+                }
+                if ev.mask.contains(inotify::EventMask::MODIFY) {
+                    writing = Some(tokio::time::Instant::now());
+                }
+                if ev.mask.intersects(
+                    inotify::EventMask::CLOSE_WRITE | inotify::EventMask::MOVED_TO | inotify::EventMask::CREATE,
+                ) {
+                    writing = None;
+                }
+            }
             // Watch the file again: a replaced file is a new inode.
             watch_paths(events.watches(), &path);
+        }
+        if let Some(since) = writing {
+            if since.elapsed() < WRITER_IDLE {
+                continue;
+            }
+            tracing::warn!(file = %path.display(), "the config file has been open for writing, idle, for 30s; reading it");
+            writing = None;
         }
         check(&path, &shared, &mut last);
     }

@@ -303,6 +303,18 @@ fn thresholds_are_hot_reloaded() {
     eprintln!("rename over config.yaml → kubelet_eviction_stats updated in {took:?}");
     assert!(n.d.log().contains("only takes effect after a restart"), "{}", n.d.log());
 
+    // Written in place in two parts: the first (without the threshold, so the kubelet's default 100Mi would
+    // apply) is not read while its writer has the file open; the whole file is, once it is closed.
+    let base = original.replace("evictionHard:\n  memory.available: 1Mi\n", "");
+    assert_ne!(base, original);
+    let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(&config).unwrap();
+    std::io::Write::write_all(&mut f, base.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(stats(&n), Some(2.0 * MIB as f64), "a file being written was read:\n{}", n.d.log());
+    std::io::Write::write_all(&mut f, b"evictionHard:\n  memory.available: 4Mi\n").unwrap();
+    drop(f);
+    wait_until(5, "the whole file read once closed", || stats(&n) == Some(4.0 * MIB as f64));
+
     // Kubernetes' atomic writer: config.yaml → ..data/config.yaml, ..data → ..v1; then ..data swapped to ..v2,
     // whose threshold is over what is available: the holder goes.
     let dir = n.d.dir.path();
@@ -323,7 +335,7 @@ fn thresholds_are_hot_reloaded() {
     wait_until(5, "the swapped threshold", || stats(&n) == Some((over * MIB) as f64));
     eprintln!("..data swap → kubelet_eviction_stats updated in {:?}", swapped.elapsed());
     n.wait_pod("holder", 30, "was evicted by the reloaded threshold", evicted);
-    assert_eq!(reloads(&n, "success"), 3.0);
+    assert_eq!(reloads(&n, "success"), 4.0);
 }
 
 #[test]
