@@ -71,13 +71,37 @@ pub fn prune(log: &Path, keep: u32) {
     }
 }
 
-/// Copies `log` to `to` (through a hidden file, so `to` appears whole), then truncates it: the way to rotate a file
-/// that a process keeps open with `O_APPEND` (its next write lands at the new end). What is written between the
-/// copy and the truncation is lost.
-pub fn copy_truncate(log: &Path, to: &Path) -> std::io::Result<()> {
+/// Copies the newest `keep` bytes of `log` (from the start of a line) to `to`, through a hidden file so that `to`
+/// appears whole, then truncates `log`: the way to rotate a file that a process keeps open with `O_APPEND` (its
+/// next write lands at the new end). A flood that outran the rotation costs at most `keep` more bytes of disk,
+/// not a second copy of itself; what is older than that, and what is written between the copy and the
+/// truncation, is lost.
+pub fn copy_truncate(log: &Path, to: &Path, keep: u64) -> std::io::Result<()> {
+    use std::io::{BufRead, Read, Seek};
     let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = to.with_file_name(format!(".{name}.tmp"));
-    if let Err(e) = std::fs::copy(log, &tmp).and_then(|_| std::fs::rename(&tmp, to)) {
+    let copy = || -> std::io::Result<()> {
+        let mut src = std::fs::File::open(log)?;
+        let len = src.metadata()?.len();
+        let mut out = std::fs::File::create(&tmp)?;
+        let mut reader = if len > keep {
+            // From the first line that starts in the newest `keep` bytes (where one starts in the first buffer).
+            src.seek(std::io::SeekFrom::Start(len - keep - 1))?;
+            let mut before = [0u8];
+            src.read_exact(&mut before)?;
+            let mut reader = std::io::BufReader::new(src);
+            if before[0] != b'\n' {
+                let skip = reader.fill_buf()?.iter().position(|b| *b == b'\n').map_or(0, |i| i + 1);
+                reader.consume(skip);
+            }
+            reader
+        } else {
+            std::io::BufReader::new(src)
+        };
+        std::io::copy(&mut (&mut reader).take(keep), &mut out)?;
+        std::fs::rename(&tmp, to)
+    };
+    if let Err(e) = copy() {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
@@ -92,7 +116,7 @@ pub async fn rotate_if_full<R: crate::runtime::Runtime>(runtime: &R, id: &str, l
     }
     prune(log, cfg.max_files.saturating_sub(2));
     let to = rotated_name(log);
-    if let Err(e) = runtime.rotate_log(id, log, &to).await {
+    if let Err(e) = runtime.rotate_log(id, log, &to, cfg.max_size).await {
         tracing::warn!(container_id = %id, error = %e, "cannot rotate the container's log");
     }
 }
@@ -117,7 +141,7 @@ mod tests {
             writer.write_all(&vec![b'a' + round; 2048]).unwrap();
             assert!(is_full(&log, &cfg));
             prune(&log, cfg.max_files - 2);
-            copy_truncate(&log, &rotated_name(&log)).unwrap();
+            copy_truncate(&log, &rotated_name(&log), cfg.max_size).unwrap();
             assert!(!is_full(&log, &cfg));
         }
         // The writer goes on at the start of the truncated file.
@@ -125,10 +149,28 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&log).unwrap(), "after");
         let kept = rotated(&log);
         assert_eq!(kept.len(), 2, "{kept:?}");
-        // The newest two rounds are kept.
+        // The newest two rounds are kept, each the newest max_size bytes of its round.
         let last = std::fs::read(kept.last().unwrap()).unwrap();
-        assert!(last.iter().all(|b| *b == b'e') && last.len() == 2048);
+        assert!(last.iter().all(|b| *b == b'e') && last.len() == 1024);
         let before = std::fs::read(&kept[0]).unwrap();
         assert!(before.iter().all(|b| *b == b'd'));
+    }
+
+    #[test]
+    fn a_flood_is_rotated_to_its_newest_lines_from_a_line_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        let lines: String = (0..1000).map(|i| format!("line {i:04}\n")).collect();
+        std::fs::write(&log, &lines).unwrap();
+        let to = rotated_name(&log);
+        copy_truncate(&log, &to, 105).unwrap();
+        // 105 bytes reach into line 0989; the copy starts at the next whole line.
+        let text = std::fs::read_to_string(&to).unwrap();
+        assert_eq!(text, (990..1000).map(|i| format!("line {i:04}\n")).collect::<String>());
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        // A cut that falls on a line's start keeps that line.
+        std::fs::write(&log, &lines).unwrap();
+        copy_truncate(&log, &to, 110).unwrap();
+        assert!(std::fs::read_to_string(&to).unwrap().starts_with("line 0989\n"));
     }
 }

@@ -384,13 +384,19 @@ pub trait Runtime: Send + Sync + 'static {
     /// Forgets a container that exited (and frees what the runtime kept for it).
     fn remove(&self, id: &str) -> impl Future<Output = ()> + Send;
 
-    /// Moves the live log `log` of running container `id` aside to `to`. The default copies and truncates it, for
-    /// a runtime whose containers hold their log open with `O_APPEND`.
-    fn rotate_log(&self, id: &str, log: &Path, to: &Path) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+    /// Moves the live log `log` of running container `id` aside to `to`. The default copies its newest `keep`
+    /// bytes and truncates it, for a runtime whose containers hold their log open with `O_APPEND`.
+    fn rotate_log(
+        &self,
+        id: &str,
+        log: &Path,
+        to: &Path,
+        keep: u64,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
         let _ = id;
         let (log, to) = (log.to_path_buf(), to.to_path_buf());
         async move {
-            tokio::task::spawn_blocking(move || crate::logs::copy_truncate(&log, &to))
+            tokio::task::spawn_blocking(move || crate::logs::copy_truncate(&log, &to, keep))
                 .await
                 .map_err(|e| RuntimeError::Other(e.to_string()))?
                 .map_err(|e| RuntimeError::Other(format!("cannot rotate the log: {e}")))

@@ -83,7 +83,13 @@ impl Runtime for SelectedRuntime {
         each!(self, r => r.remove(id).await)
     }
 
-    async fn rotate_log(&self, id: &str, log: &std::path::Path, to: &std::path::Path) -> Result<(), RuntimeError> {
-        each!(self, r => r.rotate_log(id, log, to).await)
+    async fn rotate_log(
+        &self,
+        id: &str,
+        log: &std::path::Path,
+        to: &std::path::Path,
+        keep: u64,
+    ) -> Result<(), RuntimeError> {
+        each!(self, r => r.rotate_log(id, log, to, keep).await)
     }
 }

@@ -490,8 +490,15 @@ impl Runtime for CriRuntime {
         }
     }
 
-    /// Renames the live log and asks the runtime to reopen it, as the kubelet rotates under CRI.
-    async fn rotate_log(&self, id: &str, log: &std::path::Path, to: &std::path::Path) -> Result<(), RuntimeError> {
+    /// Renames the live log and asks the runtime to reopen it, as the kubelet rotates under CRI (nothing is
+    /// copied, so the whole file is kept).
+    async fn rotate_log(
+        &self,
+        id: &str,
+        log: &std::path::Path,
+        to: &std::path::Path,
+        _keep: u64,
+    ) -> Result<(), RuntimeError> {
         std::fs::rename(log, to).map_err(|e| RuntimeError::Other(format!("cannot rotate the log: {e}")))?;
         if let Err(e) = self.client.reopen_container_log(id).await {
             // The runtime keeps writing to the renamed file: put it back, so that nothing is lost.

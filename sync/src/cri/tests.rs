@@ -560,7 +560,7 @@ async fn a_log_is_rotated_by_rename_and_reopen() {
     let log = dir.path().join("0.log");
     std::fs::write(&log, "old lines\n").unwrap();
     let to = dir.path().join("0.log.20261201-000000");
-    rt.rotate_log("c1", &log, &to).await.unwrap();
+    rt.rotate_log("c1", &log, &to, 1).await.unwrap();
     assert_eq!(std::fs::read_to_string(&to).unwrap(), "old lines\n");
     assert!(!log.exists(), "the runtime makes the new file when it reopens");
     assert_eq!(fake.state().calls.last().map(String::as_str), Some("ReopenContainerLog c1"));
