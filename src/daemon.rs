@@ -13,8 +13,8 @@ use nodewarden_eviction::{
     Thresholds,
 };
 use nodewarden_resources::{
-    CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, Observations, REQUIRED_CONTROLLERS,
-    ResourceManager, check_host,
+    CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, Observations, Placement,
+    REQUIRED_CONTROLLERS, ResourceManager, check_host,
 };
 use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
 use nodewarden_sync::{
@@ -160,14 +160,14 @@ struct Gauges {
 impl PassObserver for Gauges {
     fn observed(
         &self,
-        m: &ResourceManager,
+        placements: &[Placement],
         obs: &Observations,
         signals: &BTreeMap<Signal, SignalObservation>,
         thresholds: &Thresholds,
         took: Duration,
     ) {
         self.metrics.set_thresholds(thresholds, signals);
-        self.metrics.set_pods(m.placements());
+        self.metrics.set_pods(placements.iter());
         self.metrics.observe(obs, signals, took.as_secs_f64());
     }
 

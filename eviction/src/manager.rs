@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nodewarden_resources::{
-    CgroupError, Condition, HostPaths, MeminfoReader, NodePressure, Observations, ResourceManager, fs_stats, pid_stats,
+    CgroupError, Condition, HostPaths, LedgerView, MeminfoReader, NodePressure, Observations, Placement,
+    ResourceManager, fs_stats, pid_stats,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -96,7 +97,7 @@ pub trait PassObserver: Send + Sync + 'static {
     /// runs with, so a reload shows in the very pass that applies it).
     fn observed(
         &self,
-        resources: &ResourceManager,
+        placements: &[Placement],
         obs: &Observations,
         signals: &BTreeMap<Signal, SignalObservation>,
         thresholds: &Thresholds,
@@ -134,7 +135,10 @@ enum Outcome {
 
 /// The eviction loop and its state.
 pub struct EvictionManager<E: Evictor> {
+    /// The ledger, for a lowered kubepods limit to settle (taken only when free).
     resources: Arc<Mutex<ResourceManager>>,
+    /// What the loop reads of the ledger, behind a lock that placing or releasing a pod never holds.
+    view: LedgerView,
     evictor: Arc<E>,
     settings: watch::Receiver<Arc<EvictionSettings>>,
     metrics: EvictionMetrics,
@@ -237,13 +241,8 @@ pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
 
 /// The pods that may be evicted for `signal`, with their usage, from the ledger; pods in `skip` (already being
 /// evicted, or backing off after a failed eviction) are left out. Reads files, on the loop's own thread.
-fn candidates<E: Evictor>(
-    resources: &Mutex<ResourceManager>,
-    evictor: &E,
-    signal: Signal,
-    skip: &HashSet<String>,
-) -> Vec<Candidate> {
-    let found = resources.lock().unwrap_or_else(PoisonError::into_inner).eviction_candidates();
+fn candidates<E: Evictor>(view: &LedgerView, evictor: &E, signal: Signal, skip: &HashSet<String>) -> Vec<Candidate> {
+    let found = view.eviction_candidates();
     let disk = signal.condition() == Condition::DiskPressure;
     found
         .into_iter()
@@ -275,8 +274,10 @@ impl<E: Evictor> EvictionManager<E> {
         metrics: EvictionMetrics,
         observer: Option<Arc<dyn PassObserver>>,
     ) -> Self {
+        let view = resources.lock().unwrap_or_else(PoisonError::into_inner).view();
         Self {
             resources,
+            view,
             evictor,
             settings,
             metrics,
@@ -390,7 +391,7 @@ impl<E: Evictor> EvictionManager<E> {
     /// poll must read everything.
     fn inline_reads(&mut self, now: Instant) -> Option<Vec<Signal>> {
         if self.inline.is_none() && !self.signals.is_empty() {
-            let host = self.resources.lock().unwrap_or_else(PoisonError::into_inner).host().clone();
+            let host = self.view.host().clone();
             self.inline = MeminfoReader::open(&host)
                 .inspect_err(|e| tracing::warn!(error = %e, "eviction polls read every signal"))
                 .ok()
@@ -458,8 +459,7 @@ impl<E: Evictor> EvictionManager<E> {
     /// Reads every signal (and, when `full`, the PSI averages for the observer), on the loop's own thread.
     fn read_all(&self, full: bool, in_force: &EvictionSettings) -> Result<BTreeMap<Signal, SignalObservation>, String> {
         let start = Instant::now();
-        let mut m = self.resources.lock().unwrap_or_else(PoisonError::into_inner);
-        let obs = if full { m.observe() } else { m.observe_signals() };
+        let obs = if full { self.view.observe() } else { self.view.observe_signals() };
         let read = obs.map(|obs| {
             if !obs.unavailable.is_empty() {
                 tracing::warn!(inputs = ?obs.unavailable, "eviction inputs not answering; their signals are left out");
@@ -469,17 +469,24 @@ impl<E: Evictor> EvictionManager<E> {
                 .map(|i| (i, obs.unavailable.iter().find(|(u, _)| *u == i).map(|(_, e)| e.clone())))
                 .collect();
             self.status.record_inputs(&inputs);
-            let signals = signal_observations(&obs, m.allocatable());
+            let signals = signal_observations(&obs, &self.view.allocatable());
             if let (true, Some(o)) = (full, &self.observer) {
-                o.observed(&m, &obs, &signals, &in_force.thresholds, start.elapsed());
+                o.observed(&self.view.placements(), &obs, &signals, &in_force.thresholds, start.elapsed());
             }
             signals
         });
         if let (Err(e), Some(o)) = (&read, &self.observer) {
             o.failed(e);
         }
-        // A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available).
-        if m.pending_memory_max().is_some()
+        // A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available); the
+        // ledger is asked only when it is free, never waited for.
+        let free = match self.resources.try_lock() {
+            Ok(m) => Some(m),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(mut m) = free
+            && m.pending_memory_max().is_some()
             && let Err(e) = m.settle_memory_limit()
         {
             tracing::warn!(error = %e, "cannot lower kubepods' memory.max");
@@ -579,7 +586,7 @@ impl<E: Evictor> EvictionManager<E> {
         }
         let now = Instant::now();
         if self.ahead.as_ref().is_none_or(|(t, _)| now.saturating_duration_since(*t) >= READ_AHEAD) {
-            let found = candidates(&self.resources, self.evictor.as_ref(), Signal::MemoryAvailable, &HashSet::new());
+            let found = candidates(&self.view, self.evictor.as_ref(), Signal::MemoryAvailable, &HashSet::new());
             self.ahead = Some((now, found));
         }
     }
@@ -610,7 +617,7 @@ impl<E: Evictor> EvictionManager<E> {
         let (old, new) = (self.pressure.names(), p.names());
         tracing::info!(from = ?old, to = ?new, "node conditions changed");
         self.pressure = p;
-        self.resources.lock().unwrap_or_else(PoisonError::into_inner).set_pressure(p);
+        self.view.set_pressure(p);
         for c in Condition::ALL {
             self.metrics.conditions.with_label_values(&[c.as_str()]).set(i64::from(p.contains(c)));
         }
@@ -645,7 +652,7 @@ impl<E: Evictor> EvictionManager<E> {
             {
                 found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect()
             }
-            _ => candidates(&self.resources, self.evictor.as_ref(), signal, &skip),
+            _ => candidates(&self.view, self.evictor.as_ref(), signal, &skip),
         };
         let ranked = rank(signal, &found);
         tracing::debug!(%signal, candidates = ranked.len(), took_us = micros(now.elapsed()), "candidates ranked");

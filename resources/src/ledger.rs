@@ -20,6 +20,7 @@ use crate::priority::{is_critical, is_node_critical, is_static_pod, pod_priority
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 use crate::tree::{self, Tree};
+use crate::view::LedgerView;
 
 /// The daemon cgroup's `cpu.weight`: ten times a default cgroup's, so the daemon keeps running when pods
 /// saturate the CPUs.
@@ -253,7 +254,8 @@ pub struct ResourceManager {
     allocatable: Allocatable,
     pods: BTreeMap<String, Placement>,
     terminating: BTreeSet<String>,
-    pressure: NodePressure,
+    /// What the eviction loop reads (and the node's pressure, which it sets), published after each change.
+    view: LedgerView,
     /// The systemd driver's way to systemd.
     units: Option<Arc<dyn Units>>,
     /// The node is shutting down: no pod is admitted that is not placed already.
@@ -281,6 +283,8 @@ impl ResourceManager {
         let capacity = read_capacity(&host, &fs, &config.cgroup_root)?;
         let allocatable =
             allocatable::compute(&capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
+        let view = LedgerView::new(fs.clone(), host.clone(), tree.kubepods.clone());
+        view.publish(Vec::new(), BTreeSet::new(), allocatable, config.static_pods_critical);
         Ok(Self {
             fs,
             host,
@@ -290,7 +294,7 @@ impl ResourceManager {
             allocatable,
             pods: BTreeMap::new(),
             terminating: BTreeSet::new(),
-            pressure: NodePressure::default(),
+            view,
             units: None,
             shutting_down: false,
             pending_memory_max: None,
@@ -428,6 +432,7 @@ impl ResourceManager {
     pub fn set_terminating(&mut self, uid: &str) {
         if self.pods.contains_key(uid) {
             self.terminating.insert(uid.to_owned());
+            self.publish();
         }
     }
 
@@ -445,12 +450,12 @@ impl ResourceManager {
 
     /// Sets the node conditions that admission under pressure follows (the eviction manager's decision).
     pub fn set_pressure(&mut self, pressure: NodePressure) {
-        self.pressure = pressure;
+        self.view.set_pressure(pressure);
     }
 
     /// The node conditions admission follows.
     pub fn pressure(&self) -> NodePressure {
-        self.pressure
+        self.view.pressure()
     }
 
     /// While the node shuts down (and until the shutdown is cancelled), pods not placed yet are refused with the
@@ -477,6 +482,7 @@ impl ResourceManager {
             cgroup_driver: self.config.cgroup_driver,
             ..config
         };
+        self.publish();
         Ok(())
     }
 
@@ -496,7 +502,7 @@ impl ResourceManager {
                 return Err(AdmitError::NodeShutdown);
             }
             let critical = is_critical(pod, self.config.static_pods_critical);
-            self.pressure.admit(res.qos_class(), critical).map_err(AdmitError::NodePressure)?;
+            self.view.pressure().admit(res.qos_class(), critical).map_err(AdmitError::NodePressure)?;
         }
         let others = || self.pods.values().filter(|p| p.uid != uid && !self.terminating.contains(&p.uid));
         let count = others().count();
@@ -577,6 +583,7 @@ impl ResourceManager {
             return Err(cg_err(e));
         }
         self.pods.insert(uid, placement.clone());
+        self.publish();
         self.refresh_qos_parents();
         Ok(placement)
     }
@@ -629,6 +636,7 @@ impl ResourceManager {
         tree::remove(&self.fs, self.units(), &self.tree, &p.cgroup).map_err(cg_err)?;
         self.pods.remove(uid);
         self.terminating.remove(uid);
+        self.publish();
         self.refresh_qos_parents();
         Ok(())
     }
@@ -709,6 +717,7 @@ impl ResourceManager {
                 }
             }
         }
+        self.publish();
         self.update_qos_parents()?;
         Ok(adopted)
     }
@@ -779,20 +788,15 @@ impl ResourceManager {
         }
     }
 
-    /// What eviction ranks: every pod placed from a spec that is not being terminated, with its usage and its
-    /// criticality under the configuration in force. Pods whose cgroup vanished meanwhile are left out.
-    pub fn eviction_candidates(&self) -> Vec<EvictionCandidate> {
-        self.pods
-            .values()
-            .filter(|p| !p.adopted && !self.terminating.contains(&p.uid))
-            .filter_map(|p| {
-                Some(EvictionCandidate {
-                    usage: self.usage_of(p)?,
-                    critical: p.is_critical(self.config.static_pods_critical),
-                    placement: p.clone(),
-                })
-            })
-            .collect()
+    /// What the eviction loop reads of the ledger, behind a lock of its own (see [`LedgerView`]).
+    pub fn view(&self) -> LedgerView {
+        self.view.clone()
+    }
+
+    /// Shows the eviction loop the ledger as it is now.
+    fn publish(&self) {
+        let placements = self.pods.values().cloned().collect();
+        self.view.publish(placements, self.terminating.clone(), self.allocatable, self.config.static_pods_critical);
     }
 }
 

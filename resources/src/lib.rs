@@ -34,6 +34,7 @@ pub mod systemd;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tree;
+mod view;
 
 pub use allocatable::{Allocatable, EvictionReserve, Reserved, Resources, compute as compute_allocatable};
 pub use bounded::{BoundedReadError, read_bounded};
@@ -42,7 +43,8 @@ pub use cgroupfs::{CgroupFs, CgroupPath, open_psi_trigger};
 pub use error::{CgroupError, IoError, NameError, Op, ParseError};
 pub use host::{HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host};
 pub use ledger::{
-    AdmitError, ContainerPlacement, DAEMON_CPU_WEIGHT, PlaceError, Placement, ResourceConfig, ResourceManager,
+    AdmitError, ContainerPlacement, DAEMON_CPU_WEIGHT, EvictionCandidate, PlaceError, Placement, ResourceConfig,
+    ResourceManager,
 };
 pub use limits::{CgroupLimits, LimitSettings, container_limits, pod_limits};
 pub use names::{MAX_NAME_LEN, validate_container_name, validate_pod_uid};
@@ -63,3 +65,4 @@ pub use qos::{
 pub use quantity::{Amount, Quantity, QuantityError, parse_millicores, parse_non_negative};
 pub use systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 pub use tree::Tree;
+pub use view::LedgerView;

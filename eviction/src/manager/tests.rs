@@ -50,7 +50,10 @@ impl Evictor for FakeEvictor {
             self.unsent.lock().unwrap().push((signal_tx, tx));
         } else {
             self.terminations.lock().unwrap().push(tx);
-            self.resources.get().unwrap().lock().unwrap().set_terminating(uid);
+            // As the pod's worker marks it, later, when the ledger is free.
+            if let Ok(mut m) = self.resources.get().unwrap().try_lock() {
+                m.set_terminating(uid);
+            }
             self.evicted.lock().unwrap().push((uid.into(), grace, message));
             let _ = signal_tx.send(Instant::now());
         }
@@ -598,4 +601,37 @@ async fn a_config_change_is_acted_on_at_once_not_after_the_event_interval() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(*r.evictor.attempts.lock().unwrap(), ["hog"], "within 20 ms of the edit, not EVENT_INTERVAL");
     shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_evicts_while_the_ledger_is_held_by_a_placement() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![(pod("hog", None, json!({})), 700 * MIB, 1), (pod("g", Some("100Mi"), json!({})), 50 * MIB, 1)],
+    );
+    r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
+    // Another thread holds the ledger, as a placement waiting on systemd over D-Bus does, for up to 5 s.
+    let released = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let (resources, released) = (r.resources.clone(), released.clone());
+        std::thread::spawn(move || {
+            let busy = resources.lock().unwrap();
+            held_tx.send(()).unwrap();
+            let _ = done_rx.recv_timeout(Duration::from_secs(5));
+            released.store(true, Ordering::SeqCst);
+            drop(busy);
+        })
+    };
+    held_rx.recv().unwrap();
+    r.manager.pass().await;
+    settle().await;
+    let during = !released.load(Ordering::SeqCst);
+    done_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert!(during, "the pass waited for the ledger");
+    assert_eq!(r.evictor.victims(), ["hog"]);
+    assert!(r.manager.pressure.contains(Condition::MemoryPressure));
 }

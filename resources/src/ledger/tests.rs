@@ -281,7 +281,7 @@ fn eviction_candidates_carry_what_eviction_ranks_by() {
         std::fs::write(dir.join("memory.stat"), "inactive_file 100\n").unwrap();
         std::fs::write(dir.join("pids.current"), "3").unwrap();
     }
-    let mut found = m.eviction_candidates();
+    let mut found = m.view().eviction_candidates();
     found.sort_by(|a, b| a.placement.uid.cmp(&b.placement.uid));
     assert_eq!(found.iter().map(|c| c.placement.uid.as_str()).collect::<Vec<_>>(), ["g", "w"]);
     let w = &found[1];
@@ -294,12 +294,12 @@ fn eviction_candidates_carry_what_eviction_ranks_by() {
     assert!(w.placement.is_critical(true));
     // A pod being terminated is no candidate; nor is one adopted from a cgroup whose spec was not seen yet.
     m.set_terminating("g");
-    assert_eq!(m.eviction_candidates().len(), 1);
+    assert_eq!(m.view().eviction_candidates().len(), 1);
     drop(m);
     let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw").unwrap());
     let mut m2 = ResourceManager::new(fs, f.host(), config()).unwrap();
     m2.setup().unwrap();
-    assert!(m2.eviction_candidates().is_empty());
+    assert!(m2.view().eviction_candidates().is_empty());
 }
 
 /// systemd as the systemd driver sees it: starting a slice makes its cgroup, stopping one removes it; every call

@@ -1,0 +1,114 @@
+//! What the eviction loop reads of the ledger, kept beside it behind a lock of its own: the placements, the pods
+//! being terminated, allocatable and the node's pressure. The ledger publishes a copy after each change; the lock
+//! is held only to copy, never across a cgroup write or a systemd D-Bus call, so placing or releasing a pod (three
+//! D-Bus round trips under the systemd driver, or a hung systemd's time-outs) never holds up an eviction pass.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::allocatable::Allocatable;
+use crate::capacity::HostPaths;
+use crate::cgroupfs::{CgroupFs, CgroupPath};
+use crate::error::CgroupError;
+use crate::ledger::{EvictionCandidate, Placement};
+use crate::observe::{self, Observations};
+use crate::pressure::NodePressure;
+
+/// The ledger as the eviction loop sees it; clones share it.
+#[derive(Debug, Clone)]
+pub struct LedgerView {
+    fs: CgroupFs,
+    host: HostPaths,
+    kubepods: CgroupPath,
+    shared: Arc<Mutex<Shared>>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    placements: Vec<Placement>,
+    terminating: BTreeSet<String>,
+    allocatable: Allocatable,
+    static_pods_critical: bool,
+    pressure: NodePressure,
+}
+
+impl LedgerView {
+    pub(crate) fn new(fs: CgroupFs, host: HostPaths, kubepods: CgroupPath) -> Self {
+        LedgerView { fs, host, kubepods, shared: Arc::default() }
+    }
+
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces what the ledger shows (its pressure is the eviction loop's and stays).
+    pub(crate) fn publish(
+        &self,
+        placements: Vec<Placement>,
+        terminating: BTreeSet<String>,
+        allocatable: Allocatable,
+        static_pods_critical: bool,
+    ) {
+        let mut s = self.shared();
+        s.placements = placements;
+        s.terminating = terminating;
+        s.allocatable = allocatable;
+        s.static_pods_critical = static_pods_critical;
+    }
+
+    /// The node's conditions as the eviction loop last set them; admission refuses pods by them.
+    pub fn pressure(&self) -> NodePressure {
+        self.shared().pressure
+    }
+
+    /// Sets the node's conditions.
+    pub fn set_pressure(&self, pressure: NodePressure) {
+        self.shared().pressure = pressure;
+    }
+
+    /// Allocatable in force.
+    pub fn allocatable(&self) -> Allocatable {
+        self.shared().allocatable
+    }
+
+    /// The pods placed now.
+    pub fn placements(&self) -> Vec<Placement> {
+        self.shared().placements.clone()
+    }
+
+    /// The host's kernel interfaces.
+    pub fn host(&self) -> &HostPaths {
+        &self.host
+    }
+
+    /// Fresh observations of the node and the kubepods tree (read without any lock).
+    pub fn observe(&self) -> Result<Observations, CgroupError> {
+        observe::observe_node(&self.host, &self.fs, &self.kubepods)
+    }
+
+    /// Fresh observations of what the eviction signals need (no PSI).
+    pub fn observe_signals(&self) -> Result<Observations, CgroupError> {
+        observe::observe_signals(&self.host, &self.fs, &self.kubepods)
+    }
+
+    /// What eviction ranks: every pod placed from a spec that is not being terminated, with its usage (read
+    /// after the copy, without any lock) and its criticality under the configuration in force. Pods whose cgroup
+    /// vanished meanwhile are left out.
+    pub fn eviction_candidates(&self) -> Vec<EvictionCandidate> {
+        let (placements, critical_static) = {
+            let s = self.shared();
+            let placed = s.placements.iter().filter(|p| !p.adopted && !s.terminating.contains(&p.uid)).cloned();
+            (placed.collect::<Vec<_>>(), s.static_pods_critical)
+        };
+        placements
+            .into_iter()
+            .filter_map(|p| match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
+                Ok(usage) => Some(EvictionCandidate { usage, critical: p.is_critical(critical_static), placement: p }),
+                Err(e) => {
+                    tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage");
+                    None
+                }
+            })
+            .collect()
+    }
+}
