@@ -25,7 +25,9 @@ const WRITER_IDLE: Duration = Duration::from_secs(30);
 
 fn watch_paths(mut watches: Watches, path: &Path) {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // MODIFY too: a file made anew (removed, then written) has no watch of its own until the burst is over.
     let dir_mask = WatchMask::CLOSE_WRITE
+        | WatchMask::MODIFY
         | WatchMask::MOVED_TO
         | WatchMask::MOVED_FROM
         | WatchMask::CREATE
@@ -67,7 +69,9 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
     // Since when the file has been open for writing in place (written, not closed yet).
     let mut writing: Option<tokio::time::Instant> = None;
     loop {
+        // Events first: a recheck must not read a file whose writes are queued unread.
         let event = tokio::select! {
+            biased;
             ev = events.next() => match ev {
                 Some(ev) => Some(ev),
                 None => {
@@ -93,9 +97,7 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
                 if ev.mask.contains(inotify::EventMask::MODIFY) {
                     writing = Some(tokio::time::Instant::now());
                 }
-                if ev.mask.intersects(
-                    inotify::EventMask::CLOSE_WRITE | inotify::EventMask::MOVED_TO | inotify::EventMask::CREATE,
-                ) {
+                if ev.mask.intersects(inotify::EventMask::CLOSE_WRITE | inotify::EventMask::MOVED_TO) {
                     writing = None;
                 }
             }

@@ -9,6 +9,7 @@
 mod schedule;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -64,8 +65,8 @@ pub const VICTIM_BACKOFF: Duration = Duration::from_secs(10);
 /// The longest a victim whose evictions keep failing is skipped.
 pub const MAX_VICTIM_BACKOFF: Duration = Duration::from_secs(300);
 
-/// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger
-/// ([`ResourceManager::eviction_candidates`]).
+/// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger's view
+/// ([`LedgerView::eviction_candidates`]).
 pub trait Evictor: Send + Sync + 'static {
     /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
     fn disk_usage(&self, uid: &str) -> u64;
@@ -135,8 +136,10 @@ enum Outcome {
 
 /// The eviction loop and its state.
 pub struct EvictionManager<E: Evictor> {
-    /// The ledger, for a lowered kubepods limit to settle (taken only when free).
+    /// The ledger, for a lowered kubepods limit to settle (off the loop's thread).
     resources: Arc<Mutex<ResourceManager>>,
+    /// A settle of the kubepods limit is under way.
+    settling: Arc<AtomicBool>,
     /// What the loop reads of the ledger, behind a lock that placing or releasing a pod never holds.
     view: LedgerView,
     evictor: Arc<E>,
@@ -172,7 +175,7 @@ pub struct EvictionManager<E: Evictor> {
 /// plans with) has the candidates read ahead, at most once per this period, so the pass that sees the crossing
 /// chooses its victim without reading every pod's usage first. A node holding steady near a threshold reads
 /// nothing ahead (measured: 100 pods near allocatableMemory.available made the read-ahead cost 2 % CPU and slowed
-/// pod start, as it holds the resources lock).
+/// pod start, when it still held the resources lock).
 const READ_AHEAD: Duration = Duration::from_millis(100);
 
 /// The oldest read-ahead a decision uses; past it, the candidates are read when the crossing is seen. The
@@ -277,6 +280,7 @@ impl<E: Evictor> EvictionManager<E> {
         let view = resources.lock().unwrap_or_else(PoisonError::into_inner).view();
         Self {
             resources,
+            settling: Arc::new(AtomicBool::new(false)),
             view,
             evictor,
             settings,
@@ -478,18 +482,18 @@ impl<E: Evictor> EvictionManager<E> {
         if let (Err(e), Some(o)) = (&read, &self.observer) {
             o.failed(e);
         }
-        // A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available); the
-        // ledger is asked only when it is free, never waited for.
-        let free = match self.resources.try_lock() {
-            Ok(m) => Some(m),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
-        if let Some(mut m) = free
-            && m.pending_memory_max().is_some()
-            && let Err(e) = m.settle_memory_limit()
-        {
-            tracing::warn!(error = %e, "cannot lower kubepods' memory.max");
+        // A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available). The
+        // ledger's lock and the write (a D-Bus call under the systemd driver) are waited for off this thread, one
+        // at a time.
+        if self.view.memory_max_pending() && !self.settling.swap(true, Ordering::SeqCst) {
+            let (resources, settling) = (self.resources.clone(), self.settling.clone());
+            self.tasks.spawn_blocking(move || {
+                let settled = resources.lock().unwrap_or_else(PoisonError::into_inner).settle_memory_limit();
+                if let Err(e) = settled {
+                    tracing::warn!(error = %e, "cannot lower kubepods' memory.max");
+                }
+                settling.store(false, Ordering::SeqCst);
+            });
         }
         read.map_err(|e| e.to_string())
     }

@@ -284,7 +284,7 @@ impl ResourceManager {
         let allocatable =
             allocatable::compute(&capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
         let view = LedgerView::new(fs.clone(), host.clone(), tree.kubepods.clone());
-        view.publish(Vec::new(), BTreeSet::new(), allocatable, config.static_pods_critical);
+        view.publish(Vec::new(), BTreeSet::new(), allocatable, config.static_pods_critical, false);
         Ok(Self {
             fs,
             host,
@@ -350,7 +350,8 @@ impl ResourceManager {
     }
 
     /// Writes kubepods' pending `memory.max` once the pods' working set fits under it; true when written (or
-    /// nothing was pending). Called by the eviction loop after each read of every signal.
+    /// nothing was pending). The eviction loop has it called off its thread after a read of every signal (under
+    /// the systemd driver it is a D-Bus call).
     pub fn settle_memory_limit(&mut self) -> Result<bool, CgroupError> {
         let Some(wanted) = self.pending_memory_max else { return Ok(true) };
         let kubepods = self.tree.kubepods.clone();
@@ -366,6 +367,7 @@ impl ResourceManager {
         )?;
         self.fs.write_limit(&kubepods, "memory.max", limit)?;
         self.pending_memory_max = None;
+        self.publish();
         tracing::info!(memory_max = wanted, "the pods fit: kubepods' memory.max lowered to enforced allocatable");
         Ok(true)
     }
@@ -796,7 +798,8 @@ impl ResourceManager {
     /// Shows the eviction loop the ledger as it is now.
     fn publish(&self) {
         let placements = self.pods.values().cloned().collect();
-        self.view.publish(placements, self.terminating.clone(), self.allocatable, self.config.static_pods_critical);
+        let (terminating, critical) = (self.terminating.clone(), self.config.static_pods_critical);
+        self.view.publish(placements, terminating, self.allocatable, critical, self.pending_memory_max.is_some());
     }
 }
 

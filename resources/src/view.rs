@@ -30,6 +30,7 @@ struct Shared {
     allocatable: Allocatable,
     static_pods_critical: bool,
     pressure: NodePressure,
+    memory_max_pending: bool,
 }
 
 impl LedgerView {
@@ -48,12 +49,20 @@ impl LedgerView {
         terminating: BTreeSet<String>,
         allocatable: Allocatable,
         static_pods_critical: bool,
+        memory_max_pending: bool,
     ) {
         let mut s = self.shared();
         s.placements = placements;
         s.terminating = terminating;
         s.allocatable = allocatable;
         s.static_pods_critical = static_pods_critical;
+        s.memory_max_pending = memory_max_pending;
+    }
+
+    /// Whether a lowered kubepods `memory.max` waits for the pods to fit
+    /// ([`crate::ResourceManager::settle_memory_limit`]).
+    pub fn memory_max_pending(&self) -> bool {
+        self.shared().memory_max_pending
     }
 
     /// The node's conditions as the eviction loop last set them; admission refuses pods by them.

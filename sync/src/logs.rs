@@ -74,31 +74,34 @@ pub fn prune(log: &Path, keep: u32) {
 /// Copies the newest `keep` bytes of `log` (from the start of a line) to `to`, through a hidden file so that `to`
 /// appears whole, then truncates `log`: the way to rotate a file that a process keeps open with `O_APPEND` (its
 /// next write lands at the new end). A flood that outran the rotation costs at most `keep` more bytes of disk,
-/// not a second copy of itself; what is older than that, and what is written between the copy and the
-/// truncation, is lost.
+/// not a second copy of itself; what is older than that, and what is written after the rotation began, is lost.
 pub fn copy_truncate(log: &Path, to: &Path, keep: u64) -> std::io::Result<()> {
-    use std::io::{BufRead, Read, Seek};
+    use std::io::{BufRead, Read, Seek, SeekFrom};
     let name = to.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = to.with_file_name(format!(".{name}.tmp"));
     let copy = || -> std::io::Result<()> {
         let mut src = std::fs::File::open(log)?;
         let len = src.metadata()?.len();
         let mut out = std::fs::File::create(&tmp)?;
-        let mut reader = if len > keep {
-            // From the first line that starts in the newest `keep` bytes (where one starts in the first buffer).
-            src.seek(std::io::SeekFrom::Start(len - keep - 1))?;
+        // Up to the end as it was when the rotation began: a writer that goes on does not make the copy chase it.
+        let mut count = len.min(keep);
+        if len > keep {
+            // From the first line that starts in the newest `keep` bytes; from the cut itself if none does.
+            let cut = len - keep;
+            src.seek(SeekFrom::Start(cut - 1))?;
             let mut before = [0u8];
             src.read_exact(&mut before)?;
-            let mut reader = std::io::BufReader::new(src);
             if before[0] != b'\n' {
-                let skip = reader.fill_buf()?.iter().position(|b| *b == b'\n').map_or(0, |i| i + 1);
-                reader.consume(skip);
+                let mut reader = std::io::BufReader::new(&mut src);
+                let skipped = (&mut reader).take(keep).skip_until(b'\n')?;
+                let skipped = u64::try_from(skipped).unwrap_or(keep);
+                if skipped < keep {
+                    count = keep - skipped;
+                }
             }
-            reader
-        } else {
-            std::io::BufReader::new(src)
-        };
-        std::io::copy(&mut (&mut reader).take(keep), &mut out)?;
+            src.seek(SeekFrom::Start(len - count))?;
+        }
+        std::io::copy(&mut (&mut src).take(count), &mut out)?;
         std::fs::rename(&tmp, to)
     };
     if let Err(e) = copy() {
@@ -172,5 +175,15 @@ mod tests {
         std::fs::write(&log, &lines).unwrap();
         copy_truncate(&log, &to, 110).unwrap();
         assert!(std::fs::read_to_string(&to).unwrap().starts_with("line 0989\n"));
+        // One line longer than what is kept: the newest part of it.
+        let long = format!("{}\n", "x".repeat(20_000));
+        std::fs::write(&log, &long).unwrap();
+        copy_truncate(&log, &to, 10_000).unwrap();
+        assert_eq!(std::fs::read_to_string(&to).unwrap(), long[long.len() - 10_000..]);
+        // Lines longer than a read buffer: the cut skips to the next whole one.
+        let lines: String = (b'a'..=b'c').map(|c| format!("{}\n", char::from(c).to_string().repeat(9_999))).collect();
+        std::fs::write(&log, &lines).unwrap();
+        copy_truncate(&log, &to, 15_000).unwrap();
+        assert_eq!(std::fs::read_to_string(&to).unwrap(), format!("{}\n", "c".repeat(9_999)));
     }
 }
