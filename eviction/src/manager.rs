@@ -169,6 +169,13 @@ pub struct EvictionManager<E: Evictor> {
     inline: Option<(MeminfoReader, HostPaths)>,
     /// The candidates for memory and PID evictions, read ahead while a signal nears its threshold, and when.
     ahead: Option<(Instant, Vec<Candidate>)>,
+    /// Passes so far, the pass each signal was last read in, and the pass after which what a condition's signals
+    /// said is out of date (a victim ended, or dead pods' logs were reclaimed): no eviction for that condition
+    /// until they are read again, so one deficit never costs a second pod on a reading from before the first
+    /// was reclaimed (as the kubelet waits for its victim's clean-up).
+    passes: u64,
+    read_in: BTreeMap<Signal, u64>,
+    settled_in: HashMap<Condition, u64>,
 }
 
 /// A memory or PID signal that is falling fast and could cross a threshold this soon (at the rate the schedule
@@ -301,6 +308,9 @@ impl<E: Evictor> EvictionManager<E> {
             rates: Rates::default(),
             inline: None,
             ahead: None,
+            passes: 0,
+            read_in: BTreeMap::new(),
+            settled_in: HashMap::new(),
         }
     }
 
@@ -535,7 +545,9 @@ impl<E: Evictor> EvictionManager<E> {
             }
         };
         let observed_at = Instant::now();
+        self.passes += 1;
         for s in &read {
+            self.read_in.insert(*s, self.passes);
             if let Some(o) = self.signals.get(s) {
                 self.rates.record(*s, observed_at, o.available);
             }
@@ -603,13 +615,26 @@ impl<E: Evictor> EvictionManager<E> {
                 self.failed.remove(&uid);
             }
             Outcome::Terminated => {
-                self.in_flight.remove(&uid);
+                if let Some(f) = self.in_flight.remove(&uid) {
+                    self.settled(f.condition);
+                }
             }
             Outcome::Failed => {
                 self.in_flight.remove(&uid);
                 let backoff = self.failed.get(&uid).map_or(VICTIM_BACKOFF, |f| (f.backoff * 2).min(MAX_VICTIM_BACKOFF));
                 tracing::warn!(pod_uid = %uid, backoff_seconds = backoff.as_secs(), "skipping a pod that could not be evicted");
                 self.failed.insert(uid, Failed { until: Instant::now() + backoff, backoff });
+            }
+        }
+    }
+
+    /// What `condition`'s signals said before now is out of date: they are read at the next pass.
+    fn settled(&mut self, condition: Condition) {
+        self.settled_in.insert(condition, self.passes);
+        let now = Instant::now();
+        for (s, at) in &mut self.due {
+            if s.condition() == condition {
+                *at = now;
             }
         }
     }
@@ -632,12 +657,17 @@ impl<E: Evictor> EvictionManager<E> {
         let condition = signal.condition();
         let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
         let any_pending = self.in_flight.values().any(|f| f.condition == condition);
+        if self.settled_in.get(&condition).is_some_and(|p| self.read_in.get(&signal).is_none_or(|r| r <= p)) {
+            tracing::debug!(%signal, "waiting for a reading taken after the last eviction or reclaim");
+            return;
+        }
         // Node storage that no running pod needs goes first, also while an eviction is in flight (the evicted pod's
         // own logs are reclaimable once it is over); the next pass sees what that freed.
         if condition == Condition::DiskPressure {
             let freed = self.evictor.reclaim_disk();
             if freed > 0 {
                 tracing::info!(%signal, freed, "reclaimed the logs of pods that are over before evicting; looking again");
+                self.settled(condition);
                 return;
             }
         }

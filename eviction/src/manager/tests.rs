@@ -635,3 +635,30 @@ async fn a_pass_evicts_while_the_ledger_is_held_by_a_placement() {
     assert_eq!(r.evictor.victims(), ["hog"]);
     assert!(r.manager.pressure.contains(Condition::MemoryPressure));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_victim_that_ended_is_not_followed_by_another_on_a_reading_from_before() {
+    // 20 MiB short of the threshold: the writer's 50 MiB, once it is evicted, covers the deficit.
+    let available = fs_stats(FakeHost::new().host().nodefs.as_path()).unwrap();
+    let threshold = Amount::Quantity(available.available_bytes + 20 * MIB);
+    let mut r = rig(
+        settings(&[(Signal::NodeFsAvailable, threshold, None)], &[]),
+        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
+    );
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["writer"]);
+    // The writer ends; the next poll has read nothing of the disk since: nobody else goes on that old reading.
+    r.evictor.terminations.lock().unwrap().drain(..).for_each(|t| t.send(()).unwrap());
+    settle().await;
+    r.deliver();
+    // As if the disk's reading were not due yet at this poll.
+    r.manager.due.insert(Signal::NodeFsAvailable, Instant::now() + Duration::from_secs(60));
+    r.manager.pass_on(Wake::Poll).await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["writer"], "a second victim on a reading from before the first ended");
+    // A fresh reading that is still short does evict the next pod.
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["writer", "quiet"]);
+}

@@ -266,11 +266,6 @@ impl<R: Runtime> Worker<R> {
                 let _ = s.send(at);
             }
         }
-        if matches!(self.lifecycle.state, PodState::Finished(_) | PodState::Removed) {
-            for d in self.done.drain(..) {
-                let _ = d.send(());
-            }
-        }
         let busy = (!self.in_flight.is_empty()).then(Instant::now);
         {
             let mut b = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
@@ -280,6 +275,13 @@ impl<R: Runtime> Worker<R> {
         }
         if self.lifecycle.state != PodState::Removed {
             self.publish();
+        }
+        // After the status: whoever waited for the termination (the eviction manager, which then reclaims the
+        // logs of pods that are over) finds the pod over.
+        if matches!(self.lifecycle.state, PodState::Finished(_) | PodState::Removed) {
+            for d in self.done.drain(..) {
+                let _ = d.send(());
+            }
         }
     }
 
