@@ -1,8 +1,8 @@
 //! systemd's service notifications (`sd_notify`): `READY=1` once every pod source's first pods are synced, the pod
-//! sync loop has ticked and the eviction loop has passed, `STATUS=` lines saying what the daemon is doing, `STOPPING=1` at shutdown, and the watchdog:
-//! `WATCHDOG=1` every half `WatchdogSec`, sent only while those two loops are making progress, so systemd
-//! restarts a daemon that is stuck (the kubelet's `SystemdWatchdog`). Outside a `Type=notify` unit
-//! (`NOTIFY_SOCKET` unset) nothing is sent.
+//! sync loop has ticked and the eviction loop has passed, `STATUS=` lines saying what the daemon is doing,
+//! `STOPPING=1` at shutdown, and the watchdog: `WATCHDOG=1` every half `WatchdogSec`, sent only while those two
+//! loops are making progress, so systemd restarts a daemon that is stuck (the kubelet's `SystemdWatchdog`).
+//! Outside a `Type=notify` unit (`NOTIFY_SOCKET` unset) nothing is sent.
 
 use std::io;
 use std::os::unix::net::UnixDatagram;

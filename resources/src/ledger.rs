@@ -20,7 +20,7 @@ use crate::priority::{is_critical, is_node_critical, is_static_pod, pod_priority
 use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 use crate::tree::{self, Tree};
-use crate::view::LedgerView;
+use crate::view::{self, LedgerView};
 
 /// The daemon cgroup's `cpu.weight`: ten times a default cgroup's, so the daemon keeps running when pods
 /// saturate the CPUs.
@@ -319,11 +319,18 @@ impl ResourceManager {
             let reason = "the systemd cgroup driver has no connection to systemd".to_owned();
             return Err(UnitError { unit: self.tree.kubepods.to_string(), reason }.into());
         }
-        let (memory, pending) = self.kubepods_memory_max(&self.allocatable, self.config.enforce_pods);
-        let target = if self.config.enforce_pods { self.allocatable.enforced } else { self.allocatable.capacity };
+        self.ensure_tree(self.allocatable, self.config.enforce_pods)?;
+        self.adopt()
+    }
+
+    /// Makes the tree and writes kubepods' limits for `allocatable`: enforced when `enforce`, else capacity, with
+    /// a `memory.max` below the pods' working set left pending (see [`ResourceManager::settle_memory_limit`]).
+    fn ensure_tree(&mut self, allocatable: Allocatable, enforce: bool) -> Result<(), CgroupError> {
+        let (memory, pending) = self.kubepods_memory_max(&allocatable, enforce);
+        let target = if enforce { allocatable.enforced } else { allocatable.capacity };
         tree::ensure(&self.fs, self.units(), &self.tree, &target, memory)?;
         self.pending_memory_max = pending;
-        self.adopt()
+        Ok(())
     }
 
     /// The `memory.max` to write on kubepods for `allocatable`, and the one left pending: its enforced memory,
@@ -450,12 +457,7 @@ impl ResourceManager {
         Ok(cg)
     }
 
-    /// Sets the node conditions that admission under pressure follows (the eviction manager's decision).
-    pub fn set_pressure(&mut self, pressure: NodePressure) {
-        self.view.set_pressure(pressure);
-    }
-
-    /// The node conditions admission follows.
+    /// The node conditions admission follows (the eviction manager sets them through [`LedgerView`]).
     pub fn pressure(&self) -> NodePressure {
         self.view.pressure()
     }
@@ -473,10 +475,7 @@ impl ResourceManager {
         let allocatable =
             allocatable::compute(&self.capacity, config.system_reserved, config.kube_reserved, config.eviction_reserve);
         if allocatable != self.allocatable || config.enforce_pods != self.config.enforce_pods {
-            let (memory, pending) = self.kubepods_memory_max(&allocatable, config.enforce_pods);
-            let target = if config.enforce_pods { allocatable.enforced } else { allocatable.capacity };
-            tree::ensure(&self.fs, self.units(), &self.tree, &target, memory)?;
-            self.pending_memory_max = pending;
+            self.ensure_tree(allocatable, config.enforce_pods)?;
         }
         self.allocatable = allocatable;
         self.config = ResourceConfig {
@@ -767,27 +766,12 @@ impl ResourceManager {
 
     /// Reads the node's signals and the kubepods tree's working set: a fixed number of reads, however many pods.
     pub fn observe(&self) -> Result<Observations, CgroupError> {
-        observe::observe_node(&self.host, &self.fs, &self.tree.kubepods)
-    }
-
-    /// [`ResourceManager::observe`] without the PSI averages: only what the eviction signals are computed from.
-    pub fn observe_signals(&self) -> Result<Observations, CgroupError> {
-        observe::observe_signals(&self.host, &self.fs, &self.tree.kubepods)
+        self.view.observe()
     }
 
     /// Reads every placed pod's usage. A pod whose cgroup vanished meanwhile is skipped.
     pub fn pod_usage(&self) -> Vec<PodUsage> {
-        self.pods.values().filter_map(|p| self.usage_of(p)).collect()
-    }
-
-    fn usage_of(&self, p: &Placement) -> Option<PodUsage> {
-        match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
-            Ok(u) => Some(u),
-            Err(e) => {
-                tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage");
-                None
-            }
-        }
+        self.pods.values().filter_map(|p| view::usage_of(&self.fs, p)).collect()
     }
 
     /// What the eviction loop reads of the ledger, behind a lock of its own (see [`LedgerView`]).

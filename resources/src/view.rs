@@ -11,7 +11,7 @@ use crate::capacity::HostPaths;
 use crate::cgroupfs::{CgroupFs, CgroupPath};
 use crate::error::CgroupError;
 use crate::ledger::{EvictionCandidate, Placement};
-use crate::observe::{self, Observations};
+use crate::observe::{self, Observations, PodUsage};
 use crate::pressure::NodePressure;
 
 /// The ledger as the eviction loop sees it; clones share it.
@@ -111,13 +111,17 @@ impl LedgerView {
         };
         placements
             .into_iter()
-            .filter_map(|p| match observe::pod_usage(&self.fs, &p.uid, &p.cgroup) {
-                Ok(usage) => Some(EvictionCandidate { usage, critical: p.is_critical(critical_static), placement: p }),
-                Err(e) => {
-                    tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage");
-                    None
-                }
+            .filter_map(|p| {
+                let usage = usage_of(&self.fs, &p)?;
+                Some(EvictionCandidate { usage, critical: p.is_critical(critical_static), placement: p })
             })
             .collect()
     }
+}
+
+/// A placed pod's usage; `None` (logged) when its cgroup vanished meanwhile.
+pub(crate) fn usage_of(fs: &CgroupFs, p: &Placement) -> Option<PodUsage> {
+    observe::pod_usage(fs, &p.uid, &p.cgroup)
+        .inspect_err(|e| tracing::debug!(pod_uid = %p.uid, error = %e, "skipping pod usage"))
+        .ok()
 }

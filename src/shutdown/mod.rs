@@ -126,7 +126,7 @@ async fn watch(
             None
         }
     };
-    if lock.is_none() && !shared.node_shutdown.load(Ordering::Relaxed) {
+    if lock.is_none() && !shutting_down {
         *lock = take_lock(logind).await;
     }
     if pending.is_none() {

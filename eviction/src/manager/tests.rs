@@ -425,15 +425,20 @@ async fn disk_pressure_ranks_by_ephemeral_storage() {
     assert!(r.evictor.evicted.lock().unwrap()[0].2.contains("low on resource: ephemeral-storage"));
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_logs_of_pods_that_are_over_are_reclaimed_while_an_eviction_is_in_flight() {
-    // 20 MiB short of the threshold: the writer's 50 MiB, once it is evicted, covers the deficit.
+/// nodefs 20 MiB short of its threshold, with a writer (whose 50 MiB, once it is evicted, covers the deficit)
+/// beside a quiet pod.
+fn writer_beside_quiet_20_mib_short() -> Rig {
     let available = fs_stats(FakeHost::new().host().nodefs.as_path()).unwrap();
     let threshold = Amount::Quantity(available.available_bytes + 20 * MIB);
-    let mut r = rig(
+    rig(
         settings(&[(Signal::NodeFsAvailable, threshold, None)], &[]),
         vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
-    );
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_logs_of_pods_that_are_over_are_reclaimed_while_an_eviction_is_in_flight() {
+    let mut r = writer_beside_quiet_20_mib_short();
     r.evictor.hang.lock().unwrap().insert("writer".into());
     r.manager.pass().await;
     settle().await;
@@ -638,13 +643,7 @@ async fn a_pass_evicts_while_the_ledger_is_held_by_a_placement() {
 
 #[tokio::test(start_paused = true)]
 async fn a_victim_that_ended_is_not_followed_by_another_on_a_reading_from_before() {
-    // 20 MiB short of the threshold: the writer's 50 MiB, once it is evicted, covers the deficit.
-    let available = fs_stats(FakeHost::new().host().nodefs.as_path()).unwrap();
-    let threshold = Amount::Quantity(available.available_bytes + 20 * MIB);
-    let mut r = rig(
-        settings(&[(Signal::NodeFsAvailable, threshold, None)], &[]),
-        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
-    );
+    let mut r = writer_beside_quiet_20_mib_short();
     r.manager.pass().await;
     settle().await;
     assert_eq!(r.evictor.victims(), ["writer"]);
