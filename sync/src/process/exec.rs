@@ -1,6 +1,7 @@
-//! Launching a container process. The daemon forks and the child, before it execs the container's command, joins
+//! Launching a container process. The daemon starts a child (sharing its memory until the exec, as `posix_spawn`
+//! does, see `sys::Spawn`) and the child, before it execs the container's command, joins
 //! the container cgroup (through a descriptor of the cgroup's `cgroup.procs`, which the resources crate names and
-//! the daemon opens before the fork), sets its `oom_score_adj`, makes the volume mounts in a private mount
+//! the daemon opens beforehand), sets its `oom_score_adj`, makes the volume mounts in a private mount
 //! namespace, changes to the working directory and takes the container's user. So the command's first instruction
 //! already runs inside its cgroup, and nothing it forks can escape the accounting. Everything the child needs is
 //! prepared here, in the daemon, so that the child only makes system calls (see `sys::ChildSetup`).
@@ -9,7 +10,9 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::sys::ChildSetup;
+use std::os::fd::OwnedFd;
+
+use super::sys::{ChildSetup, Spawn};
 use crate::runtime::Mount;
 
 /// What a container process is started with.
@@ -47,9 +50,10 @@ fn c_path(p: &Path) -> Result<CString, String> {
 }
 
 impl ExecRequest {
-    /// The command, with the steps its child takes before exec. The checks that can be made before the fork are
-    /// made here, with messages that name what is wrong; the child can only report an errno.
-    pub(super) fn command(&self) -> Result<tokio::process::Command, String> {
+    /// The steps the child takes before exec, with the program and its arguments. The checks that can be made
+    /// before the child exists are made here, with messages that name what is wrong; the child can only report an
+    /// errno.
+    fn prepare(&self) -> Result<(&String, &[String], ChildSetup), String> {
         let (program, args) = self.argv.split_first().ok_or("no command")?;
         let mut mounts = Vec::with_capacity(self.mounts.len());
         for m in &self.mounts {
@@ -81,11 +85,43 @@ impl ExecRequest {
             no_new_privs: self.no_new_privs,
             drop_capabilities: self.drop_capabilities,
         };
+        Ok((program, args, setup))
+    }
+
+    /// The command, with the steps its child takes before exec, for a process whose output the daemon reads.
+    pub(super) fn command(&self) -> Result<tokio::process::Command, String> {
+        let (program, args, setup) = self.prepare()?;
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args).env_clear().envs(self.env.iter().map(|(k, v)| (k, v))).stdin(std::process::Stdio::null());
         setup.install(&mut cmd);
         Ok(cmd)
     }
+
+    /// A container's main process, writing to `stdout` and `stderr`, to be started by [`Spawn::spawn`].
+    pub(super) fn spawn(&self, stdout: OwnedFd, stderr: OwnedFd) -> Result<Spawn, String> {
+        let (program, args, setup) = self.prepare()?;
+        let c = |s: &str| CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"));
+        let path = self.env.iter().rev().find(|(k, _)| k == "PATH").map_or("", |(_, v)| v.as_str());
+        let candidates = search(program, path).into_iter().map(|p| c_path(&p)).collect::<Result<_, _>>()?;
+        let argv = std::iter::once(program).chain(args).map(|a| c(a)).collect::<Result<_, _>>()?;
+        let envp = self.env.iter().map(|(k, v)| c(&format!("{k}={v}"))).collect::<Result<_, _>>()?;
+        let stdin = rustix::fs::open(
+            c"/dev/null",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open /dev/null: {e}"))?;
+        Ok(Spawn { candidates, argv, envp, stdio: [stdin, stdout, stderr], setup })
+    }
+}
+
+/// Where `execvp` would look for `program` with `path` as `PATH`: the program itself when it names a path, else
+/// each directory of `path` in order (an empty entry is the working directory).
+fn search(program: &str, path: &str) -> Vec<PathBuf> {
+    if program.contains('/') {
+        return vec![PathBuf::from(program)];
+    }
+    path.split(':').map(|dir| Path::new(if dir.is_empty() { "." } else { dir }).join(program)).collect()
 }
 
 #[cfg(test)]
@@ -125,5 +161,50 @@ mod tests {
         assert!(req.command().unwrap_err().contains("cgroup.procs"), "no cgroup.procs to open");
         std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
         assert!(req.command().is_ok());
+    }
+
+    fn output_file(dir: &Path) -> (OwnedFd, OwnedFd) {
+        let f = std::fs::File::create(dir.join("out")).unwrap();
+        (OwnedFd::from(f.try_clone().unwrap()), OwnedFd::from(f))
+    }
+
+    #[tokio::test]
+    async fn a_spawned_process_starts_clean_and_its_exit_is_collected() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        let mut req = request(dir.path());
+        req.working_dir = dir.path().into();
+        req.env = vec![("PATH".into(), "/no/such/dir:/usr/bin:/bin".into()), ("GREETING".into(), "hi".into())];
+        // Found on the second PATH entry; the environment, the working directory and default signal handling
+        // (the test harness ignores SIGPIPE, and the daemon blocks every signal around the clone).
+        req.argv = ["sh", "-c", "echo $GREETING; pwd; grep -E '^Sig(Ign|Blk)' /proc/self/status; exit 3"]
+            .map(String::from)
+            .to_vec();
+        let (out, err) = output_file(dir.path());
+        let child = req.spawn(out, err).unwrap().spawn().unwrap();
+        assert!(child.pid > 0);
+        assert_eq!(super::super::sys::wait_exit(child.pidfd).await.unwrap(), (Some(3), None));
+        let text = std::fs::read_to_string(dir.path().join("out")).unwrap();
+        assert_eq!(
+            text,
+            format!("hi\n{}\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", dir.path().display())
+        );
+        assert_eq!(std::fs::read_to_string(dir.path().join("cgroup.procs")).unwrap(), "0", "the child joined");
+
+        req.argv = vec!["sh".into(), "-c".into(), "kill -TERM $$".into()];
+        let (out, err) = output_file(dir.path());
+        let child = req.spawn(out, err).unwrap().spawn().unwrap();
+        assert_eq!(super::super::sys::wait_exit(child.pidfd).await.unwrap(), (None, Some(15)));
+
+        req.argv = vec!["no-such-program-anywhere".into()];
+        let (out, err) = output_file(dir.path());
+        let e = req.spawn(out, err).unwrap().spawn().err().unwrap();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn the_program_is_searched_for_as_execvp_does() {
+        assert_eq!(search("./x", "/bin"), vec![PathBuf::from("./x")]);
+        assert_eq!(search("ls", "/a::/b"), ["/a/ls", "./ls", "/b/ls"].map(PathBuf::from).to_vec());
     }
 }

@@ -1,4 +1,4 @@
-//! The embedded process runtime: each container is a host process forked by the daemon and placed in its container
+//! The embedded process runtime: each container is a host process started by the daemon and placed in its container
 //! cgroup before it execs its command (see `exec`), with stdout and stderr written to the container's log file. The log file descriptors belong to the process, not to
 //! nodewarden, so containers keep running and logging while the daemon restarts; the next daemon adopts them from
 //! their cgroups.
@@ -90,16 +90,18 @@ impl ProcessRuntime {
         }
     }
 
-    /// The command for a process of container `spec` (its entry point or an exec), which starts in the
-    /// container's cgroup, mount namespace and user. Only cgroups within nodewarden's root are joined.
-    fn command(&self, spec: &ContainerSpec, req: &ExecRequest) -> Result<tokio::process::Command, RuntimeError> {
-        if !spec.cgroup.is_within(self.fs.scope()) {
-            return Err(RuntimeError::Start(format!(
-                "cgroup {} is outside nodewarden's root {}",
-                spec.cgroup,
-                self.fs.scope()
-            )));
+    /// Refuses a container whose cgroup is outside nodewarden's root: only cgroups within it are joined.
+    fn within_root(&self, spec: &ContainerSpec) -> Result<(), RuntimeError> {
+        if spec.cgroup.is_within(self.fs.scope()) {
+            return Ok(());
         }
+        Err(RuntimeError::Start(format!("cgroup {} is outside nodewarden's root {}", spec.cgroup, self.fs.scope())))
+    }
+
+    /// The command for a process run in container `spec` (an exec), which starts in the container's cgroup, mount
+    /// namespace and user.
+    fn command(&self, spec: &ContainerSpec, req: &ExecRequest) -> Result<tokio::process::Command, RuntimeError> {
+        self.within_root(spec)?;
         req.command().map_err(RuntimeError::Start)
     }
 
@@ -128,9 +130,7 @@ impl ProcessRuntime {
         self.fs.read_flat_keyed(cg, "memory.events").ok().and_then(|m| m.get("oom_kill").copied()).unwrap_or(0)
     }
 
-    fn insert(&self, id: &str, pid: u32, exit: watch::Receiver<Option<ExitInfo>>, spec: &ContainerSpec) {
-        let pidfd =
-            Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+    fn insert(&self, id: &str, pidfd: Option<OwnedFd>, exit: watch::Receiver<Option<ExitInfo>>, spec: &ContainerSpec) {
         let entry = Entry { pidfd, exit, spec: spec.clone() };
         self.containers.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), entry);
     }
@@ -164,19 +164,18 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
         .map_err(|e| RuntimeError::Start(format!("cannot open the log file {}: {e}", path.display())))
 }
 
-/// Spawns a container process. The spawn returns once the child has exec'd its command (or failed to), so the
+/// Starts a container's main process. It returns once the child has exec'd its command (or failed to), so the
 /// process runs in its cgroup by then: started means running in the container, as a runtime reports it. Until
 /// then the calling thread waits, through the child's move into its cgroup (which waits for an RCU grace period
 /// in the kernel, tens of milliseconds under emulation), so it waits on a blocking-pool thread, not on one of the
 /// runtime's two workers.
-async fn spawn(mut cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
-    tokio::task::spawn_blocking(move || cmd.spawn()).await.map_err(std::io::Error::other)?
+async fn spawn(spawn: sys::Spawn) -> std::io::Result<sys::Spawned> {
+    tokio::task::spawn_blocking(move || spawn.spawn()).await.map_err(std::io::Error::other)?
 }
 
-/// The exit code and signal of a wait status.
-fn decode(status: std::process::ExitStatus) -> (i32, Option<i32>) {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
+/// The exit code and signal of an exit status: its code, or the signal that ended it.
+fn decode(code: Option<i32>, signal: Option<i32>) -> (i32, Option<i32>) {
+    match (code, signal) {
         (Some(c), _) => (c, None),
         (None, Some(s)) => (128 + s, Some(s)),
         (None, None) => (START_FAILED, None),
@@ -207,28 +206,29 @@ impl Runtime for ProcessRuntime {
         }
         let argv = spec.argv();
         let id = container_id(spec);
-        let log = open_log(&spec.log_path)?;
+        let log = OwnedFd::from(open_log(&spec.log_path)?);
         let err_log = log.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
         let oom_before = self.oom_kills(&spec.cgroup);
         let req = self.request(spec, &argv);
-        let mut cmd = match self.command(spec, &req) {
-            Ok(cmd) => cmd,
+        let prepared = self.within_root(spec).and_then(|()| req.spawn(log, err_log).map_err(RuntimeError::Start));
+        let prepared = match prepared {
+            Ok(p) => p,
             Err(e) => return Ok(self.start_failed(spec, id, e.to_string())),
         };
-        cmd.stdout(Stdio::from(log)).stderr(Stdio::from(err_log));
-        let mut child = match spawn(cmd).await {
+        let child = match spawn(prepared).await {
             Ok(c) => c,
             Err(e) => return Ok(self.start_failed(spec, id, format!("cannot start {:?}: {e}", argv[0]))),
         };
-        let Some(pid) = child.id() else { return Err(RuntimeError::Start("the process exited at once".into())) };
+        let (pid, pidfd) = (child.pid, child.pidfd);
         let started_at = Timestamp::now();
         let (tx, rx) = watch::channel(None);
-        self.insert(&id, pid, rx, spec);
+        let kept = pidfd.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
+        self.insert(&id, Some(kept), rx, spec);
         let fs = self.fs.clone();
         let cgroup = spec.cgroup.clone();
         tokio::spawn(async move {
-            let (exit_code, signal) = match child.wait().await {
-                Ok(status) => decode(status),
+            let (exit_code, signal) = match sys::wait_exit(pidfd).await {
+                Ok((code, signal)) => decode(code, signal),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot wait for a container process");
                     (START_FAILED, None)
@@ -256,7 +256,9 @@ impl Runtime for ProcessRuntime {
         };
         let id = container_id(spec);
         let (tx, rx) = watch::channel(None);
-        self.insert(&id, pid, rx, spec);
+        let pidfd =
+            Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        self.insert(&id, pidfd, rx, spec);
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
             map.get(&id).and_then(|e| e.pidfd.as_ref().and_then(|fd| fd.try_clone().ok()))
@@ -353,7 +355,10 @@ impl Runtime for ProcessRuntime {
             (status, out, err)
         };
         match tokio::time::timeout(timeout, run).await {
-            Ok((Ok(status), out, err)) => Ok(ExecOutput::from_streams(Some(decode(status).0), &out, &err)),
+            Ok((Ok(status), out, err)) => {
+                use std::os::unix::process::ExitStatusExt;
+                Ok(ExecOutput::from_streams(Some(decode(status.code(), status.signal()).0), &out, &err))
+            }
             Ok((Err(e), _, _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
             Err(_) => Ok(ExecOutput::timed_out(timeout)),
         }

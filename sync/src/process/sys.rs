@@ -131,3 +131,184 @@ impl ChildSetup {
         Ok(())
     }
 }
+
+/// The child's stack while it runs in the daemon's memory, before it execs: it only makes system calls.
+const CHILD_STACK: usize = 256 << 10;
+
+/// A container process, prepared by the daemon to be started by [`Spawn::spawn`].
+pub struct Spawn {
+    /// The paths the command is tried at, in order (`execvp`'s search, made by the daemon): the program itself
+    /// when it names a path, else the program in each `PATH` directory.
+    pub candidates: Vec<CString>,
+    /// The arguments, the program first.
+    pub argv: Vec<CString>,
+    /// The whole environment, as `NAME=value`.
+    pub envp: Vec<CString>,
+    /// Descriptors for the child's standard input, output and error.
+    pub stdio: [OwnedFd; 3],
+    /// The steps before exec.
+    pub setup: ChildSetup,
+}
+
+/// A started container process: its PID and a pidfd for it.
+pub struct Spawned {
+    /// Its process ID.
+    pub pid: u32,
+    /// A pidfd (close-on-exec): readable once the process exited, and the handle to collect its status with.
+    pub pidfd: OwnedFd,
+}
+
+/// What the child reads, in the daemon's memory: pointers prepared before the clone.
+struct ChildArgs<'a> {
+    spawn: &'a Spawn,
+    candidates: Vec<*const libc::c_char>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    /// The errno of the step that failed, set by the child before it exits; 0 when it exec'd.
+    error: std::sync::atomic::AtomicI32,
+}
+
+fn null_terminated(v: &[CString]) -> Vec<*const libc::c_char> {
+    v.iter().map(|c| c.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
+}
+
+fn errno() -> rustix::io::Errno {
+    rustix::io::Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(rustix::io::Errno::IO)
+}
+
+impl ChildArgs<'_> {
+    /// Runs in the child. Returns only when the command could not be exec'd.
+    fn run(&self) -> rustix::io::Errno {
+        // SAFETY: the child has its own signal handlers (no CLONE_SIGHAND), so setting them to the default does not
+        // touch the daemon's; these are plain system calls. The raw `rt_sigaction` reaches the signals the C
+        // library keeps to itself too. The daemon's handlers are gone before signals are unblocked, so none runs in
+        // the child on the shared memory.
+        #[allow(unsafe_code)]
+        unsafe {
+            // The kernel's `struct sigaction` with SIG_DFL (0), no flags, no restorer and an empty mask.
+            let default = [0usize; 4];
+            for sig in 1..=64 {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), std::ptr::null_mut::<usize>(), 8);
+                }
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &raw const none, std::ptr::null_mut());
+        }
+        for (target, fd) in (0..).zip(&self.spawn.stdio) {
+            use std::os::fd::AsRawFd;
+            let fd = fd.as_raw_fd();
+            // SAFETY: `dup2` and `fcntl` on descriptors the child owns a copy of (no CLONE_FILES).
+            #[allow(unsafe_code)]
+            let ok = unsafe { if fd == target { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, target) } };
+            if ok < 0 {
+                return errno();
+            }
+        }
+        if let Err(e) = self.spawn.setup.run() {
+            return e;
+        }
+        // As execvp: a missing file or directory moves on to the next candidate, so does a denied one (reported
+        // if nothing else is found), anything else stops.
+        let mut failed = rustix::io::Errno::NOENT;
+        for &path in &self.candidates {
+            // SAFETY: `path`, `argv` and `envp` point into C strings and null-terminated arrays that the daemon
+            // keeps alive until this child has exec'd or exited.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::execve(path, self.argv.as_ptr(), self.envp.as_ptr());
+            }
+            match errno() {
+                rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::STALE => {}
+                rustix::io::Errno::ACCESS => failed = rustix::io::Errno::ACCESS,
+                e => return e,
+            }
+        }
+        failed
+    }
+}
+
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildArgs` that `Spawn::spawn` passed to `clone`; the daemon's thread that owns it is
+    // suspended (CLONE_VFORK) until this child execs or exits, so it is alive and nobody else writes it.
+    #[allow(unsafe_code)]
+    let args = unsafe { &*arg.cast::<ChildArgs<'_>>() };
+    let e = args.run();
+    args.error.store(e.raw_os_error(), std::sync::atomic::Ordering::Release);
+    // SAFETY: ends the child at once, without running anything of the daemon's (no atexit handlers, no flushes).
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::_exit(127)
+    }
+}
+
+impl Spawn {
+    /// Starts the process as `posix_spawn` does: the child shares the daemon's memory, the calling thread waits
+    /// until it has exec'd (or failed), so nothing of the daemon is copied. A fork would copy the page tables of
+    /// the whole locked daemon and make both sides copy every page the daemon writes until the exec. Blocks for
+    /// the child's steps, its move into its cgroup included. Returns the errno of the step that failed.
+    pub fn spawn(&self) -> std::io::Result<Spawned> {
+        let args = ChildArgs {
+            spawn: self,
+            candidates: self.candidates.iter().map(|c| c.as_ptr()).collect(),
+            argv: null_terminated(&self.argv),
+            envp: null_terminated(&self.envp),
+            error: std::sync::atomic::AtomicI32::new(0),
+        };
+        let mut stack = vec![0u8; CHILD_STACK];
+        let top = stack.as_mut_ptr().wrapping_add(CHILD_STACK);
+        let top = top.wrapping_sub(top as usize % 16);
+        let mut pidfd: libc::c_int = -1;
+        // SAFETY: signals are blocked around the clone so that no handler of the daemon's runs in the child before
+        // it resets them; the child runs `child_main` on `stack` with `args`, both alive until `clone` returns
+        // (CLONE_VFORK: after the child's exec or exit). The kernel writes the pidfd (CLONE_PIDFD) to `pidfd`.
+        #[allow(unsafe_code)]
+        let (pid, clone_error) = unsafe {
+            let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+            libc::sigfillset(&raw mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old);
+            let pid = libc::clone(
+                child_main,
+                top.cast(),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+                (&raw const args).cast_mut().cast(),
+                &raw mut pidfd,
+            );
+            let clone_error = std::io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
+            (pid, clone_error)
+        };
+        drop(stack);
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        // SAFETY: CLONE_PIDFD made `pidfd` a new descriptor that nothing else owns.
+        #[allow(unsafe_code)]
+        let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
+        match args.error.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Ok(Spawned { pid: pid.unsigned_abs(), pidfd }),
+            e => {
+                // The child exited without exec: collect it.
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(pidfd.as_fd()),
+                    rustix::process::WaitIdOptions::EXITED,
+                );
+                Err(std::io::Error::from_raw_os_error(e))
+            }
+        }
+    }
+}
+
+/// Waits for the exit of a process started by [`Spawn::spawn`] and collects it: its exit code, or the signal that
+/// ended it.
+pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<(Option<i32>, Option<i32>)> {
+    let fd = pidfd.try_clone()?;
+    pidfd_exited(fd).await?;
+    let status = rustix::process::waitid(
+        rustix::process::WaitId::PidFd(pidfd.as_fd()),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+    )?;
+    let status = status.ok_or_else(|| std::io::Error::other("the process has not exited"))?;
+    Ok((status.exit_status(), status.terminating_signal()))
+}
