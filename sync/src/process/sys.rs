@@ -135,6 +135,48 @@ impl ChildSetup {
 /// The child's stack while it runs in the daemon's memory, before it execs: it only makes system calls.
 const CHILD_STACK: usize = 256 << 10;
 
+/// The bottom of the child's stack, mapped without access so that an overflow faults instead of writing below.
+const GUARD: usize = 4096;
+
+/// A stack for one child, mapped for it and unmapped after: only the pages it touches are ever resident (the
+/// daemon's memory is locked as it is touched), and nothing stays behind in the allocator.
+struct ChildStack(*mut libc::c_void);
+
+impl ChildStack {
+    fn new() -> std::io::Result<Self> {
+        use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
+        // SAFETY: a new private anonymous mapping that nothing else refers to; its lowest page is made
+        // inaccessible, within the mapping.
+        #[allow(unsafe_code)]
+        unsafe {
+            let base = rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                CHILD_STACK,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::STACK | MapFlags::NORESERVE,
+            )?;
+            let stack = Self(base);
+            rustix::mm::mprotect(base, GUARD, MprotectFlags::empty())?;
+            Ok(stack)
+        }
+    }
+
+    /// The top of the stack (it grows down), 16-byte aligned.
+    fn top(&self) -> *mut libc::c_void {
+        self.0.cast::<u8>().wrapping_add(CHILD_STACK).cast()
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used: the child has exec'd or exited.
+        #[allow(unsafe_code)]
+        unsafe {
+            let _ = rustix::mm::munmap(self.0, CHILD_STACK);
+        }
+    }
+}
+
 /// A container process, prepared by the daemon to be started by [`Spawn::spawn`].
 pub struct Spawn {
     /// The paths the command is tried at, in order (`execvp`'s search, made by the daemon): the program itself
@@ -256,9 +298,7 @@ impl Spawn {
             envp: null_terminated(&self.envp),
             error: std::sync::atomic::AtomicI32::new(0),
         };
-        let mut stack = vec![0u8; CHILD_STACK];
-        let top = stack.as_mut_ptr().wrapping_add(CHILD_STACK);
-        let top = top.wrapping_sub(top as usize % 16);
+        let stack = ChildStack::new()?;
         let mut pidfd: libc::c_int = -1;
         // SAFETY: signals are blocked around the clone so that no handler of the daemon's runs in the child before
         // it resets them; the child runs `child_main` on `stack` with `args`, both alive until `clone` returns
@@ -270,7 +310,7 @@ impl Spawn {
             libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old);
             let pid = libc::clone(
                 child_main,
-                top.cast(),
+                stack.top(),
                 libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
                 (&raw const args).cast_mut().cast(),
                 &raw mut pidfd,
