@@ -4,6 +4,11 @@
 //! pods are started one after another (manifest written → `Running` in `/pods`, each pod timed); with all N
 //! running, CPU and RSS are sampled again. The difference over N is the daemon's own cost per pod. containerd and
 //! its shims are measured beside it, for context.
+//!
+//! In each containerd run, before its daemon starts, the bench's own CRI client starts the same N pods with the
+//! bare calls (`bare.rs`), so that nodewarden's start through containerd is reported as a ratio to them.
+
+mod bare;
 
 use std::path::Path;
 use std::process::Command;
@@ -12,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::{StaticNode, cpu_ticks, median, pods, rss_kib, wait, worst, write};
+use bare::BareStart;
 
 const ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 
@@ -38,6 +44,8 @@ struct Run {
     busy_cpu: f64,
     busy_rss: f64,
     containerd_rss: f64,
+    /// The bare CRI starts (containerd runs only), timed before the daemon started.
+    bare: Vec<BareStart>,
 }
 
 fn manifest(name: &str) -> String {
@@ -81,6 +89,11 @@ fn phase_of(port: u16, name: &str) -> Option<String> {
 }
 
 fn one_run(bin: &Path, runtime: Runtime, n: usize, seconds: u64) -> Result<Run> {
+    let mut run = Run::default();
+    // Never beside a daemon: the bare starts run alone, before this run's daemon starts.
+    if runtime == Runtime::Cri {
+        run.bare = bare::run(ENDPOINT, n, manifest).context("bare CRI phase")?;
+    }
     let endpoint = match runtime {
         Runtime::Cri => format!("containerRuntimeEndpoint: {ENDPOINT}\n"),
         Runtime::Process => String::new(),
@@ -88,7 +101,6 @@ fn one_run(bin: &Path, runtime: Runtime, n: usize, seconds: u64) -> Result<Run> 
     let node = StaticNode::start(bin, "cri", &endpoint)?;
     let (manifests, port, pid) = (node.manifests.clone(), node.port, node.pid());
     std::thread::sleep(Duration::from_secs(2));
-    let mut run = Run::default();
     (run.idle_cpu, run.idle_rss) = sample(pid, seconds)?;
     for i in 0..n {
         let name = format!("p{i}");
@@ -138,6 +150,10 @@ pub fn run(bin: &Path, containerd: &Path, n: usize, seconds: u64, runs: usize, o
                 one.busy_cpu,
                 one.busy_rss
             );
+            if !one.bare.is_empty() {
+                let bare: Vec<f64> = one.bare.iter().map(BareStart::total_ms).collect();
+                eprintln!("{} run {}: bare CRI start median {:.0} ms", runtime.name(), r + 1, median(bare));
+            }
             runs.push(one);
         }
     }
@@ -183,7 +199,46 @@ pub fn run(bin: &Path, containerd: &Path, n: usize, seconds: u64, runs: usize, o
         median(shims.clone()),
         per_pod(median(shims) - base_containerd),
     );
+    let cri_starts: Vec<f64> = results
+        .iter()
+        .filter(|(r, _)| *r == Runtime::Cri)
+        .flat_map(|(_, v)| v.iter().flat_map(|r| r.start_ms.clone()))
+        .collect();
+    let bare: Vec<BareStart> = results.iter().flat_map(|(_, v)| v.iter().flat_map(|r| r.bare.clone())).collect();
+    let table = table + &bare_report(&bare, median(cri_starts), n);
     std::fs::write(out, &table)?;
     print!("{table}");
     Ok(())
+}
+
+/// The report's section on the bare CRI starts, with nodewarden's start through containerd (`nodewarden_ms`, a
+/// median) as a ratio to theirs.
+fn bare_report(bare: &[BareStart], nodewarden_ms: f64, n: usize) -> String {
+    let total: Vec<f64> = bare.iter().map(BareStart::total_ms).collect();
+    let call = |f: fn(&BareStart) -> f64| median(bare.iter().map(f).collect());
+    let floor = median(total.clone());
+    format!(
+        "\n## Bare CRI calls\n\nIn each containerd run, before its daemon starts, the bench's own CRI client (the daemon's \
+         client from `nodewarden-sync`, one connection) starts the same {n} pods one after another with the requests \
+         the daemon sends (host network, a log directory, the pod cgroup made by the resources library as the cgroup \
+         parent, `localhost/busybox:1` running `sleep 100000`), timed from `RunPodSandbox` sent to `StartContainer` \
+         returned; each pod is stopped and removed, untimed, before the next. {} starts.\n\n\
+         | bare CRI start (3 calls) median | p90 | worst | `RunPodSandbox` median | `CreateContainer` median | \
+         `StartContainer` median |\n|---|---|---|---|---|---|\n\
+         | {floor:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |\n\n\
+         nodewarden manifest written → `Running` through containerd ÷ bare CRI start (medians): **{:.2}×** \
+         ({nodewarden_ms:.0} ms against {floor:.0} ms, {:.0} ms more). The difference is the daemon's work around the \
+         same three calls and the bench's view of it: the manifest's inotify event, read and parse, the pod's state \
+         file saved, admission and the pod cgroup, the calls the daemon adds (`ListPodSandbox` before \
+         `RunPodSandbox`, `ImageStatus` before `CreateContainer`), the status published, and the bench's poll of \
+         `/pods` every 50 ms (25 ms on average, plus the request).\n",
+        bare.len(),
+        percentile(total.clone(), 0.9),
+        worst(&total),
+        call(|b| b.sandbox_ms),
+        call(|b| b.create_ms),
+        call(|b| b.start_ms),
+        nodewarden_ms / floor,
+        nodewarden_ms - floor,
+    )
 }

@@ -7,8 +7,8 @@
 //!
 //! `pods`: pod sync through static manifests with the process runtime (see `pods.rs`).
 //!
-//! `cri`: pod start latency through containerd next to the process runtime's, and the daemon's own cost per CRI
-//! pod (see `cri.rs`).
+//! `cri`: pod start latency through containerd next to the process runtime's and to bare CRI calls made by the
+//! bench's own client, and the daemon's own cost per CRI pod (see `cri.rs`).
 //!
 //! `reload`: a threshold edit → the new threshold in `/metrics` (see `reload.rs`).
 //!

@@ -17,7 +17,7 @@ mod metrics;
 mod probe;
 mod process;
 mod runtime;
-mod security;
+pub mod security;
 mod selected;
 mod source;
 mod spec;
@@ -42,6 +42,7 @@ pub use runtime::{
 };
 pub use selected::SelectedRuntime;
 pub use source::{FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
+pub use spec::{PodContext, PodIps, container_spec, sandbox_spec};
 pub use status::{PodPhase, SHUTDOWN_MESSAGE, SHUTDOWN_REASON, Terminal};
 pub use store::{MANIFEST_ANNOTATION, StatusStore, WORKER_CONDITION};
 pub use worker::SyncSettings;

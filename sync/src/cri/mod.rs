@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use client::{CRI_API_VERSION, CriClient, CriError};
 pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL};
+pub use config::{container_config, sandbox_config};
 pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
@@ -317,7 +318,7 @@ impl SandboxRuntime for CriRuntime {
         for s in earlier.iter().filter(|s| s.state() != PodSandboxState::SandboxReady) {
             self.stop_and_remove_sandbox(&s.id).await;
         }
-        let config = config::sandbox_config(spec, attempt);
+        let config = sandbox_config(spec, attempt);
         let req = RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
         let id = self.client.run_pod_sandbox(req).await.map_err(runtime_error)?;
         lock(&self.sandboxes).insert(id.clone(), (spec.clone(), config));
@@ -335,7 +336,7 @@ impl SandboxRuntime for CriRuntime {
         };
         let newest = ready.into_iter().max_by_key(|s| s.created_at)?;
         let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
-        lock(&self.sandboxes).insert(newest.id.clone(), (spec.clone(), config::sandbox_config(spec, attempt)));
+        lock(&self.sandboxes).insert(newest.id.clone(), (spec.clone(), sandbox_config(spec, attempt)));
         let ips = if spec.host_network {
             Vec::new()
         } else {
@@ -415,7 +416,7 @@ impl Runtime for CriRuntime {
         self.ensure_image(spec, &sandbox_config).await?;
         let req = CreateContainerRequest {
             pod_sandbox_id: spec.sandbox_id.clone(),
-            config: Some(config::container_config(spec, &pod)),
+            config: Some(container_config(spec, &pod)),
             sandbox_config: Some(sandbox_config),
         };
         let id = match self.client.create_container(req).await {
