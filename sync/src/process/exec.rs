@@ -55,6 +55,9 @@ impl ExecRequest {
     /// errno.
     fn prepare(&self) -> Result<(&String, &[String], ChildSetup), String> {
         let (program, args) = self.argv.split_first().ok_or("no command")?;
+        if program.is_empty() {
+            return Err("the command's program is an empty string".into());
+        }
         let mut mounts = Vec::with_capacity(self.mounts.len());
         for m in &self.mounts {
             if !m.target.exists() {
@@ -151,6 +154,8 @@ mod tests {
         let mut req = request(dir.path());
         req.argv.clear();
         assert_eq!(req.command().err().as_deref(), Some("no command"));
+        req.argv = vec![String::new()];
+        assert!(req.command().unwrap_err().contains("empty"));
         let mut req = request(dir.path());
         req.mounts.push(Mount { source: dir.path().into(), target: missing.clone(), read_only: false });
         assert!(req.command().unwrap_err().starts_with(&format!("mountPath {} does not exist", missing.display())));
@@ -196,10 +201,40 @@ mod tests {
         let child = req.spawn(out, err).unwrap().spawn().unwrap();
         assert_eq!(super::super::sys::wait_exit(child.pidfd).await.unwrap(), (None, Some(15)));
 
+        // A file that is no executable format runs as a shell script, as execvp runs it.
+        let script = dir.path().join("script");
+        std::fs::write(&script, "echo script ran with $1\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        req.argv = vec![script.display().to_string(), "an argument".into()];
+        let (out, err) = output_file(dir.path());
+        let child = req.spawn(out, err).unwrap().spawn().unwrap();
+        assert_eq!(super::super::sys::wait_exit(child.pidfd).await.unwrap(), (Some(0), None));
+        assert_eq!(std::fs::read_to_string(dir.path().join("out")).unwrap(), "script ran with an argument\n");
+
         req.argv = vec!["no-such-program-anywhere".into()];
         let (out, err) = output_file(dir.path());
         let e = req.spawn(out, err).unwrap().spawn().err().unwrap();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn a_child_that_takes_another_user_leaves_the_daemon_dumpable() {
+        if !rustix::process::getuid().is_root() {
+            eprintln!("skipped: needs root to switch users");
+            return;
+        }
+        let before = rustix::process::dumpable_behavior().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        let mut req = request(dir.path());
+        req.env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+        (req.user, req.group) = (Some(65534), Some(65534));
+        req.argv = vec!["id".into(), "-u".into()];
+        let (out, err) = output_file(dir.path());
+        let child = req.spawn(out, err).unwrap().spawn().unwrap();
+        assert_eq!(super::super::sys::wait_exit(child.pidfd).await.unwrap(), (Some(0), None));
+        assert_eq!(std::fs::read_to_string(dir.path().join("out")).unwrap(), "65534\n");
+        assert_eq!(rustix::process::dumpable_behavior().unwrap(), before, "the shared memory's flag was put back");
     }
 
     #[test]

@@ -164,13 +164,33 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
         .map_err(|e| RuntimeError::Start(format!("cannot open the log file {}: {e}", path.display())))
 }
 
-/// Starts a container's main process. It returns once the child has exec'd its command (or failed to), so the
-/// process runs in its cgroup by then: started means running in the container, as a runtime reports it. Until
-/// then the calling thread waits, through the child's move into its cgroup (which waits for an RCU grace period
-/// in the kernel, tens of milliseconds under emulation), so it waits on a blocking-pool thread, not on one of the
-/// runtime's two workers.
-async fn spawn(spawn: sys::Spawn) -> std::io::Result<sys::Spawned> {
-    tokio::task::spawn_blocking(move || spawn.spawn()).await.map_err(std::io::Error::other)?
+/// Waits for a started container's process to exit and sends its exit, an OOM kill in its cgroup since
+/// `oom_before` included.
+async fn watch_exit(
+    pidfd: OwnedFd,
+    tx: watch::Sender<Option<ExitInfo>>,
+    fs: CgroupFs,
+    cgroup: CgroupPath,
+    oom_before: u64,
+    started_at: Timestamp,
+) {
+    let (exit_code, signal) = match sys::wait_exit(pidfd).await {
+        Ok((code, signal)) => decode(code, signal),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot wait for a container process");
+            (START_FAILED, None)
+        }
+    };
+    let oom = fs.read_flat_keyed(&cgroup, "memory.events").ok().and_then(|m| m.get("oom_kill").copied());
+    let oom_killed = oom.is_some_and(|n| n > oom_before);
+    let _ = tx.send(Some(ExitInfo {
+        exit_code,
+        signal,
+        reason: exit_reason(exit_code, oom_killed).to_owned(),
+        message: None,
+        started_at,
+        finished_at: Timestamp::now(),
+    }));
 }
 
 /// The exit code and signal of an exit status: its code, or the signal that ended it.
@@ -215,37 +235,35 @@ impl Runtime for ProcessRuntime {
             Ok(p) => p,
             Err(e) => return Ok(self.start_failed(spec, id, e.to_string())),
         };
-        let child = match spawn(prepared).await {
-            Ok(c) => c,
-            Err(e) => return Ok(self.start_failed(spec, id, format!("cannot start {:?}: {e}", argv[0]))),
-        };
-        let (pid, pidfd) = (child.pid, child.pidfd);
-        let started_at = Timestamp::now();
-        let (tx, rx) = watch::channel(None);
-        let kept = pidfd.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
-        self.insert(&id, Some(kept), rx, spec);
-        let fs = self.fs.clone();
-        let cgroup = spec.cgroup.clone();
-        tokio::spawn(async move {
-            let (exit_code, signal) = match sys::wait_exit(pidfd).await {
-                Ok((code, signal)) => decode(code, signal),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot wait for a container process");
-                    (START_FAILED, None)
-                }
-            };
-            let oom = fs.read_flat_keyed(&cgroup, "memory.events").ok().and_then(|m| m.get("oom_kill").copied());
-            let oom_killed = oom.is_some_and(|n| n > oom_before);
-            let _ = tx.send(Some(ExitInfo {
-                exit_code,
-                signal,
-                reason: exit_reason(exit_code, oom_killed).to_owned(),
-                message: None,
-                started_at,
-                finished_at: Timestamp::now(),
-            }));
-        });
-        Ok(Started { id, pid, started_at })
+        let (containers, fs, cgroup) = (self.containers.clone(), self.fs.clone(), spec.cgroup.clone());
+        let (registered, owned) = (id.clone(), spec.clone());
+        // The spawn returns once the child has exec'd its command (or failed to), so the process runs in its cgroup
+        // by then: started means running in the container, as a runtime reports it. Until then the thread waits,
+        // through the child's move into its cgroup (an RCU grace period in the kernel, tens of milliseconds under
+        // emulation), so on the blocking pool. The spawn and the watch of the child are one blocking task, which
+        // runs to its end even when this start is abandoned (its future dropped): a started child is always
+        // registered, watched and collected.
+        let spawned = tokio::task::spawn_blocking(move || {
+            let child = prepared.spawn()?;
+            let started_at = Timestamp::now();
+            let (tx, rx) = watch::channel(None);
+            let kept = child
+                .pidfd
+                .try_clone()
+                .inspect_err(|e| tracing::warn!(container_id = %registered, error = %e, "cannot keep a pidfd to signal the container"))
+                .ok();
+            let entry = Entry { pidfd: kept, exit: rx, spec: owned };
+            containers.lock().unwrap_or_else(PoisonError::into_inner).insert(registered, entry);
+            tokio::spawn(watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
+            Ok::<_, std::io::Error>((child.pid, started_at))
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
+        match spawned {
+            Ok((pid, started_at)) => Ok(Started { id, pid, started_at }),
+            Err(e) => Ok(self.start_failed(spec, id, format!("cannot start {:?}: {e}", argv[0]))),
+        }
     }
 
     async fn adopt(&self, spec: &ContainerSpec, pid_hint: Option<u32>) -> Option<Started> {

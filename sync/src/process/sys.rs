@@ -206,6 +206,8 @@ struct ChildArgs<'a> {
     candidates: Vec<*const libc::c_char>,
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
+    /// For each candidate, the argv of `/bin/sh` running it as a script: `sh`, the candidate, the arguments.
+    sh_argv: Vec<Vec<*const libc::c_char>>,
     /// The errno of the step that failed, set by the child before it exits; 0 when it exec'd.
     error: std::sync::atomic::AtomicI32,
 }
@@ -222,21 +224,25 @@ impl ChildArgs<'_> {
     /// Runs in the child. Returns only when the command could not be exec'd.
     fn run(&self) -> rustix::io::Errno {
         // SAFETY: the child has its own signal handlers (no CLONE_SIGHAND), so setting them to the default does not
-        // touch the daemon's; these are plain system calls. The raw `rt_sigaction` reaches the signals the C
-        // library keeps to itself too. The daemon's handlers are gone before signals are unblocked, so none runs in
-        // the child on the shared memory.
+        // touch the daemon's; these are plain system calls, made raw so that they reach the signals the C library
+        // keeps to itself too. The daemon's handlers are gone before signals are unblocked (a failure stops the
+        // child first), so none runs in the child on the shared memory.
         #[allow(unsafe_code)]
         unsafe {
             // The kernel's `struct sigaction` with SIG_DFL (0), no flags, no restorer and an empty mask.
             let default = [0usize; 4];
             for sig in 1..=64 {
                 if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                    libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), std::ptr::null_mut::<usize>(), 8);
+                    let sig = libc::c_long::from(sig);
+                    let none = std::ptr::null_mut::<usize>();
+                    if libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), none, SIGSET_SIZE) < 0 {
+                        return errno();
+                    }
                 }
             }
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&raw mut none);
-            libc::sigprocmask(libc::SIG_SETMASK, &raw const none, std::ptr::null_mut());
+            if set_signal_mask(0, None) < 0 {
+                return errno();
+            }
         }
         for (target, fd) in (0..).zip(&self.spawn.stdio) {
             use std::os::fd::AsRawFd;
@@ -251,23 +257,58 @@ impl ChildArgs<'_> {
         if let Err(e) = self.spawn.setup.run() {
             return e;
         }
-        // As execvp: a missing file or directory moves on to the next candidate, so does a denied one (reported
-        // if nothing else is found), anything else stops.
+        // As execvp: a missing file or directory (or one that cannot be reached) moves on to the next candidate, so
+        // does a denied one (reported if nothing else is found), anything else stops; a file that is not an
+        // executable format runs as a shell script.
         let mut failed = rustix::io::Errno::NOENT;
-        for &path in &self.candidates {
-            // SAFETY: `path`, `argv` and `envp` point into C strings and null-terminated arrays that the daemon
-            // keeps alive until this child has exec'd or exited.
+        for (i, &path) in self.candidates.iter().enumerate() {
+            // SAFETY: `path`, `argv`, `envp` and the shell's argv point into C strings and null-terminated arrays
+            // that the daemon keeps alive until this child has exec'd or exited.
             #[allow(unsafe_code)]
             unsafe {
                 libc::execve(path, self.argv.as_ptr(), self.envp.as_ptr());
+                if errno() == rustix::io::Errno::NOEXEC {
+                    if let Some(sh) = self.sh_argv.get(i) {
+                        libc::execve(c"/bin/sh".as_ptr(), sh.as_ptr(), self.envp.as_ptr());
+                    }
+                    return rustix::io::Errno::NOEXEC;
+                }
             }
             match errno() {
-                rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::STALE => {}
+                rustix::io::Errno::NOENT
+                | rustix::io::Errno::NOTDIR
+                | rustix::io::Errno::STALE
+                | rustix::io::Errno::NODEV
+                | rustix::io::Errno::TIMEDOUT => {}
                 rustix::io::Errno::ACCESS => failed = rustix::io::Errno::ACCESS,
                 e => return e,
             }
         }
         failed
+    }
+}
+
+/// The size of the kernel's signal set, in bytes.
+const SIGSET_SIZE: libc::c_long = 8;
+
+/// Sets the calling thread's signal mask to `mask` (one bit per signal, the C library's own signals included),
+/// returning the old one in `old`; the raw system call's result.
+///
+/// # Safety
+/// Only for the spawn: blocking every signal of the thread for the duration of a clone, and unblocking them in the
+/// child.
+#[allow(unsafe_code)]
+unsafe fn set_signal_mask(mask: u64, old: Option<&mut u64>) -> libc::c_long {
+    let old = old.map_or(std::ptr::null_mut(), std::ptr::from_mut);
+    // SAFETY: `mask` and `old` are valid for the kernel's 8-byte signal set.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::c_long::from(libc::SIG_SETMASK),
+            std::ptr::from_ref(&mask),
+            old,
+            SIGSET_SIZE,
+        )
     }
 }
 
@@ -296,18 +337,34 @@ impl Spawn {
             candidates: self.candidates.iter().map(|c| c.as_ptr()).collect(),
             argv: null_terminated(&self.argv),
             envp: null_terminated(&self.envp),
+            sh_argv: self
+                .candidates
+                .iter()
+                .map(|c| {
+                    [c"/bin/sh".as_ptr(), c.as_ptr()]
+                        .into_iter()
+                        .chain(self.argv.iter().skip(1).map(|a| a.as_ptr()))
+                        .chain(std::iter::once(std::ptr::null()))
+                        .collect()
+                })
+                .collect(),
             error: std::sync::atomic::AtomicI32::new(0),
         };
         let stack = ChildStack::new()?;
         let mut pidfd: libc::c_int = -1;
-        // SAFETY: signals are blocked around the clone so that no handler of the daemon's runs in the child before
-        // it resets them; the child runs `child_main` on `stack` with `args`, both alive until `clone` returns
-        // (CLONE_VFORK: after the child's exec or exit). The kernel writes the pidfd (CLONE_PIDFD) to `pidfd`.
+        // A child that changes its user or group changes the dumpable flag of the memory it shares with the daemon;
+        // the daemon's own is put back after the exec.
+        let dumpable = rustix::process::dumpable_behavior().ok();
+        // SAFETY: every signal is blocked around the clone so that no handler of the daemon's runs in the child
+        // before it resets them; the child runs `child_main` on `stack` with `args`, both alive until `clone`
+        // returns (CLONE_VFORK: after the child's exec or exit). The kernel writes the pidfd (CLONE_PIDFD) to
+        // `pidfd`.
         #[allow(unsafe_code)]
         let (pid, clone_error) = unsafe {
-            let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
-            libc::sigfillset(&raw mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old);
+            let mut old = 0u64;
+            if set_signal_mask(!0, Some(&mut old)) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             let pid = libc::clone(
                 child_main,
                 stack.top(),
@@ -316,9 +373,14 @@ impl Spawn {
                 &raw mut pidfd,
             );
             let clone_error = std::io::Error::last_os_error();
-            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old, std::ptr::null_mut());
+            set_signal_mask(old, None);
             (pid, clone_error)
         };
+        if let Some(d) = dumpable
+            && rustix::process::dumpable_behavior().ok() != Some(d)
+        {
+            let _ = rustix::process::set_dumpable_behavior(d);
+        }
         drop(stack);
         if pid < 0 {
             return Err(clone_error);
@@ -343,12 +405,22 @@ impl Spawn {
 /// Waits for the exit of a process started by [`Spawn::spawn`] and collects it: its exit code, or the signal that
 /// ended it.
 pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<(Option<i32>, Option<i32>)> {
-    let fd = pidfd.try_clone()?;
-    pidfd_exited(fd).await?;
-    let status = rustix::process::waitid(
-        rustix::process::WaitId::PidFd(pidfd.as_fd()),
-        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
-    )?;
+    let exited = match pidfd.try_clone() {
+        Ok(fd) => pidfd_exited(fd).await,
+        Err(e) => Err(e),
+    };
+    let options = if exited.is_ok() {
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG
+    } else {
+        // It cannot be watched: a blocking wait, off the async threads, so that it is still collected.
+        rustix::process::WaitIdOptions::EXITED
+    };
+    let collect = move || rustix::process::waitid(rustix::process::WaitId::PidFd(pidfd.as_fd()), options);
+    let status = if exited.is_ok() {
+        collect()?
+    } else {
+        tokio::task::spawn_blocking(collect).await.map_err(std::io::Error::other)??
+    };
     let status = status.ok_or_else(|| std::io::Error::other("the process has not exited"))?;
     Ok((status.exit_status(), status.terminating_signal()))
 }
