@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::EvictionMetrics;
-use crate::observe::{SignalObservation, signal_observations};
+use crate::observe::{SignalObservation, allocatable_memory, signal_observations};
 use crate::pressure::{Breach, Evaluation, PressureState};
 use crate::rank::{Candidate, rank};
 use crate::signal::Signal;
@@ -412,21 +412,35 @@ impl<E: Evictor> EvictionManager<E> {
                 .map(|r| (r, host));
         }
         self.inline.as_ref()?;
-        let due: Vec<Signal> = self.due.iter().filter(|(_, at)| **at <= now).map(|(s, _)| *s).collect();
+        let mut due: Vec<Signal> = self.due.iter().filter(|(_, at)| **at <= now).map(|(s, _)| *s).collect();
+        // The two memory signals fall together: read as one, so that their polls stay in step.
+        let memory = [Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable];
+        if memory.iter().any(|s| due.contains(s)) {
+            due.extend(
+                memory.iter().filter(|s| !due.contains(s) && self.due.contains_key(s)).copied().collect::<Vec<_>>(),
+            );
+        }
         let cached = due.iter().all(|s| self.signals.contains_key(s));
-        (cached && !due.contains(&Signal::AllocatableMemoryAvailable)).then_some(due)
+        cached.then_some(due)
     }
 
-    /// Reads `due` on this thread: memory.available with one `pread` of the open `/proc/meminfo`, the others
-    /// with a `statvfs` or a read of `/proc/loadavg`. Returns what was read.
+    /// Reads `due` on this thread: memory.available with one `pread` of the open `/proc/meminfo`,
+    /// allocatableMemory.available with two reads of kubepods' files, the others with a `statvfs` or a read of
+    /// `/proc/loadavg`. Returns what was read.
     fn read_inline(&mut self, due: &[Signal]) -> Result<Vec<Signal>, CgroupError> {
-        let Some((meminfo, host)) = self.inline.as_mut() else { return Ok(Vec::new()) };
         let o = |available, capacity| SignalObservation { available, capacity };
         let mut read = Vec::new();
         if due.contains(&Signal::MemoryAvailable) {
+            let Some((meminfo, _)) = self.inline.as_mut() else { return Ok(Vec::new()) };
             let m = meminfo.read()?;
             read.push((Signal::MemoryAvailable, o(m.available, m.capacity)));
         }
+        if due.contains(&Signal::AllocatableMemoryAvailable) {
+            let working_set = self.view.kubepods_working_set()?;
+            read.push((Signal::AllocatableMemoryAvailable, allocatable_memory(&self.view.allocatable(), working_set)));
+            self.settle_memory_limit();
+        }
+        let Some((_, host)) = self.inline.as_ref() else { return Ok(Vec::new()) };
         // A PID or file system input that fails leaves its signals out (and names itself in /readyz); memory,
         // and the rest, are read as usual.
         let mut lost = Vec::new();
@@ -492,9 +506,14 @@ impl<E: Evictor> EvictionManager<E> {
         if let (Err(e), Some(o)) = (&read, &self.observer) {
             o.failed(e);
         }
-        // A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available). The
-        // ledger's lock and the write (a D-Bus call under the systemd driver) are waited for off this thread, one
-        // at a time.
+        self.settle_memory_limit();
+        read.map_err(|e| e.to_string())
+    }
+
+    /// A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available); each
+    /// read of that signal tries again. The ledger's lock and the write (a D-Bus call under the systemd driver)
+    /// are waited for off this thread, one at a time.
+    fn settle_memory_limit(&self) {
         if self.view.memory_max_pending() && !self.settling.swap(true, Ordering::SeqCst) {
             let (resources, settling) = (self.resources.clone(), self.settling.clone());
             self.tasks.spawn_blocking(move || {
@@ -505,12 +524,11 @@ impl<E: Evictor> EvictionManager<E> {
                 settling.store(false, Ordering::SeqCst);
             });
         }
-        read.map_err(|e| e.to_string())
     }
 
     /// One pass for a wake-up; returns the time until the next poll. A poll reads only the signals due, on this
-    /// thread and without the resources lock (memory.available is one `pread`); a full pass, a pass for any other
-    /// wake-up, and a poll with allocatableMemory.available due read every signal off the async threads.
+    /// thread and without the resources lock (memory.available is one `pread`); a full pass and a pass for any
+    /// other wake-up read every signal.
     async fn pass_on(&mut self, wake: Wake) -> Duration {
         // New settings show in the gauges at once.
         let reloaded = self.settings.has_changed().unwrap_or(false);

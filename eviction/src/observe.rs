@@ -25,10 +25,7 @@ pub fn signal_observations(obs: &Observations, alloc: &Allocatable) -> BTreeMap<
     let o = |available, capacity| SignalObservation { available, capacity };
     let mut out = BTreeMap::from([
         (Signal::MemoryAvailable, o(obs.memory.available, obs.memory.capacity)),
-        (
-            Signal::AllocatableMemoryAvailable,
-            o(alloc.enforced.memory.saturating_sub(obs.kubepods_working_set), alloc.enforced.memory),
-        ),
+        (Signal::AllocatableMemoryAvailable, allocatable_memory(alloc, obs.kubepods_working_set)),
     ]);
     // An input that could not be read gives no signal: its thresholds are neither met nor cleared this pass.
     for (f, bytes, inodes) in [
@@ -44,6 +41,12 @@ pub fn signal_observations(obs: &Observations, alloc: &Allocatable) -> BTreeMap<
         out.insert(Signal::PidAvailable, o(p.available, p.max));
     }
     out
+}
+
+/// `allocatableMemory.available`: enforced allocatable memory − the kubepods tree's working set.
+pub fn allocatable_memory(alloc: &Allocatable, kubepods_working_set: u64) -> SignalObservation {
+    let memory = alloc.enforced.memory;
+    SignalObservation { available: memory.saturating_sub(kubepods_working_set), capacity: memory }
 }
 
 #[cfg(test)]

@@ -90,6 +90,11 @@ impl LedgerView {
         &self.host
     }
 
+    /// The kubepods tree's working set now (`memory.current` − `inactive_file`), read without any lock.
+    pub fn kubepods_working_set(&self) -> Result<u64, CgroupError> {
+        observe::working_set(&self.fs, &self.kubepods)
+    }
+
     /// Fresh observations of the node and the kubepods tree (read without any lock).
     pub fn observe(&self) -> Result<Observations, CgroupError> {
         observe::observe_node(&self.host, &self.fs, &self.kubepods)

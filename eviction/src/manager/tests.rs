@@ -517,11 +517,13 @@ async fn shutdown_ends_the_loop_and_its_pending_eviction_tasks() {
 /// A hog ramping at 800 MiB/s toward a 100 MiB threshold, one poll at a time with time advanced by each period:
 /// the periods shrink as the ramp goes on, the passes between complete reads read memory alone, the crossing is
 /// seen within the shortest period, and once the hog is on its way out the loop polls at the settle period.
+/// allocatableMemory.available (as the kubelet derives it) is read inline too: kubepods' two files, not every signal.
 #[tokio::test(start_paused = true)]
 async fn a_ramp_is_polled_faster_and_faster_and_memory_alone_is_read_between() {
     let mut s = settings(
         &[
             (Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None),
+            (Signal::AllocatableMemoryAvailable, Amount::Quantity(100 * MIB), None),
             (Signal::PidAvailable, Amount::Quantity(10), None),
         ],
         &[],
@@ -537,7 +539,16 @@ async fn a_ramp_is_polled_faster_and_faster_and_memory_alone_is_read_between() {
         let v = (600.0 * MIB as f64 - fallen).max(0.0) as u64;
         v
     };
-    r.host.set_memory(1 << 30, available(start), available(start));
+    // kubepods' working set rises with the hog: allocatable's headroom is memory's.
+    let (kubepods, allocatable) = {
+        let m = r.resources.lock().unwrap();
+        (m.tree().kubepods.clone(), m.allocatable().enforced.memory)
+    };
+    let set = |r: &Rig, v: u64| {
+        r.host.set_memory(1 << 30, v, v);
+        r.host.set_usage(&kubepods, allocatable.saturating_sub(v), 0);
+    };
+    set(&r, available(start));
     let mut period = r.manager.pass_on(Wake::Poll).await;
     let mut periods = vec![period];
     let mut crossed_at = None;
@@ -549,7 +560,7 @@ async fn a_ramp_is_polled_faster_and_faster_and_memory_alone_is_read_between() {
             // When the signal went below: the moment between the two passes.
             crossed_at = Some(start + Duration::from_secs_f64((500.0 * MIB as f64) / rate));
         }
-        r.host.set_memory(1 << 30, v, v);
+        set(&r, v);
         // A process count the fast passes must not see.
         r.host.set_threads(200);
         period = r.manager.pass_on(Wake::Poll).await;
