@@ -400,9 +400,8 @@ impl<E: Evictor> EvictionManager<E> {
         self.pass_on(Wake::Config).await
     }
 
-    /// The signals a poll may read on the loop's thread, without the resources lock: those due now, when none
-    /// of them needs the cgroup tree (allocatableMemory.available reads kubepods' `memory.stat`). `None` when the
-    /// poll must read everything.
+    /// The signals a poll reads on the loop's thread, without the resources lock: those due now (once every
+    /// signal has been read in full). `None` when the poll must read everything.
     fn inline_reads(&mut self, now: Instant) -> Option<Vec<Signal>> {
         if self.inline.is_none() && !self.signals.is_empty() {
             let host = self.view.host().clone();
@@ -413,12 +412,17 @@ impl<E: Evictor> EvictionManager<E> {
         }
         self.inline.as_ref()?;
         let mut due: Vec<Signal> = self.due.iter().filter(|(_, at)| **at <= now).map(|(s, _)| *s).collect();
-        // The two memory signals fall together: read as one, so that their polls stay in step.
-        let memory = [Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable];
-        if memory.iter().any(|s| due.contains(s)) {
-            due.extend(
-                memory.iter().filter(|s| !due.contains(s) && self.due.contains_key(s)).copied().collect::<Vec<_>>(),
-            );
+        // The two memory signals usually fall together (pods take the memory): allocatable due brings memory along
+        // (one `pread`), and memory due brings allocatable along once it is past half its period, so that their
+        // polls stay in step without kubepods' `memory.stat` read on every poll of memory falling alone.
+        let (memory, allocatable) = (Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable);
+        let soon = |s: Signal| {
+            self.due.get(&s).is_some_and(|at| self.rates.last_read(s).is_none_or(|last| now - last >= (*at - last) / 2))
+        };
+        if due.contains(&allocatable) && !due.contains(&memory) && self.due.contains_key(&memory) {
+            due.push(memory);
+        } else if due.contains(&memory) && !due.contains(&allocatable) && soon(allocatable) {
+            due.push(allocatable);
         }
         let cached = due.iter().all(|s| self.signals.contains_key(s));
         cached.then_some(due)
@@ -435,16 +439,24 @@ impl<E: Evictor> EvictionManager<E> {
             let m = meminfo.read()?;
             read.push((Signal::MemoryAvailable, o(m.available, m.capacity)));
         }
-        if due.contains(&Signal::AllocatableMemoryAvailable) {
-            let working_set = self.view.kubepods_working_set()?;
-            read.push((Signal::AllocatableMemoryAvailable, allocatable_memory(&self.view.allocatable(), working_set)));
-            self.settle_memory_limit();
-        }
-        let Some((_, host)) = self.inline.as_ref() else { return Ok(Vec::new()) };
-        // A PID or file system input that fails leaves its signals out (and names itself in /readyz); memory,
-        // and the rest, are read as usual.
+        // A kubepods, PID or file system input that fails leaves its signals out (and names itself in /readyz);
+        // memory, and the rest, are read as usual.
         let mut lost = Vec::new();
         let mut inputs = Vec::new();
+        if due.contains(&Signal::AllocatableMemoryAvailable) {
+            match self.view.kubepods_working_set() {
+                Ok(ws) => {
+                    read.push((Signal::AllocatableMemoryAvailable, allocatable_memory(&self.view.allocatable(), ws)));
+                    inputs.push(("kubepods", None));
+                    self.settle_memory_limit();
+                }
+                Err(e) => {
+                    inputs.push(("kubepods", Some(e.to_string())));
+                    lost.push(Signal::AllocatableMemoryAvailable);
+                }
+            }
+        }
+        let Some((_, host)) = self.inline.as_ref() else { return Ok(Vec::new()) };
         if due.contains(&Signal::PidAvailable) {
             match pid_stats(host) {
                 Ok(p) => {
@@ -492,7 +504,7 @@ impl<E: Evictor> EvictionManager<E> {
             if !obs.unavailable.is_empty() {
                 tracing::warn!(inputs = ?obs.unavailable, "eviction inputs not answering; their signals are left out");
             }
-            let inputs: Vec<(&'static str, Option<String>)> = ["pids", "nodefs", "imagefs"]
+            let inputs: Vec<(&'static str, Option<String>)> = ["kubepods", "pids", "nodefs", "imagefs"]
                 .into_iter()
                 .map(|i| (i, obs.unavailable.iter().find(|(u, _)| *u == i).map(|(_, e)| e.clone())))
                 .collect();

@@ -357,8 +357,8 @@ impl ResourceManager {
     }
 
     /// Writes kubepods' pending `memory.max` once the pods' working set fits under it; true when written (or
-    /// nothing was pending). The eviction loop has it called off its thread after a read of every signal (under
-    /// the systemd driver it is a D-Bus call).
+    /// nothing was pending). The eviction loop has it called off its thread after each read of the kubepods
+    /// working set (under the systemd driver it is a D-Bus call).
     pub fn settle_memory_limit(&mut self) -> Result<bool, CgroupError> {
         let Some(wanted) = self.pending_memory_max else { return Ok(true) };
         let kubepods = self.tree.kubepods.clone();

@@ -52,6 +52,11 @@ impl Rates {
         self.last.insert(signal, (at, available));
     }
 
+    /// When `signal` was last read.
+    pub fn last_read(&self, signal: Signal) -> Option<Instant> {
+        self.last.get(&signal).map(|(t, _)| *t)
+    }
+
     /// Whether `signal` was just seen falling at least an eighth of its worst case (128 MiB/s for memory): a ramp
     /// toward a crossing, not a node holding steady near a threshold.
     pub fn falling_fast(&self, signal: Signal) -> bool {

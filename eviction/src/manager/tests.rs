@@ -519,7 +519,7 @@ async fn shutdown_ends_the_loop_and_its_pending_eviction_tasks() {
 /// seen within the shortest period, and once the hog is on its way out the loop polls at the settle period.
 /// allocatableMemory.available (as the kubelet derives it) is read inline too: kubepods' two files, not every signal.
 #[tokio::test(start_paused = true)]
-async fn a_ramp_is_polled_faster_and_faster_and_memory_alone_is_read_between() {
+async fn a_ramp_is_polled_faster_and_faster_and_the_memory_signals_alone_are_read_between() {
     let mut s = settings(
         &[
             (Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None),
@@ -671,4 +671,33 @@ async fn a_victim_that_ended_is_not_followed_by_another_on_a_reading_from_before
     r.manager.pass().await;
     settle().await;
     assert_eq!(r.evictor.victims(), ["writer", "quiet"]);
+}
+
+/// memory.available close to its threshold with the pods' memory flat (a process outside the pods takes it): the
+/// fast polls read memory, and kubepods' files only when allocatableMemory.available is itself nearly due.
+#[tokio::test(start_paused = true)]
+async fn memory_falling_alone_does_not_read_kubepods_on_every_poll() {
+    let mut s = settings(
+        &[
+            (Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None),
+            (Signal::AllocatableMemoryAvailable, Amount::Quantity(100 * MIB), None),
+        ],
+        &[],
+    );
+    s.poll_min = Duration::from_millis(1);
+    let mut r = rig(s, vec![(pod("quiet", None, json!({})), 10 * MIB, 1)]);
+    let kubepods = r.resources.lock().unwrap().tree().kubepods.clone();
+    r.host.set_usage(&kubepods, 10 * MIB, 0);
+    r.host.set_memory(1 << 30, 101 * MIB, 101 * MIB);
+    let mut period = r.manager.pass_on(Wake::Poll).await;
+    let allocatable = r.manager.signals[&Signal::AllocatableMemoryAvailable].available;
+    // The pods' usage moves; the memory polls must not be the ones to see it.
+    r.host.set_usage(&kubepods, 20 * MIB, 0);
+    for _ in 0..10 {
+        assert!(period <= Duration::from_millis(2), "memory is 1 MiB above its threshold: {period:?}");
+        tokio::time::advance(period).await;
+        period = r.manager.pass_on(Wake::Poll).await;
+        assert_eq!(r.manager.signals[&Signal::AllocatableMemoryAvailable].available, allocatable);
+    }
+    assert!(r.evictor.victims().is_empty());
 }
