@@ -252,15 +252,19 @@ fn config(root: &CgroupPath) -> ResourceConfig {
     ResourceConfig { memory_qos: true, ..ResourceConfig::new(root.clone()) }
 }
 
+/// A resource manager for the bench's root in the real cgroup tree, its tree set up.
+fn manager(config: ResourceConfig) -> Result<ResourceManager> {
+    let mut m = ResourceManager::new(CgroupFs::new("/sys/fs/cgroup", root()), HostPaths::default(), config)?;
+    m.setup()?;
+    Ok(m)
+}
+
 fn root() -> CgroupPath {
     CgroupPath::parse(ROOT).unwrap_or_else(|_| CgroupPath::root())
 }
 
 fn place_pods(n: usize) -> Result<()> {
-    let root = root();
-    let mut m =
-        ResourceManager::new(CgroupFs::new("/sys/fs/cgroup", root.clone()), HostPaths::default(), config(&root))?;
-    m.setup()?;
+    let mut m = manager(config(&root()))?;
     for i in 0..n {
         let resources = match i % 3 {
             0 => serde_json::json!({"limits": {"cpu": "10m", "memory": "4Mi"}}),

@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_proto::v1::{CreateContainerRequest, RunPodSandboxRequest};
-use nodewarden_resources::{CgroupFs, HostPaths, Placement, ResourceConfig, ResourceManager};
+use nodewarden_resources::{Placement, ResourceConfig};
 use nodewarden_sync::cri::{CriClient, container_config, sandbox_config};
 use nodewarden_sync::{PodContext, PodIps, container_spec, sandbox_spec};
 
-use crate::{remove_tree, root};
+use crate::{manager, remove_tree, root};
 
 /// The node name the daemon runs with (`StaticNode`), which static pod names end in.
 const NODE: &str = "bench";
@@ -64,11 +64,8 @@ pub fn run(endpoint: &str, n: usize, manifest: impl Fn(&str) -> String) -> Resul
 }
 
 fn run_in(endpoint: &str, n: usize, manifest: &dyn Fn(&str) -> String, dir: &Path) -> Result<Vec<BareStart>> {
-    let root = root();
     // As the daemon configures it for a CRI runtime: containerd makes the container cgroups itself.
-    let config = ResourceConfig { container_cgroups: false, ..ResourceConfig::new(root.clone()) };
-    let mut resources = ResourceManager::new(CgroupFs::new("/sys/fs/cgroup", root), HostPaths::default(), config)?;
-    resources.setup()?;
+    let mut resources = manager(ResourceConfig { container_cgroups: false, ..ResourceConfig::new(root()) })?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let client = rt.block_on(connect(endpoint))?;
     let log_root = dir.join("logs");

@@ -7,10 +7,10 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_resources::{CgroupFs, HostPaths, ResourceManager};
+use nodewarden_resources::ResourceManager;
 
 use super::{Agent, Kind, MEMORY_THRESHOLD, MIB, Scenario};
-use crate::{Guard, ROOT, config, get, pods, remove_tree, root, wait, write};
+use crate::{Guard, ROOT, config, get, manager, pods, remove_tree, root, wait, write};
 
 /// One pod of a scenario.
 pub struct PodDef {
@@ -93,10 +93,7 @@ impl Node {
         threshold: f64,
     ) -> Result<Self> {
         if !agent.daemon() {
-            let mut manager =
-                ResourceManager::new(CgroupFs::new("/sys/fs/cgroup", root()), HostPaths::default(), config(&root()))?;
-            manager.setup()?;
-            return Ok(Node::Direct { manager: Box::new(manager), children: Vec::new() });
+            return Ok(Node::Direct { manager: Box::new(manager(config(&root()))?), children: Vec::new() });
         }
         let manifests = base.join("manifests");
         std::fs::create_dir_all(&manifests)?;

@@ -119,20 +119,8 @@ impl ProcessRuntime {
             finished_at: now,
         };
         let (_tx, rx) = watch::channel(Some(info));
-        self.containers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id.clone(), Entry { pidfd: None, exit: rx, spec: spec.clone() });
+        register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, spec: spec.clone() });
         Started { id, pid: 0, started_at: now }
-    }
-
-    fn oom_kills(&self, cg: &CgroupPath) -> u64 {
-        self.fs.read_flat_keyed(cg, "memory.events").ok().and_then(|m| m.get("oom_kill").copied()).unwrap_or(0)
-    }
-
-    fn insert(&self, id: &str, pidfd: Option<OwnedFd>, exit: watch::Receiver<Option<ExitInfo>>, spec: &ContainerSpec) {
-        let entry = Entry { pidfd, exit, spec: spec.clone() };
-        self.containers.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned(), entry);
     }
 
     /// Sends `signal` to the container's main process unless it has exited; returns its exit watch.
@@ -151,6 +139,16 @@ impl ProcessRuntime {
             Err(e) => Err(RuntimeError::Other(format!("cannot signal container {id}: {e}"))),
         }
     }
+}
+
+/// Records container `id` in the runtime's map.
+fn register(containers: &Mutex<HashMap<String, Entry>>, id: String, entry: Entry) {
+    containers.lock().unwrap_or_else(PoisonError::into_inner).insert(id, entry);
+}
+
+/// The OOM kills counted in a cgroup's `memory.events` (0 when it cannot be read).
+fn oom_kills(fs: &CgroupFs, cg: &CgroupPath) -> u64 {
+    fs.read_flat_keyed(cg, "memory.events").ok().and_then(|m| m.get("oom_kill").copied()).unwrap_or(0)
 }
 
 fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
@@ -181,8 +179,7 @@ async fn watch_exit(
             (START_FAILED, None)
         }
     };
-    let oom = fs.read_flat_keyed(&cgroup, "memory.events").ok().and_then(|m| m.get("oom_kill").copied());
-    let oom_killed = oom.is_some_and(|n| n > oom_before);
+    let oom_killed = oom_kills(&fs, &cgroup) > oom_before;
     let _ = tx.send(Some(ExitInfo {
         exit_code,
         signal,
@@ -228,7 +225,7 @@ impl Runtime for ProcessRuntime {
         let id = container_id(spec);
         let log = OwnedFd::from(open_log(&spec.log_path)?);
         let err_log = log.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
-        let oom_before = self.oom_kills(&spec.cgroup);
+        let oom_before = oom_kills(&self.fs, &spec.cgroup);
         let req = self.request(spec, &argv);
         let prepared = self.within_root(spec).and_then(|()| req.spawn(log, err_log).map_err(RuntimeError::Start));
         let prepared = match prepared {
@@ -252,8 +249,7 @@ impl Runtime for ProcessRuntime {
                 .try_clone()
                 .inspect_err(|e| tracing::warn!(container_id = %registered, error = %e, "cannot keep a pidfd to signal the container"))
                 .ok();
-            let entry = Entry { pidfd: kept, exit: rx, spec: owned };
-            containers.lock().unwrap_or_else(PoisonError::into_inner).insert(registered, entry);
+            register(&containers, registered, Entry { pidfd: kept, exit: rx, spec: owned });
             tokio::spawn(watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
             Ok::<_, std::io::Error>((child.pid, started_at))
         })
@@ -276,7 +272,7 @@ impl Runtime for ProcessRuntime {
         let (tx, rx) = watch::channel(None);
         let pidfd =
             Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
-        self.insert(&id, pidfd, rx, spec);
+        register(&self.containers, id.clone(), Entry { pidfd, exit: rx, spec: spec.clone() });
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
             map.get(&id).and_then(|e| e.pidfd.as_ref().and_then(|fd| fd.try_clone().ok()))
@@ -289,14 +285,13 @@ impl Runtime for ProcessRuntime {
         let started_at = Timestamp::now();
         let fs = self.fs.clone();
         let cgroup = spec.cgroup.clone();
-        let oom_before = self.oom_kills(&spec.cgroup);
+        let oom_before = oom_kills(&self.fs, &spec.cgroup);
         tokio::spawn(async move {
             // Not a child of this daemon, so its exit status is not ours to collect: a pidfd tells when it ended.
             if let Err(e) = sys::pidfd_exited(pidfd).await {
                 tracing::warn!(error = %e, "cannot watch an adopted container; treating it as exited");
             }
-            let oom = fs.read_flat_keyed(&cgroup, "memory.events").ok().and_then(|m| m.get("oom_kill").copied());
-            let (exit_code, reason, message) = if oom.is_some_and(|n| n > oom_before) {
+            let (exit_code, reason, message) = if oom_kills(&fs, &cgroup) > oom_before {
                 (137, "OOMKilled", None)
             } else {
                 (

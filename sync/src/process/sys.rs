@@ -405,21 +405,17 @@ impl Spawn {
 /// Waits for the exit of a process started by [`Spawn::spawn`] and collects it: its exit code, or the signal that
 /// ended it.
 pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<(Option<i32>, Option<i32>)> {
+    use rustix::process::{WaitId, WaitIdOptions, waitid};
     let exited = match pidfd.try_clone() {
         Ok(fd) => pidfd_exited(fd).await,
         Err(e) => Err(e),
     };
-    let options = if exited.is_ok() {
-        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG
-    } else {
+    let status = match exited {
+        Ok(()) => waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED | WaitIdOptions::NOHANG)?,
         // It cannot be watched: a blocking wait, off the async threads, so that it is still collected.
-        rustix::process::WaitIdOptions::EXITED
-    };
-    let collect = move || rustix::process::waitid(rustix::process::WaitId::PidFd(pidfd.as_fd()), options);
-    let status = if exited.is_ok() {
-        collect()?
-    } else {
-        tokio::task::spawn_blocking(collect).await.map_err(std::io::Error::other)??
+        Err(_) => tokio::task::spawn_blocking(move || waitid(WaitId::PidFd(pidfd.as_fd()), WaitIdOptions::EXITED))
+            .await
+            .map_err(std::io::Error::other)??,
     };
     let status = status.ok_or_else(|| std::io::Error::other("the process has not exited"))?;
     Ok((status.exit_status(), status.terminating_signal()))
