@@ -6,7 +6,7 @@
 //! threshold met and acted on (victims on their way, or nothing left to evict) is looked at every
 //! [`SETTLE_POLL`]; a soft threshold waiting out its grace period, when the grace runs out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -31,17 +31,28 @@ pub fn drain_rate(signal: Signal) -> f64 {
     }
 }
 
-/// How fast each signal fell between its last two reads (per second; 0 when it rose or held).
+/// The shortest span a fall is measured over. The kernel moves its counters in steps (`MemAvailable` by a few MiB
+/// at a time), so two reads a millisecond apart on a steady ramp often show no fall at all; measured against a read
+/// at least this much older, the ramp shows.
+pub const RATE_SPAN: Duration = Duration::from_millis(50);
+
+/// How fast each signal fell over its last [`RATE_SPAN`] of reads (per second; 0 when it rose or held).
 #[derive(Debug, Default)]
 pub struct Rates {
-    last: BTreeMap<Signal, (Instant, u64)>,
+    /// Per signal, the reads of the last [`RATE_SPAN`] and the newest one before them, oldest first.
+    reads: BTreeMap<Signal, VecDeque<(Instant, u64)>>,
     rates: BTreeMap<Signal, f64>,
 }
 
 impl Rates {
     /// Records a read of `signal` at `at`.
     pub fn record(&mut self, signal: Signal, at: Instant, available: u64) {
-        if let Some((t, v)) = self.last.get(&signal) {
+        let reads = self.reads.entry(signal).or_default();
+        // The newest read at least RATE_SPAN old stays as the base to measure from.
+        while reads.get(1).is_some_and(|(t, _)| at.saturating_duration_since(*t) >= RATE_SPAN) {
+            reads.pop_front();
+        }
+        if let Some((t, v)) = reads.front() {
             let dt = at.saturating_duration_since(*t).as_secs_f64();
             if dt > 0.0 {
                 #[allow(clippy::cast_precision_loss)]
@@ -49,12 +60,12 @@ impl Rates {
                 self.rates.insert(signal, fell / dt);
             }
         }
-        self.last.insert(signal, (at, available));
+        reads.push_back((at, available));
     }
 
     /// When `signal` was last read.
     pub fn last_read(&self, signal: Signal) -> Option<Instant> {
-        self.last.get(&signal).map(|(t, _)| *t)
+        self.reads.get(&signal).and_then(|r| r.back()).map(|(t, _)| *t)
     }
 
     /// Whether `signal` was just seen falling at least an eighth of its worst case (128 MiB/s for memory): a ramp

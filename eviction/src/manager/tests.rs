@@ -599,6 +599,26 @@ fn the_planned_rate_is_twice_the_observed_fall_when_that_beats_the_worst_case() 
     assert!((rates.planning(s) - schedule::drain_rate(s)).abs() < 1.0);
 }
 
+#[test]
+fn a_ramp_in_the_kernels_steps_is_seen_falling_between_the_steps() {
+    // memory.available moves 4 MiB at a time, every 10 ms (400 MiB/s), read every millisecond: most reads show
+    // the same value as the one before, and the ramp must still show on each of them.
+    let mut rates = Rates::default();
+    let t = Instant::now();
+    let s = Signal::MemoryAvailable;
+    for ms in 0..200u64 {
+        rates.record(s, t + Duration::from_millis(ms), 1024 * MIB - (ms / 10) * 4 * MIB);
+        if ms >= 10 {
+            assert!(rates.falling_fast(s), "at {ms} ms");
+        }
+    }
+    // Held for longer than the span: no longer falling.
+    for ms in 200..260u64 {
+        rates.record(s, t + Duration::from_millis(ms), 1024 * MIB - 19 * 4 * MIB);
+    }
+    assert!(!rates.falling_fast(s));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_config_change_is_acted_on_at_once_not_after_the_event_interval() {
     let r = rig(

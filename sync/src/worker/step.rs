@@ -217,13 +217,14 @@ impl Lifecycle {
                         c.state = ContainerState::Pending;
                     }
                 }
-                out.extend([Action::Abandon, Action::MarkTerminating]);
+                out.push(Action::Abandon);
                 self.begin_termination(reason, deadline, now, out);
             }
         }
     }
 
-    /// From a placed pod: SIGTERM what runs, or clean up at once when nothing does.
+    /// From a placed pod: SIGTERM what runs, or clean up at once when nothing does. The signals go out before the
+    /// resource manager hears of the termination (an eviction waits for them, on a node short of memory).
     fn begin_termination(&mut self, reason: Reason, deadline: Instant, now: Instant, out: &mut Vec<Action>) {
         let ids = self.running_ids();
         if ids.is_empty() || deadline <= now {
@@ -235,6 +236,7 @@ impl Lifecycle {
             self.state = PodState::Terminating { reason, deadline, stage: Stage::Stopping };
             out.push(Action::StopAll { ids, deadline });
         }
+        out.push(Action::MarkTerminating);
         self.advance(now, out);
     }
 
@@ -384,7 +386,6 @@ impl Lifecycle {
 
     /// The pod ended on its own: stop what is left (sidecars) within its grace period, then clean up.
     fn finish(&mut self, terminal: Terminal, now: Instant, out: &mut Vec<Action>) {
-        out.push(Action::MarkTerminating);
         let deadline = after(now, self.grace);
         self.begin_termination(Reason::Completed(terminal), deadline, now, out);
     }

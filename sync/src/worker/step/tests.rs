@@ -87,8 +87,8 @@ fn transitions() {
             stopping(evicted()),
             vec![
                 Action::Abandon,
-                Action::MarkTerminating,
                 Action::StopAll { ids: vec!["c1".into()], deadline: secs(10) },
+                Action::MarkTerminating,
             ],
         ),
         (
@@ -98,8 +98,8 @@ fn transitions() {
             stopping(Reason::Deleted),
             vec![
                 Action::Abandon,
-                Action::MarkTerminating,
                 Action::StopAll { ids: vec!["c2".into()], deadline: secs(10) },
+                Action::MarkTerminating,
             ],
         ),
         (
@@ -301,7 +301,7 @@ fn a_grace_period_near_i64_max_does_not_overflow() {
     p.containers[0].state = running("c1", now);
     let (p, actions) = step(p, Input::Terminate { grace: None, reason: Reason::Deleted }, now);
     assert_eq!(p.state, terminating(Reason::Deleted, now + MAX_GRACE, Stage::Stopping));
-    assert_eq!(actions.last(), Some(&Action::StopAll { ids: vec!["c1".into()], deadline: now + MAX_GRACE }));
+    assert_eq!(actions[1], Action::StopAll { ids: vec!["c1".into()], deadline: now + MAX_GRACE });
     // An eviction's grace period is cut the same way.
     let (p, _) = step(p, Input::Terminate { grace: Some(Duration::MAX), reason: evicted() }, now);
     assert_eq!(p.state, terminating(Reason::Deleted, now + MAX_GRACE, Stage::Stopping));
