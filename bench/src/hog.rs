@@ -1,16 +1,19 @@
 //! `hog`: the benchmark's workload, run as a pod. It grows memory, processes or files at a set rate, and on
-//! SIGTERM writes the moment it was delivered (CLOCK_MONOTONIC, seconds) to a file and exits, so the harness can
-//! measure threshold crossing → SIGTERM without waiting for the process to die.
+//! SIGTERM writes the moment it was delivered (its handler's CLOCK_MONOTONIC, seconds) and the moment a thread of
+//! the hog was woken by it to a file and exits, so the harness can measure threshold crossing → SIGTERM without
+//! waiting for the process to die.
 //!
 //! Beside the SIGTERM file (`--term-file`) it writes `<term-file>.ready` once its handler is installed and
 //! `<term-file>.done` once its steps are done; with `--go-file` it starts growing only once that file exists, so
 //! the harness can start every agent's measurement window at the same point.
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::fd::IntoRawFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 /// What to grow.
 #[derive(Debug, Clone, clap::Args)]
@@ -57,23 +60,54 @@ pub fn monotonic() -> f64 {
     s
 }
 
-/// Records SIGTERM's delivery on a thread of its own, then exits with 143.
+/// When the SIGTERM handler ran (CLOCK_MONOTONIC, ns); 0 until it has.
+static DELIVERED_NS: AtomicU64 = AtomicU64::new(0);
+/// The write end of the pipe through which the handler wakes the watcher thread; -1 until it exists.
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The SIGTERM handler: notes the time and wakes the watcher thread (both async-signal-safe).
+#[allow(unsafe_code)]
+extern "C" fn on_sigterm(_: libc::c_int) {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let ns = u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0);
+    let _ = DELIVERED_NS.compare_exchange(0, ns, Ordering::SeqCst, Ordering::SeqCst);
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: `fd` is the pipe's write end, open for the life of the process; the buffer is one valid byte.
+        unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
+    }
+}
+
+/// Records SIGTERM's delivery: the handler notes when it ran (the delivery), and a thread of its own, woken by
+/// the handler, writes that and its own time (when the process could act on it) to `term_file`, then exits with
+/// 143.
 fn watch_sigterm(term_file: PathBuf) -> Result<()> {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (read, write) = rustix::pipe::pipe().context("pipe")?;
+    WAKE_FD.store(write.into_raw_fd(), Ordering::SeqCst);
+    // SAFETY: the action is fully initialised (an empty mask, no flags but SA_RESTART) and the handler only makes
+    // async-signal-safe calls.
+    #[allow(unsafe_code)]
+    let installed = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&raw mut action.sa_mask);
+        libc::sigaction(libc::SIGTERM, &raw const action, std::ptr::null_mut())
+    };
+    if installed != 0 {
+        bail!("cannot install the SIGTERM handler: {}", std::io::Error::last_os_error());
+    }
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
-        let Ok(rt) = rt else { return };
-        rt.block_on(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let Ok(mut term) = signal(SignalKind::terminate()) else { return };
-            let _ = ready_tx.send(());
-            term.recv().await;
-            let at = monotonic();
-            let _ = std::fs::write(&term_file, format!("{at:.6}\n"));
-            std::process::exit(143);
-        });
+        let mut pipe = std::fs::File::from(read);
+        let mut byte = [0u8; 1];
+        let _ = pipe.read(&mut byte);
+        let handled = monotonic();
+        #[allow(clippy::cast_precision_loss)]
+        let delivered = DELIVERED_NS.load(Ordering::SeqCst) as f64 / 1e9;
+        let _ = std::fs::write(&term_file, format!("{delivered:.6} {handled:.6}\n"));
+        std::process::exit(143);
     });
-    ready_rx.recv_timeout(Duration::from_secs(10)).context("cannot install the SIGTERM handler")
+    Ok(())
 }
 
 /// Runs the hog until killed.

@@ -28,8 +28,12 @@ pub struct Outcome {
     pub oom_kills: Vec<String>,
     /// Pods that got SIGTERM, by time.
     pub sigterms: Vec<(f64, String)>,
-    /// Crossing (the agent's own signal) → SIGTERM delivered, ms.
+    /// Crossing (the agent's own signal) → SIGTERM delivered (the victim's handler ran), ms.
     pub latency_ms: Option<f64>,
+    /// Crossing → a thread of the victim, woken by its handler, ran, ms: what sessions before the seventh measured
+    /// as the delivery.
+    #[serde(default)]
+    pub handled_ms: Option<f64>,
     /// The daemon's own view: the pass's observation → SIGTERM sent (from `/evictions`), ms.
     pub decision_ms: Option<f64>,
     /// Crossing → the daemon's eviction record (the victim chosen; its wall-clock time moved to this clock), ms.
@@ -310,11 +314,15 @@ pub fn one_run(
     let guaranteed_ok = (sc.kind == Kind::Memory).then(|| node.running(&["guaranteed"])[0]);
     let uids = node.uids();
     let oom_kills: Vec<String> = oom_kill_lines().iter().skip(kills_before).map(|l| killed_pod(l, &uids)).collect();
-    let mut sigterms: Vec<(f64, String)> = workload
+    // Each victim's file: when its handler ran, then when its thread woken by the handler ran.
+    let mut sigterms: Vec<(f64, f64, String)> = workload
         .iter()
         .filter_map(|p| {
             let text = std::fs::read_to_string(term(&p.name)).ok()?;
-            Some((text.trim().parse::<f64>().ok()?, p.name.clone()))
+            let mut times = text.split_whitespace().map(str::parse::<f64>);
+            let delivered = times.next()?.ok()?;
+            let handled = times.next().and_then(Result::ok).unwrap_or(delivered);
+            Some((delivered, handled, p.name.clone()))
         })
         .collect();
     sigterms.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -342,7 +350,11 @@ pub fn one_run(
     let after: Vec<&Sample> = samples.iter().filter(|s| s.t >= t0).collect();
     let crossing = after.iter().find(|s| value(s) < threshold).map(|s| s.t);
     let latency_ms = match (crossing, sigterms.first()) {
-        (Some(c), Some((t, _))) => Some((t - c) * 1000.0),
+        (Some(c), Some((t, _, _))) => Some((t - c) * 1000.0),
+        _ => None,
+    };
+    let handled_ms = match (crossing, sigterms.first()) {
+        (Some(c), Some((_, t, _))) => Some((t - c) * 1000.0),
         _ => None,
     };
     let decided_ms = crossing.zip(decided).map(|(c, d)| (d - c) * 1000.0);
@@ -363,8 +375,9 @@ pub fn one_run(
     Ok(Outcome {
         scenario: sc.key,
         oom_kills,
-        sigterms: sigterms.into_iter().map(|(t, p)| (t - t0, p)).collect(),
+        sigterms: sigterms.into_iter().map(|(t, _, p)| (t - t0, p)).collect(),
         latency_ms,
+        handled_ms,
         decision_ms,
         decided_ms,
         min_available,

@@ -154,12 +154,14 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, out: &
                 let o = measure::one_run(sc, agent, nodewarden, r == 1, logs.as_deref())
                     .with_context(|| format!("{} with {}, run {r}", sc.title, agent.name()))?;
                 eprintln!(
-                    "{} | {} | run {r}: victim {}, latency {} ms (crossing → decided {} ms, decision → SIGTERM {} ms), \
-                     OOM kills {}, min {:.0}, cpu {} %, wake-ups {}, major faults {}, daemon memory stall {} ms",
+                    "{} | {} | run {r}: victim {}, latency {} ms (to its woken thread {} ms; crossing → decided {} ms, \
+                     decision → SIGTERM {} ms), OOM kills {}, min {:.0}, cpu {} %, wake-ups {}, major faults {}, \
+                     daemon memory stall {} ms",
                     sc.key,
                     agent.name(),
                     o.victim(),
                     report::fmt_opt(o.latency_ms, 1),
+                    report::fmt_opt(o.handled_ms, 1),
                     report::fmt_opt(o.decided_ms, 1),
                     report::fmt_opt(o.decision_ms, 1),
                     o.oom_kills.len(),
