@@ -65,16 +65,20 @@ static DELIVERED_NS: AtomicU64 = AtomicU64::new(0);
 /// The write end of the pipe through which the handler wakes the watcher thread; -1 until it exists.
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
-/// The SIGTERM handler: notes the time and wakes the watcher thread (both async-signal-safe).
+/// The SIGTERM handler: notes the time and wakes the watcher thread. Only async-signal-safe calls: the C
+/// library's `clock_gettime` (rustix's sets itself up on first use, which may allocate) and a raw `write`, which
+/// leaves `errno` alone.
 #[allow(unsafe_code)]
 extern "C" fn on_sigterm(_: libc::c_int) {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec on this stack; clock_gettime is async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) };
     let ns = u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0);
     let _ = DELIVERED_NS.compare_exchange(0, ns, Ordering::SeqCst, Ordering::SeqCst);
     let fd = WAKE_FD.load(Ordering::SeqCst);
     if fd >= 0 {
-        // SAFETY: `fd` is the pipe's write end, open for the life of the process; the buffer is one valid byte.
-        unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
+        // SAFETY: `fd` is the pipe's write end, open for the life of the process.
+        let _ = rustix::io::write(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }, &[1]);
     }
 }
 
@@ -82,7 +86,9 @@ extern "C" fn on_sigterm(_: libc::c_int) {
 /// the handler, writes that and its own time (when the process could act on it) to `term_file`, then exits with
 /// 143.
 fn watch_sigterm(term_file: PathBuf) -> Result<()> {
-    let (read, write) = rustix::pipe::pipe().context("pipe")?;
+    // The clock the watcher thread reads sets itself up now, not on the signal's path.
+    let _ = monotonic();
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).context("pipe")?;
     WAKE_FD.store(write.into_raw_fd(), Ordering::SeqCst);
     // SAFETY: the action is fully initialised (an empty mask, no flags but SA_RESTART) and the handler only makes
     // async-signal-safe calls.

@@ -59,9 +59,9 @@ pub struct EvictionSettings {
 /// eviction counts as failed and the victim is skipped.
 pub const SIGTERM_SLACK: Duration = Duration::from_secs(5);
 
-/// How long the loop waits for the victims' SIGTERMs to go out before it logs and records the eviction: long
-/// enough for a pod without preStop hooks, whose worker signals at once; a pod whose hooks run first is waited for
-/// in the background.
+/// How long a pass waits for its victims' SIGTERMs to go out before it logs and records the evictions and tells
+/// admission: long enough for a pod without preStop hooks, whose worker signals at once; a pod whose hooks run
+/// first is waited for in the background.
 pub const SIGTERM_WAIT: Duration = Duration::from_millis(20);
 
 /// The first back-off of a victim whose eviction failed; it doubles on each failure up to [`MAX_VICTIM_BACKOFF`].
@@ -590,9 +590,11 @@ impl<E: Evictor> EvictionManager<E> {
         self.in_flight.retain(|_, f| f.until > observed_at);
         let evaluation =
             self.state.evaluate(observed_at, &settings.thresholds, &self.signals, settings.transition_period);
-        // Evictions first: admission hears of the new conditions right after, off the path to SIGTERM.
+        // Evictions first: admission hears of the new conditions once their SIGTERMs went out (within
+        // SIGTERM_WAIT, one deadline for the whole pass), off the path to SIGTERM.
+        let signal_by = Instant::now() + SIGTERM_WAIT;
         for breach in &evaluation.act {
-            self.act(breach, observed_at, &settings).await;
+            self.act(breach, observed_at, signal_by, &settings).await;
         }
         self.set_pressure(evaluation.pressure);
         // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
@@ -687,7 +689,7 @@ impl<E: Evictor> EvictionManager<E> {
         }
     }
 
-    async fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) {
+    async fn act(&mut self, breach: &Breach, observed_at: Instant, signal_by: Instant, settings: &EvictionSettings) {
         let signal = breach.threshold.signal;
         let condition = signal.condition();
         let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
@@ -744,7 +746,7 @@ impl<E: Evictor> EvictionManager<E> {
         // Handed over before anything else; then the loop sleeps until the SIGTERMs went out (for a bounded time),
         // so that on a node short of CPU this thread does not compete with the workers that send them. The log
         // lines, the records and the metrics come after.
-        let decided = jiff::Timestamp::now();
+        let (decided, age) = (jiff::Timestamp::now(), observed_at.elapsed());
         let mut handed: Vec<(Candidate, Duration, String, Result<Eviction, String>)> = select(signal, &ranked, needed)
             .into_iter()
             .map(|victim| {
@@ -754,11 +756,10 @@ impl<E: Evictor> EvictionManager<E> {
                 (victim, grace, message, requested)
             })
             .collect();
-        let until = Instant::now() + SIGTERM_WAIT;
         let mut sent = Vec::with_capacity(handed.len());
         for (_, _, _, requested) in &mut handed {
             let early = match requested {
-                Ok(e) => tokio::time::timeout_at(until, &mut e.signalled).await.ok(),
+                Ok(e) => tokio::time::timeout_at(signal_by, &mut e.signalled).await.ok(),
                 Err(_) => None,
             };
             sent.push(early);
@@ -779,7 +780,7 @@ impl<E: Evictor> EvictionManager<E> {
                 "evicting pod"
             );
             self.metrics.evictions.with_label_values(&[signal.as_str()]).inc();
-            self.metrics.stats_age.with_label_values(&[signal.as_str()]).observe(observed_at.elapsed().as_secs_f64());
+            self.metrics.stats_age.with_label_values(&[signal.as_str()]).observe(age.as_secs_f64());
             let id = self.status.record(EvictionRecord {
                 time: decided,
                 pod: victim.name.clone(),

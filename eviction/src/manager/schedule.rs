@@ -39,7 +39,8 @@ pub const RATE_SPAN: Duration = Duration::from_millis(50);
 /// How fast each signal fell over its last [`RATE_SPAN`] of reads (per second; 0 when it rose or held).
 #[derive(Debug, Default)]
 pub struct Rates {
-    /// Per signal, the reads of the last [`RATE_SPAN`] and the newest one before them, oldest first.
+    /// Per signal, the reads since the last rise, of the last [`RATE_SPAN`] and the newest one before them,
+    /// oldest first.
     reads: BTreeMap<Signal, VecDeque<(Instant, u64)>>,
     rates: BTreeMap<Signal, f64>,
 }
@@ -48,6 +49,11 @@ impl Rates {
     /// Records a read of `signal` at `at`.
     pub fn record(&mut self, signal: Signal, at: Instant, available: u64) {
         let reads = self.reads.entry(signal).or_default();
+        // A rise (memory freed) starts the window again: a fall after it is measured from it.
+        if reads.back().is_some_and(|(_, v)| *v < available) {
+            reads.clear();
+            self.rates.insert(signal, 0.0);
+        }
         // The newest read at least RATE_SPAN old stays as the base to measure from.
         while reads.get(1).is_some_and(|(t, _)| at.saturating_duration_since(*t) >= RATE_SPAN) {
             reads.pop_front();

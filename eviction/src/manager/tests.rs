@@ -617,6 +617,11 @@ fn a_ramp_in_the_kernels_steps_is_seen_falling_between_the_steps() {
         rates.record(s, t + Duration::from_millis(ms), 1024 * MIB - 19 * 4 * MIB);
     }
     assert!(!rates.falling_fast(s));
+    // Memory freed, then a fall again: measured from the rise, not from before it.
+    rates.record(s, t + Duration::from_millis(270), 1024 * MIB);
+    assert!(!rates.falling_fast(s));
+    rates.record(s, t + Duration::from_millis(280), 1020 * MIB);
+    assert!(rates.falling_fast(s), "4 MiB in 10 ms after the rise");
 }
 
 #[tokio::test(start_paused = true)]
