@@ -42,6 +42,8 @@ fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
 struct Entry {
     pidfd: Option<OwnedFd>,
     exit: watch::Receiver<Option<ExitInfo>>,
+    /// SIGTERM went out: a container is sent its stop signal once.
+    term_sent: bool,
     /// What a command run in the container needs: its cgroup, user, environment and mounts.
     spec: ContainerSpec,
 }
@@ -119,21 +121,22 @@ impl ProcessRuntime {
             finished_at: now,
         };
         let (_tx, rx) = watch::channel(Some(info));
-        register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, spec: spec.clone() });
+        register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, term_sent: false, spec: spec.clone() });
         Started { id, pid: 0, started_at: now }
     }
 
     /// Sends `signal` to the container's main process unless it has exited; returns its exit watch.
     fn signal(&self, id: &str, signal: Signal) -> Result<watch::Receiver<Option<ExitInfo>>, RuntimeError> {
-        let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.get(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
-        if entry.exit.borrow().is_some() {
+        let mut map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.get_mut(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        if entry.exit.borrow().is_some() || (signal == Signal::TERM && entry.term_sent) {
             return Ok(entry.exit.clone());
         }
         let fd = entry.pidfd.as_ref().ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
         match pidfd_send_signal(fd, signal) {
             Ok(()) | Err(rustix::io::Errno::SRCH) => {
                 tracing::debug!(container_id = %id, ?signal, "signal sent");
+                entry.term_sent |= signal == Signal::TERM;
                 Ok(entry.exit.clone())
             }
             Err(e) => Err(RuntimeError::Other(format!("cannot signal container {id}: {e}"))),
@@ -249,7 +252,7 @@ impl Runtime for ProcessRuntime {
                 .try_clone()
                 .inspect_err(|e| tracing::warn!(container_id = %registered, error = %e, "cannot keep a pidfd to signal the container"))
                 .ok();
-            register(&containers, registered, Entry { pidfd: kept, exit: rx, spec: owned });
+            register(&containers, registered, Entry { pidfd: kept, exit: rx, term_sent: false, spec: owned });
             tokio::spawn(watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
             Ok::<_, std::io::Error>((child.pid, started_at))
         })
@@ -272,7 +275,7 @@ impl Runtime for ProcessRuntime {
         let (tx, rx) = watch::channel(None);
         let pidfd =
             Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
-        register(&self.containers, id.clone(), Entry { pidfd, exit: rx, spec: spec.clone() });
+        register(&self.containers, id.clone(), Entry { pidfd, exit: rx, term_sent: false, spec: spec.clone() });
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
             map.get(&id).and_then(|e| e.pidfd.as_ref().and_then(|fd| fd.try_clone().ok()))
@@ -330,6 +333,10 @@ impl Runtime for ProcessRuntime {
             }
         }
         self.signal(id, Signal::KILL).map(drop)
+    }
+
+    fn signal_stop_now(&self, id: &str) -> bool {
+        self.signal(id, Signal::TERM).is_ok()
     }
 
     async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
