@@ -388,3 +388,63 @@ impl Runtime for ProcessRuntime {
         self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{LinuxResources, PullPolicy};
+
+    #[tokio::test]
+    async fn a_container_signalled_at_once_is_not_signalled_again_by_its_stop_which_still_kills() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("nw/podu/app")).unwrap();
+        std::fs::write(dir.path().join("nw/podu/app/cgroup.procs"), "").unwrap();
+        let runtime = ProcessRuntime::new(CgroupFs::new(dir.path(), CgroupPath::parse("/nw").unwrap()));
+        let (terms, ready) = (dir.path().join("terms"), dir.path().join("ready"));
+        // A container that notes each SIGTERM and carries on.
+        let script = format!(
+            "trap 'echo term >> {}' TERM; touch {}; while :; do sleep 0.05; done",
+            terms.display(),
+            ready.display()
+        );
+        let spec = ContainerSpec {
+            pod_uid: "u".into(),
+            sandbox_id: String::new(),
+            name: "app".into(),
+            attempt: 0,
+            image: "busybox".into(),
+            pull_policy: PullPolicy::Never,
+            command: vec!["sh".into(), "-c".into(), script],
+            args: vec![],
+            env: vec![],
+            working_dir: None,
+            user: None,
+            group: None,
+            cgroup: CgroupPath::parse("/nw/podu/app").unwrap(),
+            oom_score_adj: 0,
+            resources: LinuxResources::default(),
+            log_path: dir.path().join("log"),
+            mounts: vec![],
+            security: crate::security::Security::default(),
+        };
+        let started = runtime.start(&spec).await.unwrap();
+        let id = started.id;
+        let wait_for = |path: std::path::PathBuf| async move {
+            for _ in 0..400 {
+                if path.exists() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{} never appeared", path.display());
+        };
+        wait_for(ready).await;
+        assert!(runtime.signal_stop_now(&id));
+        wait_for(terms.clone()).await;
+        // The stop waits out the grace period without a second SIGTERM, then kills.
+        runtime.stop(&id, Duration::from_millis(300)).await.unwrap();
+        let exit = tokio::time::timeout(Duration::from_secs(5), runtime.wait(&id)).await.unwrap();
+        assert_eq!(exit.signal, Some(9));
+        assert_eq!(std::fs::read_to_string(&terms).unwrap(), "term\n");
+    }
+}
