@@ -40,8 +40,6 @@ struct Handle {
     terminations: mpsc::UnboundedSender<TerminateRequest>,
     task: tokio::task::JoinHandle<()>,
     busy: Arc<Mutex<Option<Instant>>>,
-    /// The containers an eviction may signal itself (kept by the worker).
-    stoppable: Arc<Mutex<Vec<String>>>,
     name: String,
     source: &'static str,
     /// Its source no longer has the pod: a replacement worker is told again.
@@ -234,11 +232,9 @@ impl<R: Runtime> PodManager<R> {
         let (terminations, terminations_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let busy = Arc::new(Mutex::new(None));
-        let stoppable = Arc::new(Mutex::new(Vec::new()));
-        let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), stoppable.clone(), lock)
-            .with_incident(incident);
+        let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock).with_incident(incident);
         let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
-        Handle { spec, terminations, task, busy, stoppable, name, source, deleted: false, panics: 0 }
+        Handle { spec, terminations, task, busy, name, source, deleted: false, panics: 0 }
     }
 
     /// Forgets the workers that ended. One that panicked is logged and replaced by a new worker, which takes the
@@ -323,33 +319,14 @@ impl<R: Runtime> PodManager<R> {
     /// its containers (after their preStop hooks), then `cgroup.kill` on the pod cgroup once the grace period is
     /// over. Returns at once, with a receiver that resolves once SIGTERM has been sent and one that resolves when the
     /// pod's processes are gone. A static pod stays evicted until its manifest changes.
-    ///
-    /// Where the worker's first step would be SIGTERM to its running containers alone (no preStop hook, a grace
-    /// period to give) and the runtime can send it at once, the signals go out here, on the caller's thread, before
-    /// the worker hears of the eviction: the hop to the worker's thread and its step took 2–5 ms in the VM on a
-    /// node short of memory. The worker then goes on with the termination as usual; its stop does not signal those
-    /// containers again.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
-        let signalled = self.signal_at_once(uid, grace);
-        self.terminate_for(uid, grace, Reason::Evicted(message), signalled)
-    }
-
-    /// Sends the stop signals of an evicted pod's containers from this thread, where the pod's worker says that
-    /// is all its termination would do first; returns when they went out, or `None` when the worker is to send
-    /// them (a zero grace period kills instead).
-    fn signal_at_once(&self, uid: &str, grace: Duration) -> Option<Instant> {
-        if grace.is_zero() {
-            return None;
-        }
-        let ids = self.workers().get(uid)?.stoppable.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let runtime = &self.ctx.runtime;
-        (!ids.is_empty() && ids.iter().all(|id| runtime.signal_stop_now(id))).then(Instant::now)
+        self.terminate_for(uid, grace, Reason::Evicted(message))
     }
 
     /// Terminates a pod because the node shuts down, within `grace` (the pod's own if shorter): it ends `Failed`
     /// with the kubelet's reason `Terminated`, and starts again when the node is back.
     pub fn shut_down(&self, uid: &str, grace: Duration) -> Result<Eviction, TerminateError> {
-        self.terminate_for(uid, grace, Reason::Shutdown, None)
+        self.terminate_for(uid, grace, Reason::Shutdown)
     }
 
     /// The pods that have a worker, for the node's shutdown.
@@ -368,31 +345,17 @@ impl<R: Runtime> PodManager<R> {
             .collect()
     }
 
-    /// Hands the pod's worker a termination; `signalled` is when its stop signals already went out, if they did.
-    fn terminate_for(
-        &self,
-        uid: &str,
-        grace: Duration,
-        reason: Reason,
-        signalled: Option<Instant>,
-    ) -> Result<Eviction, TerminateError> {
+    fn terminate_for(&self, uid: &str, grace: Duration, reason: Reason) -> Result<Eviction, TerminateError> {
         let (done_tx, terminated) = oneshot::channel();
-        let (signalled_tx, signalled_rx) = oneshot::channel();
-        let signalled_tx = match signalled {
-            Some(at) => {
-                let _ = signalled_tx.send(at);
-                None
-            }
-            None => Some(signalled_tx),
-        };
-        let req = TerminateRequest { grace: Some(grace), reason, signalled: signalled_tx, done: Some(done_tx) };
+        let (signalled_tx, signalled) = oneshot::channel();
+        let req = TerminateRequest { grace: Some(grace), reason, signalled: Some(signalled_tx), done: Some(done_tx) };
         self.workers()
             .get(uid)
             .ok_or_else(|| TerminateError::UnknownPod(uid.into()))?
             .terminations
             .send(req)
             .map_err(|_| TerminateError::WorkerGone(uid.into()))?;
-        Ok(Eviction { signalled: signalled_rx, terminated })
+        Ok(Eviction { signalled, terminated })
     }
 
     /// Whether the runtime can run containers, and pods on the pod network.

@@ -373,15 +373,6 @@ pub trait Runtime: Send + Sync + 'static {
     /// Resolves once the container has exited or has been sent SIGKILL; its exit arrives through [`Runtime::wait`].
     fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
-    /// Sends container `id` its stop signal at once, on the calling thread, where the runtime can do that without
-    /// waiting for anything (the process runtime: a signal to the container's process). A later
-    /// [`Runtime::stop`] of the same container does not signal it again, but still waits out its grace period
-    /// and kills. Returns whether the signal went out (or the container had already exited); the default, for a
-    /// runtime that has to call out to stop a container, sends nothing and returns false.
-    fn signal_stop_now(&self, _id: &str) -> bool {
-        false
-    }
-
     /// Runs a command in the container `id` (its cgroup, user and environment), killed at `timeout`.
     fn exec(
         &self,

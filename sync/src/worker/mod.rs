@@ -120,10 +120,6 @@ pub(crate) struct Worker<R> {
     containers: ContainerTasks,
     events: mpsc::UnboundedSender<Event>,
     busy: Arc<Mutex<Option<Instant>>>,
-    /// The containers an eviction may send their stop signal itself, from its own thread, ahead of the
-    /// termination it hands this worker (see [`crate::PodManager::evict`]): those running while the pod runs and
-    /// none of them has a preStop hook to run first; empty otherwise.
-    stoppable: Arc<Mutex<Vec<String>>>,
     name_lock: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
     /// When the worker was made, until the pod-start metric has counted it.
@@ -146,7 +142,6 @@ impl<R: Runtime> Worker<R> {
         pod: Pod,
         events: mpsc::UnboundedSender<Event>,
         busy: Arc<Mutex<Option<Instant>>>,
-        stoppable: Arc<Mutex<Vec<String>>>,
         name_lock: Arc<Semaphore>,
     ) -> Self {
         Self {
@@ -165,7 +160,6 @@ impl<R: Runtime> Worker<R> {
             containers: HashMap::new(),
             events,
             busy,
-            stoppable,
             name_lock,
             permit: None,
             created: Some(Instant::now()),
@@ -279,14 +273,6 @@ impl<R: Runtime> Worker<R> {
                 *b = busy;
             }
         }
-        let stoppable = match self.lifecycle.state {
-            PodState::Initializing | PodState::Running => {
-                let ids = self.lifecycle.running_ids();
-                if ids.iter().all(|id| self.pre_stop(id).is_none()) { ids } else { Vec::new() }
-            }
-            _ => Vec::new(),
-        };
-        *self.stoppable.lock().unwrap_or_else(PoisonError::into_inner) = stoppable;
         if self.lifecycle.state != PodState::Removed {
             self.publish();
         }
