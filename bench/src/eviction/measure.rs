@@ -349,15 +349,10 @@ pub fn one_run(
     let value = |s: &Sample| if agent == Agent::Earlyoom { s.mem_available } else { s.value };
     let after: Vec<&Sample> = samples.iter().filter(|s| s.t >= t0).collect();
     let crossing = after.iter().find(|s| value(s) < threshold).map(|s| s.t);
-    let latency_ms = match (crossing, sigterms.first()) {
-        (Some(c), Some((t, _, _))) => Some((t - c) * 1000.0),
-        _ => None,
-    };
-    let handled_ms = match (crossing, sigterms.first()) {
-        (Some(c), Some((_, t, _))) => Some((t - c) * 1000.0),
-        _ => None,
-    };
-    let decided_ms = crossing.zip(decided).map(|(c, d)| (d - c) * 1000.0);
+    let since_crossing = |t: Option<f64>| crossing.zip(t).map(|(c, t)| (t - c) * 1000.0);
+    let latency_ms = since_crossing(sigterms.first().map(|s| s.0));
+    let handled_ms = since_crossing(sigterms.first().map(|s| s.1));
+    let decided_ms = since_crossing(decided);
     let unit = if sc.kind == Kind::Pids { 1.0 } else { MIB as f64 };
     let min_available = after.iter().map(|s| value(s)).fold(f64::MAX, f64::min) / unit;
     #[allow(clippy::cast_precision_loss)]

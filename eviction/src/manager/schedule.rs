@@ -40,9 +40,8 @@ pub const RATE_SPAN: Duration = Duration::from_millis(50);
 #[derive(Debug, Default)]
 pub struct Rates {
     /// Per signal, the reads since the last rise, of the last [`RATE_SPAN`] and the newest one before them,
-    /// oldest first.
+    /// oldest first: the fall is measured from the first to the last.
     reads: BTreeMap<Signal, VecDeque<(Instant, u64)>>,
-    rates: BTreeMap<Signal, f64>,
 }
 
 impl Rates {
@@ -52,19 +51,10 @@ impl Rates {
         // A rise (memory freed) starts the window again: a fall after it is measured from it.
         if reads.back().is_some_and(|(_, v)| *v < available) {
             reads.clear();
-            self.rates.insert(signal, 0.0);
         }
         // The newest read at least RATE_SPAN old stays as the base to measure from.
         while reads.get(1).is_some_and(|(t, _)| at.saturating_duration_since(*t) >= RATE_SPAN) {
             reads.pop_front();
-        }
-        if let Some((t, v)) = reads.front() {
-            let dt = at.saturating_duration_since(*t).as_secs_f64();
-            if dt > 0.0 {
-                #[allow(clippy::cast_precision_loss)]
-                let fell = v.saturating_sub(available) as f64;
-                self.rates.insert(signal, fell / dt);
-            }
         }
         reads.push_back((at, available));
     }
@@ -74,15 +64,27 @@ impl Rates {
         self.reads.get(&signal).and_then(|r| r.back()).map(|(t, _)| *t)
     }
 
+    /// How fast `signal` fell from the window's first read to its last (per second; 0 with fewer than two reads
+    /// apart in time).
+    fn rate(&self, signal: Signal) -> f64 {
+        let Some((Some((t0, v0)), Some((t1, v1)))) = self.reads.get(&signal).map(|r| (r.front(), r.back())) else {
+            return 0.0;
+        };
+        let dt = t1.saturating_duration_since(*t0).as_secs_f64();
+        #[allow(clippy::cast_precision_loss)]
+        let fell = v0.saturating_sub(*v1) as f64;
+        if dt > 0.0 { fell / dt } else { 0.0 }
+    }
+
     /// Whether `signal` was just seen falling at least an eighth of its worst case (128 MiB/s for memory): a ramp
     /// toward a crossing, not a node holding steady near a threshold.
     pub fn falling_fast(&self, signal: Signal) -> bool {
-        self.rates.get(&signal).is_some_and(|r| *r >= drain_rate(signal) / 8.0)
+        self.rate(signal) >= drain_rate(signal) / 8.0
     }
 
     /// The rate to plan with: the worst case, or twice the observed fall when that is faster.
     pub fn planning(&self, signal: Signal) -> f64 {
-        drain_rate(signal).max(2.0 * self.rates.get(&signal).copied().unwrap_or(0.0))
+        drain_rate(signal).max(2.0 * self.rate(signal))
     }
 }
 
