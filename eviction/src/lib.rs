@@ -17,7 +17,7 @@ mod wake;
 
 pub use manager::{
     EVENT_INTERVAL, Eviction, EvictionManager, EvictionSettings, Evictor, HARD_EVICTION_GRACE, PassObserver,
-    SETTLE_POLL, eviction_message, grace_period, next_poll, select,
+    SETTLE_POLL, VICTIM_HEADSTART, eviction_message, grace_period, next_poll, select,
 };
 pub use metrics::EvictionMetrics;
 pub use nodewarden_resources::Condition;

@@ -39,6 +39,7 @@ pub use process::{ProcessRuntime, START_FAILED};
 pub use runtime::{
     ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, Mount, NoSandboxes, Problem,
     PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
+    StopSignals,
 };
 pub use selected::SelectedRuntime;
 pub use source::{FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};

@@ -20,7 +20,7 @@ use crate::metrics::SyncMetrics;
 use crate::runtime::{ImageSummary, Runtime, RuntimeHealth};
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
-use crate::worker::{Reason, Shared, SyncSettings, TerminateRequest, Worker, kill_and_release};
+use crate::worker::{Reason, Shared, Signalled, Stoppable, SyncSettings, TerminateRequest, Worker, kill_and_release};
 use crate::{state, volumes};
 
 /// The manager loop's period, which `/readyz` checks.
@@ -40,6 +40,8 @@ struct Handle {
     terminations: mpsc::UnboundedSender<TerminateRequest>,
     task: tokio::task::JoinHandle<()>,
     busy: Arc<Mutex<Option<Instant>>>,
+    /// The containers an eviction may signal itself (the worker keeps it).
+    stoppable: Stoppable,
     name: String,
     source: &'static str,
     /// Its source no longer has the pod: a replacement worker is told again.
@@ -193,7 +195,7 @@ impl<R: Runtime> PodManager<R> {
         for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
             h.deleted = true;
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
-            let req = TerminateRequest { grace: None, reason: Reason::Deleted, signalled: None, done: None };
+            let req = TerminateRequest::deleted();
             if h.terminations.send(req).is_err() {
                 tracing::warn!(pod_uid = %uid, "the pod's worker is gone");
             }
@@ -232,9 +234,11 @@ impl<R: Runtime> PodManager<R> {
         let (terminations, terminations_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let busy = Arc::new(Mutex::new(None));
-        let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), lock).with_incident(incident);
+        let stoppable = Stoppable::default();
+        let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), stoppable.clone(), lock)
+            .with_incident(incident);
         let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
-        Handle { spec, terminations, task, busy, name, source, deleted: false, panics: 0 }
+        Handle { spec, terminations, task, busy, stoppable, name, source, deleted: false, panics: 0 }
     }
 
     /// Forgets the workers that ended. One that panicked is logged and replaced by a new worker, which takes the
@@ -265,7 +269,7 @@ impl<R: Runtime> PodManager<R> {
             replacement.panics = panics;
             if h.deleted {
                 replacement.deleted = true;
-                let req = TerminateRequest { grace: None, reason: Reason::Deleted, signalled: None, done: None };
+                let req = TerminateRequest::deleted();
                 let _ = replacement.terminations.send(req);
             }
             workers.insert(uid, replacement);
@@ -319,14 +323,27 @@ impl<R: Runtime> PodManager<R> {
     /// its containers (after their preStop hooks), then `cgroup.kill` on the pod cgroup once the grace period is
     /// over. Returns at once, with a receiver that resolves once SIGTERM has been sent and one that resolves when the
     /// pod's processes are gone. A static pod stays evicted until its manifest changes.
+    ///
+    /// Where the worker's termination would begin with the stop signals of its running containers and nothing
+    /// else (the pod runs, no preStop hook, a grace period to give) and the runtime can send them at once, they go
+    /// out here, on the caller's thread, once the worker has the termination queued: on a node short of memory the
+    /// hop to the worker's task and its step took milliseconds. The worker's stop then only waits and kills; the
+    /// queued termination, which it reads before any container exit, makes the pod end `Evicted`.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
-        self.terminate_for(uid, grace, Reason::Evicted(message))
+        let (eviction, signalled, stoppable) = self.terminate_for(uid, grace, Reason::Evicted(message), true)?;
+        if let Some(signals) = self.ctx.runtime.stop_signals()
+            && !stoppable.is_empty()
+            && stoppable.iter().all(|id| signals.signal_stop_now(id))
+        {
+            signalled.tell(Instant::now());
+        }
+        Ok(eviction)
     }
 
     /// Terminates a pod because the node shuts down, within `grace` (the pod's own if shorter): it ends `Failed`
     /// with the kubelet's reason `Terminated`, and starts again when the node is back.
     pub fn shut_down(&self, uid: &str, grace: Duration) -> Result<Eviction, TerminateError> {
-        self.terminate_for(uid, grace, Reason::Shutdown)
+        self.terminate_for(uid, grace, Reason::Shutdown, false).map(|(eviction, ..)| eviction)
     }
 
     /// The pods that have a worker, for the node's shutdown.
@@ -345,17 +362,34 @@ impl<R: Runtime> PodManager<R> {
             .collect()
     }
 
-    fn terminate_for(&self, uid: &str, grace: Duration, reason: Reason) -> Result<Eviction, TerminateError> {
+    /// Queues a termination for the pod's worker. With `signal_here`, the caller is to send the stop signals of
+    /// the containers returned (see [`Stoppable`]; none with a zero grace period, which kills) once this returns.
+    /// Returns the requester's receivers and the slot that tells the first of them (which the worker tells too).
+    fn terminate_for(
+        &self,
+        uid: &str,
+        grace: Duration,
+        reason: Reason,
+        signal_here: bool,
+    ) -> Result<(Eviction, Signalled, Vec<String>), TerminateError> {
         let (done_tx, terminated) = oneshot::channel();
-        let (signalled_tx, signalled) = oneshot::channel();
-        let req = TerminateRequest { grace: Some(grace), reason, signalled: Some(signalled_tx), done: Some(done_tx) };
-        self.workers()
-            .get(uid)
-            .ok_or_else(|| TerminateError::UnknownPod(uid.into()))?
-            .terminations
-            .send(req)
-            .map_err(|_| TerminateError::WorkerGone(uid.into()))?;
-        Ok(Eviction { signalled, terminated })
+        let (slot, signalled) = Signalled::new();
+        let workers = self.workers();
+        let handle = workers.get(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
+        let stoppable = if signal_here && !grace.is_zero() {
+            handle.stoppable.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        } else {
+            Vec::new()
+        };
+        let req = TerminateRequest {
+            grace: Some(grace),
+            reason,
+            signalled: Some(slot.clone()),
+            done: Some(done_tx),
+            headstart: !stoppable.is_empty(),
+        };
+        handle.terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
+        Ok((Eviction { signalled, terminated }, slot, stoppable))
     }
 
     /// Whether the runtime can run containers, and pods on the pod network.

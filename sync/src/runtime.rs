@@ -373,6 +373,11 @@ pub trait Runtime: Send + Sync + 'static {
     /// Resolves once the container has exited or has been sent SIGKILL; its exit arrives through [`Runtime::wait`].
     fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
+    /// How to send a container its stop signal on the calling thread, where the runtime can (the process runtime);
+    /// `None` where stopping a container is a call to the runtime (CRI). Required, so that a runtime that forwards
+    /// to others cannot leave it out.
+    fn stop_signals(&self) -> Option<&dyn StopSignals>;
+
     /// Runs a command in the container `id` (its cgroup, user and environment), killed at `timeout`.
     fn exec(
         &self,
@@ -411,6 +416,14 @@ pub struct RunningSandbox {
     pub id: String,
     /// The pod's addresses on the pod network, the primary first (`podIP`); empty on the host's network.
     pub ips: Vec<String>,
+}
+
+/// A runtime that can send a container its stop signal at once, without waiting for anything.
+pub trait StopSignals: Send + Sync {
+    /// Sends container `id` its stop signal now. A later [`Runtime::stop`] of the same container does not send it
+    /// again, but still waits out its grace period and kills. Returns whether the signal is out (or the container
+    /// has exited).
+    fn signal_stop_now(&self, id: &str) -> bool;
 }
 
 /// The pod sandboxes of a runtime that has them.

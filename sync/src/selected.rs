@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, Runtime, RuntimeError, RuntimeHealth, Started,
+    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, Runtime, RuntimeError, RuntimeHealth, Started, StopSignals,
 };
 
 /// The runtime in use.
@@ -73,6 +73,10 @@ impl Runtime for SelectedRuntime {
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
         each!(self, r => r.stop(id, grace).await)
+    }
+
+    fn stop_signals(&self) -> Option<&dyn StopSignals> {
+        each!(self, r => r.stop_signals())
     }
 
     async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {

@@ -471,6 +471,11 @@ impl Runtime for CriRuntime {
         }
     }
 
+    /// A CRI container is stopped by a call to the runtime (`StopContainer`), which the pod's worker makes.
+    fn stop_signals(&self) -> Option<&dyn crate::runtime::StopSignals> {
+        None
+    }
+
     async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
         match self.client.exec_sync(id, argv, timeout).await {
             Ok(r) => Ok(ExecOutput::from_streams(Some(r.exit_code), &r.stdout, &r.stderr)),

@@ -23,7 +23,8 @@ use exec::ExecRequest;
 pub use exec::START_FAILED;
 
 use crate::runtime::{
-    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, NoSandboxes, Runtime, RuntimeError, Started, exit_reason,
+    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, NoSandboxes, Runtime, RuntimeError, Started, StopSignals,
+    exit_reason,
 };
 
 /// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
@@ -42,6 +43,8 @@ fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
 struct Entry {
     pidfd: Option<OwnedFd>,
     exit: watch::Receiver<Option<ExitInfo>>,
+    /// SIGTERM went out: a container is sent its stop signal once.
+    term_sent: bool,
     /// What a command run in the container needs: its cgroup, user, environment and mounts.
     spec: ContainerSpec,
 }
@@ -119,25 +122,34 @@ impl ProcessRuntime {
             finished_at: now,
         };
         let (_tx, rx) = watch::channel(Some(info));
-        register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, spec: spec.clone() });
+        register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, term_sent: false, spec: spec.clone() });
         Started { id, pid: 0, started_at: now }
     }
 
-    /// Sends `signal` to the container's main process unless it has exited; returns its exit watch.
+    /// Sends `signal` to the container's main process unless it has exited (or, for SIGTERM, has been sent it
+    /// already); returns its exit watch.
     fn signal(&self, id: &str, signal: Signal) -> Result<watch::Receiver<Option<ExitInfo>>, RuntimeError> {
-        let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.get(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
-        if entry.exit.borrow().is_some() {
+        let mut map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.get_mut(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+        if entry.exit.borrow().is_some() || (signal == Signal::TERM && entry.term_sent) {
             return Ok(entry.exit.clone());
         }
         let fd = entry.pidfd.as_ref().ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
         match pidfd_send_signal(fd, signal) {
             Ok(()) | Err(rustix::io::Errno::SRCH) => {
                 tracing::debug!(container_id = %id, ?signal, "signal sent");
+                entry.term_sent |= signal == Signal::TERM;
                 Ok(entry.exit.clone())
             }
             Err(e) => Err(RuntimeError::Other(format!("cannot signal container {id}: {e}"))),
         }
+    }
+}
+
+impl StopSignals for ProcessRuntime {
+    /// SIGTERM to the container's process, once.
+    fn signal_stop_now(&self, id: &str) -> bool {
+        self.signal(id, Signal::TERM).is_ok()
     }
 }
 
@@ -249,7 +261,7 @@ impl Runtime for ProcessRuntime {
                 .try_clone()
                 .inspect_err(|e| tracing::warn!(container_id = %registered, error = %e, "cannot keep a pidfd to signal the container"))
                 .ok();
-            register(&containers, registered, Entry { pidfd: kept, exit: rx, spec: owned });
+            register(&containers, registered, Entry { pidfd: kept, exit: rx, term_sent: false, spec: owned });
             tokio::spawn(watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
             Ok::<_, std::io::Error>((child.pid, started_at))
         })
@@ -272,7 +284,7 @@ impl Runtime for ProcessRuntime {
         let (tx, rx) = watch::channel(None);
         let pidfd =
             Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
-        register(&self.containers, id.clone(), Entry { pidfd, exit: rx, spec: spec.clone() });
+        register(&self.containers, id.clone(), Entry { pidfd, exit: rx, term_sent: false, spec: spec.clone() });
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
             map.get(&id).and_then(|e| e.pidfd.as_ref().and_then(|fd| fd.try_clone().ok()))
@@ -332,6 +344,10 @@ impl Runtime for ProcessRuntime {
         self.signal(id, Signal::KILL).map(drop)
     }
 
+    fn stop_signals(&self) -> Option<&dyn StopSignals> {
+        Some(self)
+    }
+
     async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
         let spec = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
@@ -379,5 +395,64 @@ impl Runtime for ProcessRuntime {
 
     async fn remove(&self, id: &str) {
         self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{LinuxResources, PullPolicy};
+
+    #[tokio::test]
+    async fn a_container_signalled_at_once_is_not_signalled_again_by_its_stop_which_still_kills() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("nw/podu/app")).unwrap();
+        std::fs::write(dir.path().join("nw/podu/app/cgroup.procs"), "").unwrap();
+        let runtime = ProcessRuntime::new(CgroupFs::new(dir.path(), CgroupPath::parse("/nw").unwrap()));
+        let (terms, ready) = (dir.path().join("terms"), dir.path().join("ready"));
+        // A container that notes each SIGTERM and carries on.
+        let script = format!(
+            "trap 'echo term >> {}' TERM; touch {}; while :; do sleep 0.05; done",
+            terms.display(),
+            ready.display()
+        );
+        let spec = ContainerSpec {
+            pod_uid: "u".into(),
+            sandbox_id: String::new(),
+            name: "app".into(),
+            attempt: 0,
+            image: "busybox".into(),
+            pull_policy: PullPolicy::Never,
+            command: vec!["sh".into(), "-c".into(), script],
+            args: vec![],
+            env: vec![],
+            working_dir: None,
+            user: None,
+            group: None,
+            cgroup: CgroupPath::parse("/nw/podu/app").unwrap(),
+            oom_score_adj: 0,
+            resources: LinuxResources::default(),
+            log_path: dir.path().join("log"),
+            mounts: vec![],
+            security: crate::security::Security::default(),
+        };
+        let started = runtime.start(&spec).await.unwrap();
+        let id = started.id;
+        let wait_for = |path: std::path::PathBuf| async move {
+            for _ in 0..400 {
+                if path.exists() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{} never appeared", path.display());
+        };
+        wait_for(ready).await;
+        assert!(runtime.signal_stop_now(&id));
+        wait_for(terms.clone()).await;
+        // The stop waits out the grace period without a second SIGTERM, then kills.
+        runtime.stop(&id, Duration::from_millis(300)).await.unwrap();
+        let exit = tokio::time::timeout(Duration::from_secs(5), runtime.wait(&id)).await.unwrap();
+        assert_eq!(exit.signal, Some(9));
+        assert_eq!(std::fs::read_to_string(&terms).unwrap(), "term\n");
     }
 }

@@ -72,10 +72,45 @@ pub(crate) struct TerminateRequest {
     /// Why.
     pub reason: Reason,
     /// Told when SIGTERM went to every running container, once it has (dropped when nothing ran).
-    pub signalled: Option<oneshot::Sender<Instant>>,
+    pub signalled: Option<Signalled>,
     /// Told once the pod has terminated.
     pub done: Option<oneshot::Sender<()>>,
+    /// The requester sends the stop signals itself, now (an eviction, see [`Stoppable`]): the worker gives the
+    /// victims [`nodewarden_eviction::VICTIM_HEADSTART`] before its own step.
+    pub headstart: bool,
 }
+
+impl TerminateRequest {
+    /// The pod's source no longer has it: terminated with its own grace period, and nobody waits.
+    pub(crate) fn deleted() -> Self {
+        Self { grace: None, reason: Reason::Deleted, signalled: None, done: None, headstart: false }
+    }
+}
+
+/// Told once that a termination's stop signals went out, and when, by whoever sent them first: the pod's worker,
+/// or an eviction that sent them itself ([`crate::PodManager::evict`]).
+#[derive(Clone)]
+pub(crate) struct Signalled(Arc<Mutex<Option<oneshot::Sender<Instant>>>>);
+
+impl Signalled {
+    /// A slot, and the receiver it tells.
+    pub(crate) fn new() -> (Self, oneshot::Receiver<Instant>) {
+        let (tx, rx) = oneshot::channel();
+        (Self(Arc::new(Mutex::new(Some(tx)))), rx)
+    }
+
+    /// Tells the receiver `at`, unless it was told already.
+    pub(crate) fn tell(&self, at: Instant) {
+        if let Some(tx) = self.0.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = tx.send(at);
+        }
+    }
+}
+
+/// The containers an eviction may send their stop signal itself, on its own thread, as it hands the pod's worker
+/// the termination: those running while the pod runs, when none of them has a preStop hook to run first and the
+/// runtime can signal at once ([`crate::runtime::StopSignals`]); empty otherwise. The worker keeps it up to date.
+pub(crate) type Stoppable = Arc<Mutex<Vec<String>>>;
 
 /// What a worker's own tasks report.
 pub(crate) enum Event {
@@ -120,12 +155,13 @@ pub(crate) struct Worker<R> {
     containers: ContainerTasks,
     events: mpsc::UnboundedSender<Event>,
     busy: Arc<Mutex<Option<Instant>>>,
+    stoppable: Stoppable,
     name_lock: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
     /// When the worker was made, until the pod-start metric has counted it.
     created: Option<Instant>,
     /// Termination requesters to tell once SIGTERM is out, and those to tell once the pod is over.
-    signalled: Vec<oneshot::Sender<Instant>>,
+    signalled: Vec<Signalled>,
     awaiting_signal: bool,
     /// When the termination's stop signals went out.
     signalled_at: Option<Instant>,
@@ -142,6 +178,7 @@ impl<R: Runtime> Worker<R> {
         pod: Pod,
         events: mpsc::UnboundedSender<Event>,
         busy: Arc<Mutex<Option<Instant>>>,
+        stoppable: Stoppable,
         name_lock: Arc<Semaphore>,
     ) -> Self {
         Self {
@@ -160,6 +197,7 @@ impl<R: Runtime> Worker<R> {
             containers: HashMap::new(),
             events,
             busy,
+            stoppable,
             name_lock,
             permit: None,
             created: Some(Instant::now()),
@@ -202,6 +240,10 @@ impl<R: Runtime> Worker<R> {
                 biased;
                 req = terminations.recv() => {
                     let Some(req) = req else { return };
+                    // An eviction that signals the containers itself leaves them the CPU for a moment first.
+                    if req.headstart {
+                        tokio::time::sleep(nodewarden_eviction::VICTIM_HEADSTART).await;
+                    }
                     self.signalled.extend(req.signalled);
                     self.done.extend(req.done);
                     Input::Terminate { grace: req.grace, reason: req.reason }
@@ -263,7 +305,7 @@ impl<R: Runtime> Worker<R> {
         if !self.awaiting_signal {
             let at = self.signalled_at.unwrap_or_else(Instant::now);
             for s in self.signalled.drain(..) {
-                let _ = s.send(at);
+                s.tell(at);
             }
         }
         let busy = (!self.in_flight.is_empty()).then(Instant::now);
@@ -273,6 +315,7 @@ impl<R: Runtime> Worker<R> {
                 *b = busy;
             }
         }
+        self.publish_stoppable();
         if self.lifecycle.state != PodState::Removed {
             self.publish();
         }
@@ -282,6 +325,22 @@ impl<R: Runtime> Worker<R> {
             for d in self.done.drain(..) {
                 let _ = d.send(());
             }
+        }
+    }
+
+    /// Says which containers an eviction may signal itself (see [`Stoppable`]): the pod's termination would begin
+    /// with their stop signals and nothing else.
+    fn publish_stoppable(&self) {
+        let ids = match self.lifecycle.state {
+            PodState::Initializing | PodState::Running if self.shared.runtime.stop_signals().is_some() => {
+                let ids = self.lifecycle.running_ids();
+                if ids.iter().any(|id| self.pre_stop(id).is_some()) { Vec::new() } else { ids }
+            }
+            _ => Vec::new(),
+        };
+        let mut stoppable = self.stoppable.lock().unwrap_or_else(PoisonError::into_inner);
+        if *stoppable != ids {
+            *stoppable = ids;
         }
     }
 

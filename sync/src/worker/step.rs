@@ -171,7 +171,7 @@ impl Lifecycle {
         }
     }
 
-    fn running_ids(&self) -> Vec<String> {
+    pub(crate) fn running_ids(&self) -> Vec<String> {
         self.containers.iter().filter_map(|c| c.running().map(|r| r.id.clone())).collect()
     }
 

@@ -17,6 +17,7 @@ use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
 use crate::runtime::{
     ContainerSpec, ExecOutput, ExitInfo, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
+    StopSignals,
 };
 
 const SIGTERM: i32 = 15;
@@ -87,6 +88,16 @@ impl Fake {
     }
 }
 
+impl StopSignals for Fake {
+    fn signal_stop_now(&self, id: &str) -> bool {
+        if !self.running.lock().unwrap().contains_key(id) {
+            return false;
+        }
+        self.signal(id, SIGTERM);
+        true
+    }
+}
+
 impl SandboxRuntime for Fake {
     async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<RunningSandbox, RuntimeError> {
         self.sandboxes.lock().unwrap().push(format!("run {}", spec.pod_uid));
@@ -148,9 +159,16 @@ impl Runtime for Fake {
         v.unwrap()
     }
 
+    fn stop_signals(&self) -> Option<&dyn StopSignals> {
+        Some(self)
+    }
+
     async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
         if !grace.is_zero() {
-            self.signal(id, SIGTERM);
+            // A container is sent its stop signal once (an eviction may have sent it already).
+            if !self.signals.lock().unwrap().contains(&(id.to_owned(), SIGTERM)) {
+                self.signal(id, SIGTERM);
+            }
             tokio::time::sleep(grace).await;
         }
         if !self.has_exited(id) {
@@ -357,16 +375,49 @@ async fn deletion_terminates_within_the_grace_period() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_evicted_pod_with_a_pre_stop_hook_is_signalled_by_its_worker_after_the_hook() {
+    let h = harness();
+    let hooked = json!({"name": "app", "image": "busybox", "command": ["sleep", "600"],
+        "lifecycle": {"preStop": {"exec": {"command": ["true"]}}}});
+    h.set(vec![pod("u13", json!({"containers": [hooked, app("plain")]}))]).await;
+    h.until("u13", "runs", |v| phase(v) == "Running").await;
+    let eviction = h.manager.evict("u13", Duration::from_secs(1), "evicted".into()).unwrap();
+    assert!(h.fake.signals.lock().unwrap().is_empty(), "the hook runs before any SIGTERM");
+    eviction.signalled.await.unwrap();
+    eviction.terminated.await.unwrap();
+    let mut signals: Vec<i32> = h.fake.signals.lock().unwrap().iter().map(|s| s.1).collect();
+    signals.sort_unstable();
+    assert_eq!(signals, [SIGTERM, SIGTERM], "each container once");
+    let v = h.until("u13", "is evicted", |v| phase(v) == "Failed").await;
+    assert_eq!(v["status"]["reason"], "Evicted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_shut_down_with_the_node_is_signalled_by_its_worker() {
+    let h = harness();
+    h.set(vec![pod("u14", json!({"containers": [app("app")]}))]).await;
+    h.until("u14", "runs", |v| phase(v) == "Running").await;
+    let shutdown = h.manager.shut_down("u14", Duration::from_secs(1)).unwrap();
+    assert!(h.fake.signals.lock().unwrap().is_empty(), "only an eviction signals on the caller's thread");
+    shutdown.signalled.await.unwrap();
+    shutdown.terminated.await.unwrap();
+    assert_eq!(h.fake.signals.lock().unwrap().iter().map(|s| s.1).collect::<Vec<_>>(), [SIGTERM]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn eviction_leaves_a_failed_evicted_pod() {
     let h = harness();
     h.set(vec![pod("u6", json!({"containers": [app("hog")]}))]).await;
     h.until("u6", "runs", |v| phase(v) == "Running").await;
     let msg = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi.";
     let eviction = h.manager.evict("u6", Duration::from_secs(1), msg.into()).unwrap();
+    // Without a preStop hook, SIGTERM went out before evict returned, on the caller's thread; the container ended
+    // at once, before its worker ran, and the queued termination still comes first (no restart below).
+    assert_eq!(h.fake.signals.lock().unwrap().iter().map(|s| s.1).collect::<Vec<_>>(), [SIGTERM]);
     // The first receiver resolves once SIGTERM is sent, before the pod is gone.
     eviction.signalled.await.unwrap();
-    assert_eq!(h.fake.signals.lock().unwrap().last().map(|s| s.1), Some(SIGTERM));
     eviction.terminated.await.unwrap();
+    assert_eq!(h.fake.signals.lock().unwrap().len(), 1, "the worker's stop did not signal again");
     let v = h.until("u6", "is evicted", |v| phase(v) == "Failed").await;
     assert_eq!(v["status"]["reason"], "Evicted");
     assert_eq!(v["status"]["message"], msg);
