@@ -60,8 +60,8 @@ pub struct EvictionSettings {
 pub const SIGTERM_SLACK: Duration = Duration::from_secs(5);
 
 /// How long a pass waits for its victims' SIGTERMs to go out before it logs and records the evictions and tells
-/// admission: long enough for a pod without preStop hooks, whose worker signals at once; a pod whose hooks run
-/// first is waited for in the background.
+/// admission: long enough for a pod without preStop hooks, signalled at once by the evictor or by its worker; a pod
+/// whose hooks run first is waited for in the background.
 pub const SIGTERM_WAIT: Duration = Duration::from_millis(20);
 
 /// How long the daemon keeps out of the way of the victims it has just signalled: their bookkeeping (the log lines,
@@ -69,6 +69,28 @@ pub const SIGTERM_WAIT: Duration = Duration::from_millis(20);
 /// busy node it runs its SIGTERM handler (and exits, freeing its memory) only when no task of the daemon wants the
 /// CPU; in the VM the daemon's bookkeeping right after the signal held the victim off its CPU for 5 to 30 ms.
 pub const VICTIM_HEADSTART: Duration = Duration::from_millis(10);
+
+/// A breach's victims, handed over in a pass, with what their log lines and records need.
+struct Handover {
+    breach: Breach,
+    /// The ten best-ranked candidates, to explain the choice.
+    ranked: Vec<Candidate>,
+    /// When the victims were chosen, and the observation's age then.
+    decided: jiff::Timestamp,
+    age: Duration,
+    victims: Vec<Victim>,
+}
+
+/// One victim handed over.
+struct Victim {
+    candidate: Candidate,
+    grace: Duration,
+    message: String,
+    reclaims: u64,
+    requested: Result<Eviction, String>,
+    /// When SIGTERM went out, if it did within the pass's wait.
+    early: Option<Result<Instant, oneshot::error::RecvError>>,
+}
 
 /// The first back-off of a victim whose eviction failed; it doubles on each failure up to [`MAX_VICTIM_BACKOFF`].
 pub const VICTIM_BACKOFF: Duration = Duration::from_secs(10);
@@ -596,11 +618,13 @@ impl<E: Evictor> EvictionManager<E> {
         self.in_flight.retain(|_, f| f.until > observed_at);
         let evaluation =
             self.state.evaluate(observed_at, &settings.thresholds, &self.signals, settings.transition_period);
-        // Evictions first: admission hears of the new conditions once their SIGTERMs went out (within
-        // SIGTERM_WAIT, one deadline for the whole pass), off the path to SIGTERM.
-        let signal_by = Instant::now() + SIGTERM_WAIT;
-        for breach in &evaluation.act {
-            self.act(breach, observed_at, signal_by, &settings).await;
+        // Evictions first: every breach's victims are handed over, then the pass waits until their SIGTERMs went
+        // out (within SIGTERM_WAIT, one deadline for the pass) and gives them their headstart (once); only then
+        // come the log lines, the records, the metrics, and admission hearing of the new conditions.
+        let handovers: Vec<Handover> =
+            evaluation.act.iter().filter_map(|breach| self.act(breach, observed_at, &settings)).collect();
+        if !handovers.is_empty() {
+            self.settle_handovers(handovers, observed_at).await;
         }
         self.set_pressure(evaluation.pressure);
         // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
@@ -608,9 +632,13 @@ impl<E: Evictor> EvictionManager<E> {
         let periods = signal_periods(&settings, &self.signals, &evaluation, &settled, |s| self.rates.planning(s));
         self.read_ahead(&periods, &evaluation);
         self.due.retain(|s, _| periods.contains_key(s));
+        // A met threshold acted on is looked at again SETTLE_POLL after this pass, which may have waited out its
+        // victims' headstart; the others, their period after the observation.
+        let ended = Instant::now();
         for (s, p) in &periods {
             if read.contains(s) || !self.due.contains_key(s) {
-                self.due.insert(*s, observed_at + *p);
+                let from = if settled.contains(s) { ended } else { observed_at };
+                self.due.insert(*s, from + *p);
             }
         }
         let last_full = self.last_full.unwrap_or(observed_at);
@@ -695,14 +723,16 @@ impl<E: Evictor> EvictionManager<E> {
         }
     }
 
-    async fn act(&mut self, breach: &Breach, observed_at: Instant, signal_by: Instant, settings: &EvictionSettings) {
+    /// Chooses the victims of a breach and hands them over (SIGTERM goes out now, or from their workers), counting
+    /// them as in flight; what is left to do about them once they are signalled is returned.
+    fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) -> Option<Handover> {
         let signal = breach.threshold.signal;
         let condition = signal.condition();
         let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
         let any_pending = self.in_flight.values().any(|f| f.condition == condition);
         if self.settled_in.get(&condition).is_some_and(|p| self.read_in.get(&signal).is_none_or(|r| r <= p)) {
             tracing::debug!(%signal, "waiting for a reading taken after the last eviction or reclaim");
-            return;
+            return None;
         }
         // Node storage that no running pod needs goes first, also while an eviction is in flight (the evicted pod's
         // own logs are reclaimable once it is over); the next pass sees what that freed.
@@ -711,12 +741,12 @@ impl<E: Evictor> EvictionManager<E> {
             if freed > 0 {
                 tracing::info!(%signal, freed, "reclaimed the logs of pods that are over before evicting; looking again");
                 self.settled(condition);
-                return;
+                return None;
             }
         }
         let needed = breach.deficit().saturating_sub(pending);
         if any_pending && needed == 0 {
-            return;
+            return None;
         }
         let now = Instant::now();
         // A failure is remembered (so the next back-off is longer) until it has been over for the longest back-off.
@@ -731,50 +761,70 @@ impl<E: Evictor> EvictionManager<E> {
             }
             _ => candidates(&self.view, self.evictor.as_ref(), signal, &skip),
         };
-        let ranked = rank(signal, &found);
+        let mut ranked = rank(signal, &found);
         tracing::debug!(%signal, candidates = ranked.len(), took_us = micros(now.elapsed()), "candidates ranked");
         if ranked.is_empty() {
             if !self.warned_no_candidates && !any_pending {
                 tracing::warn!(%signal, observed = breach.observed, threshold = breach.value, "threshold crossed, but no pod can be evicted");
                 self.warned_no_candidates = true;
             }
-            return;
+            return None;
         }
         self.warned_no_candidates = false;
-        // Handed over before anything else; then the loop sleeps until the SIGTERMs went out (for a bounded time),
-        // so that on a node short of CPU this thread does not compete with the workers that send them. The log
-        // lines, the records and the metrics come after.
+        // Handed over before anything else: the log lines, the records and the metrics come after the SIGTERMs
+        // and the victims' headstart (see `settle_handovers`).
         let (decided, age) = (jiff::Timestamp::now(), observed_at.elapsed());
-        let mut handed: Vec<(Candidate, Duration, String, Result<Eviction, String>)> = select(signal, &ranked, needed)
+        let victims: Vec<Victim> = select(signal, &ranked, needed)
             .into_iter()
             .map(|victim| {
                 let grace = grace_period(breach.hard, victim.grace, settings.max_pod_grace_period);
                 let message = eviction_message(breach, &victim);
                 let requested = self.evictor.evict(&victim.uid, grace, message.clone());
-                (victim, grace, message, requested)
+                let reclaims = victim.reclaims(signal);
+                self.in_flight.insert(
+                    victim.uid.clone(),
+                    InFlight { condition, reclaims, until: Instant::now() + grace + Duration::from_secs(60) },
+                );
+                Victim { candidate: victim, grace, message, reclaims, requested, early: None }
             })
             .collect();
-        let mut sent = Vec::with_capacity(handed.len());
-        for (_, _, _, requested) in &mut handed {
-            let early = match requested {
-                Ok(e) => tokio::time::timeout_at(signal_by, &mut e.signalled).await.ok(),
-                Err(_) => None,
-            };
-            sent.push(early);
+        ranked.truncate(10);
+        Some(Handover { breach: breach.clone(), ranked, decided, age, victims })
+    }
+
+    /// Waits until the victims handed over in a pass were signalled (at most until [`SIGTERM_WAIT`] from now),
+    /// gives those signalled [`VICTIM_HEADSTART`], then logs, records and follows each eviction.
+    async fn settle_handovers(&mut self, mut handovers: Vec<Handover>, observed_at: Instant) {
+        let signal_by = Instant::now() + SIGTERM_WAIT;
+        let mut signalled = false;
+        for v in handovers.iter_mut().flat_map(|h| h.victims.iter_mut()) {
+            if let Ok(e) = &mut v.requested {
+                v.early = tokio::time::timeout_at(signal_by, &mut e.signalled).await.ok();
+                signalled |= matches!(v.early, Some(Ok(_)));
+            }
         }
-        if sent.iter().any(Option::is_some) {
+        if signalled {
             tokio::time::sleep(VICTIM_HEADSTART).await;
         }
+        for h in handovers {
+            self.follow(h, observed_at);
+        }
+    }
+
+    /// Logs and records the evictions of one breach, and follows each until its victim is over (or the eviction
+    /// failed).
+    fn follow(&mut self, handover: Handover, observed_at: Instant) {
+        let Handover { breach, ranked, decided, age, victims } = handover;
+        let breach = &breach;
+        let signal = breach.threshold.signal;
         let explained: Vec<Ranked> = ranked
             .iter()
-            .take(10)
             .map(|c| {
                 let (usage, request) = c.usage(signal);
                 Ranked { pod: c.name.clone(), usage, request, priority: c.priority }
             })
             .collect();
-        for ((victim, grace, message, requested), early) in handed.into_iter().zip(sent) {
-            let reclaims = victim.reclaims(signal);
+        for Victim { candidate: victim, grace, message, reclaims, requested, early } in victims {
             tracing::warn!(
                 pod = %victim.name,
                 pod_uid = %victim.uid,
@@ -807,10 +857,6 @@ impl<E: Evictor> EvictionManager<E> {
                 error: None,
                 completed: false,
             });
-            self.in_flight.insert(
-                victim.uid.clone(),
-                InFlight { condition, reclaims, until: Instant::now() + grace + Duration::from_secs(60) },
-            );
             let status = self.status.clone();
             let latency = self.metrics.latency.with_label_values(&[signal.as_str()]);
             let done = self.done.0.clone();

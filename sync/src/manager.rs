@@ -46,6 +46,9 @@ struct Handle {
     source: &'static str,
     /// Its source no longer has the pod: a replacement worker is told again.
     deleted: bool,
+    /// The last termination asked of it on request (an eviction, the node's shutdown): a replacement worker is
+    /// told again, since its containers may have been signalled already.
+    terminating: Option<(Duration, Reason)>,
     /// How often the pod's worker panicked.
     panics: u32,
 }
@@ -238,7 +241,7 @@ impl<R: Runtime> PodManager<R> {
         let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), stoppable.clone(), lock)
             .with_incident(incident);
         let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
-        Handle { spec, terminations, task, busy, stoppable, name, source, deleted: false, panics: 0 }
+        Handle { spec, terminations, task, busy, stoppable, name, source, deleted: false, terminating: None, panics: 0 }
     }
 
     /// Forgets the workers that ended. One that panicked is logged and replaced by a new worker, which takes the
@@ -271,6 +274,11 @@ impl<R: Runtime> PodManager<R> {
                 replacement.deleted = true;
                 let req = TerminateRequest::deleted();
                 let _ = replacement.terminations.send(req);
+            }
+            if let Some((grace, reason)) = h.terminating.take() {
+                let req = TerminateRequest { grace: Some(grace), reason: reason.clone(), signalled: None, done: None };
+                let _ = replacement.terminations.send(req);
+                replacement.terminating = Some((grace, reason));
             }
             workers.insert(uid, replacement);
         }
@@ -333,9 +341,12 @@ impl<R: Runtime> PodManager<R> {
         let (eviction, signalled, stoppable) = self.terminate_for(uid, grace, Reason::Evicted(message), true)?;
         if let Some(signals) = self.ctx.runtime.stop_signals()
             && !stoppable.is_empty()
-            && stoppable.iter().all(|id| signals.signal_stop_now(id))
         {
-            signalled.tell(Instant::now());
+            // Every container is tried; the worker signals those that failed, and tells the requester then.
+            let sent = stoppable.iter().filter(|id| signals.signal_stop_now(id)).count();
+            if sent == stoppable.len() {
+                signalled.tell(Instant::now());
+            }
         }
         Ok(eviction)
     }
@@ -374,8 +385,8 @@ impl<R: Runtime> PodManager<R> {
     ) -> Result<(Eviction, Signalled, Vec<String>), TerminateError> {
         let (done_tx, terminated) = oneshot::channel();
         let (slot, signalled) = Signalled::new();
-        let workers = self.workers();
-        let handle = workers.get(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
+        let mut workers = self.workers();
+        let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
         let stoppable = if signal_here && !grace.is_zero() {
             handle.stoppable.lock().unwrap_or_else(PoisonError::into_inner).clone()
         } else {
@@ -383,12 +394,12 @@ impl<R: Runtime> PodManager<R> {
         };
         let req = TerminateRequest {
             grace: Some(grace),
-            reason,
+            reason: reason.clone(),
             signalled: Some(slot.clone()),
             done: Some(done_tx),
-            headstart: !stoppable.is_empty(),
         };
         handle.terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
+        handle.terminating = Some((grace, reason));
         Ok((Eviction { signalled, terminated }, slot, stoppable))
     }
 

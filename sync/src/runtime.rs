@@ -369,8 +369,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// Resolves when the container has exited.
     fn wait(&self, id: &str) -> impl Future<Output = ExitInfo> + Send;
 
-    /// Stops a container: the stop signal, then SIGKILL once `grace` has passed (a zero grace kills at once).
-    /// Resolves once the container has exited or has been sent SIGKILL; its exit arrives through [`Runtime::wait`].
+    /// Stops a container: the stop signal (not sent again to a container that has had it, e.g. through
+    /// [`StopSignals`]), then SIGKILL once `grace` has passed (a zero grace kills at once). Resolves once the
+    /// container has exited or has been sent SIGKILL; its exit arrives through [`Runtime::wait`].
     fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
     /// How to send a container its stop signal on the calling thread, where the runtime can (the process runtime);

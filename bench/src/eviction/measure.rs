@@ -134,11 +134,12 @@ impl Sampler {
 
 /// The kernel's count of OOM kills since boot (`oom_kill` in `/proc/vmstat`): a cheap read while the workload
 /// runs, where running `dmesg` every 100 ms took a CPU of the guest from the agent under test.
-fn oom_kill_count() -> u64 {
-    std::fs::read_to_string("/proc/vmstat")
-        .ok()
-        .and_then(|v| v.lines().find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok()))
-        .unwrap_or(0)
+fn oom_kill_count() -> Result<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").context("cannot read /proc/vmstat")?;
+    vmstat
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+        .context("/proc/vmstat has no oom_kill count")
 }
 
 /// The kernel's `oom-kill:` lines (one per OOM kill, with the victim's cgroup).
@@ -288,7 +289,7 @@ pub fn one_run(
     // Let the pod starts' own work settle: the window below is the pressure alone.
     std::thread::sleep(Duration::from_millis(1500));
     let kills_before = oom_kill_lines().len();
-    let kill_count_before = oom_kill_count();
+    let kill_count_before = oom_kill_count()?;
     let passes0 = wakeups(node.port());
     let sampler = Sampler::start(sc.kind, base.clone());
     std::thread::sleep(Duration::from_millis(200));
@@ -300,15 +301,16 @@ pub fn one_run(
     let wall_offset = jiff::Timestamp::now().as_nanosecond() as f64 / 1e9 - monotonic();
     std::fs::write(base.join("go"), "")?;
     // Until the expected victim got SIGTERM, the kernel killed something, every workload pod is done growing, or
-    // the scenario's time is up: files only, so the agent is not disturbed by the harness meanwhile.
+    // the scenario's time is up: file reads only, so the agent is not disturbed by the harness meanwhile.
     let limit = Duration::from_secs(if agent == Agent::KubeletLike { 40 } else { 30 });
     let mut n = 0u32;
     while started.elapsed() < limit {
         std::thread::sleep(Duration::from_millis(10));
         n += 1;
+        // The kernel's OOM kill count every 100 ms: a read of /proc/vmstat costs more than a file's existence.
         let acted = term(sc.expected).exists()
             || workload.iter().any(|p| term(&p.name).exists())
-            || (n.is_multiple_of(10) && oom_kill_count() > kill_count_before);
+            || (n.is_multiple_of(10) && oom_kill_count()? > kill_count_before);
         if acted || workload.iter().all(|p| marker(&term(&p.name), "done").exists()) {
             break;
         }

@@ -147,9 +147,10 @@ impl ProcessRuntime {
 }
 
 impl StopSignals for ProcessRuntime {
-    /// SIGTERM to the container's process, once.
+    /// SIGTERM to the container's process, once; a container the runtime no longer has is gone, so done.
     fn signal_stop_now(&self, id: &str) -> bool {
-        self.signal(id, Signal::TERM).is_ok()
+        let known = self.containers.lock().unwrap_or_else(PoisonError::into_inner).contains_key(id);
+        !known || self.signal(id, Signal::TERM).is_ok()
     }
 }
 
@@ -397,6 +398,7 @@ impl Runtime for ProcessRuntime {
         self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,6 +437,8 @@ mod tests {
             mounts: vec![],
             security: crate::security::Security::default(),
         };
+        let runtime = crate::SelectedRuntime::Process(runtime);
+        assert!(runtime.stop_signals().is_some(), "the daemon's runtime signals at once");
         let started = runtime.start(&spec).await.unwrap();
         let id = started.id;
         let wait_for = |path: std::path::PathBuf| async move {
@@ -447,7 +451,7 @@ mod tests {
             panic!("{} never appeared", path.display());
         };
         wait_for(ready).await;
-        assert!(runtime.signal_stop_now(&id));
+        assert!(runtime.stop_signals().unwrap().signal_stop_now(&id));
         wait_for(terms.clone()).await;
         // The stop waits out the grace period without a second SIGTERM, then kills.
         runtime.stop(&id, Duration::from_millis(300)).await.unwrap();

@@ -75,15 +75,12 @@ pub(crate) struct TerminateRequest {
     pub signalled: Option<Signalled>,
     /// Told once the pod has terminated.
     pub done: Option<oneshot::Sender<()>>,
-    /// The requester sends the stop signals itself, now (an eviction, see [`Stoppable`]): the worker gives the
-    /// victims [`nodewarden_eviction::VICTIM_HEADSTART`] before its own step.
-    pub headstart: bool,
 }
 
 impl TerminateRequest {
     /// The pod's source no longer has it: terminated with its own grace period, and nobody waits.
     pub(crate) fn deleted() -> Self {
-        Self { grace: None, reason: Reason::Deleted, signalled: None, done: None, headstart: false }
+        Self { grace: None, reason: Reason::Deleted, signalled: None, done: None }
     }
 }
 
@@ -99,6 +96,11 @@ impl Signalled {
         (Self(Arc::new(Mutex::new(Some(tx)))), rx)
     }
 
+    /// Whether the receiver was told.
+    pub(crate) fn is_told(&self) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).is_none()
+    }
+
     /// Tells the receiver `at`, unless it was told already.
     pub(crate) fn tell(&self, at: Instant) {
         if let Some(tx) = self.0.lock().unwrap_or_else(PoisonError::into_inner).take() {
@@ -107,9 +109,10 @@ impl Signalled {
     }
 }
 
-/// The containers an eviction may send their stop signal itself, on its own thread, as it hands the pod's worker
-/// the termination: those running while the pod runs, when none of them has a preStop hook to run first and the
-/// runtime can signal at once ([`crate::runtime::StopSignals`]); empty otherwise. The worker keeps it up to date.
+/// The containers an eviction may send their stop signal itself, on its own thread, once it has queued the
+/// termination for the pod's worker: those running while the pod runs, when the pod has no preStop hook to run
+/// first and the runtime can signal at once ([`crate::runtime::StopSignals`]); empty otherwise, and while the
+/// worker steps. The worker keeps it up to date.
 pub(crate) type Stoppable = Arc<Mutex<Vec<String>>>;
 
 /// What a worker's own tasks report.
@@ -232,21 +235,23 @@ impl<R: Runtime> Worker<R> {
         self.publish();
         let acquire = self.name_lock.clone().acquire_owned();
         tokio::pin!(acquire);
+        // An event read together with a termination queued before it, handled right after the termination.
+        let mut deferred: Option<Event> = None;
         while self.lifecycle.state != PodState::Removed {
             let wakeup = self.lifecycle.next_wakeup();
             let awaiting_name = self.lifecycle.state == PodState::AwaitingName;
             while self.background.try_join_next().is_some() {}
+            if let Some(ev) = deferred.take() {
+                if let Some(input) = self.event_input(ev) {
+                    self.handle(input).await;
+                }
+                continue;
+            }
             let input = tokio::select! {
                 biased;
                 req = terminations.recv() => {
                     let Some(req) = req else { return };
-                    // An eviction that signals the containers itself leaves them the CPU for a moment first.
-                    if req.headstart {
-                        tokio::time::sleep(nodewarden_eviction::VICTIM_HEADSTART).await;
-                    }
-                    self.signalled.extend(req.signalled);
-                    self.done.extend(req.done);
-                    Input::Terminate { grace: req.grace, reason: req.reason }
+                    self.accept(req).await
                 }
                 permit = &mut acquire, if awaiting_name => {
                     self.permit = permit.ok();
@@ -269,25 +274,56 @@ impl<R: Runtime> Worker<R> {
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                     Err(_) => continue,
                 },
-                Some(ev) = events.recv() => match ev {
-                    Event::Exited { id, info } => Input::ContainerExited { id, info },
-                    Event::Probe { id, kind, result } => self.probe_input(id, kind, result),
-                    Event::Signalled(at) => {
-                        self.awaiting_signal = false;
-                        self.signalled_at = Some(at);
-                        self.after_input();
-                        continue;
+                Some(ev) = events.recv() => {
+                    // The select may have found no termination just before one was queued and the container
+                    // signalled (an eviction queues the termination first): one queued now goes first, so that
+                    // the exit it caused ends the pod as terminated, not as completed or to be restarted.
+                    if let Ok(req) = terminations.try_recv() {
+                        deferred = Some(ev);
+                        self.accept(req).await
+                    } else {
+                        match self.event_input(ev) {
+                            Some(input) => input,
+                            None => continue,
+                        }
                     }
-                },
+                }
                 () = sleep_until(wakeup) => Input::Timer,
             };
             self.handle(input).await;
         }
     }
 
+    /// Takes a termination request: its requesters are told what they wait for. Where an eviction has just sent
+    /// the stop signals itself, the victims get [`nodewarden_eviction::VICTIM_HEADSTART`] of the CPU first.
+    async fn accept(&mut self, req: TerminateRequest) -> Input {
+        if req.signalled.as_ref().is_some_and(Signalled::is_told) {
+            tokio::time::sleep(nodewarden_eviction::VICTIM_HEADSTART).await;
+        }
+        self.signalled.extend(req.signalled);
+        self.done.extend(req.done);
+        Input::Terminate { grace: req.grace, reason: req.reason }
+    }
+
+    /// The input of an event of the worker's own tasks; `None` for one that only updates what it tells requesters.
+    fn event_input(&mut self, ev: Event) -> Option<Input> {
+        match ev {
+            Event::Exited { id, info } => Some(Input::ContainerExited { id, info }),
+            Event::Probe { id, kind, result } => Some(self.probe_input(id, kind, result)),
+            Event::Signalled(at) => {
+                self.awaiting_signal = false;
+                self.signalled_at = Some(at);
+                self.after_input();
+                None
+            }
+        }
+    }
+
     /// Steps the machine with `input` and carries out its actions, and the inputs they produce at once.
     async fn handle(&mut self, input: Input) {
         let started = Instant::now();
+        // While the pod changes, an eviction leaves the signals to this worker.
+        self.stoppable.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let mut queue = VecDeque::from([input]);
         while let Some(input) = queue.pop_front() {
             let (next, actions) = step::step(std::mem::take(&mut self.lifecycle), input, Instant::now());
@@ -329,19 +365,23 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Says which containers an eviction may signal itself (see [`Stoppable`]): the pod's termination would begin
-    /// with their stop signals and nothing else.
+    /// with their stop signals and nothing else. A pod with a preStop hook anywhere in its spec (fixed for its UID)
+    /// never has any, whichever containers run at the moment.
     fn publish_stoppable(&self) {
+        let hooked = self.pod.spec.as_ref().is_some_and(|spec| {
+            spec.init_containers
+                .iter()
+                .flatten()
+                .chain(&spec.containers)
+                .any(|c| c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).is_some_and(|h| h.exec.is_some()))
+        });
         let ids = match self.lifecycle.state {
-            PodState::Initializing | PodState::Running if self.shared.runtime.stop_signals().is_some() => {
-                let ids = self.lifecycle.running_ids();
-                if ids.iter().any(|id| self.pre_stop(id).is_some()) { Vec::new() } else { ids }
+            PodState::Initializing | PodState::Running if !hooked && self.shared.runtime.stop_signals().is_some() => {
+                self.lifecycle.running_ids()
             }
             _ => Vec::new(),
         };
-        let mut stoppable = self.stoppable.lock().unwrap_or_else(PoisonError::into_inner);
-        if *stoppable != ids {
-            *stoppable = ids;
-        }
+        *self.stoppable.lock().unwrap_or_else(PoisonError::into_inner) = ids;
     }
 
     fn probe_input(&self, id: String, kind: ProbeKind, result: Result<String, String>) -> Input {

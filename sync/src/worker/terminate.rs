@@ -27,7 +27,7 @@ async fn signal_stops<F: Future>(mut stops: Pin<&mut F>, events: &mpsc::Unbounde
 
 impl<R: Runtime> Worker<R> {
     /// The preStop hook of the container running as `id`, if it has an exec one.
-    pub(super) fn pre_stop(&self, id: &str) -> Option<Vec<String>> {
+    fn pre_stop(&self, id: &str) -> Option<Vec<String>> {
         let i = self.lifecycle.index_of(id)?;
         let name = &self.lifecycle.containers[i].name;
         let spec = self.pod.spec.as_ref()?;

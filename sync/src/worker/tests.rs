@@ -37,6 +37,8 @@ struct Fake {
     signals: Mutex<Vec<(String, i32)>>,
     /// Containers (by name) that ignore SIGTERM.
     stubborn: Mutex<Vec<String>>,
+    /// Containers (by name) that exit 0 on SIGTERM.
+    graceful: Mutex<Vec<String>>,
     /// Exec commands (argv[0]) that fail.
     failing: Mutex<Vec<String>>,
     /// Sandbox calls, in order: `run <uid>`, `remove <uid>`.
@@ -78,8 +80,9 @@ impl Fake {
         self.signals.lock().unwrap().push((id.to_owned(), signal));
         let running = self.running.lock().unwrap();
         let (name, tx) = &running[id];
+        let code = if signal == SIGTERM && self.graceful.lock().unwrap().contains(name) { 0 } else { 128 + signal };
         if signal == SIGKILL || !self.stubborn.lock().unwrap().contains(name) {
-            tx.send_if_modified(|v| v.is_none() && v.replace(exit(128 + signal)).is_none());
+            tx.send_if_modified(|v| v.is_none() && v.replace(exit(code)).is_none());
         }
     }
 
@@ -390,6 +393,21 @@ async fn an_evicted_pod_with_a_pre_stop_hook_is_signalled_by_its_worker_after_th
     assert_eq!(signals, [SIGTERM, SIGTERM], "each container once");
     let v = h.until("u13", "is evicted", |v| phase(v) == "Failed").await;
     assert_eq!(v["status"]["reason"], "Evicted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_evicted_pod_whose_container_exits_0_at_once_ends_evicted_not_succeeded() {
+    let h = harness();
+    h.fake.graceful.lock().unwrap().push("app".into());
+    h.set(vec![pod("u15", json!({"restartPolicy": "Never", "containers": [app("app")]}))]).await;
+    h.until("u15", "runs", |v| phase(v) == "Running").await;
+    let eviction = h.manager.evict("u15", Duration::from_secs(1), "evicted".into()).unwrap();
+    // Signalled on this thread: the container has exited 0 before its worker reads the termination.
+    assert!(!h.fake.is_running("app"));
+    eviction.terminated.await.unwrap();
+    let v = h.until("u15", "is over", |v| phase(v) == "Failed" || phase(v) == "Succeeded").await;
+    assert_eq!(v["status"]["reason"], "Evicted");
+    assert_eq!(container(&v, "app")["state"]["terminated"]["exitCode"], 0);
 }
 
 #[tokio::test(start_paused = true)]
