@@ -659,7 +659,8 @@ impl<E: Evictor> EvictionManager<E> {
     }
 
     /// Reads the memory and PID candidates ahead when such a signal, not yet met and falling fast, could cross
-    /// within [`READ_AHEAD`]; forgets them when none could.
+    /// within [`READ_AHEAD`]. A read is kept until it is too old to use ([`READ_AHEAD_AGE`]), also through a
+    /// pause in the fall: a hog that allocates in bursts shows no fall between them.
     fn read_ahead(&mut self, periods: &BTreeMap<Signal, Duration>, evaluation: &Evaluation) {
         let near = periods.iter().any(|(s, p)| {
             s.condition() != Condition::DiskPressure
@@ -668,7 +669,6 @@ impl<E: Evictor> EvictionManager<E> {
                 && !evaluation.met.iter().any(|b| b.threshold.signal == *s)
         });
         if !near {
-            self.ahead = None;
             return;
         }
         let now = Instant::now();
@@ -753,16 +753,18 @@ impl<E: Evictor> EvictionManager<E> {
         self.failed.retain(|_, f| f.until + MAX_VICTIM_BACKOFF > now);
         let backing_off = self.failed.iter().filter(|(_, f)| f.until > now).map(|(uid, _)| uid);
         let skip: HashSet<String> = self.in_flight.keys().chain(backing_off).cloned().collect();
-        let found = match &self.ahead {
+        let ahead = match &self.ahead {
             Some((at, found))
                 if condition != Condition::DiskPressure && now.saturating_duration_since(*at) <= READ_AHEAD_AGE =>
             {
-                found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect()
+                Some(found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect())
             }
-            _ => candidates(&self.view, self.evictor.as_ref(), signal, &skip),
+            _ => None,
         };
+        let read_ahead = ahead.is_some();
+        let found = ahead.unwrap_or_else(|| candidates(&self.view, self.evictor.as_ref(), signal, &skip));
         let mut ranked = rank(signal, &found);
-        tracing::debug!(%signal, candidates = ranked.len(), took_us = micros(now.elapsed()), "candidates ranked");
+        tracing::debug!(%signal, candidates = ranked.len(), read_ahead, took_us = micros(now.elapsed()), "candidates ranked");
         if ranked.is_empty() {
             if !self.warned_no_candidates && !any_pending {
                 tracing::warn!(%signal, observed = breach.observed, threshold = breach.value, "threshold crossed, but no pod can be evicted");

@@ -338,13 +338,21 @@ impl<R: Runtime> PodManager<R> {
     /// hop to the worker's task and its step took milliseconds. The worker's stop then only waits and kills; the
     /// queued termination, which it reads before any container exit, makes the pod end `Evicted`.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
-        let (eviction, signalled, stoppable) = self.terminate_for(uid, grace, Reason::Evicted(message), true)?;
+        let mut workers = self.workers();
+        let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
+        let stoppable = handle.stoppable.clone();
+        // Held from before the termination is queued until the signals are out: the worker takes this lock before
+        // it reads a termination, so it sees whether they went out, and never steps meanwhile.
+        let ids = stoppable.lock().unwrap_or_else(PoisonError::into_inner);
+        let (eviction, signalled) = Self::queue(handle, uid, grace, Reason::Evicted(message))?;
+        drop(workers);
         if let Some(signals) = self.ctx.runtime.stop_signals()
-            && !stoppable.is_empty()
+            && !grace.is_zero()
+            && !ids.is_empty()
         {
             // Every container is tried; the worker signals those that failed, and tells the requester then.
-            let sent = stoppable.iter().filter(|id| signals.signal_stop_now(id)).count();
-            if sent == stoppable.len() {
+            let sent = ids.iter().filter(|id| signals.signal_stop_now(id)).count();
+            if sent == ids.len() {
                 signalled.tell(Instant::now());
             }
         }
@@ -354,7 +362,9 @@ impl<R: Runtime> PodManager<R> {
     /// Terminates a pod because the node shuts down, within `grace` (the pod's own if shorter): it ends `Failed`
     /// with the kubelet's reason `Terminated`, and starts again when the node is back.
     pub fn shut_down(&self, uid: &str, grace: Duration) -> Result<Eviction, TerminateError> {
-        self.terminate_for(uid, grace, Reason::Shutdown, false).map(|(eviction, ..)| eviction)
+        let mut workers = self.workers();
+        let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
+        Self::queue(handle, uid, grace, Reason::Shutdown).map(|(eviction, _)| eviction)
     }
 
     /// The pods that have a worker, for the node's shutdown.
@@ -373,25 +383,16 @@ impl<R: Runtime> PodManager<R> {
             .collect()
     }
 
-    /// Queues a termination for the pod's worker. With `signal_here`, the caller is to send the stop signals of
-    /// the containers returned (see [`Stoppable`]; none with a zero grace period, which kills) once this returns.
-    /// Returns the requester's receivers and the slot that tells the first of them (which the worker tells too).
-    fn terminate_for(
-        &self,
+    /// Queues a termination for a pod's worker. Returns the requester's receivers and the slot that tells the
+    /// first of them (which the worker tells too).
+    fn queue(
+        handle: &mut Handle,
         uid: &str,
         grace: Duration,
         reason: Reason,
-        signal_here: bool,
-    ) -> Result<(Eviction, Signalled, Vec<String>), TerminateError> {
+    ) -> Result<(Eviction, Signalled), TerminateError> {
         let (done_tx, terminated) = oneshot::channel();
         let (slot, signalled) = Signalled::new();
-        let mut workers = self.workers();
-        let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        let stoppable = if signal_here && !grace.is_zero() {
-            handle.stoppable.lock().unwrap_or_else(PoisonError::into_inner).clone()
-        } else {
-            Vec::new()
-        };
         let req = TerminateRequest {
             grace: Some(grace),
             reason: reason.clone(),
@@ -400,7 +401,7 @@ impl<R: Runtime> PodManager<R> {
         };
         handle.terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
         handle.terminating = Some((grace, reason));
-        Ok((Eviction { signalled, terminated }, slot, stoppable))
+        Ok((Eviction { signalled, terminated }, slot))
     }
 
     /// Whether the runtime can run containers, and pods on the pod network.

@@ -236,11 +236,17 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
     r.manager.pass().await;
     assert!(r.manager.ahead.is_some());
     r.host.set_usage(&late, 900 * MIB, 1);
+    // A pause in the fall (a hog between two bursts) keeps the candidates read: no fall over the last 60 ms.
+    let read_at = r.manager.ahead.as_ref().map(|a| a.0);
+    tokio::time::advance(Duration::from_millis(60)).await;
+    r.manager.pass().await;
+    assert!(!r.manager.rates.falling_fast(Signal::MemoryAvailable));
+    assert_eq!(r.manager.ahead.as_ref().map(|a| a.0), read_at, "kept, not read again");
     tokio::time::advance(Duration::from_millis(50)).await;
     r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
     r.manager.pass().await;
     settle().await;
-    assert_eq!(r.evictor.victims(), ["early"], "chosen from the usage read 50 ms before");
+    assert_eq!(r.evictor.victims(), ["early"], "chosen from the usage read 110 ms before");
     // A read-ahead older than READ_AHEAD_AGE is not used: the next victim is chosen on fresh usage.
     r.deliver();
     r.evictor.terminations.lock().unwrap().drain(..).for_each(|t| t.send(()).unwrap());

@@ -297,6 +297,9 @@ impl<R: Runtime> Worker<R> {
     /// Takes a termination request: its requesters are told what they wait for. Where an eviction has just sent
     /// the stop signals itself, the victims get [`nodewarden_eviction::VICTIM_HEADSTART`] of the CPU first.
     async fn accept(&mut self, req: TerminateRequest) -> Input {
+        // An eviction holds the list while it signals (see `PodManager::evict`): once it is free, the signals are
+        // out, or left to this worker.
+        drop(self.stoppable.lock().unwrap_or_else(PoisonError::into_inner));
         if req.signalled.as_ref().is_some_and(Signalled::is_told) {
             tokio::time::sleep(nodewarden_eviction::VICTIM_HEADSTART).await;
         }
