@@ -702,6 +702,10 @@ impl<E: Evictor> EvictionManager<E> {
     /// What `condition`'s signals said before now is out of date: they are read at the next pass.
     fn settled(&mut self, condition: Condition) {
         self.settled_in.insert(condition, self.passes);
+        // Candidates read before a victim was reclaimed are such a reading too (the victim among them).
+        if condition != Condition::DiskPressure {
+            self.ahead = None;
+        }
         let now = Instant::now();
         for (s, at) in &mut self.due {
             if s.condition() == condition {
@@ -790,6 +794,10 @@ impl<E: Evictor> EvictionManager<E> {
                 Victim { candidate: victim, grace, message, reclaims, requested, early: None }
             })
             .collect();
+        // The victims leave the candidates read ahead: a later pass must not choose them again.
+        if let Some((_, found)) = &mut self.ahead {
+            found.retain(|c| !victims.iter().any(|v| v.candidate.uid == c.uid));
+        }
         ranked.truncate(10);
         Some(Handover { breach: breach.clone(), ranked, decided, age, victims })
     }

@@ -342,7 +342,7 @@ impl<R: Runtime> PodManager<R> {
         let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
         let stoppable = handle.stoppable.clone();
         // Held from before the termination is queued until the signals are out: the worker takes this lock before
-        // it reads a termination, so it sees whether they went out, and never steps meanwhile.
+        // it acts on a termination (and clears the list before any step), so it sees whether they went out.
         let ids = stoppable.lock().unwrap_or_else(PoisonError::into_inner);
         let (eviction, signalled) = Self::queue(handle, uid, grace, Reason::Evicted(message))?;
         drop(workers);

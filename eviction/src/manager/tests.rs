@@ -210,6 +210,17 @@ async fn a_victim_that_cannot_be_evicted_is_skipped_with_a_back_off() {
     assert_eq!(r.manager.failed["broken"].backoff, VICTIM_BACKOFF * 2);
 }
 
+/// Memory falls fast toward a 100 MiB threshold (450 MiB in 100 ms, to 50 MiB above it): the candidates are read
+/// ahead.
+async fn fall_toward_the_threshold(r: &mut Rig) {
+    r.host.set_memory(1 << 30, 600 * MIB, 600 * MIB);
+    r.manager.pass().await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
+    r.manager.pass().await;
+    assert!(r.manager.ahead.is_some(), "read ahead");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh() {
     let mut r = rig(
@@ -227,14 +238,8 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
     tokio::time::advance(Duration::from_millis(100)).await;
     r.manager.pass().await;
     assert!(r.manager.ahead.is_none(), "a node holding steady near a threshold reads nothing ahead");
-    // Falling fast (450 MiB in 100 ms, then 50 MiB above it), the candidates are read ahead; "late" then
-    // outgrows "early".
-    r.host.set_memory(1 << 30, 600 * MIB, 600 * MIB);
-    r.manager.pass().await;
-    tokio::time::advance(Duration::from_millis(100)).await;
-    r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
-    r.manager.pass().await;
-    assert!(r.manager.ahead.is_some());
+    // Falling fast, the candidates are read ahead; "late" then outgrows "early".
+    fall_toward_the_threshold(&mut r).await;
     r.host.set_usage(&late, 900 * MIB, 1);
     // A pause in the fall (a hog between two bursts) keeps the candidates read: no fall over the last 60 ms.
     let read_at = r.manager.ahead.as_ref().map(|a| a.0);
@@ -417,6 +422,31 @@ async fn breaches_of_one_pass_are_handed_over_together_then_given_one_headstart(
     assert!(at.iter().all(|t| *t == start), "both handed over at once, before any wait: {at:?}");
     assert!(took >= VICTIM_HEADSTART && took < 2 * VICTIM_HEADSTART, "one headstart per pass: {took:?}");
     assert_eq!(r.manager.status().history().len(), 2, "both recorded after it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_victim_that_ended_is_not_chosen_again_from_the_read_ahead() {
+    let mut r = rig(
+        settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
+        vec![(pod("early", None, json!({})), 500 * MIB, 1), (pod("late", None, json!({})), 100 * MIB, 1)],
+    );
+    fall_toward_the_threshold(&mut r).await;
+    tokio::time::advance(Duration::from_millis(50)).await;
+    r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["early"]);
+    // The victim ends and leaves the ledger while memory is still short (another pod grows), well within the
+    // read-ahead's age.
+    r.deliver();
+    r.evictor.terminations.lock().unwrap().drain(..).for_each(|t| t.send(()).unwrap());
+    settle().await;
+    r.deliver();
+    r.resources.lock().unwrap().release("early").unwrap();
+    tokio::time::advance(Duration::from_millis(10)).await;
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["early", "late"], "the pod that ended is not chosen again");
 }
 
 #[tokio::test(start_paused = true)]
