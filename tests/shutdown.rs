@@ -108,10 +108,15 @@ fn a_poweroff_terminates_the_pods_by_priority_within_their_shares() {
         let p = phases();
         p.len() == 3 && p.values().all(|(phase, _, _)| phase == "Running")
     });
-    // The daemon holds logind's delay lock, and logind waits the whole period for it (raised from its 5 s).
-    let inhibitors = Command::new("systemd-inhibit").args(["--list", "--no-pager"]).output().unwrap();
-    let inhibitors = String::from_utf8_lossy(&inhibitors.stdout).into_owned();
-    assert!(inhibitors.lines().any(|l| l.contains("nodewarden") && l.contains("delay")), "{inhibitors}");
+    // The daemon holds logind's delay lock (taken once logind answers on the bus, which may come after the pods
+    // run), and logind waits the whole period for it (raised from its 5 s).
+    let inhibitors = || {
+        let out = Command::new("systemd-inhibit").args(["--list", "--no-pager"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_until(30, "the daemon holds logind's delay lock", || {
+        inhibitors().lines().any(|l| l.contains("nodewarden") && l.contains("delay"))
+    });
     let delay = Command::new("busctl")
         .args(["get-property", "org.freedesktop.login1", "/org/freedesktop/login1"])
         .args(["org.freedesktop.login1.Manager", "InhibitDelayMaxUSec"])
