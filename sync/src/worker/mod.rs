@@ -159,6 +159,8 @@ pub(crate) struct Worker<R> {
     events: mpsc::UnboundedSender<Event>,
     busy: Arc<Mutex<Option<Instant>>>,
     stoppable: Stoppable,
+    /// Whether the spec has a preStop hook to run ([`terminate::has_pre_stop`]), read once per spec.
+    pre_stop_hooked: bool,
     name_lock: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
     /// When the worker was made, until the pod-start metric has counted it.
@@ -188,6 +190,7 @@ impl<R: Runtime> Worker<R> {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             lifecycle: Lifecycle::new(&pod),
             qos: PodResources::from_pod(&pod).ok().map(|r| r.qos_class()),
+            pre_stop_hooked: terminate::has_pre_stop(&pod),
             pod,
             shared,
             placement: None,
@@ -265,6 +268,7 @@ impl<R: Runtime> Worker<R> {
                     if pod == self.pod {
                         continue;
                     }
+                    self.pre_stop_hooked = terminate::has_pre_stop(&pod);
                     self.pod = pod;
                     self.published = None;
                     Input::SpecUpdate { grace: grace_period(&self.pod) }
@@ -371,15 +375,10 @@ impl<R: Runtime> Worker<R> {
     /// with their stop signals and nothing else. A pod with a preStop hook anywhere in its spec (fixed for its UID)
     /// never has any, whichever containers run at the moment.
     fn publish_stoppable(&self) {
-        let hooked = self.pod.spec.as_ref().is_some_and(|spec| {
-            spec.init_containers
-                .iter()
-                .flatten()
-                .chain(&spec.containers)
-                .any(|c| c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).is_some_and(|h| h.exec.is_some()))
-        });
         let ids = match self.lifecycle.state {
-            PodState::Initializing | PodState::Running if !hooked && self.shared.runtime.stop_signals().is_some() => {
+            PodState::Initializing | PodState::Running
+                if !self.pre_stop_hooked && self.shared.runtime.stop_signals().is_some() =>
+            {
                 self.lifecycle.running_ids()
             }
             _ => Vec::new(),

@@ -8,6 +8,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use nodewarden_resources::{PlaceError, ResourceManager};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -16,6 +17,19 @@ use super::lifecycle::KILL_WAIT;
 use super::{Event, Sandbox, Worker};
 use crate::runtime::{Runtime, SandboxRuntime};
 use crate::volumes;
+
+/// The command of a container's exec preStop hook: the one hook the worker runs (a hook without a command runs
+/// nothing).
+fn exec_pre_stop(container: &Container) -> Option<&Vec<String>> {
+    container.lifecycle.as_ref()?.pre_stop.as_ref()?.exec.as_ref()?.command.as_ref()
+}
+
+/// Whether any container of the pod has a preStop hook the worker would run before its stop signal.
+pub(super) fn has_pre_stop(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|spec| {
+        spec.init_containers.iter().flatten().chain(&spec.containers).any(|c| exec_pre_stop(c).is_some())
+    })
+}
 
 /// Polls `stops` once, which sends each container's stop signal, then tells the worker the signals went out (the
 /// requesters are told while the stops wait for the exits). Returns whether the stops still wait.
@@ -31,8 +45,13 @@ impl<R: Runtime> Worker<R> {
         let i = self.lifecycle.index_of(id)?;
         let name = &self.lifecycle.containers[i].name;
         let spec = self.pod.spec.as_ref()?;
-        let container = spec.init_containers.iter().flatten().chain(&spec.containers).find(|c| &c.name == name)?;
-        container.lifecycle.as_ref()?.pre_stop.as_ref()?.exec.as_ref()?.command.clone()
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .find(|c| &c.name == name)
+            .and_then(exec_pre_stop)
+            .cloned()
     }
 
     /// Runs the preStop hooks, then stops each container with what is left of the grace period. Reports

@@ -396,6 +396,43 @@ async fn an_evicted_pod_with_a_pre_stop_hook_is_signalled_by_its_worker_after_th
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pre_stop_hook_added_by_a_spec_update_keeps_the_evictions_signal_for_the_worker() {
+    let h = harness();
+    h.set(vec![pod("u16", json!({"containers": [app("app")]}))]).await;
+    h.until("u16", "runs", |v| phase(v) == "Running").await;
+    // An exec hook without a command runs nothing: no hook.
+    let empty = json!({"name": "app", "image": "busybox", "command": ["sleep", "600"],
+        "lifecycle": {"preStop": {"exec": {}}}});
+    h.set(vec![pod("u16", json!({"containers": [empty]}))]).await;
+    let hooked = json!({"name": "app", "image": "busybox", "command": ["sleep", "600"],
+        "lifecycle": {"preStop": {"exec": {"command": ["true"]}}}});
+    h.set(vec![pod("u16", json!({"containers": [hooked]}))]).await;
+    h.until("u16", "has the hook", |v| {
+        v["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][0] == "true"
+    })
+    .await;
+    let eviction = h.manager.evict("u16", Duration::from_secs(1), "evicted".into()).unwrap();
+    assert!(h.fake.signals.lock().unwrap().is_empty(), "the hook of the new spec runs before any SIGTERM");
+    eviction.terminated.await.unwrap();
+    assert_eq!(h.fake.signals.lock().unwrap().iter().map(|s| s.1).collect::<Vec<_>>(), [SIGTERM]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_exec_pre_stop_hook_without_a_command_is_no_hook() {
+    let h = harness();
+    let empty = json!({"name": "app", "image": "busybox", "command": ["sleep", "600"],
+        "lifecycle": {"preStop": {"exec": {}}}});
+    h.set(vec![pod("u17", json!({"containers": [empty]}))]).await;
+    h.until("u17", "runs", |v| phase(v) == "Running").await;
+    let _eviction = h.manager.evict("u17", Duration::from_secs(1), "evicted".into()).unwrap();
+    assert_eq!(
+        h.fake.signals.lock().unwrap().iter().map(|s| s.1).collect::<Vec<_>>(),
+        [SIGTERM],
+        "signalled on the caller's thread, as a pod without a hook"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_evicted_pod_whose_container_exits_0_at_once_ends_evicted_not_succeeded() {
     let h = harness();
     h.fake.graceful.lock().unwrap().push("app".into());
