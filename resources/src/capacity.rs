@@ -1,6 +1,5 @@
 //! Node capacity: memory, CPUs, PIDs and the node and image file systems, read from `/proc`, `/sys` and statfs.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::cgroupfs::{CgroupFs, CgroupPath};
@@ -63,12 +62,8 @@ pub struct Capacity {
     pub ephemeral_storage: u64,
 }
 
-pub(crate) fn read_text(path: &Path) -> Result<String, IoError> {
-    fs::read_to_string(path).map_err(|e| IoError::new(Op::Read, path, e))
-}
-
 pub(crate) fn read_parsed<T>(path: &Path, parse: impl Fn(&str) -> Result<T, String>) -> Result<T, CgroupError> {
-    let text = read_text(path)?;
+    let text = crate::kernel_file::read_text(path)?;
     parse(&text).map_err(|reason| ParseError { path: path.to_owned(), reason }.into())
 }
 

@@ -139,8 +139,7 @@ impl CgroupFs {
 
     /// Reads a control file.
     pub fn read(&self, cg: &CgroupPath, name: &str) -> Result<String, IoError> {
-        let path = self.file(cg, name);
-        fs::read_to_string(&path).map_err(|e| IoError::new(Op::Read, path, e))
+        crate::kernel_file::read_text(&self.file(cg, name))
     }
 
     /// Writes a control file in one `write(2)`, as the kernel expects. Refused outside the write scope.

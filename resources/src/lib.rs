@@ -19,6 +19,7 @@ mod capacity;
 mod cgroupfs;
 mod error;
 mod host;
+mod kernel_file;
 mod ledger;
 mod limits;
 mod names;
