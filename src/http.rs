@@ -62,7 +62,10 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 
 /// Every pod with its status as a `v1.PodList`, plus an entry per refused manifest, as the kubelet's `/pods`.
 async fn pods(State(shared): State<Arc<Shared>>) -> Response {
-    axum::Json(shared.store.pod_list()).into_response()
+    match shared.store.pod_list_json() {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot render the pods: {e}\n")).into_response(),
+    }
 }
 
 /// The node conditions, the thresholds met and the recent evictions (oldest first), each with the signal, its
