@@ -80,9 +80,12 @@ impl ProcessRuntime {
             working_dir: spec.working_dir.clone().unwrap_or_else(|| "/".into()),
             user: spec.user,
             // Without runAsGroup, the user's primary group on the host, never root's by default.
+            // (`/etc/passwd` is read only for a container that sets a user.)
             group: spec.group.or_else(|| {
-                let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-                spec.user.map(|u| confine::primary_group(&passwd, u))
+                spec.user.map(|u| {
+                    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+                    confine::primary_group(&passwd, u)
+                })
             }),
             groups: spec.security.supplemental_groups.clone(),
             no_new_privs: spec.security.no_new_privs,
