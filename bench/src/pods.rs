@@ -47,19 +47,19 @@ fn manifest(name: &str, memory: Option<&str>, probe_port: Option<u16>) -> String
 #[derive(serde::Deserialize)]
 struct Brief {
     #[serde(default)]
-    status: BriefStatus,
+    status: Option<BriefStatus>,
 }
 
-#[derive(serde::Deserialize, Default)]
+#[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct BriefStatus {
     phase: Option<String>,
-    #[serde(default)]
-    container_statuses: Vec<BriefContainer>,
+    container_statuses: Option<Vec<BriefContainer>>,
 }
 
 #[derive(serde::Deserialize)]
 struct BriefContainer {
+    #[serde(default)]
     ready: bool,
 }
 
@@ -81,11 +81,11 @@ fn count(port: u16, f: impl Fn(&Brief) -> bool) -> usize {
 }
 
 fn running(p: &Brief) -> bool {
-    p.status.phase.as_deref() == Some("Running")
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
 fn ready(p: &Brief) -> bool {
-    p.status.container_statuses.first().is_some_and(|c| c.ready)
+    p.status.as_ref().and_then(|s| s.container_statuses.as_ref()?.first()).is_some_and(|c| c.ready)
 }
 
 fn clear(dir: &Path, port: u16) -> Result<()> {

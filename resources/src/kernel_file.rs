@@ -9,7 +9,8 @@ use std::path::Path;
 
 use crate::error::{IoError, Op};
 
-/// The first buffer: one page, larger than any file the daemon reads from the kernel.
+/// The first buffer: one page, larger than the files the daemon polls (a longer one, such as the `cgroup.procs` of
+/// a busy cgroup, doubles it as often as it needs).
 const FIRST_READ: usize = 4096;
 
 /// Reads the kernel file at `path` as text.

@@ -372,8 +372,8 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Says which containers an eviction may signal itself (see [`Stoppable`]): the pod's termination would begin
-    /// with their stop signals and nothing else. A pod with a preStop hook anywhere in its spec (fixed for its UID)
-    /// never has any, whichever containers run at the moment.
+    /// with their stop signals and nothing else. A pod with an exec preStop hook anywhere in its spec (read once
+    /// per spec) never has any, whichever containers run at the moment.
     fn publish_stoppable(&self) {
         let ids = match self.lifecycle.state {
             PodState::Initializing | PodState::Running

@@ -404,6 +404,8 @@ async fn a_pre_stop_hook_added_by_a_spec_update_keeps_the_evictions_signal_for_t
     let empty = json!({"name": "app", "image": "busybox", "command": ["sleep", "600"],
         "lifecycle": {"preStop": {"exec": {}}}});
     h.set(vec![pod("u16", json!({"containers": [empty]}))]).await;
+    h.until("u16", "has the empty hook", |v| v["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"].is_object())
+        .await;
     let hooked = json!({"name": "app", "image": "busybox", "command": ["sleep", "600"],
         "lifecycle": {"preStop": {"exec": {"command": ["true"]}}}});
     h.set(vec![pod("u16", json!({"containers": [hooked]}))]).await;
