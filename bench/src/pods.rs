@@ -46,7 +46,6 @@ fn manifest(name: &str, memory: Option<&str>, probe_port: Option<u16>) -> String
 /// CPUs, so it parses no more than these fields (a JSON tree of every pod took a good share of a CPU).
 #[derive(serde::Deserialize)]
 struct Brief {
-    #[serde(default)]
     status: Option<BriefStatus>,
 }
 
