@@ -8,7 +8,8 @@ pub const REQUIRED_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 /// Controllers enabled for pods when the kernel offers them.
 pub const OPTIONAL_CONTROLLERS: [&str; 3] = ["cpuset", "io", "hugetlb"];
 
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// The `f_type` that statfs(2) reports for a cgroup2 file system.
+pub const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const VM_HINT: &str = "run nodewarden on a host with the cgroup v2 unified hierarchy (boot with systemd.unified_cgroup_hierarchy=1 \
 or cgroup_no_v1=all), or try it in the VM of deploy/vm";
 

@@ -42,7 +42,9 @@ pub use bounded::{BoundedReadError, read_bounded};
 pub use capacity::{Capacity, FsStats, HostPaths, fs_stats, read_capacity, read_meminfo};
 pub use cgroupfs::{CgroupFs, CgroupPath, open_psi_trigger};
 pub use error::{CgroupError, IoError, NameError, Op, ParseError};
-pub use host::{HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host};
+pub use host::{
+    CGROUP2_SUPER_MAGIC, HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host,
+};
 pub use ledger::{
     AdmitError, ContainerPlacement, DAEMON_CPU_WEIGHT, EvictionCandidate, PlaceError, Placement, ResourceConfig,
     ResourceManager,

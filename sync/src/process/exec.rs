@@ -1,7 +1,8 @@
 //! Launching a container process. The daemon starts a child (sharing its memory until the exec, as `posix_spawn`
 //! does, see `sys::Spawn`) and the child, before it execs the container's command, joins
-//! the container cgroup (through a descriptor of the cgroup's `cgroup.procs`, which the resources crate names and
-//! the daemon opens beforehand), sets its `oom_score_adj`, makes the volume mounts in a private mount
+//! the container cgroup (a main process is created in it, through a descriptor of the cgroup's directory; a command
+//! run in the container writes itself to the cgroup's `cgroup.procs`, which the resources crate names and the daemon
+//! opens beforehand), sets its `oom_score_adj`, makes the volume mounts in a private mount
 //! namespace, changes to the working directory and takes the container's user. So the command's first instruction
 //! already runs inside its cgroup, and nothing it forks can escape the accounting. Everything the child needs is
 //! prepared here, in the daemon, so that the child only makes system calls (see `sys::ChildSetup`).
@@ -114,7 +115,18 @@ impl ExecRequest {
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| format!("cannot open /dev/null: {e}"))?;
-        Ok(Spawn { candidates, argv, envp, stdio: [stdin, stdout, stderr], setup })
+        Ok(Spawn { candidates, argv, envp, stdio: [stdin, stdout, stderr], setup, cgroup: self.cgroup_dir()? })
+    }
+
+    /// The container cgroup's directory, open for the child to be created in, when it is a cgroup v2 directory
+    /// (else `None`: the child joins through `cgroup.procs`, as in tests on a plain directory).
+    fn cgroup_dir(&self) -> Result<Option<OwnedFd>, String> {
+        use rustix::fs::{Mode, OFlags};
+        let dir = self.cgroup_procs.parent().unwrap_or(Path::new("/"));
+        let fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+        let st = rustix::fs::fstatfs(&fd).map_err(|e| format!("cannot statfs {}: {e}", dir.display()))?;
+        Ok((st.f_type == nodewarden_resources::CGROUP2_SUPER_MAGIC).then_some(fd))
     }
 }
 

@@ -25,7 +25,8 @@ pub async fn pidfd_exited(pidfd: OwnedFd) -> std::io::Result<()> {
 /// daemon: the child of a multi-threaded process may only make async-signal-safe calls, so nothing here
 /// allocates, formats or takes a lock (another thread may have held the allocator's lock at the fork).
 pub struct ChildSetup {
-    /// The container cgroup's `cgroup.procs`, open for writing (close-on-exec): writing `0` moves the writer.
+    /// The container cgroup's `cgroup.procs`, open for writing (close-on-exec): writing `0` moves the writer. Not
+    /// written by a child that was created in the cgroup.
     pub procs: OwnedFd,
     /// The `oom_score_adj` value, in decimal.
     pub oom_score_adj: Vec<u8>,
@@ -68,12 +69,15 @@ impl ChildSetup {
         // `Errno` values turned into `io::Error::from_raw_os_error`, which does not allocate either.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(move || self.run().map_err(std::io::Error::from));
+            cmd.pre_exec(move || self.run(false).map_err(std::io::Error::from));
         }
     }
 
-    fn run(&self) -> rustix::io::Result<()> {
-        write_all(&self.procs, b"0")?;
+    /// The steps; `born_in_cgroup` when the child was created in the container cgroup, so it need not move there.
+    fn run(&self, born_in_cgroup: bool) -> rustix::io::Result<()> {
+        if !born_in_cgroup {
+            write_all(&self.procs, b"0")?;
+        }
         let adj = rustix::fs::open(c"/proc/self/oom_score_adj", OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
         write_all(&adj, &self.oom_score_adj)?;
         drop(adj);
@@ -190,6 +194,9 @@ pub struct Spawn {
     pub stdio: [OwnedFd; 3],
     /// The steps before exec.
     pub setup: ChildSetup,
+    /// The container cgroup's directory, when the child can be created in it (a cgroup v2 directory): then it does
+    /// not move itself there, which takes the kernel's cgroup lock and may wait for an RCU grace period.
+    pub cgroup: Option<OwnedFd>,
 }
 
 /// A started container process: its PID and a pidfd for it.
@@ -208,6 +215,8 @@ struct ChildArgs<'a> {
     envp: Vec<*const libc::c_char>,
     /// For each candidate, the argv of `/bin/sh` running it as a script: `sh`, the candidate, the arguments.
     sh_argv: Vec<Vec<*const libc::c_char>>,
+    /// The child was created in the container cgroup.
+    born_in_cgroup: bool,
     /// The errno of the step that failed, set by the child before it exits; 0 when it exec'd.
     error: std::sync::atomic::AtomicI32,
 }
@@ -254,7 +263,7 @@ impl ChildArgs<'_> {
                 return errno();
             }
         }
-        if let Err(e) = self.spawn.setup.run() {
+        if let Err(e) = self.spawn.setup.run(self.born_in_cgroup) {
             return e;
         }
         // As execvp: a missing file or directory (or one that cannot be reached) moves on to the next candidate, so
@@ -313,7 +322,7 @@ unsafe fn set_signal_mask(mask: u64, old: Option<&mut u64>) -> libc::c_long {
 }
 
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the `ChildArgs` that `Spawn::spawn` passed to `clone`; the daemon's thread that owns it is
+    // SAFETY: `arg` is the `ChildArgs` that `Spawn::spawn` passed to the clone; the daemon's thread that owns it is
     // suspended (CLONE_VFORK) until this child execs or exits, so it is alive and nobody else writes it.
     #[allow(unsafe_code)]
     let args = unsafe { &*arg.cast::<ChildArgs<'_>>() };
@@ -326,13 +335,135 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
+/// The kernel's `struct clone_args` for clone3(2), up to `cgroup` (its second version, 88 bytes).
+#[cfg(target_arch = "x86_64")]
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// clone3's flag to create the child in the cgroup of `clone_args.cgroup` (Linux 5.7).
+#[cfg(target_arch = "x86_64")]
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Cleared when the kernel refused clone3 or `CLONE_INTO_CGROUP` (too old, or a seccomp filter): later children
+/// move themselves into their cgroup.
+static CLONE3_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// The flags shared by both ways of starting a child: it shares the daemon's memory, the calling thread waits for
+/// its exec or exit, and the kernel makes a pidfd for it.
+const CLONE_FLAGS: libc::c_int = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD;
+
+/// Starts `child_main(arg)` on `stack` with clone(2), through the C library, which runs the function on the new
+/// stack. Returns the child's PID.
+///
+/// # Safety
+/// As for [`Spawn::spawn`]'s clone: every signal blocked, `arg` a `ChildArgs` alive until this returns, `pidfd`
+/// writable.
+#[allow(unsafe_code)]
+unsafe fn clone_vfork(stack: &ChildStack, arg: *mut libc::c_void, pidfd: *mut libc::c_int) -> std::io::Result<i32> {
+    // SAFETY: as the caller guarantees; CLONE_VFORK keeps `stack` and `arg` alive until the child execs or exits.
+    let pid = unsafe { libc::clone(child_main, stack.top(), CLONE_FLAGS | libc::SIGCHLD, arg, pidfd) };
+    if pid < 0 { Err(std::io::Error::last_os_error()) } else { Ok(pid) }
+}
+
+/// Starts `child_main(arg)` on `stack` with clone3(2), created in the cgroup `cgroup` is a directory of. The C
+/// library has no clone3 for a child that runs a function on its own stack, so the system call is made here: the
+/// child, on its new stack with its registers as the parent's, calls `child_main`, which never returns (it execs
+/// or exits; the `exit` after it is a guard). Returns `None` when the kernel refuses clone3 or the flag (ENOSYS,
+/// E2BIG), so that the caller starts the child another way.
+///
+/// # Safety
+/// As for [`clone_vfork`].
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+unsafe fn clone3_in_cgroup(
+    stack: &ChildStack,
+    cgroup: std::os::fd::BorrowedFd<'_>,
+    arg: *mut libc::c_void,
+    pidfd: *mut libc::c_int,
+) -> std::io::Result<Option<i32>> {
+    use std::os::fd::AsRawFd;
+    let clone_args = CloneArgs {
+        flags: u64::from(CLONE_FLAGS.cast_unsigned()) | CLONE_INTO_CGROUP,
+        pidfd: pidfd.addr() as u64,
+        exit_signal: u64::from(libc::SIGCHLD.cast_unsigned()),
+        stack: stack.0.addr() as u64,
+        stack_size: CHILD_STACK as u64,
+        cgroup: u64::from(cgroup.as_raw_fd().cast_unsigned()),
+        ..CloneArgs::default()
+    };
+    let main: extern "C" fn(*mut libc::c_void) -> libc::c_int = child_main;
+    let ret: i64;
+    // SAFETY: the system call's arguments are valid for it (`clone_args` read by the kernel during the call, the
+    // stack mapped for the child). The parent's registers other than rax, rcx and r11 are kept and it does not
+    // touch its stack (`nostack`). The child starts at the instruction after `syscall` with rax 0, the stack
+    // pointer at the top of `stack` (16-byte aligned, so `call` leaves the alignment the C ABI expects), and r12
+    // and r13 as the parent had them: it calls `child_main(arg)`, which does not return.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "mov rdi, r13",
+            "call r12",
+            "mov edi, eax",
+            "mov eax, {exit}",
+            "syscall",
+            "ud2",
+            "2:",
+            exit = const libc::SYS_exit,
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") &raw const clone_args,
+            in("rsi") size_of::<CloneArgs>(),
+            in("r12") main,
+            in("r13") arg,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    match ret {
+        0.. => Ok(Some(i32::try_from(ret).map_err(std::io::Error::other)?)),
+        e if e == -i64::from(libc::ENOSYS) || e == -i64::from(libc::E2BIG) => Ok(None),
+        e => Err(std::io::Error::from_raw_os_error(i32::try_from(-e).unwrap_or(libc::EIO))),
+    }
+}
+
+/// Without clone3 on this architecture, every child moves itself into its cgroup.
+///
+/// # Safety
+/// None needed; the signature is [`clone3_in_cgroup`]'s on x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(unsafe_code)]
+unsafe fn clone3_in_cgroup(
+    _: &ChildStack,
+    _: std::os::fd::BorrowedFd<'_>,
+    _: *mut libc::c_void,
+    _: *mut libc::c_int,
+) -> std::io::Result<Option<i32>> {
+    Ok(None)
+}
+
 impl Spawn {
     /// Starts the process as `posix_spawn` does: the child shares the daemon's memory, the calling thread waits
     /// until it has exec'd (or failed), so nothing of the daemon is copied. A fork would copy the page tables of
-    /// the whole locked daemon and make both sides copy every page the daemon writes until the exec. Blocks for
-    /// the child's steps, its move into its cgroup included. Returns the errno of the step that failed.
+    /// the whole locked daemon and make both sides copy every page the daemon writes until the exec. The child is
+    /// created in its cgroup where the kernel can (clone3, `CLONE_INTO_CGROUP`), else it moves itself there. Blocks
+    /// for the child's steps. Returns the errno of the step that failed.
     pub fn spawn(&self) -> std::io::Result<Spawned> {
-        let args = ChildArgs {
+        let mut args = ChildArgs {
             spawn: self,
             candidates: self.candidates.iter().map(|c| c.as_ptr()).collect(),
             argv: null_terminated(&self.argv),
@@ -348,6 +479,7 @@ impl Spawn {
                         .collect()
                 })
                 .collect(),
+            born_in_cgroup: false,
             error: std::sync::atomic::AtomicI32::new(0),
         };
         let stack = ChildStack::new()?;
@@ -356,25 +488,33 @@ impl Spawn {
         // the daemon's own is put back after the exec.
         let dumpable = rustix::process::dumpable_behavior().ok();
         // SAFETY: every signal is blocked around the clone so that no handler of the daemon's runs in the child
-        // before it resets them; the child runs `child_main` on `stack` with `args`, both alive until `clone`
+        // before it resets them; the child runs `child_main` on `stack` with `args`, both alive until the clone
         // returns (CLONE_VFORK: after the child's exec or exit). The kernel writes the pidfd (CLONE_PIDFD) to
-        // `pidfd`.
+        // `pidfd`. `args` is not touched while a child runs.
         #[allow(unsafe_code)]
-        let (pid, clone_error) = unsafe {
+        let pid = unsafe {
             let mut old = 0u64;
             if set_signal_mask(!0, Some(&mut old)) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            let pid = libc::clone(
-                child_main,
-                stack.top(),
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-                (&raw const args).cast_mut().cast(),
-                &raw mut pidfd,
-            );
-            let clone_error = std::io::Error::last_os_error();
+            let mut pid = Ok(None);
+            if let Some(cgroup) = &self.cgroup
+                && CLONE3_WORKS.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                args.born_in_cgroup = true;
+                pid = clone3_in_cgroup(&stack, cgroup.as_fd(), (&raw mut args).cast(), &raw mut pidfd);
+                if matches!(pid, Ok(None)) {
+                    CLONE3_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
+                    args.born_in_cgroup = false;
+                }
+            }
+            let pid = match pid {
+                Ok(None) => clone_vfork(&stack, (&raw mut args).cast(), &raw mut pidfd),
+                Ok(Some(pid)) => Ok(pid),
+                Err(e) => Err(e),
+            };
             set_signal_mask(old, None);
-            (pid, clone_error)
+            pid
         };
         if let Some(d) = dumpable
             && rustix::process::dumpable_behavior().ok() != Some(d)
@@ -382,9 +522,7 @@ impl Spawn {
             let _ = rustix::process::set_dumpable_behavior(d);
         }
         drop(stack);
-        if pid < 0 {
-            return Err(clone_error);
-        }
+        let pid = pid?;
         // SAFETY: CLONE_PIDFD made `pidfd` a new descriptor that nothing else owns.
         #[allow(unsafe_code)]
         let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
