@@ -492,21 +492,20 @@ impl Spawn {
         // returns (CLONE_VFORK: after the child's exec or exit). The kernel writes the pidfd (CLONE_PIDFD) to
         // `pidfd`. `args` is not touched while a child runs.
         #[allow(unsafe_code)]
-        let pid = unsafe {
+        let (pid, refused) = unsafe {
             let mut old = 0u64;
             if set_signal_mask(!0, Some(&mut old)) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             let mut pid = Ok(None);
+            let mut refused = false;
             if let Some(cgroup) = &self.cgroup
                 && CLONE3_WORKS.load(std::sync::atomic::Ordering::Relaxed)
             {
                 args.born_in_cgroup = true;
                 pid = clone3_in_cgroup(&stack, cgroup.as_fd(), (&raw mut args).cast(), &raw mut pidfd);
-                if matches!(pid, Ok(None)) {
-                    CLONE3_WORKS.store(false, std::sync::atomic::Ordering::Relaxed);
-                    args.born_in_cgroup = false;
-                }
+                refused = matches!(pid, Ok(None)) && CLONE3_WORKS.swap(false, std::sync::atomic::Ordering::Relaxed);
+                args.born_in_cgroup = !matches!(pid, Ok(None));
             }
             let pid = match pid {
                 Ok(None) => clone_vfork(&stack, (&raw mut args).cast(), &raw mut pidfd),
@@ -514,8 +513,13 @@ impl Spawn {
                 Err(e) => Err(e),
             };
             set_signal_mask(old, None);
-            pid
+            (pid, refused)
         };
+        if refused {
+            tracing::info!(
+                "the kernel refuses clone3 with CLONE_INTO_CGROUP: container processes move themselves into their cgroups"
+            );
+        }
         if let Some(d) = dumpable
             && rustix::process::dumpable_behavior().ok() != Some(d)
         {
