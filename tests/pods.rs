@@ -60,6 +60,11 @@ fn manifests_start_edits_replace_and_deletions_terminate() {
     assert_eq!(std::fs::read_to_string(cg.join("app/memory.max")).unwrap().trim(), (32 * MIB).to_string());
     let pids = procs(&cg.join("app"));
     assert_eq!(pids.len(), 1, "the container's process runs in its own cgroup");
+    assert!(
+        !n.d.log().contains("refuses clone3"),
+        "this kernel (5.7 or later) creates the process in its cgroup, without a move:\n{}",
+        n.d.log()
+    );
     let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", pids[0])).unwrap();
     assert_eq!(adj.trim(), "-997", "Guaranteed containers get the kubelet's oom_score_adj");
     let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();

@@ -353,6 +353,9 @@ struct CloneArgs {
     cgroup: u64,
 }
 
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(size_of::<CloneArgs>() == 88, "CLONE_ARGS_SIZE_VER2");
+
 /// clone3's flag to create the child in the cgroup of `clone_args.cgroup` (Linux 5.7).
 #[cfg(target_arch = "x86_64")]
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
