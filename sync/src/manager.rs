@@ -195,7 +195,10 @@ impl<R: Runtime> PodManager<R> {
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let mut workers = self.workers();
         self.reap(&mut workers);
-        for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
+        // A pod told already is not told again: a source sends a snapshot on every change, so a hundred manifests
+        // deleted one by one would otherwise send each terminating worker up to a hundred requests.
+        let gone = |uid: &String, h: &Handle| h.source == snap.source && !h.deleted && !wanted.contains(uid);
+        for (uid, h) in workers.iter_mut().filter(|(uid, h)| gone(uid, h)) {
             h.deleted = true;
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
             let req = TerminateRequest::deleted();

@@ -194,6 +194,7 @@ struct Harness {
     fake: Arc<Fake>,
     manager: Arc<PodManager<Fake>>,
     tx: mpsc::Sender<SourceSnapshot>,
+    registry: prometheus::Registry,
     _drain: tokio_util::sync::DropGuard,
 }
 
@@ -223,13 +224,14 @@ fn harness_on(host: FakeHost) -> Harness {
         log_rotation: crate::LogRotation::default(),
         host_ips: vec!["192.0.2.10".into()],
     };
-    let metrics = SyncMetrics::new(&prometheus::Registry::new()).unwrap();
+    let registry = prometheus::Registry::new();
+    let metrics = SyncMetrics::new(&registry).unwrap();
     let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics);
     let (tx, rx) = mpsc::channel(4);
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(manager.clone().run(rx, shutdown.clone()));
     let drain_tx = shutdown.drop_guard();
-    Harness { cg: host.cgroup_mount().join("nw/kubepods"), _host: host, fake, manager, tx, _drain: drain_tx }
+    Harness { cg: host.cgroup_mount().join("nw/kubepods"), _host: host, fake, manager, tx, registry, _drain: drain_tx }
 }
 
 fn pod(uid: &str, spec: serde_json::Value) -> Pod {
@@ -246,6 +248,17 @@ fn app(name: &str) -> serde_json::Value {
 impl Harness {
     async fn set(&self, pods: Vec<Pod>) {
         self.tx.send(SourceSnapshot { source: crate::FILE_SOURCE, pods, invalid: vec![] }).await.unwrap();
+    }
+
+    /// How many inputs the pod workers have handled (`kubelet_pod_worker_duration_seconds{operation_type="sync"}`).
+    fn worker_syncs(&self) -> u64 {
+        self.registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "kubelet_pod_worker_duration_seconds")
+            .flat_map(|f| f.get_metric())
+            .map(|m| m.get_histogram().get_sample_count())
+            .sum()
     }
 
     /// Waits (in paused time) until the pod's status satisfies `f`.
@@ -375,6 +388,28 @@ async fn deletion_terminates_within_the_grace_period() {
     assert!(!h.fake.is_running("a"));
     assert!(!h.cg.join("besteffort/podu5").exists(), "cgroup released");
     assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["run u5", "remove u5"], "one sandbox, removed at the end");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_pod_is_told_once_however_many_snapshots_follow() {
+    let h = harness();
+    h.set(vec![pod("u31", json!({"terminationGracePeriodSeconds": 60, "containers": [app("stubborn")]}))]).await;
+    h.until("u31", "runs", |v| phase(v) == "Running").await;
+    h.fake.stubborn.lock().unwrap().push("stubborn".into());
+    h.set(vec![]).await;
+    while h.fake.signals.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = h.worker_syncs();
+    assert!(before > 0, "the worker's inputs are counted");
+    // More snapshots without the pod, as the directory source sends one per deleted manifest.
+    for _ in 0..5 {
+        h.set(vec![]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.worker_syncs(), before, "the terminating worker got no further requests");
+    assert!(h.manager.store().get("u31").is_some(), "still in its grace period");
 }
 
 #[tokio::test(start_paused = true)]
