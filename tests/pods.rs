@@ -60,8 +60,9 @@ fn manifests_start_edits_replace_and_deletions_terminate() {
     assert_eq!(std::fs::read_to_string(cg.join("app/memory.max")).unwrap().trim(), (32 * MIB).to_string());
     let pids = procs(&cg.join("app"));
     assert_eq!(pids.len(), 1, "the container's process runs in its own cgroup");
+    // The trampoline that makes the call exists on x86-64 only; elsewhere every process moves itself.
     assert!(
-        !n.d.log().contains("refuses clone3"),
+        cfg!(not(target_arch = "x86_64")) || !n.d.log().contains("refuses clone3"),
         "this kernel (5.7 or later) creates the process in its cgroup, without a move:\n{}",
         n.d.log()
     );

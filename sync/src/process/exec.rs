@@ -1,8 +1,8 @@
 //! Launching a container process. The daemon starts a child (sharing its memory until the exec, as `posix_spawn`
 //! does, see `sys::Spawn`) and the child, before it execs the container's command, joins
-//! the container cgroup (a main process is created in it, through a descriptor of the cgroup's directory; a command
-//! run in the container writes itself to the cgroup's `cgroup.procs`, which the resources crate names and the daemon
-//! opens beforehand), sets its `oom_score_adj`, makes the volume mounts in a private mount
+//! the container cgroup (a main process is created in it, through a descriptor of the cgroup's directory, where the
+//! kernel allows; a command run in the container, or a main process where the kernel refuses, writes itself to the
+//! cgroup's `cgroup.procs`, which the resources crate names and the daemon opens beforehand), sets its `oom_score_adj`, makes the volume mounts in a private mount
 //! namespace, changes to the working directory and takes the container's user. So the command's first instruction
 //! already runs inside its cgroup, and nothing it forks can escape the accounting. Everything the child needs is
 //! prepared here, in the daemon, so that the child only makes system calls (see `sys::ChildSetup`).
@@ -119,10 +119,14 @@ impl ExecRequest {
     }
 
     /// The container cgroup's directory, open for the child to be created in, when it is a cgroup v2 directory
-    /// (else `None`: the child joins through `cgroup.procs`, as in tests on a plain directory).
+    /// and this architecture has the way to do so (else `None`: the child joins through `cgroup.procs`, as in
+    /// tests on a plain directory).
     fn cgroup_dir(&self) -> Result<Option<OwnedFd>, String> {
         use rustix::fs::{Mode, OFlags};
-        let dir = self.cgroup_procs.parent().unwrap_or(Path::new("/"));
+        if cfg!(not(target_arch = "x86_64")) {
+            return Ok(None);
+        }
+        let Some(dir) = self.cgroup_procs.parent() else { return Ok(None) };
         let fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
             .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
         let st = rustix::fs::fstatfs(&fd).map_err(|e| format!("cannot statfs {}: {e}", dir.display()))?;
@@ -247,6 +251,61 @@ mod tests {
         assert_eq!(super::super::sys::wait_exit(child.pidfd).await.unwrap(), (Some(0), None));
         assert_eq!(std::fs::read_to_string(dir.path().join("out")).unwrap(), "65534\n");
         assert_eq!(rustix::process::dumpable_behavior().unwrap(), before, "the shared memory's flag was put back");
+    }
+
+    /// The cgroup v2 directory this test process is in, where the host has a cgroup v2 hierarchy.
+    fn own_cgroup2() -> Option<PathBuf> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mount = mounts.lines().find(|l| l.contains(" - cgroup2 "))?.split(' ').nth(4)?;
+        Some(Path::new(mount).join(path.trim_start_matches('/')))
+    }
+
+    #[tokio::test]
+    async fn a_main_process_is_created_in_its_cgroup_without_writing_cgroup_procs() {
+        let Some(cg) = own_cgroup2().map(|p| p.join(format!("nw-exec-test-{}", std::process::id()))) else {
+            eprintln!("skipped: no cgroup v2 hierarchy");
+            return;
+        };
+        if let Err(e) = std::fs::create_dir(&cg) {
+            eprintln!("skipped: cannot create {}: {e}", cg.display());
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut req = request(&cg);
+        req.env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+        req.argv = vec!["cat".into(), "/proc/self/cgroup".into()];
+        let (out, err) = output_file(dir.path());
+        let mut spawn = req.spawn(out, err).unwrap();
+        if cfg!(not(target_arch = "x86_64")) {
+            assert!(spawn.cgroup.is_none(), "no clone3 trampoline on this architecture");
+            let _ = std::fs::remove_dir(&cg);
+            return;
+        }
+        assert!(spawn.cgroup.is_some(), "a cgroup v2 directory is given to the child to be created in");
+        // Every write to cgroup.procs fails now: the process is in the cgroup only if it was created there.
+        spawn.setup.procs = rustix::fs::open(
+            c"/dev/null",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        let started = spawn.spawn();
+        let exited = match started {
+            Ok(child) => Some(super::super::sys::wait_exit(child.pidfd).await.unwrap()),
+            Err(_) if !super::super::sys::CLONE3_WORKS.load(std::sync::atomic::Ordering::Relaxed) => None,
+            Err(e) => panic!("the start failed: {e}"),
+        };
+        let _ = std::fs::remove_dir(&cg);
+        let Some(exited) = exited else {
+            eprintln!("skipped: this kernel refuses clone3 with CLONE_INTO_CGROUP");
+            return;
+        };
+        assert_eq!(exited, (Some(0), None));
+        let own = std::fs::read_to_string(dir.path().join("out")).unwrap();
+        let line = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+        assert_eq!(Path::new(line).file_name(), cg.file_name(), "the process ran in {line}");
     }
 
     #[test]

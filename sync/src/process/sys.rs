@@ -1,5 +1,6 @@
-//! The system calls that need `unsafe`: the steps a container process takes between fork and exec, and
-//! registering a pidfd with the async runtime to learn when an adopted process exits.
+//! The system calls that need `unsafe`: starting a container process (clone3 into its cgroup through a small
+//! trampoline of our own on x86-64, else clone(2) through the C library), the steps it takes between fork and
+//! exec, and registering a pidfd with the async runtime to learn when an adopted process exits.
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -195,7 +196,10 @@ pub struct Spawn {
     /// The steps before exec.
     pub setup: ChildSetup,
     /// The container cgroup's directory, when the child can be created in it (a cgroup v2 directory): then it does
-    /// not move itself there, which takes the kernel's cgroup lock and may wait for an RCU grace period.
+    /// not move itself there. A move takes the write side of the kernel's lock against concurrent forks, which
+    /// waits for an RCU grace period and holds up every fork on the node meanwhile; creating the child in the
+    /// cgroup takes only the kernel's cgroup mutex and the read side of that lock, which every fork takes. The cgroup's `pids.max` is then enforced at the fork (EAGAIN,
+    /// a failed start), where a move would have let the process in over the limit.
     pub cgroup: Option<OwnedFd>,
 }
 
@@ -354,15 +358,23 @@ struct CloneArgs {
 }
 
 #[cfg(target_arch = "x86_64")]
-const _: () = assert!(size_of::<CloneArgs>() == 88, "CLONE_ARGS_SIZE_VER2");
+const _: () = {
+    use std::mem::offset_of;
+    assert!(size_of::<CloneArgs>() == 88, "CLONE_ARGS_SIZE_VER2");
+    assert!(offset_of!(CloneArgs, pidfd) == 8);
+    assert!(offset_of!(CloneArgs, exit_signal) == 32);
+    assert!(offset_of!(CloneArgs, stack) == 40);
+    assert!(offset_of!(CloneArgs, stack_size) == 48);
+    assert!(offset_of!(CloneArgs, cgroup) == 80);
+};
 
 /// clone3's flag to create the child in the cgroup of `clone_args.cgroup` (Linux 5.7).
 #[cfg(target_arch = "x86_64")]
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// Cleared when the kernel refused clone3 or `CLONE_INTO_CGROUP` (too old, or a seccomp filter): later children
-/// move themselves into their cgroup.
-static CLONE3_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Cleared when the kernel refused clone3 or `CLONE_INTO_CGROUP` (too old, or a seccomp filter) and clone(2)
+/// started the child instead: later children move themselves into their cgroup.
+pub(super) static CLONE3_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// The flags shared by both ways of starting a child: it shares the daemon's memory, the calling thread waits for
 /// its exec or exit, and the kernel makes a pidfd for it.
@@ -381,11 +393,19 @@ unsafe fn clone_vfork(stack: &ChildStack, arg: *mut libc::c_void, pidfd: *mut li
     if pid < 0 { Err(std::io::Error::last_os_error()) } else { Ok(pid) }
 }
 
-/// Starts `child_main(arg)` on `stack` with clone3(2), created in the cgroup `cgroup` is a directory of. The C
+/// Whether clone3's error is a refusal of the call itself, by a kernel too old for it or its flag (ENOSYS, E2BIG)
+/// or by a seccomp filter (ENOSYS, EPERM): the child can still be started with clone(2) and move itself into its
+/// cgroup. Any other error is the cgroup's answer (EAGAIN at its `pids.max`, EBUSY where controllers are enabled
+/// in its `cgroup.subtree_control`) and fails the start as a move would have.
+fn clone3_refused(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG | libc::EPERM))
+}
+
+/// Starts `child_main(arg)` on `stack` with clone3(2), created in the cgroup whose directory `cgroup` is. The C
 /// library has no clone3 for a child that runs a function on its own stack, so the system call is made here: the
-/// child, on its new stack with its registers as the parent's, calls `child_main`, which never returns (it execs
-/// or exits; the `exit` after it is a guard). Returns `None` when the kernel refuses clone3 or the flag (ENOSYS,
-/// E2BIG), so that the caller starts the child another way.
+/// child, on its new stack with its registers as the parent's, clears the frame pointer (a backtrace ends there)
+/// and calls `child_main`, which never returns (it execs or exits; the `exit` after it is a guard). Returns the
+/// child's PID, or the kernel's error (see [`clone3_refused`]).
 ///
 /// # Safety
 /// As for [`clone_vfork`].
@@ -396,7 +416,7 @@ unsafe fn clone3_in_cgroup(
     cgroup: std::os::fd::BorrowedFd<'_>,
     arg: *mut libc::c_void,
     pidfd: *mut libc::c_int,
-) -> std::io::Result<Option<i32>> {
+) -> std::io::Result<i32> {
     use std::os::fd::AsRawFd;
     let clone_args = CloneArgs {
         flags: u64::from(CLONE_FLAGS.cast_unsigned()) | CLONE_INTO_CGROUP,
@@ -413,12 +433,14 @@ unsafe fn clone3_in_cgroup(
     // stack mapped for the child). The parent's registers other than rax, rcx and r11 are kept and it does not
     // touch its stack (`nostack`). The child starts at the instruction after `syscall` with rax 0, the stack
     // pointer at the top of `stack` (16-byte aligned, so `call` leaves the alignment the C ABI expects), and r12
-    // and r13 as the parent had them: it calls `child_main(arg)`, which does not return.
+    // and r13 as the parent had them: it calls `child_main(arg)`, which does not return, so the child's clearing
+    // of rbp is never seen by the parent's code.
     unsafe {
         std::arch::asm!(
             "syscall",
             "test rax, rax",
             "jnz 2f",
+            "xor ebp, ebp",
             "mov rdi, r13",
             "call r12",
             "mov edi, eax",
@@ -438,13 +460,13 @@ unsafe fn clone3_in_cgroup(
         );
     }
     match ret {
-        0.. => Ok(Some(i32::try_from(ret).map_err(std::io::Error::other)?)),
-        e if e == -i64::from(libc::ENOSYS) || e == -i64::from(libc::E2BIG) => Ok(None),
+        0.. => i32::try_from(ret).map_err(std::io::Error::other),
         e => Err(std::io::Error::from_raw_os_error(i32::try_from(-e).unwrap_or(libc::EIO))),
     }
 }
 
-/// Without clone3 on this architecture, every child moves itself into its cgroup.
+/// Without clone3 on this architecture, every child moves itself into its cgroup: the runtime gives no child a
+/// cgroup directory here, so this is not called.
 ///
 /// # Safety
 /// None needed; the signature is [`clone3_in_cgroup`]'s on x86-64.
@@ -455,8 +477,8 @@ unsafe fn clone3_in_cgroup(
     _: std::os::fd::BorrowedFd<'_>,
     _: *mut libc::c_void,
     _: *mut libc::c_int,
-) -> std::io::Result<Option<i32>> {
-    Ok(None)
+) -> std::io::Result<i32> {
+    Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
 impl Spawn {
@@ -500,26 +522,31 @@ impl Spawn {
             if set_signal_mask(!0, Some(&mut old)) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            let mut pid = Ok(None);
-            let mut refused = false;
+            let mut pid = None;
+            let mut refused = None;
             if let Some(cgroup) = &self.cgroup
                 && CLONE3_WORKS.load(std::sync::atomic::Ordering::Relaxed)
             {
                 args.born_in_cgroup = true;
-                pid = clone3_in_cgroup(&stack, cgroup.as_fd(), (&raw mut args).cast(), &raw mut pidfd);
-                refused = matches!(pid, Ok(None)) && CLONE3_WORKS.swap(false, std::sync::atomic::Ordering::Relaxed);
-                args.born_in_cgroup = !matches!(pid, Ok(None));
+                match clone3_in_cgroup(&stack, cgroup.as_fd(), (&raw mut args).cast(), &raw mut pidfd) {
+                    Err(e) if clone3_refused(&e) => refused = Some(e),
+                    started => pid = Some(started),
+                }
             }
-            let pid = match pid {
-                Ok(None) => clone_vfork(&stack, (&raw mut args).cast(), &raw mut pidfd),
-                Ok(Some(pid)) => Ok(pid),
-                Err(e) => Err(e),
-            };
+            let pid = pid.unwrap_or_else(|| {
+                args.born_in_cgroup = false;
+                clone_vfork(&stack, (&raw mut args).cast(), &raw mut pidfd)
+            });
             set_signal_mask(old, None);
             (pid, refused)
         };
-        if refused {
+        // Remembered only once clone(2) did start the child: the refusal was of clone3, not of any new process.
+        if let Some(e) = refused
+            && pid.is_ok()
+            && CLONE3_WORKS.swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::info!(
+                error = %e,
                 "the kernel refuses clone3 with CLONE_INTO_CGROUP: container processes move themselves into their cgroups"
             );
         }
@@ -564,4 +591,18 @@ pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<(Option<i32>, Option<i
     };
     let status = status.ok_or_else(|| std::io::Error::other("the process has not exited"))?;
     Ok((status.exit_status(), status.terminating_signal()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_refusal_of_clone3_itself_falls_back_to_a_move() {
+        let refused = |e| clone3_refused(&std::io::Error::from_raw_os_error(e));
+        // An old kernel (no clone3; a clone_args size it does not know) or a seccomp filter.
+        assert!(refused(libc::ENOSYS) && refused(libc::E2BIG) && refused(libc::EPERM));
+        // The cgroup's answers fail the start: its pids.max reached, a cgroup that is no leaf, one removed.
+        assert!(!refused(libc::EAGAIN) && !refused(libc::EBUSY) && !refused(libc::ENOENT) && !refused(libc::EACCES));
+    }
 }
