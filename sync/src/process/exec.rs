@@ -1,11 +1,12 @@
 //! Launching a container process. The daemon starts a child (sharing its memory until the exec, as `posix_spawn`
-//! does, see `sys::Spawn`) and the child, before it execs the container's command, joins
-//! the container cgroup (a main process is created in it, through a descriptor of the cgroup's directory, where the
-//! kernel allows; a command run in the container, or a main process where the kernel refuses, writes itself to the
-//! cgroup's `cgroup.procs`, which the resources crate names and the daemon opens beforehand), sets its `oom_score_adj`, makes the volume mounts in a private mount
-//! namespace, changes to the working directory and takes the container's user. So the command's first instruction
-//! already runs inside its cgroup, and nothing it forks can escape the accounting. Everything the child needs is
-//! prepared here, in the daemon, so that the child only makes system calls (see `sys::ChildSetup`).
+//! does, see `sys::Spawn`) and the child, before it execs the container's command, joins the container cgroup (a
+//! main process is created in it, through a descriptor of the cgroup's directory, where the kernel allows; a
+//! command run in the container, or a main process where the kernel refuses, writes itself to the cgroup's
+//! `cgroup.procs`, which the resources crate names and the daemon opens beforehand), sets its `oom_score_adj`,
+//! makes the volume mounts in a private mount namespace, changes to the working directory and takes the
+//! container's user. So the command's first instruction already runs inside its cgroup, and nothing it forks can
+//! escape the accounting. Everything the child needs is prepared here, in the daemon, so that the child only makes
+//! system calls (see `sys::ChildSetup`).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use std::os::fd::OwnedFd;
 
-use super::sys::{ChildSetup, Spawn};
+use super::sys::{ChildSetup, Spawn, clone3_usable};
 use crate::runtime::Mount;
 
 /// What a container process is started with.
@@ -119,11 +120,11 @@ impl ExecRequest {
     }
 
     /// The container cgroup's directory, open for the child to be created in, when it is a cgroup v2 directory
-    /// and this architecture has the way to do so (else `None`: the child joins through `cgroup.procs`, as in
+    /// and the kernel lets a child be created in it (else `None`: the child joins through `cgroup.procs`, as in
     /// tests on a plain directory).
     fn cgroup_dir(&self) -> Result<Option<OwnedFd>, String> {
         use rustix::fs::{Mode, OFlags};
-        if cfg!(not(target_arch = "x86_64")) {
+        if !clone3_usable() {
             return Ok(None);
         }
         let Some(dir) = self.cgroup_procs.parent() else { return Ok(None) };
@@ -262,6 +263,15 @@ mod tests {
         Some(Path::new(mount).join(path.trim_start_matches('/')))
     }
 
+    /// A cgroup made for a test, removed at its end, whatever the test's outcome.
+    struct TestCgroup(PathBuf);
+
+    impl Drop for TestCgroup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+
     #[tokio::test]
     async fn a_main_process_is_created_in_its_cgroup_without_writing_cgroup_procs() {
         let Some(cg) = own_cgroup2().map(|p| p.join(format!("nw-exec-test-{}", std::process::id()))) else {
@@ -272,15 +282,16 @@ mod tests {
             eprintln!("skipped: cannot create {}: {e}", cg.display());
             return;
         }
+        let cg = TestCgroup(cg);
         let dir = tempfile::tempdir().unwrap();
-        let mut req = request(&cg);
+        let mut req = request(&cg.0);
         req.env = vec![("PATH".into(), "/usr/bin:/bin".into())];
         req.argv = vec!["cat".into(), "/proc/self/cgroup".into()];
         let (out, err) = output_file(dir.path());
         let mut spawn = req.spawn(out, err).unwrap();
-        if cfg!(not(target_arch = "x86_64")) {
-            assert!(spawn.cgroup.is_none(), "no clone3 trampoline on this architecture");
-            let _ = std::fs::remove_dir(&cg);
+        if !clone3_usable() {
+            assert!(spawn.cgroup.is_none(), "no directory is given where the kernel cannot use it");
+            eprintln!("skipped: the kernel (or a seccomp filter) refuses clone3 here");
             return;
         }
         assert!(spawn.cgroup.is_some(), "a cgroup v2 directory is given to the child to be created in");
@@ -291,21 +302,11 @@ mod tests {
             rustix::fs::Mode::empty(),
         )
         .unwrap();
-        let started = spawn.spawn();
-        let exited = match started {
-            Ok(child) => Some(super::super::sys::wait_exit(child.pidfd).await.unwrap()),
-            Err(_) if !super::super::sys::CLONE3_WORKS.load(std::sync::atomic::Ordering::Relaxed) => None,
-            Err(e) => panic!("the start failed: {e}"),
-        };
-        let _ = std::fs::remove_dir(&cg);
-        let Some(exited) = exited else {
-            eprintln!("skipped: this kernel refuses clone3 with CLONE_INTO_CGROUP");
-            return;
-        };
-        assert_eq!(exited, (Some(0), None));
+        let child = spawn.spawn().unwrap();
+        assert_eq!(super::super::sys::wait_exit(child.pidfd).await.unwrap(), (Some(0), None));
         let own = std::fs::read_to_string(dir.path().join("out")).unwrap();
         let line = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
-        assert_eq!(Path::new(line).file_name(), cg.file_name(), "the process ran in {line}");
+        assert_eq!(Path::new(line).file_name(), cg.0.file_name(), "the process ran in {line}");
     }
 
     #[test]

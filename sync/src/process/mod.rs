@@ -252,10 +252,10 @@ impl Runtime for ProcessRuntime {
         let (registered, owned) = (id.clone(), spec.clone());
         // The spawn returns once the child has exec'd its command (or failed to), so the process runs in its cgroup
         // by then: started means running in the container, as a runtime reports it. Until then the thread waits
-        // (where the kernel refuses to create the child in its cgroup, through the child's move there: an RCU grace
-        // period, tens of milliseconds under emulation), so on the blocking pool. The spawn and the watch of the child are one blocking task, which
-        // runs to its end even when this start is abandoned (its future dropped): a started child is always
-        // registered, watched and collected.
+        // (where the kernel refuses to create the child in its cgroup, through the child's move there: an RCU
+        // grace period, tens of milliseconds under emulation), so on the blocking pool. The spawn and the watch of
+        // the child are one blocking task, which runs to its end even when this start is abandoned (its future
+        // dropped): a started child is always registered, watched and collected.
         let spawned = tokio::task::spawn_blocking(move || {
             let child = prepared.spawn()?;
             let started_at = Timestamp::now();

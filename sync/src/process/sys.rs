@@ -195,11 +195,12 @@ pub struct Spawn {
     pub stdio: [OwnedFd; 3],
     /// The steps before exec.
     pub setup: ChildSetup,
-    /// The container cgroup's directory, when the child can be created in it (a cgroup v2 directory): then it does
-    /// not move itself there. A move takes the write side of the kernel's lock against concurrent forks, which
-    /// waits for an RCU grace period and holds up every fork on the node meanwhile; creating the child in the
-    /// cgroup takes only the kernel's cgroup mutex and the read side of that lock, which every fork takes. The cgroup's `pids.max` is then enforced at the fork (EAGAIN,
-    /// a failed start), where a move would have let the process in over the limit.
+    /// The container cgroup's directory, when the child can be created in it (a cgroup v2 directory and a kernel
+    /// that allows clone3, see [`clone3_usable`]): then it does not move itself there. A move takes the cgroup
+    /// mutex and the write side of the kernel's lock against concurrent forks: it holds up every fork on the node
+    /// while it has that lock, and first waits for an RCU grace period to get it. Creating the child in the cgroup
+    /// takes the cgroup mutex and only the read side, as every fork does. The cgroup's `pids.max` is then
+    /// enforced at the fork (EAGAIN, a failed start), where a move would have let the process in over the limit.
     pub cgroup: Option<OwnedFd>,
 }
 
@@ -372,9 +373,37 @@ const _: () = {
 #[cfg(target_arch = "x86_64")]
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// Cleared when the kernel refused clone3 or `CLONE_INTO_CGROUP` (too old, or a seccomp filter) and clone(2)
-/// started the child instead: later children move themselves into their cgroup.
-pub(super) static CLONE3_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Cleared when a kernel that has clone3 refused `CLONE_INTO_CGROUP` (Linux 5.3 to 5.6) and clone(2) started the
+/// child instead: later children move themselves into their cgroup.
+static CLONE3_WORKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether children can be created in their cgroup: clone3 exists and is allowed, and has not refused
+/// `CLONE_INTO_CGROUP`. Whether clone3 is allowed is asked once, with no arguments, which a kernel that has it
+/// answers with EINVAL and creates nothing; ENOSYS (an old kernel, or a seccomp filter, as container runtimes'
+/// default profiles have) or EPERM (a seccomp filter) mean no. A filter cannot look into clone3's arguments, so
+/// it refuses every call alike, and an EPERM on a real call is the start's own error (a security module's).
+pub(super) fn clone3_usable() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !cfg!(target_arch = "x86_64") {
+        return false;
+    }
+    let allowed = *ALLOWED.get_or_init(|| {
+        // SAFETY: a clone3 whose argument size (0) is below the smallest the kernel knows is refused before
+        // anything is read or created.
+        #[allow(unsafe_code)]
+        let ret = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<libc::c_void>(), 0usize) };
+        let errno = std::io::Error::last_os_error();
+        let allowed = ret == -1 && errno.raw_os_error() == Some(libc::EINVAL);
+        if !allowed {
+            tracing::info!(
+                error = %errno,
+                "the kernel refuses clone3: container processes move themselves into their cgroups"
+            );
+        }
+        allowed
+    });
+    allowed && CLONE3_WORKS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// The flags shared by both ways of starting a child: it shares the daemon's memory, the calling thread waits for
 /// its exec or exit, and the kernel makes a pidfd for it.
@@ -393,12 +422,13 @@ unsafe fn clone_vfork(stack: &ChildStack, arg: *mut libc::c_void, pidfd: *mut li
     if pid < 0 { Err(std::io::Error::last_os_error()) } else { Ok(pid) }
 }
 
-/// Whether clone3's error is a refusal of the call itself, by a kernel too old for it or its flag (ENOSYS, E2BIG)
-/// or by a seccomp filter (ENOSYS, EPERM): the child can still be started with clone(2) and move itself into its
-/// cgroup. Any other error is the cgroup's answer (EAGAIN at its `pids.max`, EBUSY where controllers are enabled
-/// in its `cgroup.subtree_control`) and fails the start as a move would have.
+/// Whether clone3's error, once [`clone3_usable`] said yes, is a refusal of `CLONE_INTO_CGROUP` by a kernel too
+/// old for it (E2BIG: the `cgroup` field is past what it knows; ENOSYS for good measure): the child can still be
+/// started with clone(2) and move itself into its cgroup. Any other error is the start's own and fails it as a
+/// move would have: EAGAIN at the cgroup's `pids.max`, EBUSY where controllers are enabled in its
+/// `cgroup.subtree_control`, ENODEV for a removed cgroup, EPERM or EACCES from a security module.
 fn clone3_refused(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG | libc::EPERM))
+    matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG))
 }
 
 /// Starts `child_main(arg)` on `stack` with clone3(2), created in the cgroup whose directory `cgroup` is. The C
@@ -420,9 +450,9 @@ unsafe fn clone3_in_cgroup(
     use std::os::fd::AsRawFd;
     let clone_args = CloneArgs {
         flags: u64::from(CLONE_FLAGS.cast_unsigned()) | CLONE_INTO_CGROUP,
-        pidfd: pidfd.addr() as u64,
+        pidfd: pidfd.expose_provenance() as u64,
         exit_signal: u64::from(libc::SIGCHLD.cast_unsigned()),
-        stack: stack.0.addr() as u64,
+        stack: stack.0.expose_provenance() as u64,
         stack_size: CHILD_STACK as u64,
         cgroup: u64::from(cgroup.as_raw_fd().cast_unsigned()),
         ..CloneArgs::default()
@@ -512,6 +542,7 @@ impl Spawn {
         // A child that changes its user or group changes the dumpable flag of the memory it shares with the daemon;
         // the daemon's own is put back after the exec.
         let dumpable = rustix::process::dumpable_behavior().ok();
+        let into_cgroup = self.cgroup.as_ref().filter(|_| clone3_usable());
         // SAFETY: every signal is blocked around the clone so that no handler of the daemon's runs in the child
         // before it resets them; the child runs `child_main` on `stack` with `args`, both alive until the clone
         // returns (CLONE_VFORK: after the child's exec or exit). The kernel writes the pidfd (CLONE_PIDFD) to
@@ -524,9 +555,7 @@ impl Spawn {
             }
             let mut pid = None;
             let mut refused = None;
-            if let Some(cgroup) = &self.cgroup
-                && CLONE3_WORKS.load(std::sync::atomic::Ordering::Relaxed)
-            {
+            if let Some(cgroup) = into_cgroup {
                 args.born_in_cgroup = true;
                 match clone3_in_cgroup(&stack, cgroup.as_fd(), (&raw mut args).cast(), &raw mut pidfd) {
                     Err(e) if clone3_refused(&e) => refused = Some(e),
@@ -547,7 +576,8 @@ impl Spawn {
         {
             tracing::info!(
                 error = %e,
-                "the kernel refuses clone3 with CLONE_INTO_CGROUP: container processes move themselves into their cgroups"
+                "the kernel refuses clone3 with CLONE_INTO_CGROUP: container processes move themselves into their \
+                 cgroups"
             );
         }
         if let Some(d) = dumpable
@@ -556,7 +586,13 @@ impl Spawn {
             let _ = rustix::process::set_dumpable_behavior(d);
         }
         drop(stack);
-        let pid = pid?;
+        let pid = pid.map_err(|e| match e.raw_os_error() {
+            Some(libc::EAGAIN) => std::io::Error::new(
+                e.kind(),
+                format!("{e}: the container cgroup's pids.max or the node's limit of processes is reached"),
+            ),
+            _ => e,
+        })?;
         // SAFETY: CLONE_PIDFD made `pidfd` a new descriptor that nothing else owns.
         #[allow(unsafe_code)]
         let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
@@ -600,9 +636,26 @@ mod tests {
     #[test]
     fn only_a_refusal_of_clone3_itself_falls_back_to_a_move() {
         let refused = |e| clone3_refused(&std::io::Error::from_raw_os_error(e));
-        // An old kernel (no clone3; a clone_args size it does not know) or a seccomp filter.
-        assert!(refused(libc::ENOSYS) && refused(libc::E2BIG) && refused(libc::EPERM));
-        // The cgroup's answers fail the start: its pids.max reached, a cgroup that is no leaf, one removed.
-        assert!(!refused(libc::EAGAIN) && !refused(libc::EBUSY) && !refused(libc::ENOENT) && !refused(libc::EACCES));
+        // A kernel with clone3 but without CLONE_INTO_CGROUP (5.3 to 5.6): a clone_args size it does not know.
+        assert!(refused(libc::E2BIG) && refused(libc::ENOSYS));
+        // The start's own errors fail it: the cgroup's pids.max reached, a cgroup that is no leaf, one removed, a
+        // security module's refusal (a seccomp filter would have refused the probe of `clone3_usable` already).
+        for e in [libc::EAGAIN, libc::EBUSY, libc::ENODEV, libc::ENOENT, libc::EACCES, libc::EPERM] {
+            assert!(!refused(e), "errno {e}");
+        }
+    }
+
+    #[test]
+    fn clone3_is_allowed_on_this_kernel_where_it_exists() {
+        // Linux 5.3 and later have clone3; this checks the probe, which must not say no where the call works.
+        let release = rustix::system::uname().release().to_string_lossy().into_owned();
+        let mut parts = release.split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+        let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        if cfg!(target_arch = "x86_64") && version >= (5, 7) {
+            // A seccomp filter may still forbid it (as some container sandboxes do): then there is nothing to test.
+            let filtered = std::fs::read_to_string("/proc/self/status")
+                .is_ok_and(|s| s.lines().any(|l| l.starts_with("Seccomp:") && !l.ends_with('0')));
+            assert!(clone3_usable() || filtered, "clone3 refused on {release}");
+        }
     }
 }
