@@ -46,6 +46,9 @@ struct Handle {
     source: &'static str,
     /// Its source no longer has the pod: a replacement worker is told again.
     deleted: bool,
+    /// Its source has the pod again (the same UID) since it was deleted: once the terminating worker has ended, a
+    /// new one starts the pod anew, as the kubelet restarts a pod re-added while it terminated.
+    wanted_again: bool,
     /// The last termination asked of it on request (an eviction, the node's shutdown): a replacement worker is
     /// told again, since its containers may have been signalled already.
     terminating: Option<(Duration, Reason)>,
@@ -197,9 +200,14 @@ impl<R: Runtime> PodManager<R> {
         self.reap(&mut workers);
         // A pod told already is not told again: a source sends a snapshot on every change, so a hundred manifests
         // deleted one by one would otherwise send each terminating worker up to a hundred requests.
-        let gone = |uid: &String, h: &Handle| h.source == snap.source && !h.deleted && !wanted.contains(uid);
+        let gone = |uid: &String, h: &Handle| {
+            h.source == snap.source && (!h.deleted || h.wanted_again) && !wanted.contains(uid)
+        };
         for (uid, h) in workers.iter_mut().filter(|(uid, h)| gone(uid, h)) {
-            h.deleted = true;
+            h.wanted_again = false;
+            if std::mem::replace(&mut h.deleted, true) {
+                continue;
+            }
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
             let req = TerminateRequest::deleted();
             if h.terminations.send(req).is_err() {
@@ -208,7 +216,11 @@ impl<R: Runtime> PodManager<R> {
         }
         for pod in snap.pods {
             let Some(uid) = pod.metadata.uid.clone() else { continue };
-            if let Some(h) = workers.get(&uid) {
+            if let Some(h) = workers.get_mut(&uid) {
+                if h.deleted && !h.wanted_again {
+                    h.wanted_again = true;
+                    tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again while it terminates; it starts anew after");
+                }
                 h.spec.send_if_modified(|current| {
                     let changed = *current != pod;
                     if changed {
@@ -244,20 +256,40 @@ impl<R: Runtime> PodManager<R> {
         let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), stoppable.clone(), lock)
             .with_incident(incident);
         let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
-        Handle { spec, terminations, task, busy, stoppable, name, source, deleted: false, terminating: None, panics: 0 }
+        Handle {
+            spec,
+            terminations,
+            task,
+            busy,
+            stoppable,
+            name,
+            source,
+            deleted: false,
+            wanted_again: false,
+            terminating: None,
+            panics: 0,
+        }
     }
 
-    /// Forgets the workers that ended. One that panicked is logged and replaced by a new worker, which takes the
-    /// pod over as after a daemon restart and says so in the pod's status; after [`MAX_WORKER_PANICS`] the pod
-    /// is left as it is, its status saying why.
+    /// Forgets the workers that ended. One whose pod its source has again gets a new worker, which starts the pod
+    /// anew. One that panicked is logged and replaced by a new worker, which takes the pod over as after a daemon
+    /// restart and says so in the pod's status; after [`MAX_WORKER_PANICS`] the pod is left as it is, its status
+    /// saying why.
     fn reap(&self, workers: &mut HashMap<String, Handle>) {
         let ended: Vec<String> = workers.iter().filter(|(_, h)| h.task.is_finished()).map(|(u, _)| u.clone()).collect();
         for uid in ended {
             let Some(mut h) = workers.remove(&uid) else { continue };
-            let Some(Err(e)) = (&mut h.task).now_or_never() else { continue };
-            if !e.is_panic() {
-                continue;
-            }
+            let e = match (&mut h.task).now_or_never() {
+                Some(Err(e)) if e.is_panic() => e,
+                _ => {
+                    if h.deleted && h.wanted_again {
+                        tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again to its source; starting it");
+                        let pod = h.spec.borrow().clone();
+                        workers.insert(uid, self.spawn_worker(pod, h.source, None));
+                    }
+                    continue;
+                }
+            };
             let panic = panic_message(e.into_panic());
             let panics = h.panics.saturating_add(1);
             if panics > MAX_WORKER_PANICS {
@@ -273,6 +305,7 @@ impl<R: Runtime> PodManager<R> {
             let pod = h.spec.borrow().clone();
             let mut replacement = self.spawn_worker(pod, h.source, Some(incident));
             replacement.panics = panics;
+            replacement.wanted_again = h.wanted_again;
             if h.deleted {
                 replacement.deleted = true;
                 let req = TerminateRequest::deleted();

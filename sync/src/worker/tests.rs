@@ -413,6 +413,30 @@ async fn a_deleted_pod_is_told_once_however_many_snapshots_follow() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pod_added_again_while_it_terminates_starts_anew_after() {
+    let h = harness();
+    let spec = || pod("u32", json!({"terminationGracePeriodSeconds": 5, "containers": [app("stubborn")]}));
+    h.set(vec![spec()]).await;
+    h.until("u32", "runs", |v| phase(v) == "Running").await;
+    h.fake.stubborn.lock().unwrap().push("stubborn".into());
+    h.set(vec![]).await;
+    while h.fake.signals.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The manifest comes back (the same UID) within the grace period: the deletion runs its course, then the pod
+    // starts again in a new sandbox.
+    h.set(vec![spec()]).await;
+    let runs = || h.fake.sandboxes.lock().unwrap().iter().filter(|s| *s == "run u32").count();
+    let t0 = Instant::now();
+    while runs() < 2 && t0.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["run u32", "remove u32", "run u32"]);
+    assert!(t0.elapsed() >= Duration::from_secs(4), "not before the first termination ended");
+    h.until("u32", "runs again", |v| phase(v) == "Running").await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_evicted_pod_with_a_pre_stop_hook_is_signalled_by_its_worker_after_the_hook() {
     let h = harness();
     let hooked = json!({"name": "app", "image": "busybox", "command": ["sleep", "600"],
