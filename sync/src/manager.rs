@@ -198,16 +198,14 @@ impl<R: Runtime> PodManager<R> {
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let mut workers = self.workers();
         self.reap(&mut workers);
-        // A pod told already is not told again: a source sends a snapshot on every change, so a hundred manifests
-        // deleted one by one would otherwise send each terminating worker up to a hundred requests.
-        let gone = |uid: &String, h: &Handle| {
-            h.source == snap.source && (!h.deleted || h.wanted_again) && !wanted.contains(uid)
-        };
-        for (uid, h) in workers.iter_mut().filter(|(uid, h)| gone(uid, h)) {
+        for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
             h.wanted_again = false;
-            if std::mem::replace(&mut h.deleted, true) {
+            // A pod told already is not told again: a source sends a snapshot on every change, so a hundred
+            // manifests deleted one by one would otherwise send each terminating worker up to a hundred requests.
+            if h.deleted {
                 continue;
             }
+            h.deleted = true;
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
             let req = TerminateRequest::deleted();
             if h.terminations.send(req).is_err() {
