@@ -261,6 +261,19 @@ impl Harness {
             .sum()
     }
 
+    /// Runs `pod`, whose container `stubborn` ignores SIGTERM, until it is Running, then deletes it from the source
+    /// and waits until its worker has sent the stop signal: the pod is in its grace period.
+    async fn run_then_delete_stubborn(&self, pod: Pod) {
+        let uid = pod.metadata.uid.clone().unwrap();
+        self.set(vec![pod]).await;
+        self.until(&uid, "runs", |v| phase(v) == "Running").await;
+        self.fake.stubborn.lock().unwrap().push("stubborn".into());
+        self.set(vec![]).await;
+        while self.fake.signals.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Waits (in paused time) until the pod's status satisfies `f`.
     async fn until(&self, uid: &str, what: &str, f: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         for _ in 0..2000 {
@@ -393,13 +406,11 @@ async fn deletion_terminates_within_the_grace_period() {
 #[tokio::test(start_paused = true)]
 async fn a_deleted_pod_is_told_once_however_many_snapshots_follow() {
     let h = harness();
-    h.set(vec![pod("u31", json!({"terminationGracePeriodSeconds": 60, "containers": [app("stubborn")]}))]).await;
-    h.until("u31", "runs", |v| phase(v) == "Running").await;
-    h.fake.stubborn.lock().unwrap().push("stubborn".into());
-    h.set(vec![]).await;
-    while h.fake.signals.lock().unwrap().is_empty() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    h.run_then_delete_stubborn(pod(
+        "u31",
+        json!({"terminationGracePeriodSeconds": 60, "containers": [app("stubborn")]}),
+    ))
+    .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let before = h.worker_syncs();
     assert!(before > 0, "the worker's inputs are counted");
@@ -416,13 +427,7 @@ async fn a_deleted_pod_is_told_once_however_many_snapshots_follow() {
 async fn a_pod_added_again_while_it_terminates_starts_anew_after() {
     let h = harness();
     let spec = || pod("u32", json!({"terminationGracePeriodSeconds": 5, "containers": [app("stubborn")]}));
-    h.set(vec![spec()]).await;
-    h.until("u32", "runs", |v| phase(v) == "Running").await;
-    h.fake.stubborn.lock().unwrap().push("stubborn".into());
-    h.set(vec![]).await;
-    while h.fake.signals.lock().unwrap().is_empty() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    h.run_then_delete_stubborn(spec()).await;
     // The manifest comes back (the same UID) within the grace period: the deletion runs its course, then the pod
     // starts again in a new sandbox.
     h.set(vec![spec()]).await;
