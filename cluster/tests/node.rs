@@ -256,12 +256,16 @@ async fn outages_are_ridden_out_and_a_restart_duplicates_nothing() {
         api.get("leases", Some("kube-node-lease"), "n2").is_some_and(|l| l["metadata"]["resourceVersion"] != rv)
     })
     .await;
-    let lease_requests: Vec<(String, u16)> = api
-        .requests()
-        .iter()
-        .filter(|r| r.path.ends_with("/leases/n2"))
-        .map(|r| (r.method.clone(), r.status))
-        .collect();
+    // The fixture logs a request once it has answered it: the renewal seen in the store may not be logged yet.
+    let lease_requests = || -> Vec<(String, u16)> {
+        api.requests().iter().filter(|r| r.path.ends_with("/leases/n2")).map(|r| (r.method.clone(), r.status)).collect()
+    };
+    let conflicted = || lease_requests().iter().position(|r| *r == ("PUT".to_owned(), 409));
+    wait_for("the conflict and the two requests after it logged", Duration::from_secs(5), || {
+        conflicted().is_some_and(|at| lease_requests().len() >= at + 3)
+    })
+    .await;
+    let lease_requests = lease_requests();
     let conflict = lease_requests
         .iter()
         .position(|r| *r == ("PUT".to_owned(), 409))

@@ -190,7 +190,8 @@ impl TestApi {
         self.state.store.compact();
     }
 
-    /// The requests so far.
+    /// The requests so far. A request is logged once it has been answered, so a write's effect on the store can be
+    /// read a moment before the write is in this log: wait for the request, not for its effect.
     pub fn requests(&self) -> Vec<Logged> {
         lock(&self.state.requests).clone()
     }
