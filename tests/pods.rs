@@ -1,6 +1,7 @@
 //! Static pods end to end with the real kernel (inside the VM of `deploy/vm`; skipped where cgroup v2 is missing):
 //! manifests start, edits replace pods, deletions terminate them, the crash-loop back-off, liveness restarts,
-//! OOMKilled, adoption after `kill -9` of the daemon, volumes and users, bad manifests, and 100 pods.
+//! OOMKilled, `podPidsLimit` at a container's fork, adoption after `kill -9` of the daemon, volumes and users, bad
+//! manifests, and 100 pods.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 #![allow(clippy::disallowed_types)] // waits for real processes, in real time
 
@@ -140,6 +141,32 @@ fn crash_loop_back_off_and_oom_killed() {
     let gap = since(a1, a2);
     assert!((10.0..20.0).contains(&gap), "the second restart came {gap:.2} s after the first, not ~10 s");
     eprintln!("first restart after {:.2} s, second after {gap:.2} s", since(a0, a1));
+}
+
+/// A pod's `podPidsLimit` holds at the fork: with room for one process, the second container's process is never
+/// created, since it is created in its cgroup, where the kernel charges it (a process moved in afterwards, as before
+/// clone3, ran over the limit: a move is not refused by `pids.max`). That start fails, naming the limit.
+#[test]
+fn pods_pids_limit_refuses_a_process_at_its_fork() {
+    if !cgroup2_available() {
+        return;
+    }
+    let n = node_with("pidsmax", "", "podPidsLimit: 1\n");
+    let sleeper = |name: &str| format!("  - name: {name}\n    image: busybox\n    command: [sleep, '1000']\n");
+    let spec = format!("  restartPolicy: Never\n  containers:\n{}{}", sleeper("one"), sleeper("two"));
+    n.write("two.yaml", &pod_yaml("two", &spec));
+    let failed = |p: &Value, c: &str| container(p, c)["state"]["terminated"]["reason"] == "StartError";
+    let p = n.wait_pod("two", 30, "one container running, the other failed to start", |p| {
+        let running = |c: &str| container(p, c)["state"]["running"].is_object();
+        (running("one") && failed(p, "two")) || (running("two") && failed(p, "one"))
+    });
+    let (ran, refused) = if failed(&p, "two") { ("one", "two") } else { ("two", "one") };
+    let message = container(&p, refused)["state"]["terminated"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("pids.max"), "{p:#}");
+    let cg = n.pod_cgroup(&p);
+    assert_eq!(std::fs::read_to_string(cg.join("pids.max")).unwrap().trim(), "1");
+    assert_eq!(procs(&cg.join(ran)).len(), 1, "{p:#}");
+    assert_eq!(std::fs::read_to_string(cg.join("pids.current")).unwrap().trim(), "1", "{p:#}");
 }
 
 /// When the daemon's log says the container of `pod` started its `attempt`, in seconds of the day (UTC).
