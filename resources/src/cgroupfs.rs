@@ -83,6 +83,11 @@ impl fmt::Display for CgroupPath {
     }
 }
 
+/// What control files of a cgroup hold when the kernel has just made it, for the limits every placement writes:
+/// a write of the same value to a new cgroup changes nothing, and is left out.
+pub const NEW_CGROUP_DEFAULTS: [(&str, &str); 4] =
+    [("cpu.weight", "100"), ("cpu.max", "max 100000"), ("pids.max", "max"), ("memory.max", "max")];
+
 /// Access to a cgroup2 hierarchy mounted at `mount`, writing only inside `scope`.
 #[derive(Debug, Clone)]
 pub struct CgroupFs {
@@ -168,15 +173,23 @@ impl CgroupFs {
         open_psi_trigger(&path, trigger)
     }
 
-    /// Creates the cgroup (its parent must exist). Creating one that exists is not an error.
-    pub fn create(&self, cg: &CgroupPath) -> Result<(), IoError> {
+    /// Creates the cgroup (its parent must exist); true when this call made it, so that its control files hold
+    /// the kernel's defaults ([`NEW_CGROUP_DEFAULTS`]). Creating one that exists is not an error.
+    pub fn create(&self, cg: &CgroupPath) -> Result<bool, IoError> {
         let path = self.dir(cg);
         if !cg.is_within(&self.scope) {
             return Err(out_of_scope(path));
         }
         match fs::create_dir(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Ok(()) => {
+                if self.emulated {
+                    for (name, value) in NEW_CGROUP_DEFAULTS {
+                        self.write(cg, name, value)?;
+                    }
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(IoError::new(Op::Create, path, e)),
         }
     }

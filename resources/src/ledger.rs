@@ -265,6 +265,18 @@ pub struct ResourceManager {
     /// eviction manager evicts meanwhile (allocatableMemory.available is below its threshold), and it is written
     /// once the pods fit. Until then kubepods keeps the limit it had.
     pending_memory_max: Option<u64>,
+    /// What the QoS-level cgroups were last given, so that a placement that leaves them unchanged does not write
+    /// them (or ask systemd) again; cleared when a write fails, so that the next change retries.
+    qos_parents: Option<QosParents>,
+}
+
+/// The values the QoS-level cgroups follow their pods with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QosParents {
+    /// `burstable`'s `cpu.weight`.
+    burstable_weight: u64,
+    /// With Memory QoS, `memory.min` of `burstable` and of `kubepods`.
+    memory_min: Option<(u64, u64)>,
 }
 
 fn pod_uid(pod: &Pod) -> Result<String, AdmitError> {
@@ -298,6 +310,7 @@ impl ResourceManager {
             units: None,
             shutting_down: false,
             pending_memory_max: None,
+            qos_parents: None,
         })
     }
 
@@ -604,14 +617,15 @@ impl ResourceManager {
     /// it is there, and writes the limits.
     fn make(&self, cg: &CgroupPath, limits: &CgroupLimits, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
         let unit_limits = UnitLimits::of(limits);
-        if self.fs.exists(cg) {
+        let new = if self.fs.exists(cg) {
             tree::set_unit_limits(self.units(), &self.tree, cg, &unit_limits)?;
+            false
         } else {
             // Recorded before it is asked for: a slice systemd started but whose cgroup never came is stopped too.
             created.push(cg.clone());
-            tree::create(&self.fs, self.units(), &self.tree, cg, &unit_limits)?;
-        }
-        tree::apply(&self.fs, cg, limits)
+            tree::create(&self.fs, self.units(), &self.tree, cg, &unit_limits)?
+        };
+        tree::apply(&self.fs, cg, limits, new)
     }
 
     /// Rewrites the limits of a placed pod from a changed spec (its QoS class must not change).
@@ -669,7 +683,7 @@ impl ResourceManager {
 
     /// Updates the QoS-level cgroups after the ledger changed. A failure leaves the pods' own cgroups correct, so
     /// it is logged rather than undoing the change; the next change retries.
-    fn refresh_qos_parents(&self) {
+    fn refresh_qos_parents(&mut self) {
         if let Err(e) = self.update_qos_parents() {
             tracing::warn!(error = %e, "cannot update the QoS-level cgroups");
         }
@@ -677,22 +691,37 @@ impl ResourceManager {
 
     /// The QoS-level cgroups follow their pods: `burstable`'s `cpu.weight` from the Burstable pods' CPU requests,
     /// and with Memory QoS, `memory.min` of `burstable` and `kubepods` from the memory requests below them.
-    fn update_qos_parents(&self) -> Result<(), CgroupError> {
+    fn update_qos_parents(&mut self) -> Result<(), CgroupError> {
         let sum = |f: fn(&Placement) -> u64, classes: &[QosClass]| -> u64 {
             self.pods.values().filter(|p| classes.contains(&p.qos)).map(f).fold(0, u64::saturating_add)
         };
-        let weight = qos::shares_to_weight(qos::cpu_shares(sum(|p| p.cpu_request, &[QosClass::Burstable])));
-        let qos_memory = self.config.memory_qos;
-        let burstable_min = qos_memory.then(|| sum(|p| p.memory_request, &[QosClass::Burstable]));
-        let protected = qos_memory.then(|| sum(|p| p.memory_request, &[QosClass::Burstable, QosClass::Guaranteed]));
+        let want = QosParents {
+            burstable_weight: qos::shares_to_weight(qos::cpu_shares(sum(|p| p.cpu_request, &[QosClass::Burstable]))),
+            memory_min: self.config.memory_qos.then(|| {
+                let burstable = sum(|p| p.memory_request, &[QosClass::Burstable]);
+                (burstable, sum(|p| p.memory_request, &[QosClass::Burstable, QosClass::Guaranteed]))
+            }),
+        };
+        if self.qos_parents == Some(want) {
+            return Ok(());
+        }
+        self.qos_parents = None;
+        self.write_qos_parents(want)?;
+        self.qos_parents = Some(want);
+        Ok(())
+    }
+
+    fn write_qos_parents(&self, want: QosParents) -> Result<(), CgroupError> {
+        let weight = want.burstable_weight;
         // The files first: they hold at once, whatever systemd answers.
         self.fs.write(&self.tree.burstable, "cpu.weight", &weight.to_string())?;
-        if let (Some(burstable_min), Some(protected)) = (burstable_min, protected) {
+        if let Some((burstable_min, protected)) = want.memory_min {
             self.fs.write(&self.tree.burstable, "memory.min", &burstable_min.to_string())?;
             self.fs.write(&self.tree.kubepods, "memory.min", &protected.to_string())?;
             let kubepods = UnitLimits { memory_min: Some(protected), ..UnitLimits::default() };
             tree::set_unit_limits(self.units(), &self.tree, &self.tree.kubepods, &kubepods)?;
         }
+        let burstable_min = want.memory_min.map(|(burstable, _)| burstable);
         let burstable = UnitLimits { cpu_weight: Some(weight), memory_min: burstable_min, ..UnitLimits::default() };
         tree::set_unit_limits(self.units(), &self.tree, &self.tree.burstable, &burstable)
     }

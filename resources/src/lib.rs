@@ -40,7 +40,7 @@ mod view;
 pub use allocatable::{Allocatable, EvictionReserve, Reserved, Resources, compute as compute_allocatable};
 pub use bounded::{BoundedReadError, read_bounded};
 pub use capacity::{Capacity, FsStats, HostPaths, fs_stats, read_capacity, read_meminfo};
-pub use cgroupfs::{CgroupFs, CgroupPath, open_psi_trigger};
+pub use cgroupfs::{CgroupFs, CgroupPath, NEW_CGROUP_DEFAULTS, open_psi_trigger};
 pub use error::{CgroupError, IoError, NameError, Op, ParseError};
 pub use host::{
     CGROUP2_SUPER_MAGIC, HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host,

@@ -2,7 +2,7 @@
 //! children, laid out as the kubelet's cgroupfs driver lays them out.
 
 use crate::allocatable::Resources;
-use crate::cgroupfs::{CgroupFs, CgroupPath};
+use crate::cgroupfs::{CgroupFs, CgroupPath, NEW_CGROUP_DEFAULTS};
 use crate::error::{CgroupError, NameError};
 use crate::host::{OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS};
 use crate::limits::CgroupLimits;
@@ -156,20 +156,22 @@ fn qos_part(qos: QosClass) -> Option<&'static str> {
 }
 
 /// Creates one of the tree's cgroups or a pod's: a directory under cgroupfs; under systemd a transient slice with
-/// `limits` as its properties (a slice that is there gets them), waiting until its cgroup is there.
+/// `limits` as its properties (a slice that is there gets them), waiting until its cgroup is there. True when
+/// this call made a directory, whose control files then hold the kernel's defaults (a slice's hold what systemd
+/// wrote).
 pub fn create(
     fs: &CgroupFs,
     units: Option<&dyn Units>,
     tree: &Tree,
     cg: &CgroupPath,
     limits: &UnitLimits,
-) -> Result<(), CgroupError> {
+) -> Result<bool, CgroupError> {
     let (Some(units), Some(unit)) = (units, tree.unit_of(cg)) else {
-        return if fs.exists(cg) { Ok(()) } else { fs.create(cg).map_err(Into::into) };
+        return fs.create(cg).map_err(Into::into);
     };
     units.start_slice(unit, limits)?;
     if wait_for(|| fs.exists(cg)) {
-        Ok(())
+        Ok(false)
     } else {
         Err(UnitError { unit: unit.to_owned(), reason: format!("no cgroup {cg} after {SLICE_WAIT:?}") }.into())
     }
@@ -278,19 +280,25 @@ pub fn ensure(
     Ok(())
 }
 
-/// Writes a cgroup's limits. `memory.min` and `memory.high` are written only when given.
-pub fn apply(fs: &CgroupFs, cg: &CgroupPath, l: &CgroupLimits) -> Result<(), CgroupError> {
-    fs.write(cg, "cpu.weight", &l.cpu_weight.to_string())?;
-    fs.write(cg, "cpu.max", &l.cpu_max.to_string())?;
-    fs.write_limit(cg, "pids.max", l.pids_max)?;
+/// Writes a cgroup's limits. `memory.min` and `memory.high` are written only when given; in a cgroup just made
+/// (`new`), a value the kernel gave it already is not written again.
+pub fn apply(fs: &CgroupFs, cg: &CgroupPath, l: &CgroupLimits, new: bool) -> Result<(), CgroupError> {
+    let write = |name: &str, value: String| -> Result<(), CgroupError> {
+        if new && NEW_CGROUP_DEFAULTS.contains(&(name, value.as_str())) {
+            return Ok(());
+        }
+        Ok(fs.write(cg, name, &value)?)
+    };
+    write("cpu.weight", l.cpu_weight.to_string())?;
+    write("cpu.max", l.cpu_max.to_string())?;
+    write("pids.max", l.pids_max.to_string())?;
     if let Some(min) = l.memory_min {
-        fs.write(cg, "memory.min", &min.to_string())?;
+        write("memory.min", min.to_string())?;
     }
     if let Some(high) = l.memory_high {
-        fs.write_limit(cg, "memory.high", high)?;
+        write("memory.high", high.to_string())?;
     }
-    fs.write_limit(cg, "memory.max", l.memory_max)?;
-    Ok(())
+    write("memory.max", l.memory_max.to_string())
 }
 
 /// Reads back a cgroup's limits (for adoption). Missing Memory QoS files read as unset.

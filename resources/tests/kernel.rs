@@ -172,7 +172,19 @@ fn placed_pods_carry_their_limits() {
 
     m.place(&pod("e1", json!([{"name": "batch"}]))).unwrap();
     assert_eq!(root.read("kubepods/besteffort/pode1/memory.max"), "max");
+    assert_eq!(root.read("kubepods/besteffort/pode1/cpu.max"), "max 100000");
     assert_eq!(root.read("kubepods/besteffort/pode1/cpu.weight"), "1");
+    assert_eq!(root.read("kubepods/besteffort/pode1/batch/memory.max"), "max");
+
+    // A placement leaves out the values a new cgroup has: this kernel gives them.
+    let fs = CgroupFs::new(MOUNT, root.path.clone());
+    let new = root.path.child("kubepods").unwrap().child("fresh").unwrap();
+    assert!(fs.create(&new).unwrap(), "made by this call");
+    assert!(!fs.create(&new).unwrap(), "there already");
+    for (name, value) in nodewarden_resources::NEW_CGROUP_DEFAULTS {
+        assert_eq!(root.read(&format!("kubepods/fresh/{name}")), value, "{name}");
+    }
+    fs.remove(&new).unwrap();
 }
 
 #[test]

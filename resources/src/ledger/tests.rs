@@ -481,3 +481,64 @@ fn a_lowered_allocatable_waits_for_the_pods_to_fit_before_it_is_written() {
     assert_eq!(m.pending_memory_max(), None);
     assert_eq!(read(&f, "nw/kubepods/memory.max"), (900 * MIB).to_string());
 }
+
+#[test]
+fn a_new_cgroup_is_not_given_the_values_it_has() {
+    let f = FakeHost::new();
+    let fs = CgroupFs::emulated(f.cgroup_mount(), CgroupPath::parse("/nw").unwrap());
+    let limits = CgroupLimits {
+        memory_max: Limit::Max,
+        memory_min: None,
+        memory_high: None,
+        pids_max: Limit::Value(5),
+        cpu_weight: 100,
+        cpu_max: CpuMax { quota: None, period: 100_000 },
+    };
+    // Directories made behind the emulation's back, so that only what `apply` writes is there.
+    for (name, new) in [("made", true), ("found", false)] {
+        let cg = CgroupPath::parse(&format!("/nw/{name}")).unwrap();
+        std::fs::create_dir_all(fs.dir(&cg)).unwrap();
+        tree::apply(&fs, &cg, &limits, new).unwrap();
+        let mut written: Vec<String> = std::fs::read_dir(fs.dir(&cg))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        written.sort();
+        let want: &[&str] = if new { &["pids.max"] } else { &["cpu.max", "cpu.weight", "memory.max", "pids.max"] };
+        assert_eq!(written, want, "new: {new}");
+    }
+}
+
+#[test]
+fn the_qos_parents_are_written_when_their_values_change_or_a_write_failed() {
+    let f = FakeHost::new();
+    let (mut m, units) = systemd_manager(&f);
+    let sets = || units.calls.lock().unwrap().iter().filter(|c| c.starts_with("set kubepods-burstable.slice")).count();
+    assert_eq!(sets(), 1, "the start sets them");
+    m.place(&guaranteed("g1", "64Mi")).unwrap();
+    assert_eq!(sets(), 2, "a Guaranteed pod's memory request changes kubepods' memory.min (Memory QoS)");
+    m.place(&pod("e1", json!([{"name": "batch"}]))).unwrap();
+    m.release("e1").unwrap();
+    assert_eq!(sets(), 2, "a BestEffort pod changes nothing of theirs");
+    let burstable = |uid: &str| pod(uid, json!([{"name": "w", "resources": {"requests": {"cpu": "250m"}}}]));
+    m.place(&burstable("b1")).unwrap();
+    assert_eq!(sets(), 3, "a Burstable pod's CPU request changes burstable's weight");
+    let weight = qos::shares_to_weight(qos::cpu_shares(250)).to_string();
+    assert_eq!(read(&f, "kubepods.slice/kubepods-burstable.slice/cpu.weight"), weight);
+
+    // A write that failed is made again at the next placement, whatever it changes.
+    m.release("g1").unwrap();
+    let file = f.cgroup_mount().join("kubepods.slice/kubepods-burstable.slice/memory.min");
+    std::fs::remove_file(&file).ok();
+    std::fs::create_dir(&file).unwrap();
+    m.place(&burstable("b2")).unwrap();
+    std::fs::remove_dir(&file).unwrap();
+    let before = sets();
+    m.place(&pod("e2", json!([{"name": "batch"}]))).unwrap();
+    assert_eq!(sets(), before + 1, "retried after the failed write");
+    let weight = qos::shares_to_weight(qos::cpu_shares(500)).to_string();
+    assert_eq!(read(&f, "kubepods.slice/kubepods-burstable.slice/cpu.weight"), weight);
+    m.release("e2").unwrap();
+    m.place(&pod("e3", json!([{"name": "batch"}]))).unwrap();
+    assert_eq!(sets(), before + 1, "and not again once it held");
+}
