@@ -111,8 +111,9 @@ impl CgroupFs {
         Self { mount: mount.into(), scope, emulated: false }
     }
 
-    /// A plain directory standing in for cgroupfs in tests: control files are created on first write, as the
-    /// kernel would have created them with the directory, and removing a cgroup removes its files.
+    /// A plain directory standing in for cgroupfs in tests: a cgroup made by [`CgroupFs::create`] gets the files
+    /// of [`NEW_CGROUP_DEFAULTS`], other control files are created on first write (as the kernel would have
+    /// created them with the directory), and removing a cgroup removes its files.
     pub fn emulated(dir: impl Into<PathBuf>, scope: CgroupPath) -> Self {
         Self { mount: dir.into(), scope, emulated: true }
     }

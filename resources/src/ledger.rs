@@ -343,6 +343,8 @@ impl ResourceManager {
         let target = if enforce { allocatable.enforced } else { allocatable.capacity };
         tree::ensure(&self.fs, self.units(), &self.tree, &target, memory)?;
         self.pending_memory_max = pending;
+        // A QoS-level cgroup made again here has the kernel's values: the next change of the ledger writes them.
+        self.qos_parents = None;
         Ok(())
     }
 

@@ -541,4 +541,12 @@ fn the_qos_parents_are_written_when_their_values_change_or_a_write_failed() {
     m.release("e2").unwrap();
     m.place(&pod("e3", json!([{"name": "batch"}]))).unwrap();
     assert_eq!(sets(), before + 1, "and not again once it held");
+
+    // A reload that makes the tree again (allocatable changed) has the next placement write them again.
+    let mut reloaded = m.config().clone();
+    reloaded.system_reserved.memory += MIB;
+    m.reconfigure(reloaded).unwrap();
+    m.release("e3").unwrap();
+    m.place(&pod("e4", json!([{"name": "batch"}]))).unwrap();
+    assert_eq!(sets(), before + 2, "written again after the tree was made again");
 }
