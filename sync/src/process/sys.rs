@@ -589,7 +589,10 @@ impl Spawn {
         let pid = pid.map_err(|e| match e.raw_os_error() {
             Some(libc::EAGAIN) => std::io::Error::new(
                 e.kind(),
-                format!("{e}: the container cgroup's pids.max or the node's limit of processes is reached"),
+                format!(
+                    "{e}: pids.max of the container's cgroup or one above it (podPidsLimit), or the node's limit \
+                     of processes, is reached"
+                ),
             ),
             _ => e,
         })?;
