@@ -260,16 +260,19 @@ async fn outages_are_ridden_out_and_a_restart_duplicates_nothing() {
     let lease_requests = || -> Vec<(String, u16)> {
         api.requests().iter().filter(|r| r.path.ends_with("/leases/n2")).map(|r| (r.method.clone(), r.status)).collect()
     };
-    let conflicted = || lease_requests().iter().position(|r| *r == ("PUT".to_owned(), 409));
-    let logged = Instant::now();
-    let all_logged = || conflicted().is_some_and(|at| lease_requests().len() >= at + 3);
-    while !all_logged() && logged.elapsed() < Duration::from_secs(5) {
+    let is_conflict = |r: &(String, u16)| *r == ("PUT".to_owned(), 409);
+    let all_logged = || {
+        let logged = lease_requests();
+        logged.iter().position(is_conflict).is_some_and(|at| logged.len() >= at + 3)
+    };
+    let waited = Instant::now();
+    while !all_logged() && waited.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let lease_requests = lease_requests();
     let conflict = lease_requests
         .iter()
-        .position(|r| *r == ("PUT".to_owned(), 409))
+        .position(is_conflict)
         .unwrap_or_else(|| panic!("no renewal conflicted: {lease_requests:?}"));
     assert_eq!(
         lease_requests.get(conflict + 1..conflict + 3),
