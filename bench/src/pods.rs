@@ -5,7 +5,11 @@
 //! - rename: N manifests prepared outside the directory, then all renamed into it at once → all N `Running`;
 //!   the same N pods (no probes) then give the daemon's CPU floor;
 //! - edit: a manifest's memory limit changed → the replacement pod's cgroup shows the new `memory.max`;
-//! - steady: N pods, each a busybox httpd with an HTTP readiness probe every 10 s: the daemon's CPU and RSS.
+//! - steady: N pods, each a busybox httpd with an HTTP readiness probe every 10 s: the daemon's CPU and RSS;
+//! - bare: the same N containers started by the bench itself with no daemon ([`bare`]), the floor the start is
+//!   compared with.
+
+mod bare;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,6 +19,7 @@ use anyhow::{Context, Result};
 use crate::{ROOT, StaticNode, cpu_ticks, median, rss_kib, wait, worst, write};
 
 struct Run {
+    bare_s: f64,
     start_s: f64,
     rename_s: f64,
     idle_cpu_percent: f64,
@@ -116,6 +121,8 @@ impl Drop for KeepLog<'_> {
 }
 
 fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Result<Run> {
+    let bare_s = bare::start(n).context("the bare start")?;
+    eprintln!("pods: {n} containers started bare in {bare_s:.2} s");
     let node = StaticNode::start(bin, "pods", "")?;
     let _log = KeepLog(node.dir.join("daemon.log"), log);
     let (manifests, port, pid) = (node.manifests.clone(), node.port, node.pid());
@@ -188,7 +195,16 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
     let rss = rss_kib(pid)?;
     clear(&manifests, port)?;
     #[allow(clippy::cast_precision_loss)]
-    Ok(Run { start_s, rename_s, idle_cpu_percent, edit_ms, cpu_percent, ready_pods, rss_mib: rss as f64 / 1024.0 })
+    Ok(Run {
+        bare_s,
+        start_s,
+        rename_s,
+        idle_cpu_percent,
+        edit_ms,
+        cpu_percent,
+        ready_pods,
+        rss_mib: rss as f64 / 1024.0,
+    })
 }
 
 /// Runs the pod sync benchmark and writes a Markdown table.
@@ -198,9 +214,10 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         let run = one_run(bin, n, seconds, edits, &out.with_extension("daemon.log"))
             .with_context(|| format!("run {}", r + 1))?;
         eprintln!(
-            "run {}: start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({} pods ready; {:.2} % \
+            "run {}: bare {:.2} s, start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({} pods ready; {:.2} % \
              without probes), rss {:.1} MiB",
             r + 1,
+            run.bare_s,
             run.start_s,
             run.rename_s,
             median(run.edit_ms.clone()),
@@ -213,6 +230,7 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
     }
     let start: Vec<f64> = results.iter().map(|r| r.start_s).collect();
     let rename: Vec<f64> = results.iter().map(|r| r.rename_s).collect();
+    let bare: Vec<f64> = results.iter().map(|r| r.bare_s).collect();
     let idle: Vec<f64> = results.iter().map(|r| r.idle_cpu_percent).collect();
     let least_ready = results.iter().map(|r| r.ready_pods).min().unwrap_or(0);
     let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
@@ -224,14 +242,22 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
          | measure | target | median | worst |\n|---|---|---|---|\n\
          | {n} manifests written → all Running | < 2 s | {:.2} s | {:.2} s |\n\
          | {n} manifests renamed into the directory at once → all Running | < 2 s | {:.2} s | {:.2} s |\n\
+         | the same {n} containers started bare (no daemon; see below) | | {:.2} s | {:.2} s |\n\
          | manifest edit → new memory.max in the replacement's cgroup | < 100 ms | {:.1} ms | {:.1} ms |\n\
          | daemon CPU, {n} pods with HTTP readiness probes every 10 s (≥ {least_ready} ready) | < 1 % | {:.2} % | {:.2} % |\n\
          | daemon RSS, same | | {:.1} MiB | {:.1} MiB |\n\
-         | daemon CPU, {n} pods without probes | | {:.2} % | {:.2} % |\n",
+         | daemon CPU, {n} pods without probes | | {:.2} % | {:.2} % |\n\n\
+         Bare: in each run, before the daemon starts, the bench starts the same {n} busybox `sleep` containers itself, \
+         on as many threads as the guest has CPUs: per pod a pod cgroup (cpu, memory and pids enabled for its \
+         children) and a container cgroup, the process spawned and moved into it. That is the kernel's share of a \
+         start, which any agent pays. Written → Running is {:.2}× the bare start, renamed → Running {:.2}× \
+         (ratios of the medians).\n",
         median(start.clone()),
         worst(&start),
         median(rename.clone()),
         worst(&rename),
+        median(bare.clone()),
+        worst(&bare),
         median(edit.clone()),
         worst(&edit),
         median(cpu.clone()),
@@ -240,6 +266,8 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         worst(&rss),
         median(idle.clone()),
         worst(&idle),
+        median(start.clone()) / median(bare.clone()),
+        median(rename.clone()) / median(bare.clone()),
     );
     std::fs::write(out, &table)?;
     print!("{table}");
