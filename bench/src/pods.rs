@@ -6,8 +6,8 @@
 //!   the same N pods (no probes) then give the daemon's CPU floor;
 //! - edit: a manifest's memory limit changed → the replacement pod's cgroup shows the new `memory.max`;
 //! - steady: N pods, each a busybox httpd with an HTTP readiness probe every 10 s: the daemon's CPU and RSS;
-//! - bare: the same N containers started by the bench itself with no daemon ([`bare`]), the floor the start is
-//!   compared with.
+//! - bare: the same N containers started by the bench itself with no daemon ([`bare`]), the reference the start
+//!   is compared with.
 
 mod bare;
 
@@ -249,9 +249,10 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
          | daemon CPU, {n} pods without probes | | {:.2} % | {:.2} % |\n\n\
          Bare: in each run, before the daemon starts, the bench starts the same {n} busybox `sleep` containers itself, \
          on as many threads as the guest has CPUs: per pod a pod cgroup (cpu, memory and pids enabled for its \
-         children) and a container cgroup, the process spawned and moved into it. That is the kernel's share of a \
-         start, which any agent pays. Written → Running is {:.2}× the bare start, renamed → Running {:.2}× \
-         (ratios of the medians).\n",
+         children) and a container cgroup, the process spawned and moved into it, as a plain supervisor does. The \
+         daemon creates its processes in their cgroups and makes no such move, so the ratios understate what its \
+         own work adds. Written → Running is {:.2}× the bare start, renamed → Running {:.2}× (ratios of the \
+         medians).\n",
         median(start.clone()),
         worst(&start),
         median(rename.clone()),
