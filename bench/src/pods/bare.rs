@@ -6,60 +6,47 @@
 //! recorded or reported. The daemon creates each process in its cgroup (`clone3`), which spares it the move made
 //! here, so the daemon's ratio to this start understates what its own work adds.
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use nodewarden_resources::CgroupPath;
+use nodewarden_resources::{CgroupFs, CgroupPath};
+use nodewarden_testkit::MOUNT;
 
 use crate::{remove_tree, root};
 
-/// The bare tree, below the daemon's cgroup root (which a daemon's start purges as well).
-fn tree() -> Result<CgroupPath> {
-    Ok(root().child("bare")?)
-}
+/// The controllers a pod cgroup enables for its containers, those of them its parent offers.
+const CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 
-fn dir(cg: &CgroupPath) -> PathBuf {
-    Path::new("/sys/fs/cgroup").join(cg.to_string().trim_start_matches('/'))
-}
-
-/// Makes `cg` and enables for its children those of the cpu, memory and pids controllers it has (a write naming
-/// one it lacks would be refused whole).
-fn make_parent(cg: &Path) -> Result<()> {
-    std::fs::create_dir_all(cg).with_context(|| format!("cannot create {}", cg.display()))?;
-    let offered = std::fs::read_to_string(cg.join("cgroup.controllers"))
-        .with_context(|| format!("cannot read {}/cgroup.controllers", cg.display()))?;
-    let enable: Vec<String> = ["cpu", "memory", "pids"]
-        .into_iter()
-        .filter(|c| offered.split_whitespace().any(|o| o == *c))
-        .map(|c| format!("+{c}"))
-        .collect();
-    if enable.is_empty() {
-        return Ok(());
+/// Makes `cg` and enables for its children those of [`CONTROLLERS`] it has (a write naming one it lacks would be
+/// refused whole).
+fn make_parent(fs: &CgroupFs, cg: &CgroupPath) -> Result<()> {
+    fs.create(cg)?;
+    let offered = fs.controllers(cg)?;
+    let enable: Vec<&str> = CONTROLLERS.into_iter().filter(|c| offered.iter().any(|o| o == c)).collect();
+    if !enable.is_empty() {
+        fs.enable_controllers(cg, &enable)?;
     }
-    std::fs::write(cg.join("cgroup.subtree_control"), enable.join(" "))
-        .with_context(|| format!("cannot enable controllers in {}", cg.display()))
+    Ok(())
 }
 
-/// Starts pod `i`'s container: returns the running process.
-fn start_one(base: &Path, i: usize) -> Result<Child> {
-    let pod = base.join(format!("pod{i}"));
-    make_parent(&pod)?;
-    let app = pod.join("app");
-    std::fs::create_dir(&app).with_context(|| format!("cannot create {}", app.display()))?;
-    let child = Command::new("busybox")
+/// Starts pod `i`'s container below `base`: returns the running process.
+fn start_one(fs: &CgroupFs, base: &CgroupPath, i: usize) -> Result<Child> {
+    let pod = base.child(&format!("pod{i}"))?;
+    make_parent(fs, &pod)?;
+    let app = pod.child("app")?;
+    fs.create(&app)?;
+    let mut child = Command::new("busybox")
         .args(["sleep", "100000"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("cannot spawn busybox (Debian package busybox)")?;
-    if let Err(e) = std::fs::write(app.join("cgroup.procs"), child.id().to_string()) {
-        let (id, mut child) = (child.id(), child);
+    if let Err(e) = fs.add_proc(&app, child.id()) {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(e).with_context(|| format!("cannot move {id} into {}", app.display()));
+        return Err(e.into());
     }
     Ok(child)
 }
@@ -68,12 +55,12 @@ fn start_one(base: &Path, i: usize) -> Result<Child> {
 /// in its cgroup; then kills them and removes the tree. A thread stops at its first error; the error of the last
 /// thread that met one is returned.
 pub fn start(n: usize) -> Result<f64> {
-    let cg = tree()?;
-    remove_tree(&cg);
-    let base = dir(&cg);
-    for parent in [dir(&root()), base.clone()] {
-        make_parent(&parent)?;
-    }
+    let fs = CgroupFs::new(MOUNT, root());
+    let base = root().child("bare")?;
+    remove_tree(&base);
+    fs.enable_above_scope(&CONTROLLERS)?;
+    make_parent(&fs, &root())?;
+    make_parent(&fs, &base)?;
     // Busybox read once beforehand, as the daemon's start finds it after this phase: no run pays a cold cache.
     if !Command::new("busybox").arg("true").status().context("cannot run busybox (Debian package busybox)")?.success() {
         bail!("busybox true failed");
@@ -84,11 +71,11 @@ pub fn start(n: usize) -> Result<f64> {
     let started: Vec<(Vec<Child>, Result<()>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let base = &base;
+                let (fs, base) = (&fs, &base);
                 s.spawn(move || {
                     let mut children = Vec::new();
                     for i in (t..n).step_by(threads) {
-                        match start_one(base, i) {
+                        match start_one(fs, base, i) {
                             Ok(c) => children.push(c),
                             Err(e) => return (children, Err(e)),
                         }
@@ -111,6 +98,6 @@ pub fn start(n: usize) -> Result<f64> {
             outcome = Err(e);
         }
     }
-    remove_tree(&cg);
+    remove_tree(&base);
     outcome
 }
