@@ -185,51 +185,59 @@ pub fn encode_terminal(uid: &str, terminal: &Terminal) -> Result<Vec<u8>, String
     Ok(bytes)
 }
 
-/// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet.
-fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io::Result<()> {
+/// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet. Says
+/// whether the record's file was reserved just now: its directory entry is then durable only once the caller has
+/// synced the directory.
+fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io::Result<bool> {
     use std::io::{Seek, Write};
     let p = terminal_path(root, uid);
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&p)?;
     // Reserved until it holds its full size (a reservation that failed, ENOSPC on the first save, is tried again).
-    if f.metadata()?.len() < TERMINAL_RECORD_BYTES {
+    let reserved = f.metadata()?.len() < TERMINAL_RECORD_BYTES;
+    if reserved {
         rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, TERMINAL_RECORD_BYTES)?;
         f.sync_all()?;
-        if let Some(dir) = p.parent() {
-            sync_dir(dir)?;
-        }
     }
-    let Some(terminal) = terminal else { return Ok(()) };
+    let Some(terminal) = terminal else { return Ok(reserved) };
     let bytes = encode_terminal(uid, terminal).map_err(std::io::Error::other)?;
     f.rewind()?;
     f.write_all(&bytes)?;
-    f.sync_data()
+    f.sync_data()?;
+    Ok(reserved)
 }
 
 /// Saves a pod's state durably: written to a temporary file and synced, renamed over the old one, the directory
 /// synced. The terminal record is written first, so a pod that is over stays over even when the state file
-/// cannot be written (ENOSPC).
+/// cannot be written (ENOSPC). The directory is synced once per save, for the rename and for a terminal record
+/// reserved in the same save, and also when the state file could not be written.
 pub fn save(root: &Path, uid: &str, state: &SavedPod) -> Result<(), String> {
     use std::io::Write;
     let p = path(root, uid);
     let dir = p.parent().ok_or("no parent")?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let terminal = save_terminal(root, uid, state.terminal.as_ref());
-    if let (Err(e), Some(_)) = (&terminal, &state.terminal) {
-        tracing::warn!(pod_uid = %uid, error = %e, "cannot write the terminal record");
-    }
+    let reserved = match save_terminal(root, uid, state.terminal.as_ref()) {
+        Ok(reserved) => reserved,
+        Err(e) => {
+            if state.terminal.is_some() {
+                tracing::warn!(pod_uid = %uid, error = %e, "cannot write the terminal record");
+            }
+            false
+        }
+    };
     let tmp = p.with_extension("json.tmp");
     let bytes = encode(uid, state)?;
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &p)?;
-        sync_dir(dir)
+        std::fs::rename(&tmp, &p)
     };
-    write().map_err(|e| {
+    let written = write();
+    if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
-        format!("{}: {e}", p.display())
-    })
+    }
+    let synced = if written.is_ok() || reserved { sync_dir(dir) } else { Ok(()) };
+    written.and(synced).map_err(|e| format!("{}: {e}", p.display()))
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ impl<R: Runtime> Worker<R> {
             (false, Resume::Initializing) => PodState::Initializing,
         };
         self.created = None;
-        self.save();
+        self.save().await;
         true
     }
 }

@@ -404,7 +404,7 @@ impl<R: Runtime> Worker<R> {
     /// Carries out one action; returns the input it produces at once, if any.
     async fn execute(&mut self, action: Action) -> Option<Input> {
         match action {
-            Action::Place => Some(self.place()),
+            Action::Place => Some(self.place().await),
             Action::PrepareVolumes => Some(Input::VolumesPrepared(self.prepare_volumes())),
             Action::RunSandbox => self.run_sandbox(),
             Action::UpdateResources => {
@@ -455,7 +455,7 @@ impl<R: Runtime> Worker<R> {
                 Some(Input::CleanedUp)
             }
             Action::Save => {
-                self.save();
+                self.save().await;
                 None
             }
             Action::ReleaseName => {
@@ -475,13 +475,13 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    fn place(&mut self) -> Input {
+    async fn place(&mut self) -> Input {
         let started = Instant::now();
         // The mark that this pod is nodewarden's goes down before its cgroup exists, so that a later start never
         // finds a cgroup of its own without it.
         let root = &self.shared.settings.root_dir;
         if !crate::state::is_ours(root, &self.uid) {
-            self.save();
+            self.save().await;
         }
         let placed = self.shared.resources().place(&self.pod);
         self.shared.metrics.pod_worker_duration.with_label_values(&["create"]).observe(started.elapsed().as_secs_f64());
@@ -510,11 +510,19 @@ impl<R: Runtime> Worker<R> {
         Ok(())
     }
 
-    fn save(&self) {
+    /// Saves the pod's state on a blocking thread, so that its syncs (journal commits on a real disk) hold none of
+    /// the runtime's threads and the saves of pods starting together can share a commit. Waited for, so that a
+    /// pod's saves land in order.
+    async fn save(&self) {
         let saved = adopt::saved(&self.lifecycle);
-        if let Err(e) = crate::state::save(&self.shared.settings.root_dir, &self.uid, &saved) {
-            tracing::warn!(pod_uid = %self.uid, error = %e, "cannot save pod state");
-        }
+        let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
+        let saving = tokio::task::spawn_blocking(move || crate::state::save(&root, &uid, &saved));
+        let error = match saving.await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(pod_uid = %self.uid, error = %error, "cannot save pod state");
     }
 }
 
