@@ -51,6 +51,8 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-10} ./fuzz/run
 
 step "build the daemon and the benchmark harness"
 cargo build --workspace --locked
+# The one harness that runs on the host (pod state saves on its disk); the others run in the VM below.
+target/debug/nodewarden-bench saves --pods 10 --runs 1 --dir target/bench-saves --out target/bench-saves.md >/dev/null
 
 step "real-kernel tests in the VM, then a short run of the benchmark harness"
 # The integration test executables that need cgroup v2, built above; run in the guest at their host paths.

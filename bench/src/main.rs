@@ -17,6 +17,8 @@
 //!
 //! `placement`: the time to place a pod under each cgroup driver (see `placement.rs`).
 //!
+//! `saves`: the pod state saves of pods starting together, on the host's disk (see `saves.rs`; no VM needed).
+//!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
 //! nodewarden, each alone (see `eviction/`); `hog` is their workload.
 
@@ -29,6 +31,7 @@ mod hog;
 mod placement;
 mod pods;
 mod reload;
+mod saves;
 mod svg;
 
 use std::net::TcpListener;
@@ -176,6 +179,21 @@ enum Cmd {
         #[arg(long, default_value = "results/reload.md")]
         out: PathBuf,
     },
+    /// Pod state saves of pods starting together, on blocking threads and on the runtime's (host, no VM).
+    Saves {
+        /// Pods starting together.
+        #[arg(long, default_value_t = 100)]
+        pods: usize,
+        /// Runs per way; the table reports the median and the worst.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// A directory on the disk to measure (not a tmpfs); its `root/` is made and removed.
+        #[arg(long, default_value = "target/bench-saves")]
+        dir: PathBuf,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/saves.md")]
+        out: PathBuf,
+    },
 }
 
 const ROOT: &str = "/nwbench";
@@ -199,6 +217,7 @@ fn main() -> Result<()> {
         Cmd::Hog(args) => hog::run(&args),
         Cmd::Placement { pods, runs, out } => placement::run(pods, runs, &out),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
+        Cmd::Saves { pods, runs, dir, out } => saves::run(pods, runs, &dir, &out),
     }
 }
 

@@ -21,7 +21,7 @@ pub mod security;
 mod selected;
 mod source;
 mod spec;
-mod state;
+pub mod state;
 mod status;
 mod store;
 mod subpath;
