@@ -199,10 +199,12 @@ impl<R: Runtime> PodManager<R> {
         let mut workers = self.workers();
         self.reap(&mut workers);
         for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
-            h.wanted_again = false;
             // A pod told already is not told again: a source sends a snapshot on every change, so a hundred
             // manifests deleted one by one would otherwise send each terminating worker up to a hundred requests.
-            if h.deleted {
+            // One added again meanwhile is told once more, so that a shorter grace period in the spec it came back
+            // with cuts the termination short (a longer one never lengthens it).
+            let again = std::mem::take(&mut h.wanted_again);
+            if h.deleted && !again {
                 continue;
             }
             h.deleted = true;

@@ -441,6 +441,37 @@ async fn a_pod_added_again_while_it_terminates_starts_anew_after() {
     h.until("u32", "runs again", |v| phase(v) == "Running").await;
 }
 
+/// Runs a pod with grace period `first`, deletes it, adds it again with grace period `then` while it terminates,
+/// deletes it again; returns how long after the first deletion the pod was gone, and checks it was not started again.
+async fn deleted_added_again_deleted(uid: &str, first: u32, then: u32) -> Duration {
+    let h = harness();
+    let spec = |grace: u32| pod(uid, json!({"terminationGracePeriodSeconds": grace, "containers": [app("stubborn")]}));
+    h.run_then_delete_stubborn(spec(first)).await;
+    let t0 = Instant::now();
+    h.set(vec![spec(then)]).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.set(vec![]).await;
+    while h.manager.store().get(uid).is_some() && t0.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let runs = [format!("run {uid}"), format!("remove {uid}")];
+    assert_eq!(*h.fake.sandboxes.lock().unwrap(), runs, "not started again");
+    t0.elapsed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_added_again_with_a_shorter_grace_then_deleted_again_ends_within_it() {
+    // Back with 3 s while the 60 s deletion runs, then deleted again: the 3 s apply.
+    let took = deleted_added_again_deleted("u33", 60, 3).await;
+    assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(4), "took {took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_added_again_with_a_longer_grace_then_deleted_again_keeps_the_first() {
+    let took = deleted_added_again_deleted("u34", 5, 300).await;
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_evicted_pod_with_a_pre_stop_hook_is_signalled_by_its_worker_after_the_hook() {
     let h = harness();
