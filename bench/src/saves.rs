@@ -1,9 +1,10 @@
-//! `saves`: the pod state saves of pods starting together, on a real disk. A pod worker saves its pod's state twice
-//! on a first start (the mark that the pod is nodewarden's, before its cgroup exists; then the started
-//! container), each save a few syncs, that is journal commits on a real disk. The bench makes those saves for
-//! `pods` pods at once on a runtime of two threads, in two ways: on blocking threads (as the workers do) and on the
-//! runtime's own threads (as they did before). It reports the time until all are saved and how late a 1 ms
-//! timer on the same runtime ran meanwhile: what the saves cost every other pod's worker.
+//! `saves`: the pod state writes of pods starting together, on a real disk. A pod worker marks its pod's directory
+//! as nodewarden's before the pod's cgroup exists (the terminal record, its space reserved; nothing synced), then
+//! saves the pod's state once its container started (three syncs on that first save, journal commits on a real
+//! disk). The bench does that for `pods` pods at once on a runtime of two threads, in two ways: the save on
+//! blocking threads (as the workers do) and on the runtime's own threads (as they did before). It reports the time
+//! until all are saved and how late a 1 ms timer on the same runtime ran meanwhile: what the saves cost every other
+//! pod's worker.
 //!
 //! It needs no cgroups and runs on the host: `--dir` should be on the disk that would hold `rootDir` (the
 //! default is under `target/`), not on a tmpfs, where a sync costs nothing.
@@ -53,10 +54,13 @@ fn started() -> SavedPod {
     }
 }
 
-async fn save(mode: Mode, root: Arc<PathBuf>, uid: String, saved: SavedPod) -> Result<()> {
+/// A pod's first start: the mark, then the first save (where `mode` says).
+async fn first_start(mode: Mode, root: Arc<PathBuf>, uid: String) -> Result<()> {
+    state::mark(&root, &uid).map_err(anyhow::Error::msg)?;
+    let saved = started();
     let outcome = match mode {
-        Mode::Inline => state::save(&root, &uid, &saved),
-        Mode::Blocking => tokio::task::spawn_blocking(move || state::save(&root, &uid, &saved)).await?,
+        Mode::Inline => state::save(&root, &uid, &saved, true),
+        Mode::Blocking => tokio::task::spawn_blocking(move || state::save(&root, &uid, &saved, true)).await?,
     };
     outcome.map_err(anyhow::Error::msg)
 }
@@ -85,12 +89,7 @@ fn one_run(mode: Mode, pods: usize, root: &Path) -> Result<Run> {
         let t0 = Instant::now();
         let mut set = tokio::task::JoinSet::new();
         for i in 0..pods {
-            let root = root.clone();
-            set.spawn(async move {
-                let uid = format!("bench-saves-{i:04}");
-                save(mode, root.clone(), uid.clone(), SavedPod::default()).await?;
-                save(mode, root, uid, started()).await
-            });
+            set.spawn(first_start(mode, root.clone(), format!("bench-saves-{i:04}")));
         }
         while let Some(saved) = set.join_next().await {
             saved??;
@@ -121,7 +120,7 @@ pub fn run(pods: usize, runs: usize, dir: &Path, out: &Path) -> Result<()> {
     std::fs::remove_dir_all(&root).ok();
     let mut md = format!(
         "# Pod state saves, {pods} pods starting together\n\n`nodewarden-bench saves --pods {pods} --runs {runs} --dir {}`: \
-         two saves per pod (the mark, then the started container) on a tokio runtime of two threads. Median (worst) \
+         the mark and the first save per pod on a tokio runtime of two threads. Median (worst) \
          of {runs} runs.\n\n| saves run | all saved, ms | a 1 ms timer on the runtime, late by ms |\n|---|---|---|\n",
         dir.display()
     );

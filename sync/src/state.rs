@@ -185,38 +185,58 @@ pub fn encode_terminal(uid: &str, terminal: &Terminal) -> Result<Vec<u8>, String
     Ok(bytes)
 }
 
-/// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet. Says
-/// whether the record's file was reserved just now: its directory entry is then durable only once the caller has
-/// synced the directory.
-fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>) -> std::io::Result<bool> {
-    use std::io::{Seek, Write};
-    let p = terminal_path(root, uid);
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&p)?;
-    // Reserved until it holds its full size (a reservation that failed, ENOSPC on the first save, is tried again).
-    let reserved = f.metadata()?.len() < TERMINAL_RECORD_BYTES;
-    if reserved {
+/// Opens (or makes) the terminal record of `uid` and reserves its space when it is short of it; says whether it
+/// reserved just now. Nothing is synced.
+fn open_terminal(root: &Path, uid: &str) -> std::io::Result<(std::fs::File, bool)> {
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(terminal_path(root, uid))?;
+    // Reserved until it holds its full size (a reservation that failed, ENOSPC, is tried again).
+    let short = f.metadata()?.len() < TERMINAL_RECORD_BYTES;
+    if short {
         rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, TERMINAL_RECORD_BYTES)?;
+    }
+    Ok((f, short))
+}
+
+/// Marks the pod directory of `uid` as nodewarden's (see [`is_ours`]) before anything else of the pod exists: the
+/// directory and the terminal record with its space reserved, so that an eviction before the pod's first [`save`]
+/// can still be written on a full file system. Nothing is synced: the mark only has to be seen by a daemon that
+/// restarts on the same boot (the pod's cgroups do not outlive a boot), and the pod's first save makes it durable.
+pub fn mark(root: &Path, uid: &str) -> Result<(), String> {
+    let dir = pod_dir(root, uid);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    open_terminal(root, uid).map(drop).map_err(|e| format!("{}: {e}", terminal_path(root, uid).display()))
+}
+
+/// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet. The
+/// record's file is synced when it was reserved now or `first`; says whether its directory entry then still needs
+/// the directory synced.
+fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>, first: bool) -> std::io::Result<bool> {
+    use std::io::{Seek, Write};
+    let (mut f, reserved) = open_terminal(root, uid)?;
+    let new = reserved || first;
+    if new {
         f.sync_all()?;
     }
-    let Some(terminal) = terminal else { return Ok(reserved) };
+    let Some(terminal) = terminal else { return Ok(new) };
     let bytes = encode_terminal(uid, terminal).map_err(std::io::Error::other)?;
     f.rewind()?;
     f.write_all(&bytes)?;
     f.sync_data()?;
-    Ok(reserved)
+    Ok(new)
 }
 
 /// Saves a pod's state durably: written to a temporary file and synced, renamed over the old one, the directory
 /// synced. The terminal record is written first, so a pod that is over stays over even when the state file
-/// cannot be written (ENOSPC). The directory is synced once per save, for the rename and for a terminal record
-/// reserved in the same save, and also when the state file could not be written.
-pub fn save(root: &Path, uid: &str, state: &SavedPod) -> Result<(), String> {
+/// cannot be written (ENOSPC). `first` says this is the first save since the pod was [`mark`]ed or taken over
+/// from an earlier daemon: the terminal record and the directory are then synced even where this save does not
+/// change them. The directory is synced once per save, also when the state file could not be written.
+pub fn save(root: &Path, uid: &str, state: &SavedPod, first: bool) -> Result<(), String> {
     use std::io::Write;
     let p = path(root, uid);
     let dir = p.parent().ok_or("no parent")?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let reserved = match save_terminal(root, uid, state.terminal.as_ref()) {
-        Ok(reserved) => reserved,
+    let record_new = match save_terminal(root, uid, state.terminal.as_ref(), first) {
+        Ok(new) => new,
         Err(e) => {
             if state.terminal.is_some() {
                 tracing::warn!(pod_uid = %uid, error = %e, "cannot write the terminal record");
@@ -236,7 +256,7 @@ pub fn save(root: &Path, uid: &str, state: &SavedPod) -> Result<(), String> {
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    let synced = if written.is_ok() || reserved { sync_dir(dir) } else { Ok(()) };
+    let synced = if written.is_ok() || record_new { sync_dir(dir) } else { Ok(()) };
     written.and(synced).map_err(|e| format!("{}: {e}", p.display()))
 }
 
@@ -251,7 +271,7 @@ mod tests {
         let mut s = SavedPod::default();
         s.containers.insert("app".into(), SavedContainer { restarts: 3, pid: Some(42), ..Default::default() });
         s.terminal = Some(Terminal::failed(Some("Evicted".into()), Some("low on memory".into())));
-        save(dir.path(), "u", &s).unwrap();
+        save(dir.path(), "u", &s, true).unwrap();
         assert_eq!(load(dir.path(), "u"), SavedPod { uid: Some("u".into()), ..s.clone() });
         let text = std::fs::read_to_string(path(dir.path(), "u")).unwrap();
         assert!(
@@ -274,7 +294,7 @@ mod tests {
         let mut other = SavedPod::default();
         other.containers.insert("app".into(), SavedContainer { restarts: 9, ..Default::default() });
         other.terminal = Some(Terminal::failed(Some("Evicted".into()), None));
-        save(root, "other", &other).unwrap();
+        save(root, "other", &other, true).unwrap();
         std::fs::create_dir_all(pod_dir(root, "u")).unwrap();
         std::fs::copy(path(root, "other"), path(root, "u")).unwrap();
         std::fs::copy(terminal_path(root, "other"), terminal_path(root, "u")).unwrap();
@@ -283,15 +303,16 @@ mod tests {
         // This pod's own eviction, then its state file truncated (a power loss before the data reached the disk):
         // the terminal record keeps it evicted.
         let evicted = SavedPod { terminal: Some(Terminal::failed(Some("Evicted".into()), None)), ..Default::default() };
-        save(root, "u", &evicted).unwrap();
+        save(root, "u", &evicted, true).unwrap();
         std::fs::write(path(root, "u"), "").unwrap();
         assert_eq!(load(root, "u").terminal, evicted.terminal);
         std::fs::remove_file(path(root, "u")).unwrap();
         assert_eq!(load(root, "u").terminal, evicted.terminal);
     }
 
-    #[test]
-    fn an_eviction_on_a_full_root_dir_survives_a_restart() {
+    /// Evicts pod `u` on a full file system after `before` (a save or only the mark); checks that the eviction
+    /// survives a restart although its state file could not be written.
+    fn evicted_on_a_full_root_dir(before: impl Fn(&Path), first: bool) {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();
@@ -304,8 +325,7 @@ mod tests {
             eprintln!("skipped: cannot mount a small tmpfs here");
             return;
         }
-        let running = SavedPod { start_time: Some(Timestamp::UNIX_EPOCH), ..Default::default() };
-        save(&root, "u", &running).unwrap();
+        before(&root);
         // Fill the file system.
         let mut i = 0;
         while std::fs::write(root.join(format!("fill{i}")), vec![0u8; 4096]).is_ok() {
@@ -317,12 +337,39 @@ mod tests {
                 Some("Evicted".into()),
                 Some("The node was low on resource: ephemeral-storage.".into()),
             )),
-            ..running
+            start_time: Some(Timestamp::UNIX_EPOCH),
+            ..Default::default()
         };
-        let saved = save(&root, "u", &evicted);
+        let saved = save(&root, "u", &evicted, first);
         let loaded = load(&root, "u");
         let _ = std::process::Command::new("umount").arg(&root).status();
         assert!(saved.is_err(), "the state file was written on a full file system");
         assert_eq!(loaded.terminal, evicted.terminal, "the eviction was lost");
+    }
+
+    #[test]
+    fn an_eviction_on_a_full_root_dir_survives_a_restart() {
+        let running = SavedPod { start_time: Some(Timestamp::UNIX_EPOCH), ..Default::default() };
+        evicted_on_a_full_root_dir(|root| save(root, "u", &running, true).unwrap(), false);
+    }
+
+    #[test]
+    fn an_eviction_before_the_first_save_on_a_full_root_dir_survives_a_restart() {
+        // Only the mark was down (the pod was evicted while its image was pulled): it reserved the record's space.
+        evicted_on_a_full_root_dir(|root| mark(root, "u").unwrap(), true);
+    }
+
+    #[test]
+    fn the_mark_is_a_reserved_terminal_record_and_no_state() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_ours(dir.path(), "u"));
+        mark(dir.path(), "u").unwrap();
+        assert!(is_ours(dir.path(), "u"));
+        let record = std::fs::metadata(terminal_path(dir.path(), "u")).unwrap();
+        assert_eq!(record.len(), TERMINAL_RECORD_BYTES);
+        assert_eq!(load(dir.path(), "u"), SavedPod::default());
+        // Marked again (a worker that took the pod over): nothing changes.
+        mark(dir.path(), "u").unwrap();
+        assert_eq!(load(dir.path(), "u"), SavedPod::default());
     }
 }

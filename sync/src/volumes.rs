@@ -400,7 +400,7 @@ mod tests {
             terminal: Some(crate::status::Terminal::failed(Some("Evicted".into()), None)),
             ..Default::default()
         };
-        crate::state::save(dir.path(), "u1", &over).unwrap();
+        crate::state::save(dir.path(), "u1", &over, true).unwrap();
         remove_pod_volumes(dir.path(), "u1").unwrap();
         assert!(!prepared[0].path.exists());
         assert_eq!(crate::state::load(dir.path(), "u1").terminal, over.terminal);

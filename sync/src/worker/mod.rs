@@ -175,6 +175,8 @@ pub(crate) struct Worker<R> {
     incident: Option<k8s_openapi::api::core::v1::PodCondition>,
     /// The status last put in the store: an input that changes nothing (most probe results) publishes nothing.
     published: Option<k8s_openapi::api::core::v1::PodStatus>,
+    /// This worker has saved the pod's state once: from then on only what a save changes is synced.
+    saved_once: bool,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -213,6 +215,7 @@ impl<R: Runtime> Worker<R> {
             done: Vec::new(),
             incident: None,
             published: None,
+            saved_once: false,
         }
     }
 
@@ -404,7 +407,7 @@ impl<R: Runtime> Worker<R> {
     /// Carries out one action; returns the input it produces at once, if any.
     async fn execute(&mut self, action: Action) -> Option<Input> {
         match action {
-            Action::Place => Some(self.place().await),
+            Action::Place => Some(self.place()),
             Action::PrepareVolumes => Some(Input::VolumesPrepared(self.prepare_volumes())),
             Action::RunSandbox => self.run_sandbox(),
             Action::UpdateResources => {
@@ -475,13 +478,15 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    async fn place(&mut self) -> Input {
+    fn place(&mut self) -> Input {
         let started = Instant::now();
         // The mark that this pod is nodewarden's goes down before its cgroup exists, so that a later start never
         // finds a cgroup of its own without it.
         let root = &self.shared.settings.root_dir;
-        if !crate::state::is_ours(root, &self.uid) {
-            self.save().await;
+        if !crate::state::is_ours(root, &self.uid)
+            && let Err(e) = crate::state::mark(root, &self.uid)
+        {
+            tracing::warn!(pod_uid = %self.uid, error = %e, "cannot mark the pod's directory as nodewarden's");
         }
         let placed = self.shared.resources().place(&self.pod);
         self.shared.metrics.pod_worker_duration.with_label_values(&["create"]).observe(started.elapsed().as_secs_f64());
@@ -513,12 +518,15 @@ impl<R: Runtime> Worker<R> {
     /// Saves the pod's state on a blocking thread, so that its syncs (journal commits on a real disk) hold none of
     /// the runtime's threads and the saves of pods starting together can share a commit. Waited for, so that a
     /// pod's saves land in order.
-    async fn save(&self) {
+    async fn save(&mut self) {
         let saved = adopt::saved(&self.lifecycle);
-        let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
-        let saving = tokio::task::spawn_blocking(move || crate::state::save(&root, &uid, &saved));
+        let (root, uid, first) = (self.shared.settings.root_dir.clone(), self.uid.clone(), !self.saved_once);
+        let saving = tokio::task::spawn_blocking(move || crate::state::save(&root, &uid, &saved, first));
         let error = match saving.await {
-            Ok(Ok(())) => return,
+            Ok(Ok(())) => {
+                self.saved_once = true;
+                return;
+            }
             Ok(Err(e)) => e,
             Err(e) => e.to_string(),
         };

@@ -746,7 +746,7 @@ async fn start_up_cleans_up_only_what_nodewarden_made() {
     std::fs::create_dir_all(root.join("pods/foreign")).unwrap();
     std::fs::write(root.join("pods/foreign/data"), "keep").unwrap();
     std::fs::create_dir_all(root.join("pods/gone")).unwrap();
-    crate::state::save(&root, "gone", &crate::state::SavedPod::default()).unwrap();
+    crate::state::save(&root, "gone", &crate::state::SavedPod::default(), true).unwrap();
     // The next start, with no manifests: only its own orphan is terminated, only its own directories removed.
     let h = harness_on(host);
     h.set(vec![]).await;
