@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use nodewarden_sync::state::{self, SavedContainer, SavedPod};
+use nodewarden_sync::{SavedContainer, SavedPod, mark_pod_dir, save_pod_state};
 use nodewarden_testkit::{median, worst};
 
 /// Where a save runs.
@@ -56,13 +56,13 @@ fn started() -> SavedPod {
 
 /// A pod's first start: the mark, then the first save (where `mode` says).
 async fn first_start(mode: Mode, root: Arc<PathBuf>, uid: String) -> Result<()> {
-    state::mark(&root, &uid).map_err(anyhow::Error::msg)?;
+    mark_pod_dir(&root, &uid)?;
     let saved = started();
     let outcome = match mode {
-        Mode::Inline => state::save(&root, &uid, &saved, true),
-        Mode::Blocking => tokio::task::spawn_blocking(move || state::save(&root, &uid, &saved, true)).await?,
+        Mode::Inline => save_pod_state(&root, &uid, &saved, true),
+        Mode::Blocking => tokio::task::spawn_blocking(move || save_pod_state(&root, &uid, &saved, true)).await?,
     };
-    outcome.map_err(anyhow::Error::msg)
+    Ok(outcome?)
 }
 
 fn one_run(mode: Mode, pods: usize, root: &Path) -> Result<Run> {

@@ -21,7 +21,7 @@ pub mod security;
 mod selected;
 mod source;
 mod spec;
-pub mod state;
+mod state;
 mod status;
 mod store;
 mod subpath;
@@ -44,6 +44,9 @@ pub use runtime::{
 pub use selected::SelectedRuntime;
 pub use source::{FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
 pub use spec::{PodContext, PodIps, container_spec, sandbox_spec};
+pub use state::{
+    SavedContainer, SavedPod, WriteError as StateWriteError, mark as mark_pod_dir, save as save_pod_state,
+};
 pub use status::{PodPhase, SHUTDOWN_MESSAGE, SHUTDOWN_REASON, Terminal};
 pub use store::{MANIFEST_ANNOTATION, StatusStore, WORKER_CONDITION};
 pub use worker::SyncSettings;

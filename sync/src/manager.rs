@@ -209,7 +209,7 @@ impl<R: Runtime> PodManager<R> {
             }
             h.deleted = true;
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
-            let req = TerminateRequest::deleted();
+            let req = TerminateRequest::deleted(&h.spec.borrow());
             if h.terminations.send(req).is_err() {
                 tracing::warn!(pod_uid = %uid, "the pod's worker is gone");
             }
@@ -308,7 +308,7 @@ impl<R: Runtime> PodManager<R> {
             replacement.wanted_again = h.wanted_again;
             if h.deleted {
                 replacement.deleted = true;
-                let req = TerminateRequest::deleted();
+                let req = TerminateRequest::deleted(&replacement.spec.borrow());
                 let _ = replacement.terminations.send(req);
             }
             if let Some((grace, reason)) = h.terminating.take() {

@@ -197,32 +197,52 @@ fn open_terminal(root: &Path, uid: &str) -> std::io::Result<(std::fs::File, bool
     Ok((f, short))
 }
 
+/// A pod's state or mark that could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct WriteError {
+    /// The file or directory that could not be written.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn at(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
+    move |source| WriteError { path: path.to_path_buf(), source }
+}
+
 /// Marks the pod directory of `uid` as nodewarden's (see [`is_ours`]) before anything else of the pod exists: the
 /// directory and the terminal record with its space reserved, so that an eviction before the pod's first [`save`]
 /// can still be written on a full file system. Nothing is synced: the mark only has to be seen by a daemon that
 /// restarts on the same boot (the pod's cgroups do not outlive a boot), and the pod's first save makes it durable.
-pub fn mark(root: &Path, uid: &str) -> Result<(), String> {
+pub fn mark(root: &Path, uid: &str) -> Result<(), WriteError> {
     let dir = pod_dir(root, uid);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    open_terminal(root, uid).map(drop).map_err(|e| format!("{}: {e}", terminal_path(root, uid).display()))
+    std::fs::create_dir_all(&dir).map_err(at(&dir))?;
+    open_terminal(root, uid).map(drop).map_err(at(&terminal_path(root, uid)))
 }
 
 /// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet. The
-/// record's file is synced when it was reserved now or `first`; says whether its directory entry then still needs
-/// the directory synced.
-fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>, first: bool) -> std::io::Result<bool> {
+/// record's file is synced when it was reserved now or `first`. Says, also with an error, whether its directory
+/// entry then still needs the directory synced.
+fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>, first: bool) -> (bool, std::io::Result<()>) {
     use std::io::{Seek, Write};
-    let (mut f, reserved) = open_terminal(root, uid)?;
+    let (mut f, reserved) = match open_terminal(root, uid) {
+        Ok(opened) => opened,
+        Err(e) => return (false, Err(e)),
+    };
     let new = reserved || first;
-    if new {
-        f.sync_all()?;
-    }
-    let Some(terminal) = terminal else { return Ok(new) };
-    let bytes = encode_terminal(uid, terminal).map_err(std::io::Error::other)?;
-    f.rewind()?;
-    f.write_all(&bytes)?;
-    f.sync_data()?;
-    Ok(new)
+    let mut write = || -> std::io::Result<()> {
+        if new {
+            f.sync_all()?;
+        }
+        let Some(terminal) = terminal else { return Ok(()) };
+        let bytes = encode_terminal(uid, terminal).map_err(std::io::Error::other)?;
+        f.rewind()?;
+        f.write_all(&bytes)?;
+        f.sync_data()
+    };
+    (new, write())
 }
 
 /// Saves a pod's state durably: written to a temporary file and synced, renamed over the old one, the directory
@@ -230,22 +250,17 @@ fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>, first: boo
 /// cannot be written (ENOSPC). `first` says this is the first save since the pod was [`mark`]ed or taken over
 /// from an earlier daemon: the terminal record and the directory are then synced even where this save does not
 /// change them. The directory is synced once per save, also when the state file could not be written.
-pub fn save(root: &Path, uid: &str, state: &SavedPod, first: bool) -> Result<(), String> {
+pub fn save(root: &Path, uid: &str, state: &SavedPod, first: bool) -> Result<(), WriteError> {
     use std::io::Write;
     let p = path(root, uid);
-    let dir = p.parent().ok_or("no parent")?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let record_new = match save_terminal(root, uid, state.terminal.as_ref(), first) {
-        Ok(new) => new,
-        Err(e) => {
-            if state.terminal.is_some() {
-                tracing::warn!(pod_uid = %uid, error = %e, "cannot write the terminal record");
-            }
-            false
-        }
-    };
+    let bytes = encode(uid, state).map_err(|e| at(&p)(std::io::Error::other(e)))?;
+    let dir = pod_dir(root, uid);
+    std::fs::create_dir_all(&dir).map_err(at(&dir))?;
+    let (record_new, record) = save_terminal(root, uid, state.terminal.as_ref(), first);
+    if let (Err(e), Some(_)) = (&record, &state.terminal) {
+        tracing::warn!(pod_uid = %uid, error = %e, "cannot write the terminal record");
+    }
     let tmp = p.with_extension("json.tmp");
-    let bytes = encode(uid, state)?;
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(&bytes)?;
@@ -256,8 +271,10 @@ pub fn save(root: &Path, uid: &str, state: &SavedPod, first: bool) -> Result<(),
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    let synced = if written.is_ok() || record_new { sync_dir(dir) } else { Ok(()) };
-    written.and(synced).map_err(|e| format!("{}: {e}", p.display()))
+    // The rename, and a terminal record made in this save even when the state file could not be written.
+    let synced = if written.is_ok() || record_new { sync_dir(&dir) } else { Ok(()) };
+    written.map_err(at(&p))?;
+    synced.map_err(at(&dir))
 }
 
 #[cfg(test)]

@@ -78,9 +78,10 @@ pub(crate) struct TerminateRequest {
 }
 
 impl TerminateRequest {
-    /// The pod's source no longer has it: terminated with its own grace period, and nobody waits.
-    pub(crate) fn deleted() -> Self {
-        Self { grace: None, reason: Reason::Deleted, signalled: None, done: None }
+    /// The pod's source no longer has it: terminated with the grace period of `pod`, the source's last spec (which
+    /// the worker may not have taken yet), and nobody waits.
+    pub(crate) fn deleted(pod: &Pod) -> Self {
+        Self { grace: Some(grace_period(pod)), reason: Reason::Deleted, signalled: None, done: None }
     }
 }
 
@@ -527,7 +528,9 @@ impl<R: Runtime> Worker<R> {
                 self.saved_once = true;
                 return;
             }
-            Ok(Err(e)) => e,
+            Ok(Err(e)) => e.to_string(),
+            // A panic is the worker's, as if the save had run on its own thread.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(e) => e.to_string(),
         };
         tracing::warn!(pod_uid = %self.uid, error = %error, "cannot save pod state");

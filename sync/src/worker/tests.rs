@@ -448,8 +448,8 @@ async fn deleted_added_again_deleted(uid: &str, first: u32, then: u32) -> Durati
     let spec = |grace: u32| pod(uid, json!({"terminationGracePeriodSeconds": grace, "containers": [app("stubborn")]}));
     h.run_then_delete_stubborn(spec(first)).await;
     let t0 = Instant::now();
+    // Both snapshots back to back: the worker may take the deletion before the spec it came back with.
     h.set(vec![spec(then)]).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
     h.set(vec![]).await;
     while h.manager.store().get(uid).is_some() && t0.elapsed() < Duration::from_secs(600) {
         tokio::time::sleep(Duration::from_millis(100)).await;
