@@ -3,9 +3,9 @@
 //! beside the pod's volumes, and stamped with the pod's UID, so a file that belongs to another pod is ignored.
 //!
 //! That a pod is over (evicted, failed, succeeded) is also written to a small record whose space is reserved when
-//! the state is first saved: writing it in place needs no new blocks, so an eviction under nodefs pressure
-//! (ENOSPC on rootDir) still survives a restart, and a state file lost or truncated meanwhile cannot bring the pod
-//! back.
+//! the pod's directory is marked as nodewarden's (or, if that failed, at a later save): writing it in place needs
+//! no new blocks, so an eviction under nodefs pressure (ENOSPC on rootDir) still survives a restart, and a state
+//! file lost or truncated meanwhile cannot bring the pod back.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
