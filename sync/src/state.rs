@@ -233,14 +233,17 @@ fn save_terminal(root: &Path, uid: &str, terminal: Option<&Terminal>, first: boo
     };
     let new = reserved || first;
     let mut write = || -> std::io::Result<()> {
-        if new {
-            f.sync_all()?;
+        if let Some(terminal) = terminal {
+            let bytes = encode_terminal(uid, terminal).map_err(std::io::Error::other)?;
+            f.rewind()?;
+            f.write_all(&bytes)?;
         }
-        let Some(terminal) = terminal else { return Ok(()) };
-        let bytes = encode_terminal(uid, terminal).map_err(std::io::Error::other)?;
-        f.rewind()?;
-        f.write_all(&bytes)?;
-        f.sync_data()
+        // One sync: the whole file (its reservation) when it is new to this worker, else the record's data.
+        match (new, terminal) {
+            (true, _) => f.sync_all(),
+            (false, Some(_)) => f.sync_data(),
+            (false, None) => Ok(()),
+        }
     };
     (new, write())
 }
@@ -274,7 +277,13 @@ pub fn save(root: &Path, uid: &str, state: &SavedPod, first: bool) -> Result<(),
     // The rename, and a terminal record made in this save even when the state file could not be written.
     let synced = if written.is_ok() || record_new { sync_dir(&dir) } else { Ok(()) };
     written.map_err(at(&p))?;
-    synced.map_err(at(&dir))
+    synced.map_err(at(&dir))?;
+    // A record this save had to make durable and could not is an error, so that the next save is a first one
+    // again; a record that was durable already is only logged above (the state file says the same).
+    if record_new {
+        record.map_err(at(&terminal_path(root, uid)))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -385,8 +394,14 @@ mod tests {
         let record = std::fs::metadata(terminal_path(dir.path(), "u")).unwrap();
         assert_eq!(record.len(), TERMINAL_RECORD_BYTES);
         assert_eq!(load(dir.path(), "u"), SavedPod::default());
-        // Marked again (a worker that took the pod over): nothing changes.
+        // Marked again (a worker that took the pod over): nothing changes, a record that holds a terminal state
+        // included.
         mark(dir.path(), "u").unwrap();
         assert_eq!(load(dir.path(), "u"), SavedPod::default());
+        let evicted = SavedPod { terminal: Some(Terminal::failed(Some("Evicted".into()), None)), ..Default::default() };
+        save(dir.path(), "u", &evicted, true).unwrap();
+        std::fs::remove_file(path(dir.path(), "u")).unwrap();
+        mark(dir.path(), "u").unwrap();
+        assert_eq!(load(dir.path(), "u").terminal, evicted.terminal);
     }
 }
