@@ -312,7 +312,7 @@ impl<R: Runtime> PodManager<R> {
                 let _ = replacement.terminations.send(req);
             }
             if let Some((grace, reason)) = h.terminating.take() {
-                let req = TerminateRequest { grace: Some(grace), reason: reason.clone(), signalled: None, done: None };
+                let req = TerminateRequest { grace, reason: reason.clone(), signalled: None, done: None };
                 let _ = replacement.terminations.send(req);
                 replacement.terminating = Some((grace, reason));
             }
@@ -429,12 +429,8 @@ impl<R: Runtime> PodManager<R> {
     ) -> Result<(Eviction, Signalled), TerminateError> {
         let (done_tx, terminated) = oneshot::channel();
         let (slot, signalled) = Signalled::new();
-        let req = TerminateRequest {
-            grace: Some(grace),
-            reason: reason.clone(),
-            signalled: Some(slot.clone()),
-            done: Some(done_tx),
-        };
+        let req =
+            TerminateRequest { grace, reason: reason.clone(), signalled: Some(slot.clone()), done: Some(done_tx) };
         handle.terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
         handle.terminating = Some((grace, reason));
         Ok((Eviction { signalled, terminated }, slot))

@@ -378,8 +378,8 @@ pub(crate) enum Input {
     Adopted,
     /// The source has a newer spec, with this grace period.
     SpecUpdate { grace: Duration },
-    /// Terminate the pod, with this grace period (the pod's own when `None`).
-    Terminate { grace: Option<Duration>, reason: Reason },
+    /// Terminate the pod, with this grace period (cut to [`MAX_GRACE`]; a later one only ever shortens it).
+    Terminate { grace: Duration, reason: Reason },
     /// The result of [`Action::Place`]: when the pod was placed, or why not.
     Placed(Result<Timestamp, PlaceFailure>),
     /// The result of [`Action::PrepareVolumes`].

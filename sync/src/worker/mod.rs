@@ -67,8 +67,8 @@ impl<R> Shared<R> {
 
 /// A request to terminate a pod.
 pub(crate) struct TerminateRequest {
-    /// The grace period; the pod's own when `None`.
-    pub grace: Option<Duration>,
+    /// The grace period.
+    pub grace: Duration,
     /// Why.
     pub reason: Reason,
     /// Told when SIGTERM went to every running container, once it has (dropped when nothing ran).
@@ -81,7 +81,7 @@ impl TerminateRequest {
     /// The pod's source no longer has it: terminated with the grace period of `pod`, the source's last spec (which
     /// the worker may not have taken yet), and nobody waits.
     pub(crate) fn deleted(pod: &Pod) -> Self {
-        Self { grace: Some(grace_period(pod)), reason: Reason::Deleted, signalled: None, done: None }
+        Self { grace: grace_period(pod), reason: Reason::Deleted, signalled: None, done: None }
     }
 }
 

@@ -26,7 +26,7 @@ pub(crate) fn step(mut pod: Lifecycle, input: Input, now: Instant) -> (Lifecycle
 impl Lifecycle {
     fn apply(&mut self, input: Input, now: Instant, out: &mut Vec<Action>) {
         match input {
-            Input::Terminate { grace, reason } => return self.terminate(grace.unwrap_or(self.grace), reason, now, out),
+            Input::Terminate { grace, reason } => return self.terminate(grace, reason, now, out),
             Input::SpecUpdate { grace } => {
                 self.grace = grace.min(MAX_GRACE);
                 if matches!(self.state, PodState::Preparing { .. } | PodState::Initializing | PodState::Running) {

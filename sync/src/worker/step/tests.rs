@@ -38,7 +38,7 @@ fn never(mut p: Lifecycle) -> Lifecycle {
 }
 
 fn terminate(grace: u64, reason: Reason) -> Input {
-    Input::Terminate { grace: Some(Duration::from_secs(grace)), reason }
+    Input::Terminate { grace: Duration::from_secs(grace), reason }
 }
 
 fn evicted() -> Reason {
@@ -299,11 +299,11 @@ fn a_grace_period_near_i64_max_does_not_overflow() {
     let mut p = Lifecycle::new(&manifest);
     p.state = PodState::Running;
     p.containers[0].state = running("c1", now);
-    let (p, actions) = step(p, Input::Terminate { grace: None, reason: Reason::Deleted }, now);
+    let (p, actions) = step(p, Input::Terminate { grace: grace_period(&manifest), reason: Reason::Deleted }, now);
     assert_eq!(p.state, terminating(Reason::Deleted, now + MAX_GRACE, Stage::Stopping));
     assert_eq!(actions[1], Action::StopAll { ids: vec!["c1".into()], deadline: now + MAX_GRACE });
     // An eviction's grace period is cut the same way.
-    let (p, _) = step(p, Input::Terminate { grace: Some(Duration::MAX), reason: evicted() }, now);
+    let (p, _) = step(p, Input::Terminate { grace: Duration::MAX, reason: evicted() }, now);
     assert_eq!(p.state, terminating(Reason::Deleted, now + MAX_GRACE, Stage::Stopping));
 }
 
