@@ -51,10 +51,10 @@ impl Lifecycle {
                     Ok(started) => {
                         c.restarts = attempt;
                         c.state = ContainerState::Running(started.running(now));
-                        out.push(Action::Save);
                         if self.containers.iter().filter(|c| c.role == Role::App).all(|c| c.running().is_some()) {
                             out.push(Action::ReportStarted);
                         }
+                        out.push(Action::Save);
                     }
                     Err(StartFailure { reason, message, sandbox_lost }) => {
                         let retry_at = c.backoff.restart_at(now, now);

@@ -828,3 +828,88 @@ async fn the_first_full_sync_waits_for_every_expected_source() {
     assert_eq!(h.manager.synced(), Ok(()));
     h.until("u1", "runs", |v| phase(v) == "Running").await;
 }
+
+/// Holds up the pod's next state save: a FIFO where the save's temporary file goes, whose opening for writing waits
+/// for a reader. Returns its path.
+fn hold_saves(root_dir: &std::path::Path, uid: &str) -> std::path::PathBuf {
+    let fifo = root_dir.join("pods").join(uid).join("nodewarden-state.json.tmp");
+    std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    let mode = rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR;
+    rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+    fifo
+}
+
+/// Lets a save held by [`hold_saves`] go on (it fails: a FIFO cannot be synced) and waits (in real time, at most 5 s)
+/// until `done`.
+async fn release_saves(fifo: &std::path::Path, done: impl Fn() -> bool) {
+    let reader =
+        rustix::fs::open(fifo, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK, rustix::fs::Mode::empty())
+            .unwrap();
+    for _ in 0..100 {
+        if done() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(reader);
+}
+
+impl Harness {
+    /// The pod's phase now, or "" when it has no status.
+    fn phase_now(&self, uid: &str) -> String {
+        self.manager.store().get(uid).map(|p| phase(&serde_json::to_value(&p).unwrap()).to_owned()).unwrap_or_default()
+    }
+}
+
+/// A started pod is reported Running without waiting for its state save: the save (its syncs are journal commits on
+/// a disk) is for a daemon restarted later, not for what the pod does. Real time: a paused clock does not move while
+/// a blocking task runs.
+#[tokio::test]
+async fn a_started_pod_is_reported_running_before_its_state_is_saved() {
+    let h = harness();
+    let fifo = hold_saves(&h._host.path().join("root"), "u1");
+    h.set(vec![pod("u1", json!({"containers": [app("app")]}))]).await;
+    let mut reported = false;
+    for _ in 0..100 {
+        if h.phase_now("u1") == "Running" {
+            reported = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = h.fake.is_running("app");
+    release_saves(&fifo, || !fifo.exists()).await;
+    assert!(started, "the container started");
+    assert!(reported, "the pod is Running while its save waits");
+    assert!(!fifo.exists(), "the save went on once it could (and removed its temporary file)");
+}
+
+/// A pod that is over is reported so only once its end is saved: the save that follows its container's exit is held
+/// up, and the pod is not reported Succeeded meanwhile.
+#[tokio::test]
+async fn a_pod_that_is_over_is_reported_so_only_after_its_save() {
+    let h = harness();
+    h.set(vec![pod("u1", json!({"restartPolicy": "Never", "containers": [app("app")]}))]).await;
+    // Running, and its first save (made after it was reported Running) done.
+    let root = h._host.path().join("root");
+    let saved = root.join("pods/u1/nodewarden-state.json");
+    let temporary = saved.with_extension("json.tmp");
+    for _ in 0..100 {
+        if h.phase_now("u1") == "Running" && saved.exists() && !temporary.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(h.phase_now("u1"), "Running");
+    assert!(saved.exists(), "the first save is done");
+    let fifo = hold_saves(&root, "u1");
+    h.fake.finish("app", 0);
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        seen.push(h.phase_now("u1"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    release_saves(&fifo, || h.phase_now("u1") == "Succeeded").await;
+    assert!(!seen.iter().any(|p| p == "Succeeded"), "reported over before its save: {seen:?}");
+    assert_eq!(h.phase_now("u1"), "Succeeded", "reported once saved");
+}
