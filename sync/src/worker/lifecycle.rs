@@ -74,6 +74,13 @@ pub(crate) enum PodState {
     Removed,
 }
 
+impl PodState {
+    /// Whether the pod is being stopped or is over: nothing of it starts again.
+    pub(crate) fn is_over(&self) -> bool {
+        matches!(self, Self::Terminating { .. } | Self::Finished(_) | Self::Removed)
+    }
+}
+
 /// What is being prepared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrepareStep {
@@ -434,6 +441,9 @@ pub(crate) enum Action {
     KillAll { ids: Vec<String> },
     /// Release the cgroups, remove the sandbox and the volumes (and, when deleted, the logs).
     CleanUp { deleted: bool },
+    /// Publish the status now, before the actions after it (the start's save, whose syncs say nothing about what
+    /// the pod does and only matter to a daemon restarted later).
+    Publish,
     /// Save the state to disk.
     Save,
     /// Let the next pod of the same name start.

@@ -458,16 +458,11 @@ impl<R: Runtime> Worker<R> {
                 self.clean_up(deleted).await;
                 Some(Input::CleanedUp)
             }
+            Action::Publish => {
+                self.publish();
+                None
+            }
             Action::Save => {
-                // A pod that is not over is reported as it is before its save, whose syncs (journal commits on a
-                // disk) say nothing about it and matter only to a daemon restarted before the next save. A pod
-                // that is over is reported only once its end is saved.
-                if matches!(
-                    self.lifecycle.state,
-                    PodState::Preparing { .. } | PodState::Initializing | PodState::Running
-                ) {
-                    self.publish();
-                }
                 self.save().await;
                 None
             }

@@ -12,7 +12,7 @@ use nodewarden_resources::QosClass;
 use tokio::time::Instant;
 
 use super::Worker;
-use super::lifecycle::{ContainerSlot, ContainerState, Lifecycle, PodState, Readiness, Role};
+use super::lifecycle::{ContainerSlot, ContainerState, Lifecycle, Readiness, Role};
 use crate::runtime::Runtime;
 use crate::status::{Observed, PodPhase, condition, pod_phase, terminated};
 
@@ -60,7 +60,7 @@ fn container_status(pod: &Lifecycle, c: &ContainerSlot, view: &View<'_>, now: In
         terminated: Some(terminated(&l.info, &last_id)),
         ..core::ContainerState::default()
     });
-    let over = matches!(pod.state, PodState::Terminating { .. } | PodState::Finished(_) | PodState::Removed);
+    let over = pod.state.is_over();
     let (state, last_state, id) = match &c.state {
         ContainerState::Running(run) => {
             let s = core::ContainerState {

@@ -54,6 +54,10 @@ impl Lifecycle {
                         if self.containers.iter().filter(|c| c.role == Role::App).all(|c| c.running().is_some()) {
                             out.push(Action::ReportStarted);
                         }
+                        // The start is reported before its save; a pod that is over only after the save saying so.
+                        if !self.state.is_over() {
+                            out.push(Action::Publish);
+                        }
                         out.push(Action::Save);
                     }
                     Err(StartFailure { reason, message, sandbox_lost }) => {
@@ -262,7 +266,7 @@ impl Lifecycle {
 
     fn exited(&mut self, i: usize, id: String, info: crate::runtime::ExitInfo, now: Instant, out: &mut Vec<Action>) {
         // A pod waiting for a new sandbox restarts its containers once it has one.
-        let over = matches!(self.state, PodState::Terminating { .. } | PodState::Finished(_) | PodState::Removed);
+        let over = self.state.is_over();
         let policy = self.policy;
         let c = &mut self.containers[i];
         let since = c.running().map_or(now, |r| r.since);

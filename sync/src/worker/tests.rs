@@ -829,29 +829,49 @@ async fn the_first_full_sync_waits_for_every_expected_source() {
     h.until("u1", "runs", |v| phase(v) == "Running").await;
 }
 
-/// Holds up the pod's next state save: a FIFO where the save's temporary file goes, whose opening for writing waits
-/// for a reader. Returns its path.
-fn hold_saves(root_dir: &std::path::Path, uid: &str) -> std::path::PathBuf {
-    let fifo = root_dir.join("pods").join(uid).join("nodewarden-state.json.tmp");
-    std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
-    let mode = rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR;
-    rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, mode, 0).unwrap();
-    fifo
+/// A pod's next state save, held up: a FIFO where the save's temporary file goes, whose opening for writing waits
+/// for a reader. Dropped (also when a test fails), it lets a waiting save go on and removes the FIFO, so that no save
+/// is left waiting (a blocking task that never ends would hang the runtime's shutdown).
+struct HeldSave {
+    fifo: std::path::PathBuf,
+    reader: Option<std::os::fd::OwnedFd>,
 }
 
-/// Lets a save held by [`hold_saves`] go on (it fails: a FIFO cannot be synced) and waits (in real time, at most 5 s)
-/// until `done`.
-async fn release_saves(fifo: &std::path::Path, done: impl Fn() -> bool) {
-    let reader =
-        rustix::fs::open(fifo, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK, rustix::fs::Mode::empty())
-            .unwrap();
-    for _ in 0..100 {
-        if done() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+impl HeldSave {
+    fn new(root_dir: &std::path::Path, uid: &str) -> Self {
+        let fifo = root_dir.join("pods").join(uid).join("nodewarden-state.json.tmp");
+        std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+        let mode = rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR;
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+        Self { fifo, reader: None }
     }
-    drop(reader);
+
+    fn open_reader(&mut self) -> &std::os::fd::OwnedFd {
+        self.reader.get_or_insert_with(|| {
+            let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK;
+            rustix::fs::open(&self.fifo, flags, rustix::fs::Mode::empty()).unwrap()
+        })
+    }
+
+    /// Lets the save go on (it then fails: a FIFO cannot be synced); whether it wrote the pod's state within 5 s
+    /// (real time).
+    async fn release(&mut self) -> bool {
+        for _ in 0..100 {
+            let mut buf = [0u8; 64];
+            if rustix::io::read(self.open_reader(), &mut buf).is_ok_and(|n| n > 0) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+}
+
+impl Drop for HeldSave {
+    fn drop(&mut self) {
+        self.open_reader();
+        let _ = std::fs::remove_file(&self.fifo);
+    }
 }
 
 impl Harness {
@@ -867,7 +887,7 @@ impl Harness {
 #[tokio::test]
 async fn a_started_pod_is_reported_running_before_its_state_is_saved() {
     let h = harness();
-    let fifo = hold_saves(&h._host.path().join("root"), "u1");
+    let mut held = HeldSave::new(&h._host.path().join("root"), "u1");
     h.set(vec![pod("u1", json!({"containers": [app("app")]}))]).await;
     let mut reported = false;
     for _ in 0..100 {
@@ -877,15 +897,13 @@ async fn a_started_pod_is_reported_running_before_its_state_is_saved() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let started = h.fake.is_running("app");
-    release_saves(&fifo, || !fifo.exists()).await;
-    assert!(started, "the container started");
+    assert!(h.fake.is_running("app"), "the container started");
     assert!(reported, "the pod is Running while its save waits");
-    assert!(!fifo.exists(), "the save went on once it could (and removed its temporary file)");
+    assert!(held.release().await, "the held save went on once it could");
 }
 
-/// A pod that is over is reported so only once its end is saved: the save that follows its container's exit is held
-/// up, and the pod is not reported Succeeded meanwhile.
+/// A pod that is over is reported so only once the save saying so returns: the save that follows its container's
+/// exit is held up (after its terminal record, at its state file), and the pod is not reported Succeeded meanwhile.
 #[tokio::test]
 async fn a_pod_that_is_over_is_reported_so_only_after_its_save() {
     let h = harness();
@@ -902,14 +920,21 @@ async fn a_pod_that_is_over_is_reported_so_only_after_its_save() {
     }
     assert_eq!(h.phase_now("u1"), "Running");
     assert!(saved.exists(), "the first save is done");
-    let fifo = hold_saves(&root, "u1");
+    let mut held = HeldSave::new(&root, "u1");
     h.fake.finish("app", 0);
     let mut seen = Vec::new();
     for _ in 0..20 {
         seen.push(h.phase_now("u1"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    release_saves(&fifo, || h.phase_now("u1") == "Succeeded").await;
     assert!(!seen.iter().any(|p| p == "Succeeded"), "reported over before its save: {seen:?}");
+    assert!(held.release().await, "the held save went on once it could");
+    drop(held);
+    for _ in 0..100 {
+        if h.phase_now("u1") == "Succeeded" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(h.phase_now("u1"), "Succeeded", "reported once saved");
 }

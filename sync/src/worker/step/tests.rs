@@ -240,6 +240,22 @@ fn transitions() {
             vec![],
         ),
         (
+            "a container started: every app runs, reported before the save",
+            pod(PodState::Running, vec![app(ContainerState::Starting)]),
+            Input::ContainerStarted {
+                index: 0,
+                attempt: 0,
+                result: Ok(StartedContainer {
+                    id: "c1".into(),
+                    pid: 1,
+                    started_at: Timestamp::UNIX_EPOCH,
+                    probes: vec![],
+                }),
+            },
+            PodState::Running,
+            vec![Action::ReportStarted, Action::Publish, Action::Save],
+        ),
+        (
             "the sandbox is made: init containers start",
             pod(preparing, vec![init(ContainerState::Pending), app(ContainerState::Pending)]),
             Input::SandboxReady(Ok(())),
