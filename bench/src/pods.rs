@@ -1,5 +1,7 @@
 //! `pods`: pod sync through static manifests with the process runtime.
 //!
+//! - one at a time: pods written one after another, each `Running` before the next; the daemon's own
+//!   `kubelet_pod_start_duration_seconds` per pod (first seen → every container running, as it reports it);
 //! - start: N manifests written at once (one after the other, each written beside its name and renamed into place)
 //!   → all N pods `Running` in `/pods`;
 //! - rename: N manifests prepared outside the directory, then all renamed into it at once → all N `Running`;
@@ -19,6 +21,7 @@ use anyhow::{Context, Result};
 use crate::{ROOT, StaticNode, cpu_ticks, median, rss_kib, wait, worst, write};
 
 struct Run {
+    single_ms: Vec<f64>,
     bare_s: f64,
     start_s: f64,
     rename_s: f64,
@@ -95,6 +98,16 @@ fn ready(p: &Brief) -> bool {
     p.status.as_ref().and_then(|s| s.container_statuses.as_ref()?.first()).is_some_and(|c| c.ready)
 }
 
+/// How many pods the one-at-a-time start writes.
+const SINGLE: usize = 10;
+
+/// The daemon's `kubelet_pod_start_duration_seconds` sum so far, in seconds.
+fn start_duration_sum(port: u16) -> Result<f64> {
+    let text = crate::get(port, "/metrics").context("the daemon's /metrics did not answer")?;
+    nodewarden_testkit::metric(&text, "kubelet_pod_start_duration_seconds_sum")
+        .context("no kubelet_pod_start_duration_seconds_sum in /metrics")
+}
+
 fn clear(dir: &Path, port: u16) -> Result<()> {
     for e in std::fs::read_dir(dir)?.flatten() {
         std::fs::remove_file(e.path())?;
@@ -127,6 +140,17 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
     let _log = KeepLog(node.dir.join("daemon.log"), log);
     let (manifests, port, pid) = (node.manifests.clone(), node.port, node.pid());
     eprintln!("pods: daemon ready");
+
+    // one at a time: each pod Running before the next is written.
+    let mut single_ms = Vec::new();
+    for i in 0..SINGLE {
+        let before = start_duration_sum(port)?;
+        write(&manifests, &format!("o{i}.yaml"), &manifest(&format!("o{i}"), None, None))?;
+        wait("the pod running", 60, || count(port, running) == i + 1)?;
+        single_ms.push((start_duration_sum(port)? - before) * 1000.0);
+    }
+    eprintln!("pods: one at a time, {:.1} ms (median of {SINGLE})", median(single_ms.clone()));
+    clear(&manifests, port)?;
 
     // start: N manifests written at once.
     let t0 = Instant::now();
@@ -196,6 +220,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
     clear(&manifests, port)?;
     #[allow(clippy::cast_precision_loss)]
     Ok(Run {
+        single_ms,
         bare_s,
         start_s,
         rename_s,
@@ -214,9 +239,10 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         let run = one_run(bin, n, seconds, edits, &out.with_extension("daemon.log"))
             .with_context(|| format!("run {}", r + 1))?;
         eprintln!(
-            "run {}: bare {:.2} s, start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({} pods ready; {:.2} % \
+            "run {}: one at a time {:.1} ms, bare {:.2} s, start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({} pods ready; {:.2} % \
              without probes), rss {:.1} MiB",
             r + 1,
+            median(run.single_ms.clone()),
             run.bare_s,
             run.start_s,
             run.rename_s,
@@ -231,6 +257,7 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
     let start: Vec<f64> = results.iter().map(|r| r.start_s).collect();
     let rename: Vec<f64> = results.iter().map(|r| r.rename_s).collect();
     let bare: Vec<f64> = results.iter().map(|r| r.bare_s).collect();
+    let single: Vec<f64> = results.iter().flat_map(|r| r.single_ms.clone()).collect();
     let idle: Vec<f64> = results.iter().map(|r| r.idle_cpu_percent).collect();
     let least_ready = results.iter().map(|r| r.ready_pods).min().unwrap_or(0);
     let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
@@ -240,6 +267,7 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         "# Pod sync (process runtime)\n\n{runs} runs, {n} pods, {edits} edits per run, {seconds} s steady-state window; \
          1 GiB guest, 2 emulated vCPUs (TCG). Median (worst).\n\n\
          | measure | target | median | worst |\n|---|---|---|---|\n\
+         | one pod at a time, first seen → Running (the daemon's `kubelet_pod_start_duration_seconds`, {SINGLE} per run) | | {:.1} ms | {:.1} ms |\n\
          | {n} manifests written → all Running | < 2 s | {:.2} s | {:.2} s |\n\
          | {n} manifests renamed into the directory at once → all Running | < 2 s | {:.2} s | {:.2} s |\n\
          | the same {n} containers started bare (no daemon; see below) | | {:.2} s | {:.2} s |\n\
@@ -253,6 +281,8 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
          daemon creates its processes in their cgroups and makes no such move, so the ratios understate what its \
          own work adds. Written → Running is {:.2}× the bare start, renamed → Running {:.2}× (ratios of the \
          medians).\n",
+        median(single.clone()),
+        worst(&single),
         median(start.clone()),
         worst(&start),
         median(rename.clone()),
