@@ -20,6 +20,11 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 pub(crate) fn step(mut pod: Lifecycle, input: Input, now: Instant) -> (Lifecycle, Vec<Action>) {
     let mut actions = Vec::new();
     pod.apply(input, now, &mut actions);
+    // A status goes out ahead of a save only for a pod that is not over once the input is taken: a start can come
+    // with the pod's end (a failed init container waited for a sidecar's restart).
+    if pod.state.is_over() {
+        actions.retain(|a| *a != Action::Publish);
+    }
     (pod, actions)
 }
 
@@ -54,11 +59,9 @@ impl Lifecycle {
                         if self.containers.iter().filter(|c| c.role == Role::App).all(|c| c.running().is_some()) {
                             out.push(Action::ReportStarted);
                         }
-                        // The start is reported before its save; a pod that is over only after the save saying so.
-                        if !self.state.is_over() {
-                            out.push(Action::Publish);
-                        }
-                        out.push(Action::Save);
+                        // The start is reported before its save; a pod that is over only after the save saying so
+                        // (see `step`).
+                        out.extend([Action::Publish, Action::Save]);
                     }
                     Err(StartFailure { reason, message, sandbox_lost }) => {
                         let retry_at = c.backoff.restart_at(now, now);
@@ -216,15 +219,21 @@ impl Lifecycle {
             }
             PodState::Preparing { .. } | PodState::Initializing | PodState::Running => {
                 self.retry = None;
-                for c in &mut self.containers {
-                    if c.state == ContainerState::Starting {
-                        c.state = ContainerState::Pending;
-                    }
-                }
+                self.drop_starts();
                 out.push(Action::Abandon);
                 self.begin_termination(reason, deadline, now, out);
             }
         }
+    }
+
+    /// Sets the containers being started back to pending; whether there were any.
+    fn drop_starts(&mut self) -> bool {
+        let mut any = false;
+        for c in self.containers.iter_mut().filter(|c| c.state == ContainerState::Starting) {
+            c.state = ContainerState::Pending;
+            any = true;
+        }
+        any
     }
 
     /// From a placed pod: SIGTERM what runs, or clean up at once when nothing does. The signals go out before the
@@ -390,6 +399,11 @@ impl Lifecycle {
 
     /// The pod ended on its own: stop what is left (sidecars) within its grace period, then clean up.
     fn finish(&mut self, terminal: Terminal, now: Instant, out: &mut Vec<Action>) {
+        // A start under way (a sidecar restarting) is dropped, as on a termination: what it started goes with the
+        // pod's cgroup, and its result, if it comes, finds no start to take.
+        if self.drop_starts() {
+            out.push(Action::Abandon);
+        }
         let deadline = after(now, self.grace);
         self.begin_termination(Reason::Completed(terminal), deadline, now, out);
     }

@@ -381,3 +381,43 @@ fn a_failed_step_is_retried_once_when_due_with_a_doubling_wait() {
     assert_eq!((p.state, p.retry), (PodState::Running, None), "no init containers: straight to running");
     assert_eq!(actions, [Action::StartContainer { index: 0, attempt: 0 }]);
 }
+
+/// A start can come with the pod's end: under `Never`, a failed init container waits for a sidecar restarting before
+/// it, and the sidecar's start ends the pod. Its status then goes out only after the save saying so: no `Publish`.
+#[test]
+fn a_start_that_ends_the_pod_is_not_reported_before_its_save() {
+    let now = Instant::now();
+    let p = never(pod(
+        PodState::Initializing,
+        vec![
+            slot("sidecar", Role::Sidecar, ContainerState::Starting),
+            slot("init", Role::Init, running("c2", now)),
+            slot("app", Role::App, ContainerState::Pending),
+        ],
+    ));
+    let (p, _) = step(p, Input::ContainerExited { id: "c2".into(), info: exit(1) }, now);
+    assert_eq!(p.state, PodState::Initializing, "the failed init container waits for the sidecar");
+    let started = StartedContainer { id: "c3".into(), pid: 3, started_at: Timestamp::UNIX_EPOCH, probes: vec![] };
+    let (p, actions) = step(p, Input::ContainerStarted { index: 0, attempt: 1, result: Ok(started) }, now);
+    assert!(p.state.is_over(), "the sidecar's start ends the pod: {:?}", p.state);
+    assert!(actions.contains(&Action::Save), "{actions:?}");
+    assert!(!actions.contains(&Action::Publish), "reported before its save: {actions:?}");
+}
+
+/// A pod that completes while a sidecar's restart is under way drops that start, as a termination does: the sidecar
+/// is not left to come up in a pod that is over (where no stop signal would reach it).
+#[test]
+fn a_pod_that_completes_drops_a_start_under_way() {
+    let now = Instant::now();
+    let p = never(pod(
+        PodState::Running,
+        vec![slot("sidecar", Role::Sidecar, ContainerState::Starting), slot("app", Role::App, running("c1", now))],
+    ));
+    let (p, actions) = step(p, Input::ContainerExited { id: "c1".into(), info: exit(0) }, now);
+    assert!(p.state.is_over(), "{:?}", p.state);
+    assert!(actions.contains(&Action::Abandon), "{actions:?}");
+    assert_eq!(p.containers[0].state, ContainerState::Pending);
+    let started = StartedContainer { id: "c2".into(), pid: 2, started_at: Timestamp::UNIX_EPOCH, probes: vec![] };
+    let (p2, actions) = step(p.clone(), Input::ContainerStarted { index: 0, attempt: 1, result: Ok(started) }, now);
+    assert_eq!((p2.state, actions), (p.state, vec![]), "a late start result is ignored");
+}
