@@ -869,7 +869,10 @@ impl HeldSave {
 
 impl Drop for HeldSave {
     fn drop(&mut self) {
-        self.open_reader();
+        if self.reader.is_none() {
+            let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK;
+            self.reader = rustix::fs::open(&self.fifo, flags, rustix::fs::Mode::empty()).ok();
+        }
         let _ = std::fs::remove_file(&self.fifo);
     }
 }
