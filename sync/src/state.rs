@@ -1,9 +1,8 @@
 //! What a pod worker keeps on disk so that a restarted daemon loses no status: each container's restart count,
 //! main process, start time and last exit. Written atomically and durably (the file and its directory synced)
 //! beside the pod's volumes, and stamped with the pod's UID, so a file that belongs to another pod is ignored.
-//! A started container is reported before its save (the syncs say nothing about what the pod does): a daemon
-//! restarted before that save lands adopts the container with the restart count of the save before. A pod that is
-//! over is reported only once the save saying so has returned.
+//! A pod's status is published only after the save of what it says has returned, so a daemon killed right after it
+//! reported a start adopts the container with the start time and restart count it reported.
 //!
 //! That a pod is over (evicted, failed, succeeded) is also written to a small record whose space is reserved when
 //! the pod's directory is marked as nodewarden's (or, if that failed, at a later save): writing it in place needs

@@ -441,9 +441,6 @@ pub(crate) enum Action {
     KillAll { ids: Vec<String> },
     /// Release the cgroups, remove the sandbox and the volumes (and, when deleted, the logs).
     CleanUp { deleted: bool },
-    /// Publish the status now, before the actions after it (the start's save, whose syncs say nothing about what
-    /// the pod does and only matter to a daemon restarted later).
-    Publish,
     /// Save the state to disk.
     Save,
     /// Let the next pod of the same name start.

@@ -458,10 +458,6 @@ impl<R: Runtime> Worker<R> {
                 self.clean_up(deleted).await;
                 Some(Input::CleanedUp)
             }
-            Action::Publish => {
-                self.publish();
-                None
-            }
             Action::Save => {
                 self.save().await;
                 None

@@ -1,6 +1,5 @@
 //! The pod's status as a function of its lifecycle: the phase, the conditions and each container's state with
-//! the kubelet's reasons, published to the status store after every step (and, for a started container, before
-//! its state save).
+//! the kubelet's reasons, published to the status store after every step.
 
 use std::collections::BTreeMap;
 

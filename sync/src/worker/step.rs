@@ -20,11 +20,6 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 pub(crate) fn step(mut pod: Lifecycle, input: Input, now: Instant) -> (Lifecycle, Vec<Action>) {
     let mut actions = Vec::new();
     pod.apply(input, now, &mut actions);
-    // A status goes out ahead of a save only for a pod that is not over once the input is taken: a start can come
-    // with the pod's end (a failed init container waited for a sidecar's restart).
-    if pod.state.is_over() {
-        actions.retain(|a| *a != Action::Publish);
-    }
     (pod, actions)
 }
 
@@ -56,12 +51,12 @@ impl Lifecycle {
                     Ok(started) => {
                         c.restarts = attempt;
                         c.state = ContainerState::Running(started.running(now));
+                        // Reported once saved: a daemon killed right after it said Running adopts the container
+                        // with the start time and restart count it reported.
+                        out.push(Action::Save);
                         if self.containers.iter().filter(|c| c.role == Role::App).all(|c| c.running().is_some()) {
                             out.push(Action::ReportStarted);
                         }
-                        // The start is reported before its save; a pod that is over only after the save saying so
-                        // (see `step`).
-                        out.extend([Action::Publish, Action::Save]);
                     }
                     Err(StartFailure { reason, message, sandbox_lost }) => {
                         let retry_at = c.backoff.restart_at(now, now);

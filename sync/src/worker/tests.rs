@@ -884,25 +884,37 @@ impl Harness {
     }
 }
 
-/// A started pod is reported Running without waiting for its state save: the save (its syncs are journal commits on
-/// a disk) is for a daemon restarted later, not for what the pod does. Real time: a paused clock does not move while
+/// A started pod is reported Running only once its state is saved, so that a daemon killed right after it said so
+/// adopts the container with the start time and restart count it reported. The save is held up; the container
+/// runs, and the pod is not reported Running until the save returns. Real time: a paused clock does not move while
 /// a blocking task runs.
 #[tokio::test]
-async fn a_started_pod_is_reported_running_before_its_state_is_saved() {
+async fn a_started_pod_is_reported_running_only_once_its_state_is_saved() {
     let h = harness();
     let mut held = HeldSave::new(&h._host.path().join("root"), "u1");
     h.set(vec![pod("u1", json!({"containers": [app("app")]}))]).await;
-    let mut reported = false;
     for _ in 0..100 {
-        if h.phase_now("u1") == "Running" {
-            reported = true;
+        if h.fake.is_running("app") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(h.fake.is_running("app"), "the container started");
-    assert!(reported, "the pod is Running while its save waits");
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        seen.push(h.phase_now("u1"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(held.release().await, "the held save went on once it could");
+    drop(held);
+    for _ in 0..100 {
+        if h.phase_now("u1") == "Running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!seen.iter().any(|p| p == "Running"), "reported Running before its save: {seen:?}");
+    assert_eq!(h.phase_now("u1"), "Running", "reported once the save returned");
 }
 
 /// A pod that is over is reported so only once the save saying so returns: the save that follows its container's
@@ -911,7 +923,7 @@ async fn a_started_pod_is_reported_running_before_its_state_is_saved() {
 async fn a_pod_that_is_over_is_reported_so_only_after_its_save() {
     let h = harness();
     h.set(vec![pod("u1", json!({"restartPolicy": "Never", "containers": [app("app")]}))]).await;
-    // Running, and its first save (made after it was reported Running) done.
+    // Running, and its first save done.
     let root = h._host.path().join("root");
     let saved = root.join("pods/u1/nodewarden-state.json");
     let temporary = saved.with_extension("json.tmp");

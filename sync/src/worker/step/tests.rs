@@ -240,7 +240,7 @@ fn transitions() {
             vec![],
         ),
         (
-            "a container started: every app runs, reported before the save",
+            "a container started: every app runs, saved, then reported",
             pod(PodState::Running, vec![app(ContainerState::Starting)]),
             Input::ContainerStarted {
                 index: 0,
@@ -253,7 +253,7 @@ fn transitions() {
                 }),
             },
             PodState::Running,
-            vec![Action::ReportStarted, Action::Publish, Action::Save],
+            vec![Action::Save, Action::ReportStarted],
         ),
         (
             "the sandbox is made: init containers start",
@@ -380,28 +380,6 @@ fn a_failed_step_is_retried_once_when_due_with_a_doubling_wait() {
     let (p, actions) = step(p, Input::SandboxReady(Ok(())), later);
     assert_eq!((p.state, p.retry), (PodState::Running, None), "no init containers: straight to running");
     assert_eq!(actions, [Action::StartContainer { index: 0, attempt: 0 }]);
-}
-
-/// A start can come with the pod's end: under `Never`, a failed init container waits for a sidecar restarting before
-/// it, and the sidecar's start ends the pod. Its status then goes out only after the save saying so: no `Publish`.
-#[test]
-fn a_start_that_ends_the_pod_is_not_reported_before_its_save() {
-    let now = Instant::now();
-    let p = never(pod(
-        PodState::Initializing,
-        vec![
-            slot("sidecar", Role::Sidecar, ContainerState::Starting),
-            slot("init", Role::Init, running("c2", now)),
-            slot("app", Role::App, ContainerState::Pending),
-        ],
-    ));
-    let (p, _) = step(p, Input::ContainerExited { id: "c2".into(), info: exit(1) }, now);
-    assert_eq!(p.state, PodState::Initializing, "the failed init container waits for the sidecar");
-    let started = StartedContainer { id: "c3".into(), pid: 3, started_at: Timestamp::UNIX_EPOCH, probes: vec![] };
-    let (p, actions) = step(p, Input::ContainerStarted { index: 0, attempt: 1, result: Ok(started) }, now);
-    assert!(p.state.is_over(), "the sidecar's start ends the pod: {:?}", p.state);
-    assert!(actions.contains(&Action::Save), "{actions:?}");
-    assert!(!actions.contains(&Action::Publish), "reported before its save: {actions:?}");
 }
 
 /// A pod that completes while a sidecar's restart is under way drops that start, as a termination does: the sidecar
