@@ -882,6 +882,16 @@ impl Harness {
     fn phase_now(&self, uid: &str) -> String {
         self.manager.store().get(uid).map(|p| phase(&serde_json::to_value(&p).unwrap()).to_owned()).unwrap_or_default()
     }
+
+    /// The pod's phases over a second, every 50 ms.
+    async fn phases_for_a_second(&self, uid: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        for _ in 0..20 {
+            seen.push(self.phase_now(uid));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        seen
+    }
 }
 
 /// A started pod is reported Running only once its state is saved, so that a daemon killed right after it said so
@@ -893,28 +903,12 @@ async fn a_started_pod_is_reported_running_only_once_its_state_is_saved() {
     let h = harness();
     let mut held = HeldSave::new(&h._host.path().join("root"), "u1");
     h.set(vec![pod("u1", json!({"containers": [app("app")]}))]).await;
-    for _ in 0..100 {
-        if h.fake.is_running("app") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(h.fake.is_running("app"), "the container started");
-    let mut seen = Vec::new();
-    for _ in 0..20 {
-        seen.push(h.phase_now("u1"));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    h.until("u1", "starts its container", |_| h.fake.is_running("app")).await;
+    let seen = h.phases_for_a_second("u1").await;
     assert!(held.release().await, "the held save went on once it could");
     drop(held);
-    for _ in 0..100 {
-        if h.phase_now("u1") == "Running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert!(!seen.iter().any(|p| p == "Running"), "reported Running before its save: {seen:?}");
-    assert_eq!(h.phase_now("u1"), "Running", "reported once the save returned");
+    h.until("u1", "is reported Running once the save returned", |v| phase(v) == "Running").await;
 }
 
 /// A pod that is over is reported so only once the save saying so returns: the save that follows its container's
@@ -927,29 +921,13 @@ async fn a_pod_that_is_over_is_reported_so_only_after_its_save() {
     let root = h._host.path().join("root");
     let saved = root.join("pods/u1/nodewarden-state.json");
     let temporary = saved.with_extension("json.tmp");
-    for _ in 0..100 {
-        if h.phase_now("u1") == "Running" && saved.exists() && !temporary.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(h.phase_now("u1"), "Running");
-    assert!(saved.exists(), "the first save is done");
+    let first_save = || saved.exists() && !temporary.exists();
+    h.until("u1", "runs with its first save done", |v| phase(v) == "Running" && first_save()).await;
     let mut held = HeldSave::new(&root, "u1");
     h.fake.finish("app", 0);
-    let mut seen = Vec::new();
-    for _ in 0..20 {
-        seen.push(h.phase_now("u1"));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let seen = h.phases_for_a_second("u1").await;
     assert!(!seen.iter().any(|p| p == "Succeeded"), "reported over before its save: {seen:?}");
     assert!(held.release().await, "the held save went on once it could");
     drop(held);
-    for _ in 0..100 {
-        if h.phase_now("u1") == "Succeeded" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(h.phase_now("u1"), "Succeeded", "reported once saved");
+    h.until("u1", "is reported Succeeded once saved", |v| phase(v) == "Succeeded").await;
 }
