@@ -9,9 +9,11 @@
 //! - edit: a manifest's memory limit changed → the replacement pod's cgroup shows the new `memory.max`;
 //! - steady: N pods, each a busybox httpd with an HTTP readiness probe every 10 s: the daemon's CPU and RSS;
 //! - bare: the same N containers started by the bench itself with no daemon ([`bare`]), the reference the start
+//!   is compared with; and the same N probes made by the bench itself ([`probes`]), the reference the probes' CPU
 //!   is compared with.
 
 mod bare;
+mod probes;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,6 +32,16 @@ struct Run {
     cpu_percent: f64,
     ready_pods: usize,
     rss_mib: f64,
+    bare_probes: probes::Sample,
+}
+
+/// What the probed pods' readiness probe asks for, and how often.
+const PROBE_PATH: &str = "/hostname";
+const PROBE_PERIOD_S: u64 = 10;
+
+/// The port of probed pod `i`'s server.
+fn probe_port(i: usize) -> Result<u16> {
+    u16::try_from(20000 + i).context("too many pods")
 }
 
 /// A pod manifest; `memory` sets a memory limit (which is also the request, so only a few such pods fit). Its
@@ -43,7 +55,9 @@ fn manifest(name: &str, memory: Option<&str>, probe_port: Option<u16>) -> String
     };
     let probe = probe_port
         .map(|p| {
-            format!("    readinessProbe:\n      httpGet: {{path: /hostname, port: {p}}}\n      periodSeconds: 10\n")
+            format!(
+                "    readinessProbe:\n      httpGet: {{path: {PROBE_PATH}, port: {p}}}\n      periodSeconds: {PROBE_PERIOD_S}\n"
+            )
         })
         .unwrap_or_default();
     let resources = memory.map(|m| format!("    resources:\n      limits: {{memory: {m}}}\n")).unwrap_or_default();
@@ -205,8 +219,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
 
     // steady: N pods with HTTP readiness probes every 10 s.
     for i in 0..n {
-        let p = u16::try_from(20000 + i).context("too many pods")?;
-        write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), None, Some(p)))?;
+        write(&manifests, &format!("s{i}.yaml"), &manifest(&format!("s{i}"), None, Some(probe_port(i)?)))?;
     }
     wait("all probed pods running", 300, || count(port, running) == n)?;
     // The CPU figure needs the probes running, not passing: on a loaded host some pods' probes keep failing (the
@@ -217,6 +230,14 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
     std::thread::sleep(Duration::from_secs(5));
     let cpu_percent = cpu_percent(pid, seconds)?;
     let rss = rss_kib(pid)?;
+    // The same probes made bare, against the same servers, right after (the daemon goes on probing meanwhile; only
+    // the bench's probing thread is counted).
+    let ports = (0..n).map(probe_port).collect::<Result<Vec<_>>>()?;
+    let bare_probes = probes::sample(&ports, PROBE_PATH, Duration::from_secs(PROBE_PERIOD_S), seconds)?;
+    eprintln!(
+        "pods: {} bare probes ({} passed), {:.2} % of a core",
+        bare_probes.probes, bare_probes.passed, bare_probes.cpu_percent
+    );
     clear(&manifests, port)?;
     #[allow(clippy::cast_precision_loss)]
     Ok(Run {
@@ -229,6 +250,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
         cpu_percent,
         ready_pods,
         rss_mib: rss as f64 / 1024.0,
+        bare_probes,
     })
 }
 
@@ -240,7 +262,7 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
             .with_context(|| format!("run {}", r + 1))?;
         eprintln!(
             "run {}: one at a time {:.1} ms, bare {:.2} s, start {:.2} s, rename {:.2} s, edit median {:.1} ms, cpu {:.2} % ({} pods ready; {:.2} % \
-             without probes), rss {:.1} MiB",
+             without probes; bare probes {:.2} %), rss {:.1} MiB",
             r + 1,
             median(run.single_ms.clone()),
             run.bare_s,
@@ -250,6 +272,7 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
             run.cpu_percent,
             run.ready_pods,
             run.idle_cpu_percent,
+            run.bare_probes.cpu_percent,
             run.rss_mib
         );
         results.push(run);
@@ -263,6 +286,11 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
     let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
     let cpu: Vec<f64> = results.iter().map(|r| r.cpu_percent).collect();
     let rss: Vec<f64> = results.iter().map(|r| r.rss_mib).collect();
+    let bare_probe: Vec<f64> = results.iter().map(|r| r.bare_probes.cpu_percent).collect();
+    // The probes' own cost in the daemon: its CPU with the probed pods less its CPU with as many unprobed ones.
+    let probe_cost: Vec<f64> = results.iter().map(|r| r.cpu_percent - r.idle_cpu_percent).collect();
+    let (probes_made, probes_passed) =
+        results.iter().fold((0, 0), |(m, p), r| (m + r.bare_probes.probes, p + r.bare_probes.passed));
     let table = format!(
         "# Pod sync (process runtime)\n\n{runs} runs, {n} pods, {edits} edits per run, {seconds} s steady-state window; \
          1 GiB guest, 2 emulated vCPUs (TCG). Median (worst).\n\n\
@@ -274,13 +302,19 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
          | manifest edit → new memory.max in the replacement's cgroup | < 100 ms | {:.1} ms | {:.1} ms |\n\
          | daemon CPU, {n} pods with HTTP readiness probes every 10 s (≥ {least_ready} ready) | < 1 % | {:.2} % | {:.2} % |\n\
          | daemon RSS, same | | {:.1} MiB | {:.1} MiB |\n\
-         | daemon CPU, {n} pods without probes | | {:.2} % | {:.2} % |\n\n\
+         | daemon CPU, {n} pods without probes | | {:.2} % | {:.2} % |\n\
+         | the probes' own cost in the daemon (with probes − without, per run) | | {:.2} % | {:.2} % |\n\
+         | the same probes made bare (one thread of the bench; see below) | | {:.2} % | {:.2} % |\n\n\
          Bare: in each run, before the daemon starts, the bench starts the same {n} busybox `sleep` containers itself, \
          on as many threads as the guest has CPUs: per pod a pod cgroup (cpu, memory and pids enabled for its \
          children) and a container cgroup, the process spawned and moved into it, as a plain supervisor does. The \
          daemon creates its processes in their cgroups and makes no such move, so the ratios understate what its \
          own work adds. Written → Running is {:.2}× the bare start, renamed → Running {:.2}× (ratios of the \
-         medians).\n",
+         medians).\n\n\
+         Bare probes: right after the daemon's probed sample, one thread of the bench makes the same HTTP GET to \
+         the same {n} servers, one every {PROBE_PERIOD_S} s ÷ {n}, for as long, with blocking sockets and nothing \
+         else ({probes_passed} of {probes_made} passed); its own CPU time is counted. The daemon's probes cost \
+         {:.2}× the bare probes (ratio of the medians).\n",
         median(single.clone()),
         worst(&single),
         median(start.clone()),
@@ -297,8 +331,13 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         worst(&rss),
         median(idle.clone()),
         worst(&idle),
+        median(probe_cost.clone()),
+        worst(&probe_cost),
+        median(bare_probe.clone()),
+        worst(&bare_probe),
         median(start.clone()) / median(bare.clone()),
         median(rename.clone()) / median(bare.clone()),
+        median(probe_cost) / median(bare_probe),
     );
     std::fs::write(out, &table)?;
     print!("{table}");
