@@ -227,7 +227,7 @@ fn bare_report(bare: &[BareStart], nodewarden_ms: f64, n: usize) -> String {
          `StartContainer` median |\n|---|---|---|---|---|---|\n\
          | {floor:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms |\n\n\
          nodewarden manifest written → `Running` through containerd ÷ bare CRI start (medians): **{:.2}×** \
-         ({nodewarden_ms:.0} ms against {floor:.0} ms, {:.0} ms more). The difference is the daemon's work around the \
+         ({nodewarden_ms:.0} ms against {floor:.0} ms, {:.0} ms {}). The difference is the daemon's work around the \
          same three calls and the bench's view of it: the manifest's inotify event, read and parse, the pod's state \
          file saved, admission and the pod cgroup, the calls the daemon adds (`ListPodSandbox` before \
          `RunPodSandbox`, `ImageStatus` before `CreateContainer`), the status published, and the bench's poll of \
@@ -239,6 +239,7 @@ fn bare_report(bare: &[BareStart], nodewarden_ms: f64, n: usize) -> String {
         call(|b| b.create_ms),
         call(|b| b.start_ms),
         nodewarden_ms / floor,
-        nodewarden_ms - floor,
+        (nodewarden_ms - floor).abs(),
+        if nodewarden_ms >= floor { "more" } else { "less: the bare calls' runs were slower" },
     )
 }

@@ -356,6 +356,15 @@ fn wait(what: &str, secs: u64, f: impl FnMut() -> bool) -> Result<()> {
 
 struct Guard(Child);
 
+/// Copies a daemon's log out of its directory when dropped, so a failed run leaves it too.
+struct KeepLog<'a>(PathBuf, &'a Path);
+
+impl Drop for KeepLog<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::copy(&self.0, self.1);
+    }
+}
+
 /// A daemon with its own static pod directory, logs and root below a fresh temporary directory, ready to serve.
 /// Dropping it stops the daemon and removes the directory and the cgroup tree.
 struct StaticNode {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::{ROOT, StaticNode, cpu_ticks, median, rss_kib, wait, worst, write};
+use crate::{KeepLog, ROOT, StaticNode, cpu_ticks, median, rss_kib, wait, worst, write};
 
 struct Run {
     single_ms: Vec<f64>,
@@ -136,15 +136,6 @@ fn cpu_percent(pid: u32, seconds: u64) -> Result<f64> {
     let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
     #[allow(clippy::cast_precision_loss)]
     Ok((c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0)
-}
-
-/// Copies the daemon's log out of its directory when dropped, so a failed run leaves it too.
-struct KeepLog<'a>(PathBuf, &'a Path);
-
-impl Drop for KeepLog<'_> {
-    fn drop(&mut self) {
-        let _ = std::fs::copy(&self.0, self.1);
-    }
 }
 
 fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Result<Run> {

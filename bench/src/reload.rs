@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{StaticNode, get, median, metric, worst};
+use crate::{KeepLog, StaticNode, get, median, metric, worst};
 
 const GAUGE: &str = "kubelet_eviction_stats{eviction_signal=\"memory.available\"}";
 const MIB: u64 = 1 << 20;
@@ -81,6 +81,8 @@ pub fn run(bin: &Path, runs: usize, edits: usize, out: &Path) -> Result<()> {
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     for run in 0..runs {
         let node = StaticNode::start(bin, "reload", "evictionHard:\n  memory.available: 100Mi\n")?;
+        let log = out.with_extension(format!("run{}.daemon.log", run + 1));
+        let _log = KeepLog(node.dir.join("daemon.log"), &log);
         let cfg = node.dir.join("config.yaml");
         let mut mib = 100;
         for _ in 0..edits {
@@ -88,7 +90,10 @@ pub fn run(bin: &Path, runs: usize, edits: usize, out: &Path) -> Result<()> {
                 mib += 1;
                 // Edits a second apart, as a person makes them: each one is its own reload.
                 std::thread::sleep(Duration::from_millis(1000));
+                let at = jiff::Timestamp::now();
                 let took = one_edit(&node, &cfg, *kind, mib)?;
+                // With the wall clock, to set beside the daemon's log.
+                eprintln!("reload: {} to {mib}Mi at {at}: {:.1} ms", kind.name(), took.as_secs_f64() * 1000.0);
                 times[i].push(took.as_secs_f64() * 1000.0);
             }
         }
