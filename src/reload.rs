@@ -1,8 +1,7 @@
 //! Hot reload of the config file. inotify watches the file's directory (an editor that writes a new file and
 //! renames it over the old one, and Kubernetes' `..data` symlink swap, both show up there) and the file itself
-//! (through a symlink, its target). Each burst of events is followed by a read (as soon as the file is renamed
-//! into place or closed by its writer, else [`SETTLE`] after the burst began); a file whose bytes differ from
-//! the last read is reloaded. A file written in place is read only once its writer closed it: a valid prefix of
+//! (through a symlink, its target). Each burst of events is followed by a read ([`SETTLE`] after the burst began,
+//! or as soon as a file is renamed over the config); a file whose bytes differ from the last read is reloaded. A file written in place is read only once its writer closed it: a valid prefix of
 //! a file being written never applies (unless the writer holds it open, idle, for [`WRITER_IDLE`]). A full check
 //! also runs every [`RECHECK`], in case an event was missed.
 
@@ -84,13 +83,18 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
             () = shutdown.cancelled() => return,
         };
         if let Some(first) = event {
-            // Let the rest of the edit arrive (for at most SETTLE: once the file is renamed into place or its
-            // writer closed it, the edit is whole), then take everything that queued up.
+            // Let the rest of the edit arrive, for SETTLE, or until a whole file is renamed into place over the
+            // config (a writer's close does not end the wait: a script may write the file in several opens),
+            // then take everything that queued up.
+            let mut whole = renamed_over(&first, name.as_deref());
             let mut seen = vec![first];
             let settled = tokio::time::Instant::now() + SETTLE;
-            while !seen.iter().any(|ev| completes(ev, name.as_deref())) {
+            while !whole {
                 match tokio::time::timeout_at(settled, events.next()).await {
-                    Ok(Some(ev)) => seen.push(ev),
+                    Ok(Some(ev)) => {
+                        whole = renamed_over(&ev, name.as_deref());
+                        seen.push(ev);
+                    }
                     Ok(None) | Err(_) => break,
                 }
             }
@@ -124,12 +128,11 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
     recheck_only(path, shared, shutdown, last).await;
 }
 
-/// Whether `ev` says the config file (`name` in its directory, or the file's own watch) is whole: renamed into
-/// place, or closed by a writer.
-fn completes(ev: &std::io::Result<inotify::EventOwned>, name: Option<&std::ffi::OsStr>) -> bool {
+/// Whether `ev` is a file renamed over the config (`name`) in its directory (`sed -i`, an editor's save, a write
+/// and rename): such a file is whole when it appears.
+fn renamed_over(ev: &std::io::Result<inotify::EventOwned>, name: Option<&std::ffi::OsStr>) -> bool {
     ev.as_ref().is_ok_and(|ev| {
-        (ev.name.is_none() || ev.name.as_deref() == name)
-            && ev.mask.intersects(inotify::EventMask::CLOSE_WRITE | inotify::EventMask::MOVED_TO)
+        ev.name.is_some() && ev.name.as_deref() == name && ev.mask.contains(inotify::EventMask::MOVED_TO)
     })
 }
 
