@@ -1,9 +1,10 @@
 //! Hot reload of the config file. inotify watches the file's directory (an editor that writes a new file and
 //! renames it over the old one, and Kubernetes' `..data` symlink swap, both show up there) and the file itself
 //! (through a symlink, its target). Each burst of events is followed by a read ([`SETTLE`] after the burst began,
-//! or as soon as a file is renamed over the config); a file whose bytes differ from the last read is reloaded. A file written in place is read only once its writer closed it: a valid prefix of
-//! a file being written never applies (unless the writer holds it open, idle, for [`WRITER_IDLE`]). A full check
-//! also runs every [`RECHECK`], in case an event was missed.
+//! or as soon as a file is renamed over the config); a file whose bytes differ from the last read is reloaded. A
+//! file written in place is read only once its writer closed it: a valid prefix of a file being written never
+//! applies (unless the writer holds it open, idle, for [`WRITER_IDLE`]). A full check also runs every
+//! [`RECHECK`], in case an event was missed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
