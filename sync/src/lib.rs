@@ -35,6 +35,7 @@ pub use manifest::{
     read_manifest,
 };
 pub use metrics::SyncMetrics;
+pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};
 pub use process::{ProcessRuntime, START_FAILED};
 pub use runtime::{
     ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, Mount, NoSandboxes, Problem,

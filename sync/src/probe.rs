@@ -175,6 +175,41 @@ impl ProbeState {
 /// Room for the request line and the fixed headers besides the path and host.
 const REQUEST_CAPACITY: usize = 128;
 
+/// The bytes read of a probe's answer: the status line must fit.
+pub const HTTP_HEAD_LIMIT: usize = 512;
+
+/// The request of an HTTP probe, as the kubelet's prober sends it: `GET` of `path` with the `Host`, `User-Agent`,
+/// `Accept` and `Connection: close` headers, then the probe's own `headers`, in one buffer for one write.
+pub fn http_probe_request(host: &str, port: u16, path: &str, headers: &[(String, String)]) -> String {
+    let mut req = String::with_capacity(REQUEST_CAPACITY + path.len() + host.len());
+    let _ = write!(
+        req,
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n"
+    );
+    for (k, v) in headers {
+        let _ = write!(req, "{k}: {v}\r\n");
+    }
+    req.push_str("\r\n");
+    req
+}
+
+/// Whether `head` (what was read of an answer so far) holds the whole status line.
+pub fn has_status_line(head: &[u8]) -> bool {
+    head.contains(&b'\n')
+}
+
+/// The status code of an HTTP answer from its first bytes; `Err` with the status line when it is not one.
+pub fn http_status_code(head: &[u8]) -> Result<u16, String> {
+    let head = String::from_utf8_lossy(head);
+    let line = head.lines().next().unwrap_or_default();
+    line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("not an HTTP response: {line:?}"))
+}
+
+/// Whether an HTTP probe with this status code passes (the kubelet's 200 to 399).
+pub fn http_probe_passes(code: u16) -> bool {
+    (200..400).contains(&code)
+}
+
 /// Runs an HTTP GET as the kubelet's prober does; `Ok` with a message when it succeeded.
 pub async fn http_get(
     host: &str,
@@ -186,34 +221,20 @@ pub async fn http_get(
     let run = async {
         let mut s =
             TcpStream::connect((host, port)).await.map_err(|e| format!("Get http://{host}:{port}{path}: {e}"))?;
-        // One buffer and one write: the request is small, and a probe runs for every probed container.
-        let mut req = String::with_capacity(REQUEST_CAPACITY + path.len() + host.len());
-        let _ = write!(
-            req,
-            "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n"
-        );
-        for (k, v) in headers {
-            let _ = write!(req, "{k}: {v}\r\n");
-        }
-        req.push_str("\r\n");
+        // One write: the request is small, and a probe runs for every probed container.
+        let req = http_probe_request(host, port, path, headers);
         s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
         // Only the status line is read.
-        let mut buf = [0u8; 512];
+        let mut buf = [0u8; HTTP_HEAD_LIMIT];
         let mut n = 0;
-        while n < buf.len() && !buf[..n].contains(&b'\n') {
+        while n < buf.len() && !has_status_line(&buf[..n]) {
             match s.read(&mut buf[n..]).await.map_err(|e| e.to_string())? {
                 0 => break,
                 k => n += k,
             }
         }
-        let head = String::from_utf8_lossy(&buf[..n]);
-        let line = head.lines().next().unwrap_or_default();
-        let code: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| format!("not an HTTP response: {line:?}"))?;
-        if (200..400).contains(&code) {
+        let code = http_status_code(&buf[..n])?;
+        if http_probe_passes(code) {
             Ok(format!("HTTP probe succeeded with statuscode: {code}"))
         } else {
             Err(format!("HTTP probe failed with statuscode: {code}"))
