@@ -370,28 +370,47 @@ impl<R: Runtime> PodManager<R> {
     ///
     /// Where the worker's termination would begin with the stop signals of its running containers and nothing
     /// else (the pod runs, no preStop hook, a grace period to give) and the runtime can send them at once, they go
-    /// out here, on the caller's thread, once the worker has the termination queued: on a node short of memory the
-    /// hop to the worker's task and its step took milliseconds. The worker's stop then only waits and kills; the
-    /// queued termination, which it reads before any container exit, makes the pod end `Evicted`.
+    /// out here, on the caller's thread, before the termination is queued for the worker: on a node short of memory
+    /// the hop to the worker's task and its step took milliseconds, and so did waking the worker before the
+    /// signals. The worker's stop then only waits and kills; the queued termination, which it reads before the
+    /// container exit the signal caused, makes the pod end `Evicted`.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
+        let started = Instant::now();
         let mut workers = self.workers();
         let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
+        if handle.terminations.is_closed() {
+            return Err(TerminateError::WorkerGone(uid.into()));
+        }
         let stoppable = handle.stoppable.clone();
-        // Held from before the termination is queued until the signals are out: the worker takes this lock before
-        // it acts on a termination (and clears the list before any step), so it sees whether they went out.
+        // Held from before the signals go out until the termination is queued: the worker takes this lock before it
+        // acts on a termination or on a container's exit (and clears the list before any step), so it reads the
+        // termination before the exit the signal caused, and sees whether the signals went out.
         let ids = stoppable.lock().unwrap_or_else(PoisonError::into_inner);
-        let (eviction, signalled) = Self::queue(handle, uid, grace, Reason::Evicted(message))?;
-        drop(workers);
+        let (slot, signalled) = Signalled::new();
+        let mut sent = 0;
+        // The signals go out before the worker is woken: on a busy node, waking it cost the signals milliseconds.
         if let Some(signals) = self.ctx.runtime.stop_signals()
             && !grace.is_zero()
             && !ids.is_empty()
         {
             // Every container is tried; the worker signals those that failed, and tells the requester then.
-            let sent = ids.iter().filter(|id| signals.signal_stop_now(id)).count();
+            sent = ids.iter().filter(|id| signals.signal_stop_now(id)).count();
             if sent == ids.len() {
-                signalled.tell(Instant::now());
+                slot.tell(Instant::now());
             }
         }
+        let signalled_us = started.elapsed().as_micros();
+        let eviction = Self::queue(handle, uid, grace, Reason::Evicted(message), (slot, signalled))?;
+        let containers = ids.len();
+        drop(ids);
+        tracing::debug!(
+            pod_uid = uid,
+            containers,
+            sent,
+            signalled_us,
+            took_us = started.elapsed().as_micros(),
+            "eviction handed to the worker"
+        );
         Ok(eviction)
     }
 
@@ -400,7 +419,7 @@ impl<R: Runtime> PodManager<R> {
     pub fn shut_down(&self, uid: &str, grace: Duration) -> Result<Eviction, TerminateError> {
         let mut workers = self.workers();
         let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        Self::queue(handle, uid, grace, Reason::Shutdown).map(|(eviction, _)| eviction)
+        Self::queue(handle, uid, grace, Reason::Shutdown, Signalled::new())
     }
 
     /// The pods that have a worker, for the node's shutdown.
@@ -419,21 +438,20 @@ impl<R: Runtime> PodManager<R> {
             .collect()
     }
 
-    /// Queues a termination for a pod's worker. Returns the requester's receivers and the slot that tells the
-    /// first of them (which the worker tells too).
+    /// Queues a termination for a pod's worker, with the slot that tells the requester of its stop signals (which the
+    /// worker tells, unless it was told already) and that requester's receiver.
     fn queue(
         handle: &mut Handle,
         uid: &str,
         grace: Duration,
         reason: Reason,
-    ) -> Result<(Eviction, Signalled), TerminateError> {
+        (slot, signalled): (Signalled, oneshot::Receiver<Instant>),
+    ) -> Result<Eviction, TerminateError> {
         let (done_tx, terminated) = oneshot::channel();
-        let (slot, signalled) = Signalled::new();
-        let req =
-            TerminateRequest { grace, reason: reason.clone(), signalled: Some(slot.clone()), done: Some(done_tx) };
+        let req = TerminateRequest { grace, reason: reason.clone(), signalled: Some(slot), done: Some(done_tx) };
         handle.terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
         handle.terminating = Some((grace, reason));
-        Ok((Eviction { signalled, terminated }, slot))
+        Ok(Eviction { signalled, terminated })
     }
 
     /// Whether the runtime can run containers, and pods on the pod network.

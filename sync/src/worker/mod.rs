@@ -110,10 +110,10 @@ impl Signalled {
     }
 }
 
-/// The containers an eviction may send their stop signal itself, on its own thread, once it has queued the
-/// termination for the pod's worker: those running while the pod runs, when the pod has no preStop hook to run
-/// first and the runtime can signal at once ([`crate::runtime::StopSignals`]); empty otherwise, and while the
-/// worker steps. The worker keeps it up to date.
+/// The containers an eviction may send their stop signal itself, on its own thread, holding this list until it has
+/// queued the termination for the pod's worker: those running while the pod runs, when the pod has no preStop hook
+/// to run first and the runtime can signal at once ([`crate::runtime::StopSignals`]); empty otherwise, and while
+/// the worker steps. The worker keeps it up to date.
 pub(crate) type Stoppable = Arc<Mutex<Vec<String>>>;
 
 /// What a worker's own tasks report.
@@ -283,9 +283,11 @@ impl<R: Runtime> Worker<R> {
                     Err(_) => continue,
                 },
                 Some(ev) = events.recv() => {
-                    // The select may have found no termination just before one was queued and the container
-                    // signalled (an eviction queues the termination first): one queued now goes first, so that
-                    // the exit it caused ends the pod as terminated, not as completed or to be restarted.
+                    // The select may have found no termination just before an eviction signalled the container:
+                    // it queues the termination before it lets go of the list, so once the list is free a
+                    // termination that caused this exit is queued, and goes first, so that the exit ends the pod
+                    // as terminated, not as completed or to be restarted.
+                    drop(self.stoppable.lock().unwrap_or_else(PoisonError::into_inner));
                     if let Ok(req) = terminations.try_recv() {
                         deferred = Some(ev);
                         self.accept(req).await

@@ -49,6 +49,8 @@ struct Fake {
     slow: Mutex<Vec<String>>,
     /// Containers (by name) whose next start panics.
     panics: Mutex<Vec<String>>,
+    /// How long a stop signal sent at once holds up its caller after the container ended.
+    signal_pause: Mutex<Duration>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -97,6 +99,7 @@ impl StopSignals for Fake {
             return false;
         }
         self.signal(id, SIGTERM);
+        std::thread::sleep(*self.signal_pause.lock().unwrap());
         true
     }
 }
@@ -542,6 +545,24 @@ async fn an_evicted_pod_whose_container_exits_0_at_once_ends_evicted_not_succeed
     let v = h.until("u15", "is over", |v| phase(v) == "Failed" || phase(v) == "Succeeded").await;
     assert_eq!(v["status"]["reason"], "Evicted");
     assert_eq!(container(&v, "app")["state"]["terminated"]["exitCode"], 0);
+}
+
+/// The worker runs on another thread and reads the container's exit while the eviction, which signalled it, has
+/// not yet queued the termination: it waits for the termination and ends the pod `Evicted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exit_read_before_the_evictions_termination_is_queued_still_ends_evicted() {
+    let h = harness();
+    h.fake.graceful.lock().unwrap().push("app".into());
+    h.set(vec![pod("u18", json!({"restartPolicy": "Never", "containers": [app("app")]}))]).await;
+    h.until("u18", "runs", |v| phase(v) == "Running").await;
+    *h.fake.signal_pause.lock().unwrap() = Duration::from_millis(300);
+    let syncs = h.worker_syncs();
+    let eviction = h.manager.evict("u18", Duration::from_secs(1), "evicted".into()).unwrap();
+    eviction.terminated.await.unwrap();
+    let v = h.until("u18", "is over", |v| phase(v) == "Failed" || phase(v) == "Succeeded").await;
+    assert_eq!(v["status"]["reason"], "Evicted");
+    assert_eq!(container(&v, "app")["state"]["terminated"]["exitCode"], 0);
+    assert!(h.worker_syncs() > syncs);
 }
 
 #[tokio::test(start_paused = true)]
