@@ -462,7 +462,9 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         node_ip,
         node_shutdown: std::sync::atomic::AtomicBool::new(false),
     });
-    let eviction = eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN).context("cannot start the eviction thread")?;
+    let realtime = shared.config.borrow().eviction_realtime_priority;
+    let eviction =
+        eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.

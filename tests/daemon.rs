@@ -102,8 +102,25 @@ fn serves_endpoints_and_enforces_allocatable() {
     assert_eq!(v["kubeletconfig"]["evictionHard"]["memory.available"], "100Mi");
 
     assert!(d.log().contains("authentication"), "ignored kubelet fields are reported:\n{}", d.log());
+    // The eviction thread, alone of the daemon's threads, runs under SCHED_FIFO (nodewarden.evictionRealtimePriority).
+    let policies = thread_policies(d.pid().unwrap());
+    let fifo: Vec<&str> = policies.iter().filter(|(_, p)| *p == 1).map(|(n, _)| n.as_str()).collect();
+    assert_eq!(fifo, ["eviction"], "{policies:?}");
     assert_eq!(d.stop(), Some(0), "clean exit on SIGTERM:\n{}", d.log());
     assert!(d.cgroup("kubepods").is_dir(), "the tree is left in place");
+}
+
+/// Each thread of `pid`: its name and its scheduling policy (field 41 of its `stat`; 1 is `SCHED_FIFO`).
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
+        let (head, rest) = stat.rsplit_once(')').unwrap();
+        let name = head.split_once('(').unwrap().1.to_owned();
+        let policy = rest.split_whitespace().nth(38).unwrap().parse().unwrap();
+        out.push((name, policy));
+    }
+    out
 }
 
 #[test]

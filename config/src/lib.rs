@@ -121,6 +121,8 @@ pub struct Config {
     pub housekeeping_interval: Duration,
     /// The shortest period between two eviction passes (`nodewarden.evictionPollMin`).
     pub eviction_poll_min: Duration,
+    /// The eviction thread's `SCHED_FIFO` priority, 0 for none (`nodewarden.evictionRealtimePriority`).
+    pub eviction_realtime_priority: u8,
     /// Wake the eviction loop on PSI triggers and `memory.events` (`nodewarden.pressureEvents`).
     pub pressure_events: bool,
     /// The daemon's own cgroup below `cgroupRoot`, if any (`nodewarden.daemonCgroup`).
@@ -490,6 +492,11 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
             "must be at least 1ms and at most nodewarden.housekeepingInterval",
         ));
     }
+    let eviction_realtime_priority =
+        u8::try_from(*required(&nw.eviction_realtime_priority, "nodewarden.evictionRealtimePriority")?)
+            .ok()
+            .filter(|p| *p <= nodewarden_eviction::MAX_REALTIME_PRIORITY)
+            .ok_or_else(|| ConfigError::field("nodewarden.evictionRealtimePriority", "must be from 0 to 99"))?;
     let daemon_cgroup = required(&nw.daemon_cgroup, "nodewarden.daemonCgroup")?;
     if !daemon_cgroup.is_empty() {
         nodewarden_resources::validate_container_name(daemon_cgroup)
@@ -582,6 +589,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         imagefs_path: PathBuf::from(required(&nw.imagefs_path, "nodewarden.imagefsPath")?),
         housekeeping_interval,
         eviction_poll_min,
+        eviction_realtime_priority,
         pressure_events: *required(&nw.pressure_events, "nodewarden.pressureEvents")?,
         daemon_cgroup: (!daemon_cgroup.is_empty()).then(|| daemon_cgroup.clone()),
         daemon_memory_min,

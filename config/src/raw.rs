@@ -162,6 +162,10 @@ pub struct NodewardenSettings {
     /// (the period shrinks geometrically on a ramp, so only a few passes come this close). Default `1ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eviction_poll_min: Option<String>,
+    /// The `SCHED_FIFO` priority of the eviction thread (1 to 99), so that a pass woken on a busy node runs at once;
+    /// `0` leaves it under the normal scheduler. Default `1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_realtime_priority: Option<i64>,
     /// Wake the eviction loop on PSI triggers and `memory.events` changes. Default `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pressure_events: Option<bool>,
@@ -329,6 +333,7 @@ impl KubeletConfiguration {
         or(&mut nw.imagefs_path, "/var/lib/containerd".into());
         or(&mut nw.housekeeping_interval, "1s".into());
         or(&mut nw.eviction_poll_min, "1ms".into());
+        or(&mut nw.eviction_realtime_priority, 1);
         or(&mut nw.pressure_events, true);
         or(&mut nw.daemon_cgroup, "nodewarden".into());
         or(&mut nw.daemon_memory_min, "16Mi".into());

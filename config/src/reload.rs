@@ -72,6 +72,7 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
             cgroup_mount => "nodewarden.cgroupMount",
             nodefs_path => "nodewarden.nodefsPath",
             imagefs_path => "nodewarden.imagefsPath",
+            eviction_realtime_priority => "nodewarden.evictionRealtimePriority",
             pressure_events => "nodewarden.pressureEvents",
             daemon_cgroup => "nodewarden.daemonCgroup",
             daemon_memory_min => "nodewarden.daemonMemoryMin",

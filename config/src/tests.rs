@@ -85,7 +85,10 @@ fn minimal_config_gets_kubelet_defaults() {
     assert_eq!(c.static_pod_path, None);
     assert_eq!(c.container_runtime_endpoint, None);
     assert_eq!(c.cgroup_mount, PathBuf::from("/sys/fs/cgroup"));
+    assert_eq!(c.eviction_realtime_priority, 1);
     assert!(c.ignored.is_empty() && c.warnings.is_empty());
+    let off = parse(&format!("{HEAD}nodewarden:\n  evictionRealtimePriority: 0\n")).unwrap();
+    assert_eq!(off.eviction_realtime_priority, 0);
 }
 
 #[test]
@@ -234,6 +237,8 @@ fn invalid_values_name_the_field() {
         ("containerRuntimeEndpoint: tcp://1.2.3.4:1\n", "containerRuntimeEndpoint"),
         ("evictionMaxPodGracePeriod: -3\n", "evictionMaxPodGracePeriod"),
         ("nodewarden:\n  housekeepingInterval: 1us\n", "nodewarden.housekeepingInterval"),
+        ("nodewarden:\n  evictionRealtimePriority: 100\n", "nodewarden.evictionRealtimePriority"),
+        ("nodewarden:\n  evictionRealtimePriority: -1\n", "nodewarden.evictionRealtimePriority"),
     ];
     for (body, want) in cases {
         let (field, reason) = field_error(&format!("{HEAD}{body}"));

@@ -26,6 +26,7 @@ use crate::metrics::EvictionMetrics;
 use crate::observe::{SignalObservation, allocatable_memory, signal_observations};
 use crate::pressure::{Breach, Evaluation, PressureState};
 use crate::rank::{Candidate, rank};
+use crate::realtime::make_realtime;
 use crate::signal::Signal;
 use crate::status::{EvictionRecord, EvictionStatus, Ranked};
 use crate::threshold::Thresholds;
@@ -361,16 +362,29 @@ impl<E: Evictor> EvictionManager<E> {
     /// Runs the loop on a thread of its own, named `eviction`, with a single-threaded runtime, and returns once it
     /// is running. Nothing else runs on that thread, so the loop's blocking reads (the kernel's files, the
     /// resources lock) hold up no other task, and no hand-off to another thread stands between the pass that
-    /// sees a crossing and the victim's SIGTERM. The thread ends once `shutdown` is cancelled and the eviction
-    /// tasks have ended, or `drain` after that.
+    /// sees a crossing and the victim's SIGTERM. With a `realtime_priority` (1 to 99; 0 for none) the thread runs
+    /// under `SCHED_FIFO` at that priority ([`make_realtime`]), or, where that is refused, says so and runs as
+    /// before. The thread ends once `shutdown` is cancelled and the eviction tasks have ended, or `drain` after
+    /// that.
     pub fn spawn(
         self,
         wakeups: mpsc::Receiver<Wake>,
         shutdown: CancellationToken,
         drain: Duration,
+        realtime_priority: u8,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         std::thread::Builder::new().name("eviction".into()).spawn(move || {
+            if realtime_priority > 0 {
+                match make_realtime(realtime_priority) {
+                    Ok(()) => tracing::info!(priority = realtime_priority, "the eviction thread runs under SCHED_FIFO"),
+                    Err(e) => tracing::warn!(
+                        priority = realtime_priority,
+                        error = %e,
+                        "cannot put the eviction thread under SCHED_FIFO; it runs under the normal scheduler"
+                    ),
+                }
+            }
             let tasks = self.tasks();
             runtime.block_on(async move {
                 self.run(wakeups, shutdown).await;
@@ -753,6 +767,7 @@ impl<E: Evictor> EvictionManager<E> {
             return None;
         }
         let now = Instant::now();
+        tracing::debug!(%signal, since_observed_us = micros(now.saturating_duration_since(observed_at)), "choosing victims");
         // A failure is remembered (so the next back-off is longer) until it has been over for the longest back-off.
         self.failed.retain(|_, f| f.until + MAX_VICTIM_BACKOFF > now);
         let backing_off = self.failed.iter().filter(|(_, f)| f.until > now).map(|(uid, _)| uid);

@@ -57,7 +57,7 @@ impl Agent {
         match self {
             Agent::Kernel => "kernel OOM killer only",
             Agent::Earlyoom => "earlyoom",
-            Agent::KubeletLike => "nodewarden, kubelet-like (10 s, no events)",
+            Agent::KubeletLike => "nodewarden, kubelet-like (10 s, no events, normal scheduler)",
             Agent::Nodewarden => "nodewarden (default)",
         }
     }

@@ -103,7 +103,7 @@ impl Node {
             Kind::Disk => "evictionHard:\n  nodefs.available: 25%\n".to_owned(),
         };
         let cadence = if agent == Agent::KubeletLike {
-            "  housekeepingInterval: 10s\n  evictionPollMin: 10s\n  pressureEvents: false\n"
+            "  housekeepingInterval: 10s\n  evictionPollMin: 10s\n  pressureEvents: false\n  evictionRealtimePriority: 0\n"
         } else {
             ""
         };

@@ -240,7 +240,9 @@ fn ramp(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
 /// Crossing → SIGTERM of every run: a row per agent, a dot per run, the median marked.
 fn latency(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
     let all: Vec<f64> = by_agent.iter().flat_map(|(_, r)| r.iter().filter_map(|o| o.latency_ms)).collect();
-    let lo = all.iter().copied().fold(f64::MAX, f64::min).min(1.0) * 0.7;
+    // A run whose SIGTERM came before the bench's own samples crossed (the agent read a dip below the threshold
+    // that the bench's next sample did not show) has no place on a log scale: it is drawn at the left edge.
+    let lo = (all.iter().copied().filter(|l| *l > 0.0).fold(f64::MAX, f64::min).min(1.0) * 0.7).max(0.1);
     let hi = all.iter().copied().fold(10.0, f64::max) * 1.5;
     #[allow(clippy::cast_precision_loss)]
     let rows = by_agent.len() as f64;
@@ -248,7 +250,7 @@ fn latency(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
     y.ticks = false;
     let mut p = Plot::new(
         &format!("{}: crossing → SIGTERM, every run", sc.title),
-        Axis::log(lo.max(0.1), hi, "ms from the threshold crossing to SIGTERM delivered (log scale)"),
+        Axis::log(lo, hi, "ms from the threshold crossing to SIGTERM delivered (log scale)"),
         y,
         2,
     );
@@ -261,12 +263,16 @@ fn latency(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
         for (j, l) in lat.iter().enumerate() {
             #[allow(clippy::cast_precision_loss)]
             let jitter = ((j % 5) as f64 - 2.0) * 0.06;
-            p.dot(*l, row + jitter, c, false);
+            p.dot(l.max(lo), row + jitter, c, false);
+        }
+        let early = lat.iter().filter(|l| **l < lo).count();
+        if early > 0 {
+            p.text(lo, row, 6.0, 18.0, &format!("{early} before the bench's own samples crossed (at the left edge)"));
         }
         match median(lat.clone()) {
             Some(m) => {
-                p.tick(m, row, 22.0, "black");
-                p.text(m, row, 6.0, -14.0, &format!("median {m:.1} ms ({} runs)", lat.len()));
+                p.tick(m.max(lo), row, 22.0, "black");
+                p.text(m.max(lo), row, 6.0, -14.0, &format!("median {m:.1} ms ({} runs)", lat.len()));
             }
             None => {
                 let kills: usize = runs.iter().map(|o| o.oom_kills.len()).sum();
