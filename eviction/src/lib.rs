@@ -25,7 +25,7 @@ pub use nodewarden_resources::Condition;
 pub use observe::{SignalObservation, signal_observations};
 pub use pressure::{Breach, Evaluation, PressureState};
 pub use rank::{Candidate, rank};
-pub use realtime::{MAX_REALTIME_PRIORITY, make_realtime};
+pub use realtime::{MAX_REALTIME_PRIORITY, make_realtime, with_normal_scheduler};
 pub use signal::Signal;
 pub use status::{EvictionRecord, EvictionStatus, HISTORY, Ranked};
 pub use threshold::{Threshold, ThresholdError, Thresholds, default_hard_thresholds};

@@ -26,7 +26,7 @@ use crate::metrics::EvictionMetrics;
 use crate::observe::{SignalObservation, allocatable_memory, signal_observations};
 use crate::pressure::{Breach, Evaluation, PressureState};
 use crate::rank::{Candidate, rank};
-use crate::realtime::make_realtime;
+use crate::realtime::{make_realtime, with_normal_scheduler};
 use crate::signal::Signal;
 use crate::status::{EvictionRecord, EvictionStatus, Ranked};
 use crate::threshold::Thresholds;
@@ -288,25 +288,29 @@ pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
 fn candidates<E: Evictor>(view: &LedgerView, evictor: &E, signal: Signal, skip: &HashSet<String>) -> Vec<Candidate> {
     let found = view.eviction_candidates();
     let disk = signal.condition() == Condition::DiskPressure;
-    found
-        .into_iter()
-        .filter(|c| !skip.contains(&c.placement.uid))
-        .map(|c| {
-            let p = c.placement;
-            Candidate {
-                disk_usage: if disk { evictor.disk_usage(&p.uid) } else { 0 },
-                name: p.pod,
-                priority: p.priority,
-                critical: c.critical,
-                memory_request: p.memory_request,
-                memory_usage: c.usage.memory_working_set,
-                disk_request: p.ephemeral_request,
-                pids: c.usage.pids,
-                grace: p.grace_period,
-                uid: p.uid,
-            }
-        })
-        .collect()
+    let with_usage = move || {
+        found
+            .into_iter()
+            .filter(|c| !skip.contains(&c.placement.uid))
+            .map(|c| {
+                let p = c.placement;
+                Candidate {
+                    disk_usage: if disk { evictor.disk_usage(&p.uid) } else { 0 },
+                    name: p.pod,
+                    priority: p.priority,
+                    critical: c.critical,
+                    memory_request: p.memory_request,
+                    memory_usage: c.usage.memory_working_set,
+                    disk_request: p.ephemeral_request,
+                    pids: c.usage.pids,
+                    grace: p.grace_period,
+                    uid: p.uid,
+                }
+            })
+            .collect()
+    };
+    // Walking the pods' files takes as long as they have files: not ahead of every normal task.
+    if disk { with_normal_scheduler(with_usage) } else { with_usage() }
 }
 
 impl<E: Evictor> EvictionManager<E> {
@@ -755,7 +759,7 @@ impl<E: Evictor> EvictionManager<E> {
         // Node storage that no running pod needs goes first, also while an eviction is in flight (the evicted pod's
         // own logs are reclaimable once it is over); the next pass sees what that freed.
         if condition == Condition::DiskPressure {
-            let freed = self.evictor.reclaim_disk();
+            let freed = with_normal_scheduler(|| self.evictor.reclaim_disk());
             if freed > 0 {
                 tracing::info!(%signal, freed, "reclaimed the logs of pods that are over before evicting; looking again");
                 self.settled(condition);

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::Eviction;
 use nodewarden_resources::ResourceManager;
 use rustix::process::Signal;
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -376,12 +376,18 @@ impl<R: Runtime> PodManager<R> {
     /// container exit the signal caused, makes the pod end `Evicted`.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
         let started = Instant::now();
-        let mut workers = self.workers();
-        let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        if handle.terminations.is_closed() {
-            return Err(TerminateError::WorkerGone(uid.into()));
-        }
-        let stoppable = handle.stoppable.clone();
+        let reason = Reason::Evicted(message);
+        let (terminations, stoppable) = {
+            let mut workers = self.workers();
+            let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
+            if handle.terminations.is_closed() {
+                return Err(TerminateError::WorkerGone(uid.into()));
+            }
+            // Recorded first: should the worker be gone by the time the request is sent (it panicked), the worker
+            // that takes the pod over still terminates it, as evicted.
+            handle.terminating = Some((grace, reason.clone()));
+            (handle.terminations.clone(), handle.stoppable.clone())
+        };
         // Held from before the signals go out until the termination is queued: the worker takes this lock before it
         // acts on a termination or on a container's exit (and clears the list before any step), so it reads the
         // termination before the exit the signal caused, and sees whether the signals went out.
@@ -400,7 +406,8 @@ impl<R: Runtime> PodManager<R> {
             }
         }
         let signalled_us = started.elapsed().as_micros();
-        let eviction = Self::queue(handle, uid, grace, Reason::Evicted(message), (slot, signalled))?;
+        let (req, terminated) = TerminateRequest::requested(grace, reason, slot);
+        terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
         let containers = ids.len();
         drop(ids);
         tracing::debug!(
@@ -411,7 +418,7 @@ impl<R: Runtime> PodManager<R> {
             took_us = started.elapsed().as_micros(),
             "eviction handed to the worker"
         );
-        Ok(eviction)
+        Ok(Eviction { signalled, terminated })
     }
 
     /// Terminates a pod because the node shuts down, within `grace` (the pod's own if shorter): it ends `Failed`
@@ -419,7 +426,7 @@ impl<R: Runtime> PodManager<R> {
     pub fn shut_down(&self, uid: &str, grace: Duration) -> Result<Eviction, TerminateError> {
         let mut workers = self.workers();
         let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        Self::queue(handle, uid, grace, Reason::Shutdown, Signalled::new())
+        Self::queue(handle, uid, grace, Reason::Shutdown)
     }
 
     /// The pods that have a worker, for the node's shutdown.
@@ -438,19 +445,12 @@ impl<R: Runtime> PodManager<R> {
             .collect()
     }
 
-    /// Queues a termination for a pod's worker, with the slot that tells the requester of its stop signals (which the
-    /// worker tells, unless it was told already) and that requester's receiver.
-    fn queue(
-        handle: &mut Handle,
-        uid: &str,
-        grace: Duration,
-        reason: Reason,
-        (slot, signalled): (Signalled, oneshot::Receiver<Instant>),
-    ) -> Result<Eviction, TerminateError> {
-        let (done_tx, terminated) = oneshot::channel();
-        let req = TerminateRequest { grace, reason: reason.clone(), signalled: Some(slot), done: Some(done_tx) };
+    /// Queues a termination for a pod's worker, and records it for a worker that takes the pod over.
+    fn queue(handle: &mut Handle, uid: &str, grace: Duration, reason: Reason) -> Result<Eviction, TerminateError> {
+        let (slot, signalled) = Signalled::new();
+        handle.terminating = Some((grace, reason.clone()));
+        let (req, terminated) = TerminateRequest::requested(grace, reason, slot);
         handle.terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
-        handle.terminating = Some((grace, reason));
         Ok(Eviction { signalled, terminated })
     }
 

@@ -265,7 +265,7 @@ fn latency(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
             let jitter = ((j % 5) as f64 - 2.0) * 0.06;
             p.dot(l.max(lo), row + jitter, c, false);
         }
-        let early = lat.iter().filter(|l| **l < lo).count();
+        let early = lat.iter().filter(|l| **l <= 0.0).count();
         if early > 0 {
             p.text(lo, row, 6.0, 18.0, &format!("{early} before the bench's own samples crossed (at the left edge)"));
         }

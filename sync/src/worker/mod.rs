@@ -83,6 +83,13 @@ impl TerminateRequest {
     pub(crate) fn deleted(pod: &Pod) -> Self {
         Self { grace: grace_period(pod), reason: Reason::Deleted, signalled: None, done: None }
     }
+
+    /// A termination whose requester waits: `signalled` tells it of the stop signals; the receiver returned
+    /// resolves once the pod has terminated.
+    pub(crate) fn requested(grace: Duration, reason: Reason, signalled: Signalled) -> (Self, oneshot::Receiver<()>) {
+        let (done, terminated) = oneshot::channel();
+        (Self { grace, reason, signalled: Some(signalled), done: Some(done) }, terminated)
+    }
 }
 
 /// Told once that a termination's stop signals went out, and when, by whoever sent them first: the pod's worker,
