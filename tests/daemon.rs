@@ -115,10 +115,8 @@ fn thread_policies(pid: u32) -> Vec<(String, u32)> {
     let mut out = Vec::new();
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
-        let (head, rest) = stat.rsplit_once(')').unwrap();
-        let name = head.split_once('(').unwrap().1.to_owned();
-        let policy = rest.split_whitespace().nth(38).unwrap().parse().unwrap();
-        out.push((name, policy));
+        let (name, fields) = nodewarden_testkit::proc_stat_fields(&stat).unwrap();
+        out.push((name.to_owned(), fields[38].parse().unwrap()));
     }
     out
 }

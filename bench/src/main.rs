@@ -299,24 +299,31 @@ fn place_pods(n: usize) -> Result<()> {
     Ok(())
 }
 
-use nodewarden_testkit::{median, metric, remove_tree, worst};
+use nodewarden_testkit::{median, metric, proc_stat_fields, remove_tree, worst};
+
+/// Fields of a process's `/proc/PID/stat` after the command ([`proc_stat_fields`]), by index there.
+fn stat_fields<const N: usize>(pid: u32, indices: [usize; N]) -> Result<[u64; N]> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let (_, fields) = proc_stat_fields(&stat).context("malformed /proc/PID/stat")?;
+    let mut out = [0; N];
+    for (o, i) in out.iter_mut().zip(indices) {
+        *o = fields.get(i).context("short /proc/PID/stat")?.parse()?;
+    }
+    Ok(out)
+}
 
 /// utime + stime of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/PID/stat")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let get = |i: usize| -> Result<u64> { Ok(fields.get(i).context("short /proc/PID/stat")?.parse()?) };
     // After the command: state is field 0, utime field 11, stime field 12.
-    Ok(get(11)? + get(12)?)
+    let [user, system] = stat_fields(pid, [11, 12])?;
+    Ok(user + system)
 }
 
 /// Major page faults of a process (pages it had to wait for from disk), from `/proc/PID/stat`.
 fn major_faults(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/PID/stat")?;
     // After the command: state is field 0, majflt field 9.
-    Ok(after.split_whitespace().nth(9).context("short /proc/PID/stat")?.parse()?)
+    let [majflt] = stat_fields(pid, [9])?;
+    Ok(majflt)
 }
 
 fn rss_kib(pid: u32) -> Result<u64> {

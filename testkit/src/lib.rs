@@ -36,6 +36,15 @@ pub fn metric(text: &str, prefix: &str) -> Option<f64> {
     text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
 }
 
+/// A `/proc/<pid>/stat` (or a thread's) split into the command name and the fields after it: the name may hold
+/// spaces and parentheses, so it ends at the last `)`. Field 0 is the state (`proc_pid_stat(5)`'s field 3), so
+/// its field `n` is at `n - 3`. `None` when the text is not such a file.
+pub fn proc_stat_fields(stat: &str) -> Option<(&str, Vec<&str>)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let (_, name) = head.split_once('(')?;
+    Some((name, rest.split_whitespace().collect()))
+}
+
 /// Polls `f` every `every` until it holds or `timeout` has passed; whether it held.
 pub fn poll(timeout: Duration, every: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -187,5 +196,19 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
         remove_tree(&self.root);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_splits_at_the_last_parenthesis_of_the_name() {
+        let (name, fields) = proc_stat_fields("42 (a) b (c)) S 1 42 42 0 -1 4194560 7 0 5").unwrap();
+        assert_eq!(name, "a) b (c)");
+        assert_eq!(fields[0], "S");
+        assert_eq!(fields[9], "5", "majflt, field 12");
+        assert!(proc_stat_fields("no parentheses").is_none());
     }
 }
