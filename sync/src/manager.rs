@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::Eviction;
 use nodewarden_resources::ResourceManager;
 use rustix::process::Signal;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -406,8 +406,7 @@ impl<R: Runtime> PodManager<R> {
             }
         }
         let signalled_us = started.elapsed().as_micros();
-        let (req, terminated) = TerminateRequest::requested(grace, reason, slot);
-        terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
+        let eviction = Self::send_termination(&terminations, uid, grace, reason, (slot, signalled))?;
         let containers = ids.len();
         drop(ids);
         tracing::debug!(
@@ -418,7 +417,7 @@ impl<R: Runtime> PodManager<R> {
             took_us = started.elapsed().as_micros(),
             "eviction handed to the worker"
         );
-        Ok(Eviction { signalled, terminated })
+        Ok(eviction)
     }
 
     /// Terminates a pod because the node shuts down, within `grace` (the pod's own if shorter): it ends `Failed`
@@ -426,7 +425,8 @@ impl<R: Runtime> PodManager<R> {
     pub fn shut_down(&self, uid: &str, grace: Duration) -> Result<Eviction, TerminateError> {
         let mut workers = self.workers();
         let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;
-        Self::queue(handle, uid, grace, Reason::Shutdown)
+        handle.terminating = Some((grace, Reason::Shutdown));
+        Self::send_termination(&handle.terminations, uid, grace, Reason::Shutdown, Signalled::new())
     }
 
     /// The pods that have a worker, for the node's shutdown.
@@ -445,12 +445,18 @@ impl<R: Runtime> PodManager<R> {
             .collect()
     }
 
-    /// Queues a termination for a pod's worker, and records it for a worker that takes the pod over.
-    fn queue(handle: &mut Handle, uid: &str, grace: Duration, reason: Reason) -> Result<Eviction, TerminateError> {
-        let (slot, signalled) = Signalled::new();
-        handle.terminating = Some((grace, reason.clone()));
+    /// Sends a termination to a pod's worker (the caller has recorded it in the pod's handle first, for a worker
+    /// that takes the pod over), with the slot that tells the requester of its stop signals and that requester's
+    /// receiver.
+    fn send_termination(
+        terminations: &mpsc::UnboundedSender<TerminateRequest>,
+        uid: &str,
+        grace: Duration,
+        reason: Reason,
+        (slot, signalled): (Signalled, oneshot::Receiver<Instant>),
+    ) -> Result<Eviction, TerminateError> {
         let (req, terminated) = TerminateRequest::requested(grace, reason, slot);
-        handle.terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
+        terminations.send(req).map_err(|_| TerminateError::WorkerGone(uid.into()))?;
         Ok(Eviction { signalled, terminated })
     }
 
