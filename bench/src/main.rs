@@ -34,6 +34,7 @@ mod reload;
 mod saves;
 mod svg;
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -126,6 +127,11 @@ enum Cmd {
         /// Runs per agent and scenario.
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Before each measured run of scenario a, the agent evicts a first hog of the same kind once (the
+        /// memory is back before the measured hog starts): the measured eviction is the agent's second, its code
+        /// already run once. Under QEMU TCG a path's first run is mostly the emulator translating it.
+        #[arg(long)]
+        warm_up: bool,
         /// Where the runs (eviction-raw/), eviction.md and the plots are written.
         #[arg(long, default_value = "results")]
         out: PathBuf,
@@ -207,8 +213,8 @@ fn main() -> Result<()> {
         Cmd::Cri { nodewarden, pods, seconds, runs, containerd, out } => {
             cri::run(&nodewarden, &containerd, pods, seconds, runs, &out)
         }
-        Cmd::Eviction { nodewarden, scenarios, agents, runs, out } => {
-            eviction::run(&nodewarden, &scenarios, &agents, runs, &out)
+        Cmd::Eviction { nodewarden, scenarios, agents, runs, warm_up, out } => {
+            eviction::run(&nodewarden, &scenarios, &agents, runs, warm_up, &out)
         }
         Cmd::EvictionReport { out } => eviction::report(&out),
         Cmd::Cluster { nodewarden, pods, seconds, runs, edits, out } => {
@@ -317,6 +323,25 @@ fn cpu_ticks(pid: u32) -> Result<u64> {
     // After the command: state is field 0, utime field 11, stime field 12.
     let [user, system] = stat_fields(pid, [11, 12])?;
     Ok(user + system)
+}
+
+/// CPU time of each live thread of a process by thread name (`comm`), in ns, from each thread's
+/// `/proc/PID/task/TID/schedstat` (the scheduler's own count, not the 10 ms ticks of `stat`). Threads of one name are
+/// summed; a thread that exited is missing, so the sum can be below the process's own count.
+fn thread_cpu_ns(pid: u32) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default().trim().to_owned();
+        let ns = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        if let Some(ns) = ns {
+            *out.entry(name).or_default() += ns;
+        }
+    }
+    out
 }
 
 /// Major page faults of a process (pages it had to wait for from disk), from `/proc/PID/stat`.

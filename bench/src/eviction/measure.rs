@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use nodewarden_resources::{HostPaths, fs_stats, node_memory, pid_stats};
 
 use super::node::{Killed, Node, PodDef, Setup};
 use super::{Agent, Kind, MEMORY_THRESHOLD, MIB, PID_HEADROOM, Scenario};
 use crate::hog::{marker, monotonic};
-use crate::{cpu_ticks, get, major_faults, rss_kib, wait};
+use crate::{cpu_ticks, get, major_faults, rss_kib, thread_cpu_ns, wait};
 
 /// How far around the crossing the zoomed series reaches, in ms.
 pub const ZOOM_MS: f64 = 150.0;
@@ -55,6 +55,13 @@ pub struct Outcome {
     /// `some total`), ms: page-ins and direct reclaim.
     #[serde(default)]
     pub stall_ms: Option<f64>,
+    /// Whether the agent had evicted a first hog before this run's ([`WARM_UP`]).
+    #[serde(default)]
+    pub warmed_up: bool,
+    /// The agent's CPU over the same window by thread name, ms (the scheduler's count, of threads alive at its
+    /// end).
+    #[serde(default)]
+    pub thread_cpu_ms: BTreeMap<String, f64>,
     /// (s since release, value) over the whole run, downsampled; the first run of each agent only.
     pub series: Vec<(f64, f64)>,
     /// (ms since the crossing, value) within ±[`ZOOM_MS`] of it, every sample.
@@ -165,16 +172,19 @@ fn resources(memory: &str, cpu: Option<&str>, limits: bool) -> serde_json::Value
     if limits { serde_json::json!({"requests": r, "limits": r}) } else { serde_json::json!({"requests": r}) }
 }
 
-/// The pods that must survive, and the workload.
-fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>) {
-    let hog = |name: &str, extra: &[&str], go: bool| -> Vec<String> {
+/// The pod a warmed-up run's agent evicts first (scenario a's hog, released by its own go file).
+const WARM_UP: &str = "warm-up";
+
+/// The pods that must survive, the workload, and the warm-up hog.
+fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>, PodDef) {
+    let hog = |name: &str, extra: &[&str], go: Option<&str>| -> Vec<String> {
         let mut v = vec![bench.display().to_string(), "hog".into()];
         v.extend(extra.iter().map(|s| (*s).to_owned()));
         v.push("--term-file".into());
         v.push(base.join(format!("term-{name}")).display().to_string());
-        if go {
+        if let Some(go) = go {
             v.push("--go-file".into());
-            v.push(base.join("go").display().to_string());
+            v.push(base.join(go).display().to_string());
         }
         v
     };
@@ -190,35 +200,36 @@ fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>) 
             let argv = cmd.iter().map(|s| (*s).to_owned()).collect();
             def("guaranteed", argv, Some(resources("200Mi", Some("100m"), true)), false)
         }
-        Kind::Pids => def("quiet", hog("quiet", &["--fork", "2", "--steps", "1"], false), None, false),
+        Kind::Pids => def("quiet", hog("quiet", &["--fork", "2", "--steps", "1"], None), None, false),
         Kind::Disk => {
-            def("quiet", hog("quiet", &["--write-dir", "/mnt", "--write-mb", "4", "--steps", "1"], false), None, true)
+            def("quiet", hog("quiet", &["--write-dir", "/mnt", "--write-mb", "4", "--steps", "1"], None), None, true)
         }
     };
     let workload = match sc.key {
-        'a' => vec![def("hog", hog("hog", &["--grow-mb", "16", "--every-ms", "20"], true), None, false)],
+        'a' => vec![def("hog", hog("hog", &["--grow-mb", "16", "--every-ms", "20"], Some("go")), None, false)],
         // b1 always holds the most above its request, so the kubelet's ranking picks it whenever the node crosses.
         'b' => [("b1", "12"), ("b2", "6"), ("b3", "6"), ("b4", "4")]
             .into_iter()
             .map(|(n, mb)| {
-                let argv = hog(n, &["--grow-mb", mb, "--every-ms", "20", "--steps", "30"], true);
+                let argv = hog(n, &["--grow-mb", mb, "--every-ms", "20", "--steps", "30"], Some("go"));
                 def(n, argv, Some(resources("64Mi", None, false)), false)
             })
             .collect(),
         'c' => vec![def(
             "forker",
-            hog("forker", &["--fork", "50", "--every-ms", "20", "--steps", "60"], true),
+            hog("forker", &["--fork", "50", "--every-ms", "20", "--steps", "60"], Some("go")),
             None,
             false,
         )],
         _ => vec![def(
             "writer",
-            hog("writer", &["--write-dir", "/mnt", "--write-mb", "8", "--every-ms", "50", "--steps", "30"], true),
+            hog("writer", &["--write-dir", "/mnt", "--write-mb", "8", "--every-ms", "50", "--steps", "30"], Some("go")),
             None,
             true,
         )],
     };
-    (vec![baseline], workload)
+    let warm_up = def(WARM_UP, hog(WARM_UP, &["--grow-mb", "16", "--every-ms", "20"], Some("go-warm-up")), None, false);
+    (vec![baseline], workload, warm_up)
 }
 
 /// The daemon's `nodewarden_eviction_wakeups_total`, summed over the sources (each wake-up runs one pass at
@@ -240,13 +251,31 @@ fn memory_stall_us() -> Option<u64> {
     some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
 }
 
-/// Runs the scenario once; `keep_series` keeps the whole signal for the ramp plot; the daemon's log is copied
-/// into `logs`.
+/// Releases the warm-up hog, waits until the agent signalled it and the memory is back (its signal 256 MiB above
+/// the threshold), then lets the node settle.
+fn evict_warm_up(base: &Path, term: &Path, threshold: f64) -> Result<()> {
+    let kills = oom_kill_count()?;
+    std::fs::write(base.join("go-warm-up"), "")?;
+    wait("the warm-up hog signalled", 60, || term.exists() || oom_kill_count().is_ok_and(|k| k > kills))?;
+    if oom_kill_count()? > kills {
+        bail!("the kernel OOM-killed during the warm-up");
+    }
+    let host = HostPaths::default();
+    #[allow(clippy::cast_precision_loss)]
+    let back = threshold + (256 * MIB) as f64;
+    wait("the memory back after the warm-up", 60, || read_signal(Kind::Memory, &host, base).0 >= back)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    Ok(())
+}
+
+/// Runs the scenario once (after a warm-up eviction when `warm_up`); `keep_series` keeps the whole signal for the
+/// ramp plot; the daemon's log is copied into `logs`.
 pub fn one_run(
     sc: &Scenario,
     agent: Agent,
     nodewarden: &Path,
     keep_series: bool,
+    warm_up: bool,
     logs: Option<&Path>,
 ) -> Result<Outcome> {
     let setup = Setup::new(sc.kind)?;
@@ -274,26 +303,34 @@ pub fn one_run(
     let agent_pid = earlyoom.as_ref().map(|e| e.0.id()).or(node.daemon_pid());
 
     let bench = std::env::current_exe()?;
-    let (baseline, workload) = pods(sc, &bench, &base);
+    let (baseline, workload, warm_up_pod) = pods(sc, &bench, &base);
     for p in &baseline {
         node.start_pod(p, &base)?;
     }
     let names: Vec<&str> = baseline.iter().map(|p| p.name.as_str()).collect();
     wait("the baseline pods running", 120, || node.running(&names).iter().all(|r| *r))?;
     std::thread::sleep(Duration::from_secs(2));
-    for p in &workload {
+    // The warm-up hog starts with the workload: once the node has been under pressure, a daemon admits no more
+    // BestEffort pods for the transition period.
+    let warm_up = warm_up.then_some(&warm_up_pod);
+    for p in workload.iter().chain(warm_up) {
         node.start_pod(p, &base)?;
     }
     let term = |name: &str| base.join(format!("term-{name}"));
-    wait("the workload ready", 120, || workload.iter().all(|p| marker(&term(&p.name), "ready").exists()))?;
+    let ready = |p: &PodDef| marker(&term(&p.name), "ready").exists();
+    wait("the workload ready", 120, || workload.iter().chain(warm_up).all(ready))?;
     // Let the pod starts' own work settle: the window below is the pressure alone.
     std::thread::sleep(Duration::from_millis(1500));
+    if warm_up.is_some() {
+        evict_warm_up(&base, &term(WARM_UP), threshold)?;
+    }
     let kills_before = oom_kill_lines().len();
     let kill_count_before = oom_kill_count()?;
     let passes0 = wakeups(node.port());
     let sampler = Sampler::start(sc.kind, base.clone());
     std::thread::sleep(Duration::from_millis(200));
     let c0 = agent_pid.map(cpu_ticks).transpose()?;
+    let threads0 = agent_pid.map(thread_cpu_ns).unwrap_or_default();
     let f0 = agent_pid.map(major_faults).transpose()?;
     let s0 = node.daemon_pid().and_then(|_| memory_stall_us());
     let (t0, started) = (monotonic(), Instant::now());
@@ -317,6 +354,7 @@ pub fn one_run(
     }
     std::thread::sleep(Duration::from_secs(1));
     let c1 = agent_pid.map(cpu_ticks).transpose()?;
+    let threads1 = agent_pid.map(thread_cpu_ns).unwrap_or_default();
     let f1 = agent_pid.map(major_faults).transpose()?;
     let s1 = node.daemon_pid().and_then(|_| memory_stall_us());
     let elapsed = started.elapsed().as_secs_f64();
@@ -342,7 +380,15 @@ pub fn one_run(
         .port()
         .and_then(|p| get(p, "/evictions"))
         .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
-        .map(|v| v["evictions"][0].clone());
+        .and_then(|v| {
+            // The measured eviction's record, not the warm-up's.
+            let warm_up = format!("/{WARM_UP}-bench");
+            v["evictions"]
+                .as_array()?
+                .iter()
+                .find(|r| r["pod"].as_str().is_some_and(|p| !p.ends_with(&warm_up)))
+                .cloned()
+        });
     let decision_ms = record.as_ref().and_then(|r| r["sigterm_latency_seconds"].as_f64()).map(|s| s * 1000.0);
     // The record's wall-clock time, on CLOCK_MONOTONIC.
     let decided = record.as_ref().and_then(|r| r["time"].as_str()?.parse::<jiff::Timestamp>().ok()).map(|t| {
@@ -372,6 +418,14 @@ pub fn one_run(
         (Some(a), Some(b)) => Some((b - a) as f64 / 100.0 / elapsed * 100.0),
         _ => None,
     };
+    #[allow(clippy::cast_precision_loss)]
+    let thread_cpu_ms = threads1
+        .into_iter()
+        .map(|(name, ns)| {
+            let before = threads0.get(&name).copied().unwrap_or(0);
+            (name, ns.saturating_sub(before) as f64 / 1e6)
+        })
+        .collect();
     let stride = (after.len() / 2000).max(1);
     let series =
         if keep_series { after.iter().step_by(stride).map(|s| (s.t - t0, value(s) / unit)).collect() } else { vec![] };
@@ -392,6 +446,8 @@ pub fn one_run(
         guaranteed_ok,
         cpu_percent,
         rss_mib: rss.map(|k| k as f64 / 1024.0),
+        warmed_up: warm_up.is_some(),
+        thread_cpu_ms,
         passes: passes0.zip(passes1).map(|(a, b)| b - a),
         major_faults: f0.zip(f1).map(|(a, b)| b.saturating_sub(a) as f64),
         stall_ms: s0.zip(s1).map(|(a, b)| b.saturating_sub(a) as f64 / 1000.0),

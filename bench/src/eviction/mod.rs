@@ -11,7 +11,9 @@
 //! pods over their requests; (c) a fork bomb against `pid.available`; (d) a disk filler against
 //! `nodefs.available` on a tmpfs of its own. The workload is the `hog` subcommand, which waits for a go file,
 //! then grows, and records when SIGTERM reached it; a sampler reads the signal every millisecond, so crossing →
-//! SIGTERM is measured from the outside on one clock.
+//! SIGTERM is measured from the outside on one clock. With `--warm-up` (scenario a, earlyoom and nodewarden), each
+//! run's agent first evicts a hog of the same kind, and the measured eviction is its second: under QEMU TCG a
+//! path's first run is mostly the emulator translating it (`bench/cold-code`).
 //!
 //! Each invocation writes its runs to `<out>/eviction-raw/<agent>.json` and then the report of every raw file
 //! there (`eviction.md` and the plots), so agents measured in separate VM boots (`bench/run eviction` boots one
@@ -129,9 +131,12 @@ const DISK_SIZE_MIB: u64 = 256;
 
 /// Runs the scenarios (by key, `abcd`) `runs` times against each agent named in `agents` (comma-separated
 /// keys, or `all`), adds the runs to `out/eviction-raw/`, and writes the report of every raw file there.
-pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, out: &Path) -> Result<()> {
+pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, warm_up: bool, out: &Path) -> Result<()> {
     if runs == 0 {
         bail!("--runs must be at least 1");
+    }
+    if warm_up && (scenarios != "a" || agents.split(',').any(|a| !matches!(a.trim(), "earlyoom" | "nodewarden"))) {
+        bail!("--warm-up is for scenario a with the earlyoom and nodewarden agents");
     }
     let wanted: Vec<Agent> = if agents == "all" {
         Agent::ALL.to_vec()
@@ -151,12 +156,12 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, out: &
         for sc in SCENARIOS.iter().filter(|s| scenarios.contains(s.key) && agents_of(s).contains(&agent)) {
             for r in 1..=runs {
                 let logs = agent.daemon().then(|| out.join("eviction-logs").join(format!("run{r}")));
-                let o = measure::one_run(sc, agent, nodewarden, r == 1, logs.as_deref())
+                let o = measure::one_run(sc, agent, nodewarden, r == 1, warm_up, logs.as_deref())
                     .with_context(|| format!("{} with {}, run {r}", sc.title, agent.name()))?;
                 eprintln!(
                     "{} | {} | run {r}: victim {}, latency {} ms (to its woken thread {} ms; crossing → decided {} ms, \
                      decision → SIGTERM {} ms), OOM kills {}, min {:.0}, cpu {} %, wake-ups {}, major faults {}, \
-                     daemon memory stall {} ms",
+                     daemon memory stall {} ms; CPU by thread, ms: {}",
                     sc.key,
                     agent.name(),
                     o.victim(),
@@ -170,6 +175,7 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, out: &
                     report::fmt_opt(o.passes, 0),
                     report::fmt_opt(o.major_faults, 0),
                     report::fmt_opt(o.stall_ms, 1),
+                    o.thread_cpu_ms.iter().map(|(t, ms)| format!("{t} {ms:.1}")).collect::<Vec<_>>().join(", "),
                 );
                 raw.runs.push(o);
             }

@@ -161,8 +161,9 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
             |f: fn(&Outcome) -> Option<f64>, d| med_worst(&runs.iter().filter_map(|o| f(o)).collect::<Vec<_>>(), d);
         let _ = writeln!(
             md,
-            "| {} | {} | {kills} | {} | {ranked}/{} | {} | {} | {} | {} | {survived} | {} | {} | {} | {} | {} |",
+            "| {}{} | {} | {kills} | {} | {ranked}/{} | {} | {} | {} | {} | {survived} | {} | {} | {} | {} | {} |",
             agent.name(),
+            if runs.iter().all(|o| o.warmed_up) { ", second eviction (after a warm-up)" } else { "" },
             runs.len(),
             counts.join(", "),
             runs.len(),
