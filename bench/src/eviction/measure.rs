@@ -251,20 +251,32 @@ fn memory_stall_us() -> Option<u64> {
     some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
 }
 
-/// Releases the warm-up hog, waits until the agent signalled it and the memory is back (its signal 256 MiB above
-/// the threshold), then lets the node settle.
-fn evict_warm_up(base: &Path, term: &Path, threshold: f64) -> Result<()> {
+/// How long the node rests after the warm-up, once its memory is back: longer than the daemon's
+/// `evictionPressureTransitionPeriod` (5 s), so that MemoryPressure is off again, as before a run without warm-up.
+const WARM_UP_REST: Duration = Duration::from_secs(6);
+
+/// Releases the warm-up hog, waits until the agent signalled it and the agent's own signal is back 256 MiB above the
+/// threshold, then lets the node rest. Fails when the kernel OOM-killed anything meanwhile, or when a pod of the
+/// workload (`workload_terms`, their SIGTERM files) was signalled instead.
+fn evict_warm_up(agent: Agent, base: &Path, term: &Path, workload_terms: &[PathBuf], threshold: f64) -> Result<()> {
     let kills = oom_kill_count()?;
     std::fs::write(base.join("go-warm-up"), "")?;
     wait("the warm-up hog signalled", 60, || term.exists() || oom_kill_count().is_ok_and(|k| k > kills))?;
-    if oom_kill_count()? > kills {
-        bail!("the kernel OOM-killed during the warm-up");
-    }
     let host = HostPaths::default();
     #[allow(clippy::cast_precision_loss)]
     let back = threshold + (256 * MIB) as f64;
-    wait("the memory back after the warm-up", 60, || read_signal(Kind::Memory, &host, base).0 >= back)?;
-    std::thread::sleep(Duration::from_millis(1500));
+    let signal = || {
+        let (value, mem_available) = read_signal(Kind::Memory, &host, base);
+        if agent == Agent::Earlyoom { mem_available } else { value }
+    };
+    wait("the memory back after the warm-up", 60, || signal() >= back)?;
+    std::thread::sleep(WARM_UP_REST);
+    if oom_kill_count()? > kills {
+        bail!("the kernel OOM-killed during the warm-up");
+    }
+    if let Some(t) = workload_terms.iter().find(|t| t.exists()) {
+        bail!("a workload pod was signalled during the warm-up ({})", t.display());
+    }
     Ok(())
 }
 
@@ -322,7 +334,8 @@ pub fn one_run(
     // Let the pod starts' own work settle: the window below is the pressure alone.
     std::thread::sleep(Duration::from_millis(1500));
     if warm_up.is_some() {
-        evict_warm_up(&base, &term(WARM_UP), threshold)?;
+        let terms: Vec<PathBuf> = workload.iter().map(|p| term(&p.name)).collect();
+        evict_warm_up(agent, &base, &term(WARM_UP), &terms, threshold)?;
     }
     let kills_before = oom_kill_lines().len();
     let kill_count_before = oom_kill_count()?;

@@ -178,9 +178,10 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, warm_u
                     o.thread_cpu_ms.iter().map(|(t, ms)| format!("{t} {ms:.1}")).collect::<Vec<_>>().join(", "),
                 );
                 raw.runs.push(o);
+                // Saved after every run: a later run that fails keeps the ones before it.
+                report::save(out, &raw)?;
             }
         }
-        report::save(out, &raw)?;
     }
     report::write(out)
 }
