@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use nodewarden_resources::{HostPaths, fs_stats, node_memory, pid_stats};
 
-use super::node::{Killed, Node, PodDef, Setup};
+use super::node::{Killed, Node, PodDef, Setup, pod_name};
 use super::{Agent, Kind, MEMORY_THRESHOLD, MIB, PID_HEADROOM, Scenario};
 use crate::hog::{marker, monotonic};
 use crate::{cpu_ticks, get, major_faults, rss_kib, thread_cpu_ns, wait};
@@ -100,6 +100,12 @@ struct Sample {
     mem_available: f64,
 }
 
+/// The signal `agent` acts on, of a read's two: earlyoom watches the kernel's `MemAvailable`, the others the
+/// scenario's signal as the daemon computes it.
+fn own_signal(agent: Agent, value: f64, mem_available: f64) -> f64 {
+    if agent == Agent::Earlyoom { mem_available } else { value }
+}
+
 /// Reads the scenario's signal through the resources crate, as the daemon computes it; 0 where unreadable.
 #[allow(clippy::cast_precision_loss)]
 fn read_signal(kind: Kind, host: &HostPaths, disk: &Path) -> (f64, f64) {
@@ -172,6 +178,9 @@ fn resources(memory: &str, cpu: Option<&str>, limits: bool) -> serde_json::Value
     if limits { serde_json::json!({"requests": r, "limits": r}) } else { serde_json::json!({"requests": r}) }
 }
 
+/// Scenario a's hog, and the warm-up's: 16 MiB every 20 ms until SIGTERM.
+const HOG_A: [&str; 4] = ["--grow-mb", "16", "--every-ms", "20"];
+
 /// The pod a warmed-up run's agent evicts first (scenario a's hog, released by its own go file).
 const WARM_UP: &str = "warm-up";
 
@@ -206,7 +215,7 @@ fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>, 
         }
     };
     let workload = match sc.key {
-        'a' => vec![def("hog", hog("hog", &["--grow-mb", "16", "--every-ms", "20"], Some("go")), None, false)],
+        'a' => vec![def("hog", hog("hog", &HOG_A, Some("go")), None, false)],
         // b1 always holds the most above its request, so the kubelet's ranking picks it whenever the node crosses.
         'b' => [("b1", "12"), ("b2", "6"), ("b3", "6"), ("b4", "4")]
             .into_iter()
@@ -228,7 +237,7 @@ fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>, 
             true,
         )],
     };
-    let warm_up = def(WARM_UP, hog(WARM_UP, &["--grow-mb", "16", "--every-ms", "20"], Some("go-warm-up")), None, false);
+    let warm_up = def(WARM_UP, hog(WARM_UP, &HOG_A, Some("go-warm-up")), None, false);
     (vec![baseline], workload, warm_up)
 }
 
@@ -267,7 +276,7 @@ fn evict_warm_up(agent: Agent, base: &Path, term: &Path, workload_terms: &[PathB
     let back = threshold + (256 * MIB) as f64;
     let signal = || {
         let (value, mem_available) = read_signal(Kind::Memory, &host, base);
-        if agent == Agent::Earlyoom { mem_available } else { value }
+        own_signal(agent, value, mem_available)
     };
     wait("the memory back after the warm-up", 60, || signal() >= back)?;
     std::thread::sleep(WARM_UP_REST);
@@ -395,7 +404,7 @@ pub fn one_run(
         .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
         .and_then(|v| {
             // The measured eviction's record, not the warm-up's.
-            let warm_up = format!("/{WARM_UP}-bench");
+            let warm_up = format!("/{}", pod_name(WARM_UP));
             v["evictions"]
                 .as_array()?
                 .iter()
@@ -417,7 +426,7 @@ pub fn one_run(
     drop(node);
     drop(setup);
 
-    let value = |s: &Sample| if agent == Agent::Earlyoom { s.mem_available } else { s.value };
+    let value = |s: &Sample| own_signal(agent, s.value, s.mem_available);
     let after: Vec<&Sample> = samples.iter().filter(|s| s.t >= t0).collect();
     let crossing = after.iter().find(|s| value(s) < threshold).map(|s| s.t);
     let since_crossing = |t: Option<f64>| crossing.zip(t).map(|(c, t)| (t - c) * 1000.0);

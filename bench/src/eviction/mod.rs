@@ -135,9 +135,6 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, warm_u
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
-    if warm_up && (scenarios != "a" || agents.split(',').any(|a| !matches!(a.trim(), "earlyoom" | "nodewarden"))) {
-        bail!("--warm-up is for scenario a with the earlyoom and nodewarden agents");
-    }
     let wanted: Vec<Agent> = if agents == "all" {
         Agent::ALL.to_vec()
     } else {
@@ -146,6 +143,9 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, warm_u
             .map(|k| Agent::ALL.into_iter().find(|a| a.key() == k.trim()).with_context(|| format!("agent {k}")))
             .collect::<Result<_>>()?
     };
+    if warm_up && (scenarios != "a" || wanted.iter().any(|a| !matches!(a, Agent::Earlyoom | Agent::Nodewarden))) {
+        bail!("--warm-up is for scenario a with the earlyoom and nodewarden agents");
+    }
     let host = report::Host {
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned(),
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),

@@ -51,10 +51,16 @@ impl PodDef {
             c["resources"] = r.clone();
         }
         Ok(serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("{}-bench", self.name), "namespace": "default", "uid": uid(&self.name)},
+            "metadata": {"name": pod_name(&self.name), "namespace": "default", "uid": uid(&self.name)},
             "spec": {"containers": [c]}
         }))?)
     }
+}
+
+/// The pod's name for a manifest's `name`: the daemon's static pod `<name>-bench` (the node is `bench`), and the
+/// name the bench gives a pod it places itself.
+pub fn pod_name(name: &str) -> String {
+    format!("{name}-bench")
 }
 
 fn uid(name: &str) -> String {
@@ -222,7 +228,7 @@ impl Node {
 }
 
 fn pod<'a>(list: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
-    list.iter().find(|p| p["metadata"]["name"] == format!("{name}-bench").as_str())
+    list.iter().find(|p| p["metadata"]["name"] == pod_name(name).as_str())
 }
 
 fn is_running(p: &serde_json::Value) -> bool {
