@@ -88,6 +88,34 @@ impl Outcome {
     pub fn overshoot(&self) -> f64 {
         (self.threshold - self.min_available).max(0.0)
     }
+
+    /// The overshoot in three parts that add up to it, from the zoomed series: how far below the threshold the
+    /// signal's first sample below it already was (the size of the signal's own steps decides it, whatever the
+    /// agent), how much further it fell between the crossing and SIGTERM reaching the victim (the agent's part),
+    /// and how much further after that (the victim's way out). `None` for a run without a SIGTERM or a zoom.
+    pub fn overshoot_parts(&self) -> Option<OvershootParts> {
+        let latency = self.latency_ms?.max(0.0);
+        let lowest_until =
+            |until: f64| self.zoom.iter().filter(|(t, _)| (0.0..=until).contains(t)).map(|(_, v)| *v).reduce(f64::min);
+        let at_crossing = lowest_until(0.0)?;
+        let at_sigterm = lowest_until(latency)?;
+        Some(OvershootParts {
+            at_crossing: (self.threshold - at_crossing).max(0.0),
+            until_sigterm: at_crossing - at_sigterm,
+            after_sigterm: (at_sigterm - self.min_available).max(0.0),
+        })
+    }
+}
+
+/// [`Outcome::overshoot_parts`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OvershootParts {
+    /// Threshold − the first sample below it.
+    pub at_crossing: f64,
+    /// The further fall from the crossing to SIGTERM delivered.
+    pub until_sigterm: f64,
+    /// The further fall from SIGTERM delivered to the signal's lowest point.
+    pub after_sigterm: f64,
 }
 
 /// One sample of the scenario's signal, on CLOCK_MONOTONIC.
@@ -477,4 +505,60 @@ pub fn one_run(
         zoom,
         crossing_s: crossing.map(|c| c - t0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(latency_ms: Option<f64>, zoom: &[(f64, f64)], min_available: f64) -> Outcome {
+        Outcome {
+            scenario: 'a',
+            oom_kills: Vec::new(),
+            sigterms: Vec::new(),
+            latency_ms,
+            handled_ms: None,
+            decision_ms: None,
+            decided_ms: None,
+            min_available,
+            threshold: 120.0,
+            guaranteed_ok: None,
+            cpu_percent: None,
+            rss_mib: None,
+            passes: None,
+            major_faults: None,
+            stall_ms: None,
+            warmed_up: false,
+            thread_cpu_ms: BTreeMap::new(),
+            series: Vec::new(),
+            zoom: zoom.to_vec(),
+            crossing_s: None,
+        }
+    }
+
+    #[test]
+    fn the_overshoot_splits_at_the_crossing_and_at_sigterm() {
+        // 121.8 before; the crossing sample 117.8; 113.8 at 3 ms, before SIGTERM at 5 ms; 109.8 at 9 ms.
+        let zoom = [(-2.0, 121.8), (0.0, 117.8), (3.0, 113.8), (5.0, 113.8), (9.0, 109.8), (20.0, 400.0)];
+        let o = run(Some(5.0), &zoom, 109.8);
+        let p = o.overshoot_parts().unwrap();
+        assert!((p.at_crossing - 2.2).abs() < 1e-9, "{p:?}");
+        assert!((p.until_sigterm - 4.0).abs() < 1e-9, "{p:?}");
+        assert!((p.after_sigterm - 4.0).abs() < 1e-9, "{p:?}");
+        assert!((p.at_crossing + p.until_sigterm + p.after_sigterm - o.overshoot()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_sigterm_before_the_crossing_leaves_the_agent_no_part() {
+        let zoom = [(-1.0, 121.0), (0.0, 119.0), (4.0, 115.0), (30.0, 300.0)];
+        let p = run(Some(-3.0), &zoom, 115.0).overshoot_parts().unwrap();
+        assert!((p.at_crossing - 1.0).abs() < 1e-9 && p.until_sigterm == 0.0, "{p:?}");
+        assert!((p.after_sigterm - 4.0).abs() < 1e-9, "{p:?}");
+    }
+
+    #[test]
+    fn a_run_without_sigterm_or_zoom_has_no_parts() {
+        assert_eq!(run(None, &[(0.0, 119.0)], 100.0).overshoot_parts(), None);
+        assert_eq!(run(Some(2.0), &[], 100.0).overshoot_parts(), None);
+    }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::measure::Outcome;
+use super::measure::{Outcome, OvershootParts};
 use super::{Agent, Kind, SCENARIOS, Scenario, agents_of};
 use crate::svg::{Axis, COLORS, Legend, Mark, Plot};
 
@@ -93,7 +93,10 @@ pub fn write(out: &Path) -> Result<()> {
              victim, woken by that handler through a pipe, ran (what this page called the delivery until the \
              seventh session); \"decision → SIGTERM\" is the daemon's own record (the detecting pass's \
              observation → SIGTERM sent). Figures are median (worst) over the runs. Overshoot is \
-             how far the signal fell below the threshold. \"ranking\" counts runs whose first victim (by SIGTERM, \
+             how far the signal fell below the threshold; its parts (medians, which need not add up to the \
+             overshoot's, and the worst of the agent's) are how far below it the first sample below it was (the signal moves in steps, 4 MiB for \
+             a hog on transparent huge pages: `bench/signal-steps`), how much further it fell until SIGTERM reached \
+             the victim (the agent's part), and how much further after that. \"ranking\" counts runs whose first victim (by SIGTERM, \
              or the kernel's OOM kill) is the kubelet's first choice. Agent CPU is from the workload's release to \
              1 s after the first action, RSS at its end.\n",
             h.kernel, h.cpus, h.memory_mib
@@ -136,8 +139,8 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
         md,
         "## {}\n\nExpected first victim: `{}`.\n\n| agent | runs | kernel OOM kills | first victim (runs) | ranking | \
          crossing → SIGTERM, ms | crossing → victim's woken thread, ms | decision → SIGTERM, ms | overshoot, {unit} | \
-         Guaranteed survived | agent CPU % | eviction wake-ups | agent major faults | daemon memory stall, ms | agent \
-         RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+         overshoot: at the crossing / until SIGTERM / after it, {unit} | Guaranteed survived | agent CPU % | \
+         eviction wake-ups | agent major faults | daemon memory stall, ms | agent RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         sc.title, sc.expected
     );
     let mut medians = Vec::new();
@@ -157,11 +160,12 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
         } else {
             format!("{}/{}", survived.iter().filter(|s| **s).count(), survived.len())
         };
+        let digits = if sc.kind == Kind::Pids { 0 } else { 1 };
         let col =
             |f: fn(&Outcome) -> Option<f64>, d| med_worst(&runs.iter().filter_map(|o| f(o)).collect::<Vec<_>>(), d);
         let _ = writeln!(
             md,
-            "| {}{} | {} | {kills} | {} | {ranked}/{} | {} | {} | {} | {} | {survived} | {} | {} | {} | {} | {} |",
+            "| {}{} | {} | {kills} | {} | {ranked}/{} | {} | {} | {} | {} | {} | {survived} | {} | {} | {} | {} | {} |",
             agent.name(),
             if runs.iter().all(|o| o.warmed_up) { ", second eviction (after a warm-up)" } else { "" },
             runs.len(),
@@ -170,7 +174,8 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
             med_worst(&lat, 1),
             col(|o| o.handled_ms, 1),
             col(|o| o.decision_ms, 1),
-            col(|o| Some(o.overshoot()), if sc.kind == Kind::Pids { 0 } else { 1 }),
+            col(|o| Some(o.overshoot()), digits),
+            parts(runs, digits),
             col(|o| o.cpu_percent, 2),
             col(|o| o.passes, 0),
             col(|o| o.major_faults, 0),
@@ -190,6 +195,18 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
         }
     }
     let _ = writeln!(md);
+}
+
+/// The medians of the overshoot's three parts ([`Outcome::overshoot_parts`]) over the runs that have them, and the
+/// worst of the agent's part.
+fn parts(runs: &[&Outcome], digits: usize) -> String {
+    let parts: Vec<OvershootParts> = runs.iter().filter_map(|o| o.overshoot_parts()).collect();
+    if parts.is_empty() {
+        return "—".into();
+    }
+    let part = |f: fn(&OvershootParts) -> f64| fmt_opt(median(parts.iter().map(f).collect()), digits);
+    let agents = med_worst(&parts.iter().map(|p| p.until_sigterm).collect::<Vec<_>>(), digits);
+    format!("{} / {agents} / {}", part(|p| p.at_crossing), part(|p| p.after_sigterm))
 }
 
 /// The first run of each agent over the whole ramp, with a ring where each agent acted.
