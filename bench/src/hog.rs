@@ -42,6 +42,9 @@ pub struct HogArgs {
     /// Wait until this file exists before growing.
     #[arg(long)]
     pub go_file: Option<PathBuf>,
+    /// Keep the memory on 4 KiB pages (`PR_SET_THP_DISABLE`), not on transparent huge pages.
+    #[arg(long)]
+    pub small_pages: bool,
 }
 
 /// `<term-file>.<suffix>`.
@@ -118,6 +121,9 @@ fn watch_sigterm(term_file: PathBuf) -> Result<()> {
 
 /// Runs the hog until killed.
 pub fn run(a: &HogArgs) -> Result<()> {
+    if a.small_pages {
+        rustix::thread::disable_transparent_huge_pages(true).context("cannot turn transparent huge pages off")?;
+    }
     watch_sigterm(a.term_file.clone())?;
     std::fs::write(marker(&a.term_file, "ready"), "")?;
     if let Some(go) = &a.go_file {

@@ -132,6 +132,12 @@ enum Cmd {
         /// already run once. Under QEMU TCG a path's first run is mostly the emulator translating it.
         #[arg(long)]
         warm_up: bool,
+        /// Scenario a's hog (and the warm-up's) on 4 KiB pages, not transparent huge pages: the memory signal then
+        /// falls in smaller steps than the 4 MiB it falls by on a hog of huge pages (`bench/signal-steps`), so the
+        /// overshoot is seen at a finer grain. It is a different workload too: 512 times the page faults for the
+        /// same memory, which costs the hog more CPU under emulation.
+        #[arg(long)]
+        small_pages: bool,
         /// Where the runs (eviction-raw/), eviction.md and the plots are written.
         #[arg(long, default_value = "results")]
         out: PathBuf,
@@ -213,8 +219,8 @@ fn main() -> Result<()> {
         Cmd::Cri { nodewarden, pods, seconds, runs, containerd, out } => {
             cri::run(&nodewarden, &containerd, pods, seconds, runs, &out)
         }
-        Cmd::Eviction { nodewarden, scenarios, agents, runs, warm_up, out } => {
-            eviction::run(&nodewarden, &scenarios, &agents, runs, warm_up, &out)
+        Cmd::Eviction { nodewarden, scenarios, agents, runs, warm_up, small_pages, out } => {
+            eviction::run(&nodewarden, &scenarios, &agents, runs, eviction::Options { warm_up, small_pages }, &out)
         }
         Cmd::EvictionReport { out } => eviction::report(&out),
         Cmd::Cluster { nodewarden, pods, seconds, runs, edits, out } => {

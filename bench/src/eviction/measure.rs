@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use nodewarden_resources::{HostPaths, fs_stats, node_memory, pid_stats};
 
 use super::node::{Killed, Node, PodDef, Setup, pod_name};
-use super::{Agent, Kind, MEMORY_THRESHOLD, MIB, PID_HEADROOM, Scenario};
+use super::{Agent, Kind, MEMORY_THRESHOLD, MIB, Options, PID_HEADROOM, Scenario};
 use crate::hog::{marker, monotonic};
 use crate::{cpu_ticks, get, major_faults, rss_kib, thread_cpu_ns, wait};
 
@@ -58,6 +58,9 @@ pub struct Outcome {
     /// Whether the agent had evicted a first hog before this run's ([`WARM_UP`]).
     #[serde(default)]
     pub warmed_up: bool,
+    /// Whether the hogs kept their memory on 4 KiB pages (`--small-pages`).
+    #[serde(default)]
+    pub small_pages: bool,
     /// The agent's CPU over the same window by thread name, ms (the scheduler's count, of threads alive at its
     /// end).
     #[serde(default)]
@@ -91,10 +94,14 @@ impl Outcome {
 
     /// The overshoot in three parts that add up to it, from the zoomed series: how far below the threshold the
     /// signal's first sample below it already was (the size of the signal's own steps decides it, whatever the
-    /// agent), how much further it fell between the crossing and SIGTERM reaching the victim (the agent's part),
-    /// and how much further after that (the victim's way out). `None` for a run without a SIGTERM or a zoom.
+    /// agent), how much further it fell between the crossing and SIGTERM reaching the victim (the agent's part;
+    /// none when SIGTERM came first), and how much further after that (the victim's way out). `None` for a run
+    /// without a SIGTERM, or whose SIGTERM came after the zoomed series ends.
     pub fn overshoot_parts(&self) -> Option<OvershootParts> {
         let latency = self.latency_ms?.max(0.0);
+        if self.zoom.last().is_none_or(|(t, _)| *t < latency) {
+            return None;
+        }
         let lowest_until =
             |until: f64| self.zoom.iter().filter(|(t, _)| (0.0..=until).contains(t)).map(|(_, v)| *v).reduce(f64::min);
         let at_crossing = lowest_until(0.0)?;
@@ -213,7 +220,8 @@ const HOG_A: [&str; 4] = ["--grow-mb", "16", "--every-ms", "20"];
 const WARM_UP: &str = "warm-up";
 
 /// The pods that must survive, the workload, and the warm-up hog.
-fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>, PodDef) {
+fn pods(sc: &Scenario, bench: &Path, base: &Path, small_pages: bool) -> (Vec<PodDef>, Vec<PodDef>, PodDef) {
+    let hog_a: Vec<&str> = HOG_A.iter().copied().chain(small_pages.then_some("--small-pages")).collect();
     let hog = |name: &str, extra: &[&str], go: Option<&str>| -> Vec<String> {
         let mut v = vec![bench.display().to_string(), "hog".into()];
         v.extend(extra.iter().map(|s| (*s).to_owned()));
@@ -243,7 +251,7 @@ fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>, 
         }
     };
     let workload = match sc.key {
-        'a' => vec![def("hog", hog("hog", &HOG_A, Some("go")), None, false)],
+        'a' => vec![def("hog", hog("hog", &hog_a, Some("go")), None, false)],
         // b1 always holds the most above its request, so the kubelet's ranking picks it whenever the node crosses.
         'b' => [("b1", "12"), ("b2", "6"), ("b3", "6"), ("b4", "4")]
             .into_iter()
@@ -265,7 +273,7 @@ fn pods(sc: &Scenario, bench: &Path, base: &Path) -> (Vec<PodDef>, Vec<PodDef>, 
             true,
         )],
     };
-    let warm_up = def(WARM_UP, hog(WARM_UP, &HOG_A, Some("go-warm-up")), None, false);
+    let warm_up = def(WARM_UP, hog(WARM_UP, &hog_a, Some("go-warm-up")), None, false);
     (vec![baseline], workload, warm_up)
 }
 
@@ -317,14 +325,14 @@ fn evict_warm_up(agent: Agent, base: &Path, term: &Path, workload_terms: &[PathB
     Ok(())
 }
 
-/// Runs the scenario once (after a warm-up eviction when `warm_up`); `keep_series` keeps the whole signal for the
+/// Runs the scenario once (after a warm-up eviction when `opts` asks); `keep_series` keeps the whole signal for the
 /// ramp plot; the daemon's log is copied into `logs`.
 pub fn one_run(
     sc: &Scenario,
     agent: Agent,
     nodewarden: &Path,
     keep_series: bool,
-    warm_up: bool,
+    opts: Options,
     logs: Option<&Path>,
 ) -> Result<Outcome> {
     let setup = Setup::new(sc.kind)?;
@@ -352,7 +360,7 @@ pub fn one_run(
     let agent_pid = earlyoom.as_ref().map(|e| e.0.id()).or(node.daemon_pid());
 
     let bench = std::env::current_exe()?;
-    let (baseline, workload, warm_up_pod) = pods(sc, &bench, &base);
+    let (baseline, workload, warm_up_pod) = pods(sc, &bench, &base, opts.small_pages);
     for p in &baseline {
         node.start_pod(p, &base)?;
     }
@@ -361,7 +369,7 @@ pub fn one_run(
     std::thread::sleep(Duration::from_secs(2));
     // The warm-up hog starts with the workload: once the node has been under pressure, a daemon admits no more
     // BestEffort pods for the transition period.
-    let warm_up = warm_up.then_some(&warm_up_pod);
+    let warm_up = opts.warm_up.then_some(&warm_up_pod);
     for p in workload.iter().chain(warm_up) {
         node.start_pod(p, &base)?;
     }
@@ -497,6 +505,7 @@ pub fn one_run(
         cpu_percent,
         rss_mib: rss.map(|k| k as f64 / 1024.0),
         warmed_up: warm_up.is_some(),
+        small_pages: opts.small_pages,
         thread_cpu_ms,
         passes: passes0.zip(passes1).map(|(a, b)| b - a),
         major_faults: f0.zip(f1).map(|(a, b)| b.saturating_sub(a) as f64),
@@ -529,6 +538,7 @@ mod tests {
             major_faults: None,
             stall_ms: None,
             warmed_up: false,
+            small_pages: false,
             thread_cpu_ms: BTreeMap::new(),
             series: Vec::new(),
             zoom: zoom.to_vec(),
@@ -560,5 +570,13 @@ mod tests {
     fn a_run_without_sigterm_or_zoom_has_no_parts() {
         assert_eq!(run(None, &[(0.0, 119.0)], 100.0).overshoot_parts(), None);
         assert_eq!(run(Some(2.0), &[], 100.0).overshoot_parts(), None);
+    }
+
+    #[test]
+    fn a_sigterm_after_the_zoom_leaves_the_parts_unknown() {
+        // The signal may have fallen further between the zoom's end and the SIGTERM: not the victim's part.
+        let zoom = [(0.0, 119.0), (100.0, 115.0), (150.0, 111.0)];
+        assert_eq!(run(Some(240.0), &zoom, 99.0).overshoot_parts(), None);
+        assert!(run(Some(150.0), &zoom, 99.0).overshoot_parts().is_some());
     }
 }

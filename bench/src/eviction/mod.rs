@@ -129,9 +129,18 @@ const PID_HEADROOM: u64 = 1000;
 /// The disk scenario's file system.
 const DISK_SIZE_MIB: u64 = 256;
 
+/// How scenario a's runs are made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// The agent evicts a first hog before the measured one (earlyoom and nodewarden).
+    pub warm_up: bool,
+    /// The hogs keep their memory on 4 KiB pages.
+    pub small_pages: bool,
+}
+
 /// Runs the scenarios (by key, `abcd`) `runs` times against each agent named in `agents` (comma-separated
 /// keys, or `all`), adds the runs to `out/eviction-raw/`, and writes the report of every raw file there.
-pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, warm_up: bool, out: &Path) -> Result<()> {
+pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, opts: Options, out: &Path) -> Result<()> {
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -143,7 +152,10 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, warm_u
             .map(|k| Agent::ALL.into_iter().find(|a| a.key() == k.trim()).with_context(|| format!("agent {k}")))
             .collect::<Result<_>>()?
     };
-    if warm_up && (scenarios != "a" || wanted.iter().any(|a| !matches!(a, Agent::Earlyoom | Agent::Nodewarden))) {
+    if opts.small_pages && scenarios != "a" {
+        bail!("--small-pages is for scenario a");
+    }
+    if opts.warm_up && (scenarios != "a" || wanted.iter().any(|a| !matches!(a, Agent::Earlyoom | Agent::Nodewarden))) {
         bail!("--warm-up is for scenario a with the earlyoom and nodewarden agents");
     }
     let host = report::Host {
@@ -156,7 +168,7 @@ pub fn run(nodewarden: &Path, scenarios: &str, agents: &str, runs: usize, warm_u
         for sc in SCENARIOS.iter().filter(|s| scenarios.contains(s.key) && agents_of(s).contains(&agent)) {
             for r in 1..=runs {
                 let logs = agent.daemon().then(|| out.join("eviction-logs").join(format!("run{r}")));
-                let o = measure::one_run(sc, agent, nodewarden, r == 1, warm_up, logs.as_deref())
+                let o = measure::one_run(sc, agent, nodewarden, r == 1, opts, logs.as_deref())
                     .with_context(|| format!("{} with {}, run {r}", sc.title, agent.name()))?;
                 eprintln!(
                     "{} | {} | run {r}: victim {}, latency {} ms (to its woken thread {} ms; crossing → decided {} ms, \

@@ -92,12 +92,13 @@ pub fn write(out: &Path) -> Result<()> {
              victim (its signal handler's CLOCK_MONOTONIC); \"victim's woken thread\" is when a thread of the \
              victim, woken by that handler through a pipe, ran (what this page called the delivery until the \
              seventh session); \"decision → SIGTERM\" is the daemon's own record (the detecting pass's \
-             observation → SIGTERM sent). Figures are median (worst) over the runs. Overshoot is \
-             how far the signal fell below the threshold; its parts (medians, which need not add up to the \
-             overshoot's, and the worst of the agent's) are how far below it the first sample below it was (the signal moves in steps, 4 MiB for \
-             a hog on transparent huge pages: `bench/signal-steps`), how much further it fell until SIGTERM reached \
-             the victim (the agent's part), and how much further after that. \"ranking\" counts runs whose first victim (by SIGTERM, \
-             or the kernel's OOM kill) is the kubelet's first choice. Agent CPU is from the workload's release to \
+             observation → SIGTERM sent). Figures are median (worst) over the runs. Overshoot is how far the \
+             signal fell below the threshold; its parts (medians, which need not add up to the overshoot's, and the \
+             worst of the agent's part) are how far below it the first sample below it was (the signal falls in \
+             steps, of 4 MiB for a hog on transparent huge pages: `bench/signal-steps`), how much further it fell \
+             until SIGTERM reached the victim (the agent's part; none when SIGTERM came first), and how much \
+             further after that. \"ranking\" counts runs whose first victim (by SIGTERM, or the kernel's OOM kill) \
+             is the kubelet's first choice. Agent CPU is from the workload's release to \
              1 s after the first action, RSS at its end.\n",
             h.kernel, h.cpus, h.memory_mib
         );
@@ -140,7 +141,8 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
         "## {}\n\nExpected first victim: `{}`.\n\n| agent | runs | kernel OOM kills | first victim (runs) | ranking | \
          crossing → SIGTERM, ms | crossing → victim's woken thread, ms | decision → SIGTERM, ms | overshoot, {unit} | \
          overshoot: at the crossing / until SIGTERM / after it, {unit} | Guaranteed survived | agent CPU % | \
-         eviction wake-ups | agent major faults | daemon memory stall, ms | agent RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+         eviction wake-ups | agent major faults | daemon memory stall, ms | agent RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         sc.title, sc.expected
     );
     let mut medians = Vec::new();
@@ -167,7 +169,7 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
             md,
             "| {}{} | {} | {kills} | {} | {ranked}/{} | {} | {} | {} | {} | {} | {survived} | {} | {} | {} | {} | {} |",
             agent.name(),
-            if runs.iter().all(|o| o.warmed_up) { ", second eviction (after a warm-up)" } else { "" },
+            suffix(runs),
             runs.len(),
             counts.join(", "),
             runs.len(),
@@ -197,8 +199,20 @@ fn table(md: &mut String, sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) {
     let _ = writeln!(md);
 }
 
-/// The medians of the overshoot's three parts ([`Outcome::overshoot_parts`]) over the runs that have them, and the
-/// worst of the agent's part.
+/// What sets a row's runs apart from the default ones, in its agent column.
+fn suffix(runs: &[&Outcome]) -> String {
+    let mut s = String::new();
+    if runs.iter().all(|o| o.small_pages) {
+        s.push_str(", hog on 4 KiB pages");
+    }
+    if runs.iter().all(|o| o.warmed_up) {
+        s.push_str(", second eviction (after a warm-up)");
+    }
+    s
+}
+
+/// The medians of the overshoot's three parts ([`Outcome::overshoot_parts`]) over the runs that have them (how many,
+/// when not all), and the worst of the agent's part.
 fn parts(runs: &[&Outcome], digits: usize) -> String {
     let parts: Vec<OvershootParts> = runs.iter().filter_map(|o| o.overshoot_parts()).collect();
     if parts.is_empty() {
@@ -206,7 +220,9 @@ fn parts(runs: &[&Outcome], digits: usize) -> String {
     }
     let part = |f: fn(&OvershootParts) -> f64| fmt_opt(median(parts.iter().map(f).collect()), digits);
     let agents = med_worst(&parts.iter().map(|p| p.until_sigterm).collect::<Vec<_>>(), digits);
-    format!("{} / {agents} / {}", part(|p| p.at_crossing), part(|p| p.after_sigterm))
+    let of =
+        if parts.len() < runs.len() { format!(" ({} of {} runs)", parts.len(), runs.len()) } else { String::new() };
+    format!("{} / {agents} / {}{of}", part(|p| p.at_crossing), part(|p| p.after_sigterm))
 }
 
 /// The first run of each agent over the whole ramp, with a ring where each agent acted.
