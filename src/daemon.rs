@@ -13,7 +13,7 @@ use nodewarden_eviction::{
     Thresholds,
 };
 use nodewarden_resources::{
-    CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, Observations, Placement,
+    CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, LedgerView, Observations,
     REQUIRED_CONTROLLERS, ResourceManager, check_host,
 };
 use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
@@ -47,6 +47,9 @@ pub struct Shared {
     /// A handle on cgroupfs and the kubepods cgroup for the readiness check, which must never wait for the
     /// manager's lock: a pass stuck on a hung read would otherwise hang `/readyz` too.
     probe: (CgroupFs, CgroupPath),
+    /// The ledger as the eviction loop sees it, for the gauges set when `/metrics` is scraped (without the
+    /// manager's lock).
+    view: LedgerView,
     /// The node side's heartbeats, when the daemon was started with `--kubeconfig`.
     cluster: std::sync::OnceLock<Arc<nodewarden_cluster::ClusterStatus>>,
     /// Capacity, the reported allocatable and maxPods, as the Node reports them: kept here (and replaced by a
@@ -80,6 +83,13 @@ impl Shared {
     /// The configuration in force.
     pub fn config(&self) -> Arc<Config> {
         self.config.borrow().clone()
+    }
+
+    /// Sets the gauges that are read when they are scraped rather than on every pass: the pressure stall files
+    /// and the pods by QoS class.
+    pub fn refresh_gauges(&self) {
+        self.metrics.set_pressure(&self.view.pressure_stall());
+        self.metrics.set_pods(self.view.placements().iter());
     }
 
     /// Whether the eviction loop completed a pass within 3 × housekeepingInterval (at least 3 s).
@@ -160,14 +170,12 @@ struct Gauges {
 impl PassObserver for Gauges {
     fn observed(
         &self,
-        placements: &[Placement],
         obs: &Observations,
         signals: &BTreeMap<Signal, SignalObservation>,
         thresholds: &Thresholds,
         took: Duration,
     ) {
         self.metrics.set_thresholds(thresholds, signals);
-        self.metrics.set_pods(placements.iter());
         self.metrics.observe(obs, signals, took.as_secs_f64());
     }
 
@@ -410,6 +418,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let fs = manager.cgroupfs().clone();
     let node_resources = Mutex::new(NodeResources::of(&manager));
+    let view = manager.view();
     let manager = Arc::new(Mutex::new(manager));
     // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
     let shutdown = CancellationToken::new();
@@ -452,6 +461,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         eviction: eviction.status(),
         eviction_settings: settings_tx,
         probe,
+        view,
         manager,
         pods,
         store,
@@ -462,6 +472,8 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         node_ip,
         node_shutdown: std::sync::atomic::AtomicBool::new(false),
     });
+    // The pressure stall counters count from here; the adopted pods show from the first scrape.
+    shared.refresh_gauges();
     let realtime = shared.config.borrow().eviction_realtime_priority;
     let eviction =
         eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
@@ -579,9 +591,9 @@ mod tests {
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
         let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
         let eviction = EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, Some(gauges));
-        let (probe, node_resources) = {
+        let (probe, view, node_resources) = {
             let m = manager.lock().unwrap();
-            ((m.cgroupfs().clone(), m.tree().kubepods.clone()), Mutex::new(NodeResources::of(&m)))
+            ((m.cgroupfs().clone(), m.tree().kubepods.clone()), m.view(), Mutex::new(NodeResources::of(&m)))
         };
         let shared = Arc::new(Shared {
             config: config_tx,
@@ -592,6 +604,7 @@ mod tests {
             eviction: eviction.status(),
             eviction_settings: settings_tx,
             probe,
+            view,
             cluster: std::sync::OnceLock::new(),
             node_resources,
             node_ip: None,
@@ -609,6 +622,20 @@ mod tests {
         std::thread::spawn(move || tx.send(s2.readiness()).unwrap());
         let checks = rx.recv_timeout(Duration::from_secs(5)).expect("readiness blocked on the manager's lock");
         assert_eq!(checks[1], ("cgroupfs", Ok(())));
+    }
+
+    #[test]
+    fn a_scrape_never_waits_for_the_manager() {
+        let r = rig();
+        let _held = r.shared.manager.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s2 = r.shared.clone();
+        std::thread::spawn(move || {
+            s2.refresh_gauges();
+            tx.send(s2.metrics.render().unwrap()).unwrap();
+        });
+        let text = rx.recv_timeout(Duration::from_secs(5)).expect("a scrape blocked on the manager's lock");
+        assert!(text.contains("nodewarden_pods{qos_class=\"BestEffort\"} 0"), "{text}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use nodewarden_eviction::{Signal, SignalObservation, Thresholds};
-use nodewarden_resources::{Allocatable, Observations, Placement, Psi, QosClass};
+use nodewarden_resources::{Allocatable, Observations, Placement, Pressure, Psi, QosClass};
 use prometheus::{
     CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -180,7 +180,11 @@ impl Metrics {
         self.memory.with_label_values(&["capacity"]).set(obs.memory.capacity as f64);
         self.memory.with_label_values(&["working_set"]).set(obs.memory.working_set as f64);
         self.memory.with_label_values(&["mem_available"]).set(obs.memory.mem_available as f64);
-        let p = &obs.pressure;
+    }
+
+    /// Sets the pressure gauges from the pressure stall files and counts the stall since the last call (the first
+    /// call only takes the baseline: what was stalled before nodewarden started is not counted).
+    pub fn set_pressure(&self, p: &Pressure) {
         for (resource, psi) in [("memory", p.memory), ("cpu", p.cpu), ("io", p.io)] {
             self.set_psi(resource, "node", psi);
         }
@@ -197,7 +201,6 @@ impl Metrics {
             }
             let mut last = self.last_stall_total.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let prev = last.insert((resource, kind), line.total);
-            // The first pass only sets the baseline: what was stalled before nodewarden started is not counted.
             if let Some(prev) = prev {
                 #[allow(clippy::cast_precision_loss)]
                 let delta = line.total.saturating_sub(prev) as f64 / 1e6;
@@ -277,5 +280,37 @@ mod tests {
         assert!(text.contains("nodewarden_node_allocatable{resource=\"pods\",unit=\"integer\"} 110"), "{text}");
         assert!(text.contains("nodewarden_eviction_signal_value{eviction_signal=\"memory.available\"} 5"), "{text}");
         assert!(text.contains("# TYPE nodewarden_housekeeping_duration_seconds histogram"), "{text}");
+    }
+
+    #[test]
+    fn pressure_sets_the_gauges_and_counts_the_stall_since_the_last_read() {
+        let m = Metrics::new().unwrap();
+        let psi = |avg10: f64, total: u64| {
+            let line = nodewarden_resources::PsiLine { avg10, avg60: 0.0, avg300: 0.0, total };
+            Some(Psi { some: line, full: None })
+        };
+        let stalled = |m: &Metrics| {
+            let text = m.render().unwrap();
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix("nodewarden_pressure_stalled_seconds_total{kind=\"some\",resource=\"memory\"} ")
+                })
+                .map(|v| v.parse::<f64>().unwrap())
+        };
+        // The first read is the baseline: what was stalled before it is not counted.
+        m.set_pressure(&Pressure {
+            memory: psi(25.0, 9_000_000),
+            kubepods_memory: psi(50.0, 1),
+            ..Pressure::default()
+        });
+        assert_eq!(stalled(&m), None);
+        m.set_pressure(&Pressure { memory: psi(10.0, 11_500_000), ..Pressure::default() });
+        assert_eq!(stalled(&m), Some(2.5));
+        let text = m.render().unwrap();
+        let gauge = "nodewarden_pressure_avg10_ratio{cgroup=\"node\",kind=\"some\",resource=\"memory\"} 0.1";
+        assert!(text.contains(gauge), "{text}");
+        // A file missing in a read leaves its gauge as it was.
+        let kubepods = "nodewarden_pressure_avg10_ratio{cgroup=\"kubepods\",kind=\"some\",resource=\"memory\"} 0.5";
+        assert!(text.contains(kubepods), "{text}");
     }
 }

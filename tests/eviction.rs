@@ -380,6 +380,12 @@ fn prometheus_scrapes_the_metrics() {
     assert!(signals.contains(&"memory.available") && signals.contains(&"nodefs.available"), "{stats:#?}");
     assert!(!query("kubelet_evictions").is_empty());
     assert!(!query("nodewarden_node_condition").is_empty());
+    // The gauges set when scraped: the pressure stall files (the VM's kernel has PSI) and the pods by QoS class.
+    let psi = query("nodewarden_pressure_avg10_ratio");
+    let cgroups: Vec<&str> = psi.iter().filter_map(|s| s["metric"]["cgroup"].as_str()).collect();
+    assert!(cgroups.contains(&"node") && cgroups.contains(&"kubepods"), "{psi:#?}");
+    assert!(!query("nodewarden_pressure_stalled_seconds_total").is_empty());
+    assert_eq!(query("nodewarden_pods").len(), 3, "a series per QoS class");
     let _ = prom.kill();
     let _ = prom.wait();
 }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nodewarden_resources::{
-    CgroupError, Condition, HostPaths, LedgerView, MeminfoReader, NodePressure, Observations, Placement,
-    ResourceManager, fs_stats, pid_stats,
+    CgroupError, Condition, HostPaths, LedgerView, MeminfoReader, NodePressure, Observations, ResourceManager,
+    fs_stats, pid_stats,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -132,7 +132,6 @@ pub trait PassObserver: Send + Sync + 'static {
     /// runs with, so a reload shows in the very pass that applies it).
     fn observed(
         &self,
-        placements: &[Placement],
         obs: &Observations,
         signals: &BTreeMap<Signal, SignalObservation>,
         thresholds: &Thresholds,
@@ -547,10 +546,10 @@ impl<E: Evictor> EvictionManager<E> {
         Ok(signals)
     }
 
-    /// Reads every signal (and, when `full`, the PSI averages for the observer), on the loop's own thread.
+    /// Reads every signal, on the loop's own thread; a `full` pass also tells the observer.
     fn read_all(&self, full: bool, in_force: &EvictionSettings) -> Result<BTreeMap<Signal, SignalObservation>, String> {
         let start = Instant::now();
-        let obs = if full { self.view.observe() } else { self.view.observe_signals() };
+        let obs = self.view.observe();
         let read = obs.map(|obs| {
             if !obs.unavailable.is_empty() {
                 tracing::warn!(inputs = ?obs.unavailable, "eviction inputs not answering; their signals are left out");
@@ -562,7 +561,7 @@ impl<E: Evictor> EvictionManager<E> {
             self.status.record_inputs(&inputs);
             let signals = signal_observations(&obs, &self.view.allocatable());
             if let (true, Some(o)) = (full, &self.observer) {
-                o.observed(&self.view.placements(), &obs, &signals, &in_force.thresholds, start.elapsed());
+                o.observed(&obs, &signals, &in_force.thresholds, start.elapsed());
             }
             signals
         });
@@ -597,8 +596,8 @@ impl<E: Evictor> EvictionManager<E> {
         let reloaded = self.settings.has_changed().unwrap_or(false);
         let settings = self.settings.borrow_and_update().clone();
         let now = Instant::now();
-        // A full observation (with PSI, for the observer's gauges) at most once per longest poll period; the
-        // passes between read only what the signals need.
+        // Every signal read and the observer's gauges set at most once per longest poll period; the passes
+        // between read only the signals due.
         let full = reloaded || self.last_full.is_none_or(|t| now.saturating_duration_since(t) >= settings.poll_max);
         let due = if !full && wake == Wake::Poll { self.inline_reads(now) } else { None };
         let fast = due.is_some();

@@ -1,4 +1,5 @@
-//! Observations: the node signals and per-pod usage that eviction decides on, read fresh on every call.
+//! Observations: the node signals and per-pod usage that eviction decides on, and the pressure stall files the
+//! gauges show, read fresh on every call.
 //!
 //! How memory.available is computed: the kubelet takes `capacity − working set`, with the node's working set
 //! `MemTotal − MemFree − Inactive(file)` from `/proc/meminfo` (the root cgroup has no `memory.current`, and its
@@ -76,8 +77,6 @@ pub struct Observations {
     /// The inputs (`pids`, `nodefs`, `imagefs`) that could not be read, each with why: their signals are left out
     /// of this observation, and the others are read as usual.
     pub unavailable: Vec<(&'static str, String)>,
-    /// PSI averages.
-    pub pressure: Pressure,
     /// The working set of the whole kubepods tree (`memory.current − inactive_file` of `kubepods`): every pod,
     /// and any process placed there outside the ledger, in one read.
     pub kubepods_working_set: u64,
@@ -171,39 +170,29 @@ pub fn pod_usage(fs: &CgroupFs, uid: &str, cg: &CgroupPath) -> Result<PodUsage, 
     })
 }
 
-/// Reads the node-level signals, the kubepods tree's working set and the pressure files: a fixed number of reads
-/// however many pods there are. Per-pod usage is read separately, when ranking needs it.
-pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
+/// Reads the pressure stall files: the node's memory, CPU and I/O, and the kubepods tree's memory. A file the kernel
+/// does not have (no PSI) is `None`.
+pub fn read_pressure(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Pressure {
     let psi = |name: &str| read_parsed(&host.proc.join("pressure").join(name), parse::parse_psi).ok();
-    Ok(Observations {
-        pressure: Pressure {
-            memory: psi("memory"),
-            cpu: psi("cpu"),
-            io: psi("io"),
-            kubepods_memory: fs.read_psi(kubepods, "memory.pressure").ok(),
-        },
-        ..observe_signals(host, fs, kubepods)?
-    })
+    Pressure {
+        memory: psi("memory"),
+        cpu: psi("cpu"),
+        io: psi("io"),
+        kubepods_memory: fs.read_psi(kubepods, "memory.pressure").ok(),
+    }
 }
 
-/// Reads only what the eviction signals need (no PSI averages): the eviction loop's frequent passes. Memory is
-/// required; the PID and file system inputs that fail are named in `unavailable` instead.
-pub fn observe_signals(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
+/// Reads the node-level signals and the kubepods tree's working set: a fixed number of reads however many pods
+/// there are (per-pod usage is read separately, when ranking needs it). Memory is required; the PID and file
+/// system inputs that fail are named in `unavailable` instead.
+pub fn observe_node(host: &HostPaths, fs: &CgroupFs, kubepods: &CgroupPath) -> Result<Observations, CgroupError> {
     // Memory first: nothing below may delay it.
     let memory = node_memory(host)?;
     let mut unavailable = Vec::new();
     let pids = pid_stats(host).map_err(|e| unavailable.push(("pids", e.to_string()))).ok();
     let nodefs = fs_stats(&host.nodefs).map_err(|e| unavailable.push(("nodefs", e.to_string()))).ok();
     let imagefs = fs_stats(&host.imagefs).map_err(|e| unavailable.push(("imagefs", e.to_string()))).ok();
-    Ok(Observations {
-        memory,
-        pids,
-        nodefs,
-        imagefs,
-        unavailable,
-        pressure: Pressure::default(),
-        kubepods_working_set: working_set(fs, kubepods)?,
-    })
+    Ok(Observations { memory, pids, nodefs, imagefs, unavailable, kubepods_working_set: working_set(fs, kubepods)? })
 }
 
 #[cfg(test)]
@@ -266,6 +255,29 @@ mod tests {
             let err = node_memory(&host).unwrap_err().to_string();
             assert!(err.contains("meminfo"), "{err}");
         }
+    }
+
+    #[test]
+    fn pressure_reads_each_file_that_is_there() {
+        let (dir, host) = host_with(MEMINFO);
+        let fs = CgroupFs::emulated(dir.path().join("cgroup"), CgroupPath::root());
+        let kubepods = CgroupPath::parse("/kubepods").unwrap();
+        std::fs::create_dir_all(fs.dir(&kubepods)).unwrap();
+        // No PSI at all (a kernel without it): every file is None, nothing fails.
+        assert_eq!(read_pressure(&host, &fs, &kubepods), Pressure::default());
+        let line = |avg10: &str, total: u64| format!("avg10={avg10} avg60=0.00 avg300=0.00 total={total}");
+        std::fs::create_dir_all(host.proc.join("pressure")).unwrap();
+        let memory = format!("some {}\nfull {}\n", line("1.50", 10), line("0.50", 5));
+        std::fs::write(host.proc.join("pressure/memory"), memory).unwrap();
+        std::fs::write(host.proc.join("pressure/cpu"), format!("some {}\n", line("2.00", 7))).unwrap();
+        std::fs::write(host.proc.join("pressure/io"), "some garbage\n").unwrap();
+        fs.write(&kubepods, "memory.pressure", &format!("some {}\n", line("3.00", 9))).unwrap();
+        let p = read_pressure(&host, &fs, &kubepods);
+        let memory = p.memory.unwrap();
+        assert_eq!((memory.some.avg10, memory.some.total, memory.full.map(|f| f.total)), (1.5, 10, Some(5)));
+        assert_eq!(p.cpu.map(|c| (c.some.total, c.full.is_none())), Some((7, true)));
+        assert!(p.io.is_none(), "an unparsable file is left out: {:?}", p.io);
+        assert_eq!(p.kubepods_memory.map(|k| k.some.total), Some(9));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::capacity::HostPaths;
 use crate::cgroupfs::{CgroupFs, CgroupPath};
 use crate::error::CgroupError;
 use crate::ledger::{EvictionCandidate, Placement};
-use crate::observe::{self, Observations, PodUsage};
+use crate::observe::{self, Observations, PodUsage, Pressure};
 use crate::pressure::NodePressure;
 
 /// The ledger as the eviction loop sees it; clones share it.
@@ -95,14 +95,15 @@ impl LedgerView {
         observe::working_set(&self.fs, &self.kubepods)
     }
 
-    /// Fresh observations of the node and the kubepods tree (read without any lock).
+    /// Fresh observations of the node and the kubepods tree: what the eviction signals need (read without any
+    /// lock).
     pub fn observe(&self) -> Result<Observations, CgroupError> {
         observe::observe_node(&self.host, &self.fs, &self.kubepods)
     }
 
-    /// Fresh observations of what the eviction signals need (no PSI).
-    pub fn observe_signals(&self) -> Result<Observations, CgroupError> {
-        observe::observe_signals(&self.host, &self.fs, &self.kubepods)
+    /// The pressure stall files of the node and the kubepods tree, read now (without any lock).
+    pub fn pressure_stall(&self) -> Pressure {
+        observe::read_pressure(&self.host, &self.fs, &self.kubepods)
     }
 
     /// What eviction ranks: every pod placed from a spec that is not being terminated, with its usage (read

@@ -307,7 +307,8 @@ fn observations_see_what_pods_use() {
     assert!(grown >= 30 * MIB, "kubepods working set grew by {grown} bytes only");
     assert!(after.memory.available <= after.memory.mem_available);
     assert!(after.pids.is_some_and(|p| p.available > 0) && after.nodefs.is_some_and(|f| f.capacity_bytes > 0));
-    assert!(after.pressure.memory.is_some(), "the VM kernel has PSI");
+    let psi = m.view().pressure_stall();
+    assert!(psi.memory.is_some() && psi.kubepods_memory.is_some(), "the VM kernel has PSI: {psi:?}");
     assert_eq!(usage.len(), 1);
     assert!(usage[0].memory_working_set >= 30 * MIB, "pod working set {}", usage[0].memory_working_set);
 }
