@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 /// The log rotation settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogRotation {
@@ -22,6 +24,21 @@ impl Default for LogRotation {
     fn default() -> Self {
         Self { max_size: 10 << 20, max_files: 5, interval: Duration::from_secs(10) }
     }
+}
+
+/// When a container's first log check runs: the first tick, at or after `now`, of a grid of `interval` laid from
+/// `epoch`. Every container's checks then fall on the same ticks and wake the daemon once per interval, where ticks
+/// of each container's own (from its start) woke it once per container: ten times a second with 100 pods.
+pub fn first_check(epoch: Instant, now: Instant, interval: Duration) -> Instant {
+    let period = interval.as_nanos();
+    if period == 0 {
+        return now;
+    }
+    let late = now.saturating_duration_since(epoch).as_nanos() % period;
+    if late == 0 {
+        return now;
+    }
+    now + Duration::from_nanos(u64::try_from(period - late).unwrap_or(u64::MAX))
 }
 
 /// The name a log is rotated to now: `<log>.<YYYYmmdd-HHMMSS>` (UTC), with a counter after the highest one of that
@@ -132,6 +149,23 @@ pub fn is_full(log: &Path, cfg: &LogRotation) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_checks_fall_on_one_grid() {
+        let epoch = Instant::now();
+        let ten = Duration::from_secs(10);
+        let at = |ms: u64| epoch + Duration::from_millis(ms);
+        // Containers started at any moment have their first check on the next tick of the grid.
+        for started in [1, 4_321, 9_999] {
+            assert_eq!(first_check(epoch, at(started), ten), at(10_000), "{started}");
+        }
+        assert_eq!(first_check(epoch, at(25_000), ten), at(30_000));
+        assert_eq!(first_check(epoch, at(30_000), ten), at(30_000), "on a tick: now");
+        assert_eq!(first_check(epoch, epoch, ten), epoch);
+        assert_eq!(first_check(epoch, at(7), Duration::ZERO), at(7), "no grid without an interval");
+        // A time before the epoch (not expected) still gives a time not before now.
+        assert!(first_check(at(5_000), epoch, ten) >= epoch);
+    }
 
     #[test]
     fn rotates_by_copy_and_truncate_and_keeps_at_most_max_files() {

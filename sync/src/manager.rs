@@ -94,7 +94,9 @@ impl<R: Runtime> PodManager<R> {
         settings: SyncSettings,
         metrics: SyncMetrics,
     ) -> Arc<Self> {
-        let ctx = Arc::new(Shared { resources, runtime, settings, store: Arc::new(StatusStore::default()), metrics });
+        let store = Arc::new(StatusStore::default());
+        let log_epoch = Instant::now();
+        let ctx = Arc::new(Shared { resources, runtime, settings, store, metrics, log_epoch });
         Arc::new(Self {
             ctx,
             workers: Mutex::new(HashMap::new()),

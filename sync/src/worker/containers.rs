@@ -192,9 +192,11 @@ impl<R: Runtime> Worker<R> {
         let mut tasks = JoinSet::new();
         let rotation = self.shared.settings.log_rotation;
         let (runtime, rotated) = (self.shared.runtime.clone(), id.clone());
+        let first = crate::logs::first_check(self.shared.log_epoch, tokio::time::Instant::now(), rotation.interval);
         tasks.spawn(async move {
-            let mut tick = tokio::time::interval(rotation.interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // On the daemon's one grid of checks (a late tick waits for the next one on it).
+            let mut tick = tokio::time::interval_at(first, rotation.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 tick.tick().await;
                 crate::logs::rotate_if_full(&*runtime, &rotated, &log, &rotation).await;

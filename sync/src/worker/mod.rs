@@ -57,6 +57,8 @@ pub(crate) struct Shared<R> {
     pub settings: SyncSettings,
     pub store: Arc<StatusStore>,
     pub metrics: SyncMetrics,
+    /// Where the grid of container log checks starts ([`crate::logs::first_check`]).
+    pub log_epoch: Instant,
 }
 
 impl<R> Shared<R> {
