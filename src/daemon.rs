@@ -89,7 +89,7 @@ impl Shared {
     /// and the pods by QoS class.
     pub fn refresh_gauges(&self) {
         self.metrics.set_pressure(&self.view.pressure_stall());
-        self.metrics.set_pods(self.view.placements().iter());
+        self.metrics.set_pods(&self.view.pods_by_qos());
     }
 
     /// Whether the eviction loop completed a pass within 3 × housekeepingInterval (at least 3 s).

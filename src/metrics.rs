@@ -2,9 +2,10 @@
 //! one; nodewarden's own start with `nodewarden_`.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use nodewarden_eviction::{Signal, SignalObservation, Thresholds};
-use nodewarden_resources::{Allocatable, Observations, Placement, Pressure, Psi, QosClass};
+use nodewarden_resources::{Allocatable, Observations, Pressure, Psi, QosClass};
 use prometheus::{
     CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -200,11 +201,19 @@ impl Metrics {
                 continue;
             }
             let mut last = self.last_stall_total.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let prev = last.insert((resource, kind), line.total);
-            if let Some(prev) = prev {
-                #[allow(clippy::cast_precision_loss)]
-                let delta = line.total.saturating_sub(prev) as f64 / 1e6;
-                self.pressure_stalled.with_label_values(&[resource, kind]).inc_by(delta);
+            // Only forward: of two scrapes that overlap, the one that read the file first may get here last, and
+            // its older total must neither be counted nor become the base of the next count.
+            match last.entry((resource, kind)) {
+                Entry::Vacant(e) => {
+                    e.insert(line.total);
+                }
+                Entry::Occupied(mut e) if line.total > *e.get() => {
+                    #[allow(clippy::cast_precision_loss)]
+                    let delta = (line.total - *e.get()) as f64 / 1e6;
+                    self.pressure_stalled.with_label_values(&[resource, kind]).inc_by(delta);
+                    e.insert(line.total);
+                }
+                Entry::Occupied(_) => {}
             }
         }
     }
@@ -220,15 +229,10 @@ impl Metrics {
         self.housekeeping_errors.inc();
     }
 
-    /// Sets the pod counts from the ledger.
-    pub fn set_pods<'a>(&self, placements: impl Iterator<Item = &'a Placement>) {
-        let mut counts =
-            BTreeMap::from([(QosClass::Guaranteed, 0), (QosClass::Burstable, 0), (QosClass::BestEffort, 0)]);
-        for p in placements {
-            *counts.entry(p.qos).or_default() += 1;
-        }
+    /// Sets the pod counts by QoS class.
+    pub fn set_pods(&self, counts: &BTreeMap<QosClass, usize>) {
         for (q, n) in counts {
-            self.pods.with_label_values(&[q.as_str()]).set(n);
+            self.pods.with_label_values(&[q.as_str()]).set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
     }
 
@@ -306,6 +310,10 @@ mod tests {
         assert_eq!(stalled(&m), None);
         m.set_pressure(&Pressure { memory: psi(10.0, 11_500_000), ..Pressure::default() });
         assert_eq!(stalled(&m), Some(2.5));
+        // An older total (a scrape that read the file before the last one) counts nothing and is no new base.
+        m.set_pressure(&Pressure { memory: psi(10.0, 10_000_000), ..Pressure::default() });
+        m.set_pressure(&Pressure { memory: psi(10.0, 12_000_000), ..Pressure::default() });
+        assert_eq!(stalled(&m), Some(3.0));
         let text = m.render().unwrap();
         let gauge = "nodewarden_pressure_avg10_ratio{cgroup=\"node\",kind=\"some\",resource=\"memory\"} 0.1";
         assert!(text.contains(gauge), "{text}");

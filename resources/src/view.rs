@@ -1,9 +1,10 @@
-//! What the eviction loop reads of the ledger, kept beside it behind a lock of its own: the placements, the pods
-//! being terminated, allocatable and the node's pressure. The ledger publishes a copy after each change; the lock
-//! is held only to copy, never across a cgroup write or a systemd D-Bus call, so placing or releasing a pod (three
-//! D-Bus round trips under the systemd driver, or a hung systemd's time-outs) never holds up an eviction pass.
+//! What the eviction loop (and a scrape of the metrics) reads of the ledger, kept beside it behind a lock of its
+//! own: the placements, the pods being terminated, allocatable and the node's pressure. The ledger publishes a copy
+//! after each change; the lock is held only to copy, never across a cgroup write or a systemd D-Bus call, so placing
+//! or releasing a pod (three D-Bus round trips under the systemd driver, or a hung systemd's time-outs) never holds
+//! up an eviction pass or a scrape.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::allocatable::Allocatable;
@@ -13,8 +14,9 @@ use crate::error::CgroupError;
 use crate::ledger::{EvictionCandidate, Placement};
 use crate::observe::{self, Observations, PodUsage, Pressure};
 use crate::pressure::NodePressure;
+use crate::qos::QosClass;
 
-/// The ledger as the eviction loop sees it; clones share it.
+/// The ledger as the eviction loop and the metrics see it; clones share it.
 #[derive(Debug, Clone)]
 pub struct LedgerView {
     fs: CgroupFs,
@@ -83,6 +85,16 @@ impl LedgerView {
     /// The pods placed now.
     pub fn placements(&self) -> Vec<Placement> {
         self.shared().placements.clone()
+    }
+
+    /// How many pods are placed in each QoS class (every class, with 0 where none is).
+    pub fn pods_by_qos(&self) -> BTreeMap<QosClass, usize> {
+        let mut counts =
+            BTreeMap::from([(QosClass::Guaranteed, 0), (QosClass::Burstable, 0), (QosClass::BestEffort, 0)]);
+        for p in &self.shared().placements {
+            *counts.entry(p.qos).or_default() += 1;
+        }
+        counts
     }
 
     /// The host's kernel interfaces.

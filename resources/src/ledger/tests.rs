@@ -92,6 +92,10 @@ fn places_each_class_where_the_kubelet_does() {
     assert_eq!(e.cgroup.as_str(), "/nw/kubepods/besteffort/pode1");
     assert_eq!(read(&f, "nw/kubepods/besteffort/pode1/memory.max"), "max");
     assert_eq!(e.containers[0].oom_score_adj, 1000);
+    let counts: Vec<(QosClass, usize)> = m.view().pods_by_qos().into_iter().collect();
+    assert_eq!(counts, [(QosClass::Guaranteed, 1), (QosClass::Burstable, 1), (QosClass::BestEffort, 1)]);
+    m.release("g1").unwrap();
+    assert_eq!(m.view().pods_by_qos()[&QosClass::Guaranteed], 0, "a class without pods is still counted");
 }
 
 #[test]
