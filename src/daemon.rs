@@ -613,28 +613,27 @@ mod tests {
         Rig { host, shared, eviction }
     }
 
-    #[test]
-    fn readiness_never_waits_for_the_manager() {
-        let r = rig();
+    /// Runs `f` on a thread of its own while the manager's lock is held; fails the test if `f` waits for it.
+    fn with_the_manager_held<T: Send + 'static>(r: &Rig, f: impl FnOnce(&Shared) -> T + Send + 'static) -> T {
         let _held = r.shared.manager.lock().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        let s2 = r.shared.clone();
-        std::thread::spawn(move || tx.send(s2.readiness()).unwrap());
-        let checks = rx.recv_timeout(Duration::from_secs(5)).expect("readiness blocked on the manager's lock");
+        let shared = r.shared.clone();
+        std::thread::spawn(move || tx.send(f(&shared)).unwrap());
+        rx.recv_timeout(Duration::from_secs(5)).expect("blocked on the manager's lock")
+    }
+
+    #[test]
+    fn readiness_never_waits_for_the_manager() {
+        let checks = with_the_manager_held(&rig(), Shared::readiness);
         assert_eq!(checks[1], ("cgroupfs", Ok(())));
     }
 
     #[test]
     fn a_scrape_never_waits_for_the_manager() {
-        let r = rig();
-        let _held = r.shared.manager.lock().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let s2 = r.shared.clone();
-        std::thread::spawn(move || {
-            s2.refresh_gauges();
-            tx.send(s2.metrics.render().unwrap()).unwrap();
+        let text = with_the_manager_held(&rig(), |s| {
+            s.refresh_gauges();
+            s.metrics.render().unwrap()
         });
-        let text = rx.recv_timeout(Duration::from_secs(5)).expect("a scrape blocked on the manager's lock");
         assert!(text.contains("nodewarden_pods{qos_class=\"BestEffort\"} 0"), "{text}");
     }
 

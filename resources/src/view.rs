@@ -82,11 +82,6 @@ impl LedgerView {
         self.shared().allocatable
     }
 
-    /// The pods placed now.
-    pub fn placements(&self) -> Vec<Placement> {
-        self.shared().placements.clone()
-    }
-
     /// How many pods are placed in each QoS class (every class, with 0 where none is).
     pub fn pods_by_qos(&self) -> BTreeMap<QosClass, usize> {
         let mut counts =
