@@ -44,8 +44,13 @@ struct Run {
 
 /// The state a worker saves once the pod's container runs.
 fn started() -> SavedPod {
-    let container =
-        SavedContainer { restarts: 0, pid: Some(4242), started_at: Some(jiff::Timestamp::now()), last: None };
+    let container = SavedContainer {
+        restarts: 0,
+        pid: Some(4242),
+        pid_start: Some(1),
+        started_at: Some(jiff::Timestamp::now()),
+        last: None,
+    };
     SavedPod {
         uid: None,
         containers: [("app".to_owned(), container)].into(),

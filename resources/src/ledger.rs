@@ -630,6 +630,20 @@ impl ResourceManager {
         tree::apply(&self.fs, cg, limits, new)
     }
 
+    /// Makes a placed pod's container cgroup again, with its limits, where it has vanished (someone removed it):
+    /// a container starts each run in its cgroup, as runc makes the cgroup at every start. True when it was made.
+    pub fn ensure_container(&mut self, uid: &str, name: &str) -> Result<bool, PlaceError> {
+        let p = self.pods.get(uid).ok_or_else(|| PlaceError::NotPlaced(uid.to_owned()))?;
+        let cg_err = |source: CgroupError| PlaceError::Cgroup { uid: uid.to_owned(), source };
+        let Some(c) = p.containers.iter().find(|c| c.name == name) else { return Ok(false) };
+        if !self.config.container_cgroups || self.fs.exists(&c.cgroup) {
+            return Ok(false);
+        }
+        let mut created = Vec::new();
+        self.make(&c.cgroup, &c.limits, &mut created).map_err(cg_err)?;
+        Ok(true)
+    }
+
     /// Rewrites the limits of a placed pod from a changed spec (its QoS class must not change).
     pub fn update(&mut self, pod: &Pod) -> Result<Placement, PlaceError> {
         let uid = pod_uid(pod)?;

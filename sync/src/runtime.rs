@@ -159,8 +159,20 @@ pub struct Started {
     pub id: String,
     /// The main process; 0 when the runtime does not say (CRI).
     pub pid: u32,
+    /// The main process's start time in clock ticks after boot (`/proc/<pid>/stat`), which tells it from a later
+    /// process given the same PID; `None` when not known.
+    pub pid_start: Option<u64>,
     /// When it started.
     pub started_at: Timestamp,
+}
+
+/// A container's main process as an earlier daemon saved it, to adopt it after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MainProcess {
+    /// Its PID.
+    pub pid: u32,
+    /// Its start time in clock ticks after boot; `None` in state saved before it was recorded.
+    pub start: Option<u64>,
 }
 
 /// How a container ended.
@@ -363,8 +375,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// Starts a container in the sandbox `spec.sandbox_id`.
     fn start(&self, spec: &ContainerSpec) -> impl Future<Output = Result<Started, RuntimeError>> + Send;
 
-    /// Finds a container that is already running (after a daemon restart): no new process is started.
-    fn adopt(&self, spec: &ContainerSpec, pid_hint: Option<u32>) -> impl Future<Output = Option<Started>> + Send;
+    /// Finds a container that is already running (after a daemon restart): no new process is started. `main` is
+    /// the main process the earlier daemon saved; a runtime that knows processes adopts that one only.
+    fn adopt(&self, spec: &ContainerSpec, main: Option<MainProcess>) -> impl Future<Output = Option<Started>> + Send;
 
     /// Resolves when the container has exited.
     fn wait(&self, id: &str) -> impl Future<Output = ExitInfo> + Send;

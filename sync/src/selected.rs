@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, Runtime, RuntimeError, RuntimeHealth, Started, StopSignals,
+    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, Runtime, RuntimeError, RuntimeHealth, Started,
+    StopSignals,
 };
 
 /// The runtime in use.
@@ -63,8 +64,8 @@ impl Runtime for SelectedRuntime {
         each!(self, r => r.start(spec).await)
     }
 
-    async fn adopt(&self, spec: &ContainerSpec, pid_hint: Option<u32>) -> Option<Started> {
-        each!(self, r => r.adopt(spec, pid_hint).await)
+    async fn adopt(&self, spec: &ContainerSpec, main: Option<MainProcess>) -> Option<Started> {
+        each!(self, r => r.adopt(spec, main).await)
     }
 
     async fn wait(&self, id: &str) -> ExitInfo {

@@ -25,6 +25,9 @@ pub struct SavedContainer {
     pub restarts: u32,
     /// The main process while it runs.
     pub pid: Option<u32>,
+    /// The main process's start time in clock ticks after boot (absent in files written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_start: Option<u64>,
     /// When the current or last run started.
     pub started_at: Option<Timestamp>,
     /// The last exit.

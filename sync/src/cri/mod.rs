@@ -28,7 +28,7 @@ pub use config::{container_config, sandbox_config};
 pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, PullPolicy, RunningSandbox, Runtime, RuntimeError,
+    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, PullPolicy, RunningSandbox, Runtime, RuntimeError,
     RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
 };
 
@@ -435,10 +435,10 @@ impl Runtime for CriRuntime {
             return Err(RuntimeError::Start(e.to_string()));
         }
         drop(self.watch(&id));
-        Ok(Started { id, pid: 0, started_at: Timestamp::now() })
+        Ok(Started { id, pid: 0, pid_start: None, started_at: Timestamp::now() })
     }
 
-    async fn adopt(&self, spec: &ContainerSpec, _pid_hint: Option<u32>) -> Option<Started> {
+    async fn adopt(&self, spec: &ContainerSpec, _main: Option<MainProcess>) -> Option<Started> {
         let filter = ContainerFilter {
             pod_sandbox_id: spec.sandbox_id.clone(),
             label_selector: [(CONTAINER_NAME_LABEL.to_owned(), spec.name.clone())].into(),
@@ -452,7 +452,7 @@ impl Runtime for CriRuntime {
             Err(_) => Timestamp::now(),
         };
         drop(self.watch(&newest.id));
-        Some(Started { id: newest.id, pid: 0, started_at })
+        Some(Started { id: newest.id, pid: 0, pid_start: None, started_at })
     }
 
     async fn wait(&self, id: &str) -> ExitInfo {

@@ -23,8 +23,8 @@ use exec::ExecRequest;
 pub use exec::START_FAILED;
 
 use crate::runtime::{
-    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, NoSandboxes, Runtime, RuntimeError, Started, StopSignals,
-    exit_reason,
+    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, MainProcess, NoSandboxes, Runtime, RuntimeError, Started,
+    StopSignals, exit_reason,
 };
 
 /// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
@@ -126,7 +126,7 @@ impl ProcessRuntime {
         };
         let (_tx, rx) = watch::channel(Some(info));
         register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, term_sent: false, spec: spec.clone() });
-        Started { id, pid: 0, started_at: now }
+        Started { id, pid: 0, pid_start: None, started_at: now }
     }
 
     /// Sends `signal` to the container's main process unless it has exited (or, for SIGTERM, has been sent it
@@ -162,6 +162,42 @@ fn register(containers: &Mutex<HashMap<String, Entry>>, id: String, entry: Entry
     containers.lock().unwrap_or_else(PoisonError::into_inner).insert(id, entry);
 }
 
+/// How long the processes a container's last run left behind get to disappear after `cgroup.kill` before the next
+/// run starts anyway.
+const LEFTOVER_WAIT: Duration = Duration::from_secs(2);
+
+/// Kills what is left in a container's cgroup (`cgroup.kill`), as runc ends a container without a PID namespace
+/// of its own when its main process exits: a run's children never outlive it. True when something was killed.
+fn kill_leftovers(fs: &CgroupFs, cg: &CgroupPath) -> bool {
+    let left = fs.read_procs(cg).map(|p| p.len()).unwrap_or(0);
+    if left == 0 {
+        return false;
+    }
+    tracing::info!(cgroup = %cg, processes = left, "killing what the container's main process left behind");
+    match fs.kill(cg) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(cgroup = %cg, error = %e, "cannot kill the processes left in a container's cgroup");
+            false
+        }
+    }
+}
+
+/// Kills what is left in a container's cgroup and waits, at most [`LEFTOVER_WAIT`], for it to be gone.
+async fn clear_leftovers(fs: &CgroupFs, cg: &CgroupPath) {
+    if !kill_leftovers(fs, cg) {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + LEFTOVER_WAIT;
+    while fs.read_procs(cg).is_ok_and(|p| !p.is_empty()) {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(cgroup = %cg, "processes left in a container's cgroup survive cgroup.kill; starting beside them");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The OOM kills counted in a cgroup's `memory.events` (0 when it cannot be read).
 fn oom_kills(fs: &CgroupFs, cg: &CgroupPath) -> u64 {
     fs.read_flat_keyed(cg, "memory.events").ok().and_then(|m| m.get("oom_kill").copied()).unwrap_or(0)
@@ -195,6 +231,7 @@ async fn watch_exit(
             (START_FAILED, None)
         }
     };
+    kill_leftovers(&fs, &cgroup);
     let oom_killed = oom_kills(&fs, &cgroup) > oom_before;
     let _ = tx.send(Some(ExitInfo {
         exit_code,
@@ -212,6 +249,22 @@ fn decode(code: Option<i32>, signal: Option<i32>) -> (i32, Option<i32>) {
         (Some(c), _) => (c, None),
         (None, Some(s)) => (128 + s, Some(s)),
         (None, None) => (START_FAILED, None),
+    }
+}
+
+/// Reads `from` to its end, keeping the first [`EXEC_OUTPUT_LIMIT`] bytes in `kept`: a command that writes more
+/// than a pipe holds must not block on it (a probe would time out, a preStop hook run out its grace period), so
+/// the rest is read and dropped, as a CRI runtime drains an exec's output and the kubelet cuts it.
+async fn drain(from: &mut (impl tokio::io::AsyncRead + Unpin), kept: &mut Vec<u8>) {
+    let mut buf = [0u8; 8192];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let room = EXEC_OUTPUT_LIMIT.saturating_sub(kept.len()).min(n);
+                kept.extend_from_slice(&buf[..room]);
+            }
+        }
     }
 }
 
@@ -241,6 +294,9 @@ impl Runtime for ProcessRuntime {
         let id = container_id(spec);
         let log = OwnedFd::from(open_log(&spec.log_path)?);
         let err_log = log.try_clone().map_err(|e| RuntimeError::Start(e.to_string()))?;
+        if self.within_root(spec).is_ok() {
+            clear_leftovers(&self.fs, &spec.cgroup).await;
+        }
         let oom_before = oom_kills(&self.fs, &spec.cgroup);
         let req = self.request(spec, &argv);
         let prepared = self.within_root(spec).and_then(|()| req.spawn(log, err_log).map_err(RuntimeError::Start));
@@ -259,6 +315,7 @@ impl Runtime for ProcessRuntime {
         let spawned = tokio::task::spawn_blocking(move || {
             let child = prepared.spawn()?;
             let started_at = Timestamp::now();
+            let pid_start = sys::start_ticks(child.pid);
             let (tx, rx) = watch::channel(None);
             let kept = child
                 .pidfd
@@ -267,27 +324,39 @@ impl Runtime for ProcessRuntime {
                 .ok();
             register(&containers, registered, Entry { pidfd: kept, exit: rx, term_sent: false, spec: owned });
             tokio::spawn(watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
-            Ok::<_, std::io::Error>((child.pid, started_at))
+            Ok::<_, std::io::Error>((child.pid, pid_start, started_at))
         })
         .await
         .map_err(std::io::Error::other)
         .and_then(|r| r);
         match spawned {
-            Ok((pid, started_at)) => Ok(Started { id, pid, started_at }),
+            Ok((pid, pid_start, started_at)) => Ok(Started { id, pid, pid_start, started_at }),
             Err(e) => Ok(self.start_failed(spec, id, format!("cannot start {:?}: {e}", argv[0]))),
         }
     }
 
-    async fn adopt(&self, spec: &ContainerSpec, pid_hint: Option<u32>) -> Option<Started> {
+    async fn adopt(&self, spec: &ContainerSpec, main: Option<MainProcess>) -> Option<Started> {
+        self.within_root(spec).ok()?;
         let procs = self.fs.read_procs(&spec.cgroup).ok()?;
-        let pid = match pid_hint {
-            Some(p) if procs.contains(&p) => p,
-            _ => procs.iter().copied().min()?,
+        // Only the main process the earlier daemon saved, and only while it is the same process: another process
+        // of the cgroup (a child the main process left) is no container, and a PID given again is another process.
+        // The pidfd is opened first, so the process checked is the one watched.
+        let found = main.filter(|m| procs.contains(&m.pid)).and_then(|m| {
+            let pidfd =
+                Pid::from_raw(i32::try_from(m.pid).ok()?).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok())?;
+            let now = sys::start_ticks(m.pid);
+            let same = now.is_some() && (m.start.is_none() || m.start == now);
+            same.then_some((m.pid, now, pidfd))
+        });
+        let Some((pid, pid_start, pidfd)) = found else {
+            // Its main process ended while no daemon watched it: what it left is killed, and the container is
+            // seen exited.
+            kill_leftovers(&self.fs, &spec.cgroup);
+            return None;
         };
         let id = container_id(spec);
         let (tx, rx) = watch::channel(None);
-        let pidfd =
-            Pid::from_raw(i32::try_from(pid).unwrap_or(0)).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        let pidfd = Some(pidfd);
         register(&self.containers, id.clone(), Entry { pidfd, exit: rx, term_sent: false, spec: spec.clone() });
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
@@ -307,6 +376,7 @@ impl Runtime for ProcessRuntime {
             if let Err(e) = sys::pidfd_exited(pidfd).await {
                 tracing::warn!(error = %e, "cannot watch an adopted container; treating it as exited");
             }
+            kill_leftovers(&fs, &cgroup);
             let (exit_code, reason, message) = if oom_kills(&fs, &cgroup) > oom_before {
                 (137, "OOMKilled", None)
             } else {
@@ -325,7 +395,7 @@ impl Runtime for ProcessRuntime {
                 finished_at: Timestamp::now(),
             }));
         });
-        Some(Started { id, pid, started_at })
+        Some(Started { id, pid, pid_start, started_at })
     }
 
     async fn wait(&self, id: &str) -> ExitInfo {
@@ -375,12 +445,12 @@ impl Runtime for ProcessRuntime {
             let mut err = Vec::new();
             let read_out = async {
                 if let Some(s) = stdout.as_mut() {
-                    let _ = s.take(EXEC_OUTPUT_LIMIT as u64).read_to_end(&mut out).await;
+                    drain(s, &mut out).await;
                 }
             };
             let read_err = async {
                 if let Some(s) = stderr.as_mut() {
-                    let _ = s.take(EXEC_OUTPUT_LIMIT as u64).read_to_end(&mut err).await;
+                    drain(s, &mut err).await;
                 }
             };
             tokio::join!(read_out, read_err);
@@ -454,6 +524,11 @@ mod tests {
             panic!("{} never appeared", path.display());
         };
         wait_for(ready).await;
+        // A command that writes far more than a pipe holds runs to its end: its output is read and cut.
+        let chatty = ["sh", "-c", "seq 1 40000; seq 1 40000 >&2; exit 3"].map(String::from);
+        let out = runtime.exec(&id, &chatty, Duration::from_secs(20)).await.unwrap();
+        assert_eq!(out.exit_code, Some(3), "{out:?}");
+        assert!(out.output.starts_with("1\n2\n3\n") && out.output.len() <= EXEC_OUTPUT_LIMIT, "{}", out.output.len());
         assert!(runtime.stop_signals().unwrap().signal_stop_now(&id));
         wait_for(terms.clone()).await;
         // The stop waits out the grace period without a second SIGTERM, then kills.

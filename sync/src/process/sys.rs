@@ -22,6 +22,22 @@ pub async fn pidfd_exited(pidfd: OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A process's start time in clock ticks after boot (field 22 of `/proc/<pid>/stat`): with its PID, it names one
+/// process for good, since a PID is given again only to a process started later. `None` when the process is gone
+/// or the file cannot be parsed.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_ticks(&stat)
+}
+
+/// The start time in a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses and may hold spaces
+/// and parentheses itself, so the fields are counted from the last `)`.
+fn parse_start_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    // After the name: state (field 3) ... starttime (field 22), the 20th.
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
 /// What a new container process does after the fork and before it execs its command, all of it prepared by the
 /// daemon: the child of a multi-threaded process may only make async-signal-safe calls, so nothing here
 /// allocates, formats or takes a lock (another thread may have held the allocator's lock at the fork).
@@ -635,6 +651,18 @@ pub async fn wait_exit(pidfd: OwnedFd) -> std::io::Result<(Option<i32>, Option<i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_time_is_read_after_the_last_parenthesis() {
+        let fields = "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 20 21";
+        assert_eq!(parse_start_ticks(&format!("12 (a) b) c) {fields}")), Some(4242));
+        assert_eq!(parse_start_ticks(&format!("12 (sh) {fields}")), Some(4242));
+        assert_eq!(parse_start_ticks("12 (sh) S 1 2"), None);
+        assert_eq!(parse_start_ticks("garbage"), None);
+        assert_eq!(parse_start_ticks(&format!("12 (sh) {}", fields.replace("4242", "x"))), None);
+        let own = start_ticks(std::process::id()).unwrap();
+        assert!(own > 0 && start_ticks(std::process::id()) == Some(own), "stable for a process");
+    }
 
     #[test]
     fn only_a_refusal_of_clone3_itself_falls_back_to_a_move() {

@@ -3,7 +3,7 @@
 
 use super::lifecycle::{ContainerSlot, ContainerState, LastExit, Lifecycle, PodState, PrepareStep, Resume, Role};
 use super::{Sandbox, Worker};
-use crate::runtime::{RunningSandbox, Runtime, SandboxRuntime};
+use crate::runtime::{ExitInfo, MainProcess, RunningSandbox, Runtime, SandboxRuntime};
 use crate::state::{self, SavedContainer, SavedPod};
 
 /// The state to save for the next daemon.
@@ -16,6 +16,7 @@ pub(super) fn saved(pod: &Lifecycle) -> SavedPod {
             let saved = SavedContainer {
                 restarts: c.restarts,
                 pid: running.map(|r| r.pid),
+                pid_start: running.and_then(|r| r.pid_start),
                 started_at: running.map(|r| r.started_at),
                 last: c.last_exit.as_ref().map(|l| l.info.clone()),
             };
@@ -84,17 +85,28 @@ impl<R: Runtime> Worker<R> {
             let s = saved.containers.get(&name).cloned().unwrap_or_default();
             restore(&mut self.lifecycle.containers[i], &s);
             let role = self.lifecycle.containers[i].role;
+            let main = s.pid.map(|pid| MainProcess { pid, start: s.pid_start });
             if !sandbox_lost
                 && let Ok(spec) = self.build_spec(i, s.restarts, false)
-                && let Some(mut started) = self.shared.runtime.adopt(&spec, s.pid).await
+                && let Some(mut started) = self.shared.runtime.adopt(&spec, main).await
             {
                 started.started_at = s.started_at.unwrap_or(started.started_at);
                 tracing::info!(pod = %self.full_name(), container = %name, pid = started.pid, "adopted running container");
                 let running = self.attach(started, &name, s.restarts).running(now);
                 self.lifecycle.containers[i].state = ContainerState::Running(running);
                 any_app |= role == Role::App;
+            } else if let Some(main) = main.filter(|m| m.pid != 0) {
+                // It ran when the earlier daemon stopped and its main process is gone: it ended unseen, and is
+                // restarted (or not) under the restart policy, as an exit.
+                tracing::info!(pod = %self.full_name(), container = %name, pid = main.pid, "container ended while nodewarden was not running");
+                let started_at = s.started_at.unwrap_or_else(jiff::Timestamp::now);
+                let info = ExitInfo::unknown(
+                    "the container's main process ended while nodewarden was not running; its exit code is unknown",
+                    started_at,
+                );
+                self.lifecycle.containers[i].last_exit = Some(LastExit { info, container_id: None });
             }
-            any_app |= role == Role::App && s.last.is_some();
+            any_app |= role == Role::App && self.lifecycle.containers[i].last_exit.is_some();
         }
         let policy = self.lifecycle.policy;
         for c in &mut self.lifecycle.containers {

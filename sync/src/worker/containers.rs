@@ -122,6 +122,16 @@ impl<R: Runtime> Worker<R> {
             Role::App => "container",
             Role::Init | Role::Sidecar => "init_container",
         };
+        let name = &self.lifecycle.containers[index].name;
+        match self.shared.resources().ensure_container(&self.uid, name) {
+            Ok(true) => {
+                tracing::warn!(pod = %self.full_name(), container = %name, "the container's cgroup had vanished; made it again")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(pod = %self.full_name(), container = %name, error = %e, "cannot make the container's cgroup again")
+            }
+        }
         let spec = match self.build_spec(index, attempt, true) {
             Ok(s) => s,
             Err(message) => {
@@ -234,7 +244,13 @@ impl<R: Runtime> Worker<R> {
         let probes = self.probes(name);
         let log = crate::spec::log_dir(&self.shared.settings.log_dir, &self.pod, name).join(format!("{attempt}.log"));
         self.watch(started.id.clone(), probes.clone(), log);
-        StartedContainer { id: started.id, pid: started.pid, started_at: started.started_at, probes }
+        StartedContainer {
+            id: started.id,
+            pid: started.pid,
+            pid_start: started.pid_start,
+            started_at: started.started_at,
+            probes,
+        }
     }
 
     /// Stops a container whose liveness or startup probe failed; its exit arrives through its watcher.

@@ -161,6 +161,8 @@ pub(crate) struct RunningContainer {
     pub id: String,
     /// The main process (0 when the runtime does not say).
     pub pid: u32,
+    /// The main process's start time in clock ticks after boot, where known.
+    pub pid_start: Option<u64>,
     /// When it started.
     pub started_at: Timestamp,
     /// When it started, on the worker's clock (the back-off counts from it).
@@ -178,6 +180,8 @@ pub(crate) struct StartedContainer {
     pub id: String,
     /// The main process.
     pub pid: u32,
+    /// The main process's start time in clock ticks after boot, where known.
+    pub pid_start: Option<u64>,
     /// When it started.
     pub started_at: Timestamp,
     /// Its probes.
@@ -199,6 +203,7 @@ impl StartedContainer {
             probes: self.probes.into_iter().map(|(k, cfg)| (k, (cfg, ProbeState::default()))).collect(),
             id: self.id,
             pid: self.pid,
+            pid_start: self.pid_start,
             started_at: self.started_at,
             since: now,
             readiness,

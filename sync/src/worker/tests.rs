@@ -152,10 +152,10 @@ impl Runtime for Fake {
         let id = format!("c{n}");
         self.started.lock().unwrap().push((Instant::now(), spec.clone()));
         self.running.lock().unwrap().insert(id.clone(), (spec.name.clone(), watch::channel(None).0));
-        Ok(Started { id, pid: 1000 + *n, started_at: Timestamp::UNIX_EPOCH })
+        Ok(Started { id, pid: 1000 + *n, pid_start: None, started_at: Timestamp::UNIX_EPOCH })
     }
 
-    async fn adopt(&self, _spec: &ContainerSpec, _pid: Option<u32>) -> Option<Started> {
+    async fn adopt(&self, _spec: &ContainerSpec, _main: Option<crate::runtime::MainProcess>) -> Option<Started> {
         None
     }
 

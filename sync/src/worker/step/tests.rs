@@ -24,7 +24,13 @@ fn slot(name: &str, role: Role, state: ContainerState) -> ContainerSlot {
 }
 
 fn running(id: &str, now: Instant) -> ContainerState {
-    let started = StartedContainer { id: id.into(), pid: 1, started_at: Timestamp::UNIX_EPOCH, probes: Vec::new() };
+    let started = StartedContainer {
+        id: id.into(),
+        pid: 1,
+        pid_start: None,
+        started_at: Timestamp::UNIX_EPOCH,
+        probes: Vec::new(),
+    };
     ContainerState::Running(started.running(now))
 }
 
@@ -232,6 +238,7 @@ fn transitions() {
                 result: Ok(StartedContainer {
                     id: "c3".into(),
                     pid: 3,
+                    pid_start: None,
                     started_at: Timestamp::UNIX_EPOCH,
                     probes: vec![],
                 }),
@@ -248,6 +255,7 @@ fn transitions() {
                 result: Ok(StartedContainer {
                     id: "c1".into(),
                     pid: 1,
+                    pid_start: None,
                     started_at: Timestamp::UNIX_EPOCH,
                     probes: vec![],
                 }),
@@ -292,6 +300,7 @@ fn a_failing_liveness_probe_stops_the_container_once() {
     let started = StartedContainer {
         id: "c1".into(),
         pid: 1,
+        pid_start: None,
         started_at: Timestamp::UNIX_EPOCH,
         probes: vec![(crate::probe::ProbeKind::Liveness, cfg)],
     };
@@ -331,7 +340,7 @@ fn a_restart_count_at_u32_max_saturates() {
     app.last_exit = Some(LastExit { info: exit(1), container_id: Some("c1".into()) });
     let (p, actions) = step(pod(PodState::Running, vec![app]), Input::Timer, now);
     assert_eq!(actions, [Action::StartContainer { index: 0, attempt: u32::MAX }]);
-    let started = StartedContainer { id: "c2".into(), pid: 2, started_at: Timestamp::UNIX_EPOCH, probes: vec![] };
+    let started = started_container("c2", 2);
     let (p, _) = step(p, Input::ContainerStarted { index: 0, attempt: u32::MAX, result: Ok(started) }, now);
     assert_eq!(p.containers[0].restarts, u32::MAX);
     assert!(p.containers[0].running().is_some());
@@ -395,7 +404,12 @@ fn a_pod_that_completes_drops_a_start_under_way() {
     assert!(p.state.is_over(), "{:?}", p.state);
     assert!(actions.contains(&Action::Abandon), "{actions:?}");
     assert_eq!(p.containers[0].state, ContainerState::Pending);
-    let started = StartedContainer { id: "c2".into(), pid: 2, started_at: Timestamp::UNIX_EPOCH, probes: vec![] };
+    let started = started_container("c2", 2);
     let (p2, actions) = step(p.clone(), Input::ContainerStarted { index: 0, attempt: 1, result: Ok(started) }, now);
     assert_eq!((p2.state, actions), (p.state, vec![]), "a late start result is ignored");
+}
+
+/// A container the runtime reports started, without probes.
+fn started_container(id: &str, pid: u32) -> StartedContainer {
+    StartedContainer { id: id.into(), pid, pid_start: None, started_at: Timestamp::UNIX_EPOCH, probes: vec![] }
 }
