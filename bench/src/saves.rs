@@ -56,6 +56,7 @@ fn started() -> SavedPod {
         containers: [("app".to_owned(), container)].into(),
         start_time: Some(jiff::Timestamp::now()),
         terminal: None,
+        deletion_deadline: None,
     }
 }
 

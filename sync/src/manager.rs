@@ -531,8 +531,20 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// SIGTERM to every process of a pod nobody has any more, `cgroup.kill` after [`ORPHAN_GRACE`], then release.
+/// How long an orphan gets after SIGTERM: the rest of the grace period of a deletion an earlier daemon had begun
+/// (`deadline`, saved with the pod's state), else [`ORPHAN_GRACE`].
+pub(crate) fn orphan_grace(deadline: Option<jiff::Timestamp>, now: jiff::Timestamp) -> Duration {
+    match deadline {
+        Some(d) => now.duration_until(d).try_into().unwrap_or(Duration::ZERO),
+        None => ORPHAN_GRACE,
+    }
+}
+
+/// SIGTERM to every process of a pod nobody has any more, `cgroup.kill` once its grace period is over (see
+/// [`orphan_grace`]), then release.
 async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, root: std::path::PathBuf) {
+    let grace = orphan_grace(state::load(&root, &uid).deletion_deadline, jiff::Timestamp::now());
+    tracing::info!(pod_uid = %uid, grace_seconds = grace.as_secs(), "terminating an orphaned pod");
     let lock = || resources.lock().unwrap_or_else(PoisonError::into_inner);
     // A pod whose processes cannot be listed is taken as still running: it gets its whole grace period.
     let running = || lock().procs(&uid).map_or(true, |p| !p.is_empty());
@@ -540,7 +552,7 @@ async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, r
     if let Err(e) = lock().signal(&uid, Signal::TERM) {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot signal an orphaned pod's processes");
     }
-    let deadline = Instant::now() + ORPHAN_GRACE;
+    let deadline = Instant::now() + grace.min(nodewarden_resources::pod::MAX_GRACE_PERIOD);
     while Instant::now() < deadline && running() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -549,5 +561,19 @@ async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, r
         && let Err(e) = volumes::remove_pod_dir(&root, &uid)
     {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot remove the pod's directory");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_orphan_gets_the_rest_of_a_saved_deletion_or_the_default() {
+        let now = jiff::Timestamp::from_second(1_000_000).unwrap();
+        let at = |s: i64| jiff::Timestamp::from_second(1_000_000 + s).unwrap();
+        assert_eq!(orphan_grace(None, now), ORPHAN_GRACE);
+        assert_eq!(orphan_grace(Some(at(90)), now), Duration::from_secs(90));
+        assert_eq!(orphan_grace(Some(at(-5)), now), Duration::ZERO, "a deadline passed while the daemon was down");
     }
 }

@@ -48,6 +48,10 @@ pub struct SavedPod {
     /// running the pod again. Files written before it was a struct hold a `[phase, reason, message]` array.
     #[serde(default, deserialize_with = "terminal_or_array")]
     pub terminal: Option<Terminal>,
+    /// While the pod is being deleted: when its grace period ends. A daemon restarted meanwhile gives the pod the
+    /// rest of it (the kubelet keeps the grace period in container labels), not a fresh default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_deadline: Option<Timestamp>,
 }
 
 /// `SavedPod.terminal` as saved now, or as an array by earlier versions.

@@ -39,8 +39,9 @@ pub struct StatusStore {
 }
 
 impl StatusStore {
-    /// Sets a pod's latest state.
-    pub fn set(&self, uid: &str, pod: Pod) {
+    /// Sets a pod's latest state, redacted ([`redact`]): the store is what the unauthenticated `/pods` serves.
+    pub fn set(&self, uid: &str, mut pod: Pod) {
+        redact(&mut pod);
         self.pods.write().unwrap_or_else(PoisonError::into_inner).insert(uid.to_owned(), pod);
     }
 
@@ -124,6 +125,31 @@ impl StatusStore {
     }
 }
 
+/// What an environment variable's value is replaced with in `/pods`.
+pub const REDACTED: &str = "(redacted)";
+
+/// The annotation in which `kubectl apply` keeps the whole object it applied, env values included.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Takes out of a pod what the unauthenticated read-only port must not show: every container's env values (a
+/// manifest's credentials, as `value:`), and the copy of the object `kubectl apply` keeps in an annotation. Values
+/// from Secrets and ConfigMaps are only references in a spec and stay so.
+fn redact(pod: &mut Pod) {
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+    let Some(spec) = pod.spec.as_mut() else { return };
+    let envs = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .filter_map(|c| c.env.as_mut())
+        .chain(spec.ephemeral_containers.iter_mut().flatten().filter_map(|c| c.env.as_mut()));
+    for var in envs.flatten().filter(|v| v.value.is_some()) {
+        var.value = Some(REDACTED.to_owned());
+    }
+}
+
 /// The `/pods` entry of a refused manifest.
 fn invalid_manifest_pod(m: &InvalidManifest) -> Pod {
     Pod {
@@ -182,6 +208,32 @@ mod tests {
             spec: None,
             status: Some(PodStatus { phase: Some(phase.to_owned()), ..PodStatus::default() }),
         }
+    }
+
+    #[test]
+    fn env_values_and_the_applied_copy_are_not_served() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u", "annotations": {LAST_APPLIED: "{\"password\": \"hunter2\"}", "keep": "x"}},
+            "spec": {
+                "containers": [{"name": "a", "env": [
+                    {"name": "PASSWORD", "value": "hunter2"},
+                    {"name": "FROM", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+                ]}],
+                "initContainers": [{"name": "i", "env": [{"name": "TOKEN", "value": "hunter2"}]}],
+                "ephemeralContainers": [{"name": "e", "env": [{"name": "T", "value": "hunter2"}]}]
+            }
+        }))
+        .unwrap();
+        let store = StatusStore::default();
+        store.set("u", pod);
+        let text = String::from_utf8(store.pod_list_json().unwrap()).unwrap();
+        assert!(!text.contains("hunter2"), "{text}");
+        let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let spec = &list["items"][0]["spec"];
+        assert_eq!(spec["containers"][0]["env"][0], serde_json::json!({"name": "PASSWORD", "value": REDACTED}));
+        assert_eq!(spec["containers"][0]["env"][1]["valueFrom"]["secretKeyRef"]["name"], "s");
+        assert_eq!(spec["initContainers"][0]["env"][0]["value"], REDACTED);
+        assert_eq!(list["items"][0]["metadata"]["annotations"], serde_json::json!({"keep": "x"}));
     }
 
     #[test]

@@ -1,13 +1,19 @@
 //! Taking over a pod an earlier daemon ran, from its saved state and the containers that still run; and the
 //! state saved for the next daemon.
 
-use super::lifecycle::{ContainerSlot, ContainerState, LastExit, Lifecycle, PodState, PrepareStep, Resume, Role};
+use jiff::Timestamp;
+use tokio::time::Instant;
+
+use super::lifecycle::{
+    ContainerSlot, ContainerState, LastExit, Lifecycle, PodState, PrepareStep, Reason, Resume, Role,
+};
 use super::{Sandbox, Worker};
 use crate::runtime::{ExitInfo, MainProcess, RunningSandbox, Runtime, SandboxRuntime};
 use crate::state::{self, SavedContainer, SavedPod};
 
-/// The state to save for the next daemon.
-pub(super) fn saved(pod: &Lifecycle) -> SavedPod {
+/// The state to save for the next daemon; `now` is the same moment on the worker's clock and the wall clock, to
+/// save a deletion's deadline as a time.
+pub(super) fn saved(pod: &Lifecycle, now: (Instant, Timestamp)) -> SavedPod {
     let containers = pod
         .containers
         .iter()
@@ -29,6 +35,13 @@ pub(super) fn saved(pod: &Lifecycle) -> SavedPod {
         containers,
         start_time: pod.start_time,
         terminal: pod.terminal().filter(|t| !t.is_shutdown()),
+        deletion_deadline: match &pod.state {
+            PodState::Terminating { reason: Reason::Deleted, deadline, .. } => {
+                let left = deadline.saturating_duration_since(now.0);
+                now.1.checked_add(left).ok()
+            }
+            _ => None,
+        },
     }
 }
 
@@ -78,7 +91,7 @@ impl<R: Runtime> Worker<R> {
             tracing::warn!(pod = %self.full_name(), "no ready sandbox found for an adopted pod; creating a new one");
             self.sandbox = Sandbox::Requested;
         }
-        let now = tokio::time::Instant::now();
+        let now = Instant::now();
         let mut any_app = false;
         for i in 0..self.lifecycle.containers.len() {
             let name = self.lifecycle.containers[i].name.clone();
@@ -99,7 +112,7 @@ impl<R: Runtime> Worker<R> {
                 // It ran when the earlier daemon stopped and its main process is gone: it ended unseen, and is
                 // restarted (or not) under the restart policy, as an exit.
                 tracing::info!(pod = %self.full_name(), container = %name, pid = main.pid, "container ended while nodewarden was not running");
-                let started_at = s.started_at.unwrap_or_else(jiff::Timestamp::now);
+                let started_at = s.started_at.unwrap_or_else(Timestamp::now);
                 let info = ExitInfo::unknown(
                     "the container's main process ended while nodewarden was not running; its exit code is unknown",
                     started_at,

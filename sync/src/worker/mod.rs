@@ -531,7 +531,7 @@ impl<R: Runtime> Worker<R> {
     /// the runtime's threads and the saves of pods starting together can share a commit. Waited for, so that a
     /// pod's saves land in order.
     async fn save(&mut self) {
-        let saved = adopt::saved(&self.lifecycle);
+        let saved = adopt::saved(&self.lifecycle, (Instant::now(), jiff::Timestamp::now()));
         let (root, uid, first) = (self.shared.settings.root_dir.clone(), self.uid.clone(), !self.saved_once);
         let saving = tokio::task::spawn_blocking(move || crate::state::save(&root, &uid, &saved, first));
         let error = match saving.await {

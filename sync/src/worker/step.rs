@@ -200,7 +200,12 @@ impl Lifecycle {
                 }
             }
             PodState::Terminating { reason: current, deadline: old, stage } => {
-                if reason == Reason::Deleted {
+                let deleted = reason == Reason::Deleted;
+                // A deletion, or a deletion's deadline brought forward, is saved for a daemon restarted meanwhile.
+                if deleted && (*current != Reason::Deleted || deadline < *old) {
+                    out.push(Action::Save);
+                }
+                if deleted {
                     *current = Reason::Deleted;
                 }
                 if deadline < *old {
@@ -234,6 +239,7 @@ impl Lifecycle {
     /// From a placed pod: SIGTERM what runs, or clean up at once when nothing does. The signals go out before the
     /// resource manager hears of the termination (an eviction waits for them, on a node short of memory).
     fn begin_termination(&mut self, reason: Reason, deadline: Instant, now: Instant, out: &mut Vec<Action>) {
+        let deleted = reason == Reason::Deleted;
         let ids = self.running_ids();
         if ids.is_empty() || deadline <= now {
             self.state = PodState::Terminating { reason, deadline, stage: Stage::Killing { until: now + KILL_WAIT } };
@@ -245,6 +251,10 @@ impl Lifecycle {
             out.push(Action::StopAll { ids, deadline });
         }
         out.push(Action::MarkTerminating);
+        if deleted {
+            // Saved, so that a daemon restarted meanwhile gives the pod the rest of its grace period.
+            out.push(Action::Save);
+        }
         self.advance(now, out);
     }
 

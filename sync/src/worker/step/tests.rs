@@ -84,7 +84,7 @@ fn transitions() {
             pod(preparing.clone(), vec![app(ContainerState::Pending)]),
             terminate(10, Reason::Deleted),
             terminating(Reason::Deleted, secs(10), Stage::CleaningUp),
-            vec![Action::Abandon, Action::MarkTerminating, Action::CleanUp { deleted: true }],
+            vec![Action::Abandon, Action::MarkTerminating, Action::Save, Action::CleanUp { deleted: true }],
         ),
         (
             "terminating while an init container runs stops it",
@@ -102,10 +102,12 @@ fn transitions() {
             pod(PodState::Running, vec![app(ContainerState::Starting), slot("b", Role::App, running("c2", now))]),
             terminate(10, Reason::Deleted),
             stopping(Reason::Deleted),
+            // The deletion's deadline is saved for a daemon restarted meanwhile.
             vec![
                 Action::Abandon,
                 Action::StopAll { ids: vec!["c2".into()], deadline: secs(10) },
                 Action::MarkTerminating,
+                Action::Save,
             ],
         ),
         (
@@ -130,11 +132,18 @@ fn transitions() {
             vec![Action::KillAll { ids: vec!["c1".into()] }],
         ),
         (
-            "a deletion wins over an eviction",
+            "a deletion wins over an eviction, and is saved",
             pod(stopping(evicted()), vec![app(running("c1", now))]),
             terminate(60, Reason::Deleted),
             stopping(Reason::Deleted),
-            vec![],
+            vec![Action::Save],
+        ),
+        (
+            "a deletion's deadline brought forward is saved",
+            pod(stopping(Reason::Deleted), vec![app(running("c1", now))]),
+            terminate(3, Reason::Deleted),
+            terminating(Reason::Deleted, secs(3), Stage::Stopping),
+            vec![Action::Save],
         ),
         (
             "a spec update while terminating is ignored",
@@ -412,4 +421,15 @@ fn a_pod_that_completes_drops_a_start_under_way() {
 /// A container the runtime reports started, without probes.
 fn started_container(id: &str, pid: u32) -> StartedContainer {
     StartedContainer { id: id.into(), pid, pid_start: None, started_at: Timestamp::UNIX_EPOCH, probes: vec![] }
+}
+
+#[test]
+fn a_deletions_deadline_is_saved_as_a_time() {
+    let now = Instant::now();
+    let wall = Timestamp::from_second(1_000_000).unwrap();
+    let deleting = terminating(Reason::Deleted, now + Duration::from_secs(90), Stage::Stopping);
+    let saved = super::super::adopt::saved(&pod(deleting, vec![]), (now, wall));
+    assert_eq!(saved.deletion_deadline, Some(Timestamp::from_second(1_000_090).unwrap()));
+    let evicting = terminating(evicted(), now + Duration::from_secs(90), Stage::Stopping);
+    assert_eq!(super::super::adopt::saved(&pod(evicting, vec![]), (now, wall)).deletion_deadline, None);
 }
