@@ -59,6 +59,8 @@ pub struct Shared {
     pub node_ip: Option<std::net::IpAddr>,
     /// Set while the node shuts down (logind's `PrepareForShutdown`): `/readyz` and the Node's `Ready` say so.
     pub node_shutdown: std::sync::atomic::AtomicBool,
+    /// Why the endpoints are not served while their port is held.
+    pub listen: Arc<crate::listen::ListenState>,
 }
 
 /// What the Node reports of the ledger.
@@ -336,6 +338,9 @@ pub struct Flags {
 
 /// Runs the daemon until SIGTERM or SIGINT. `path` is the config file, watched for edits.
 pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), DaemonError> {
+    // From the first moment: a SIGTERM during a long start (waiting for CRI or the apiserver) takes the shutdown
+    // path instead of the default action.
+    let mut signals = Signals::install().context("cannot install signal handlers")?;
     for f in &config.ignored {
         tracing::info!(field = %f, "kubelet config field is not implemented by nodewarden and is ignored");
     }
@@ -423,7 +428,10 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let runtime = select_runtime(&config, &fs, &metrics, &tasks, &shutdown).await?;
+    let runtime = match signals.unless(select_runtime(&config, &fs, &metrics, &tasks, &shutdown)).await {
+        Ok(runtime) => runtime?,
+        Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
+    };
     let node_ip = flags.node_ip.or_else(nodewarden_cluster::node_ip);
     let settings = SyncSettings {
         root_dir: config.root_dir.clone(),
@@ -434,6 +442,12 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     };
     let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
+    // Bound before pods start; a port that is held is tried again, while pods and eviction run (see `listen`).
+    let healthz = config.healthz;
+    let first_bind = match healthz {
+        Some(addr) => Some((addr, tokio::net::TcpListener::bind(addr).await)),
+        None => None,
+    };
     let (tx, rx) = mpsc::channel(4);
     if let Some(dir) = &config.static_pod_path {
         tracing::info!(dir = %dir.display(), "watching static pod manifests");
@@ -471,6 +485,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         node_resources,
         node_ip,
         node_shutdown: std::sync::atomic::AtomicBool::new(false),
+        listen: Arc::default(),
     });
     // The pressure stall counters count from here; the adopted pods show from the first scrape.
     shared.refresh_gauges();
@@ -481,21 +496,18 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.
     if let Some(kubeconfig) = &flags.kubeconfig {
-        let status = crate::cluster::start(kubeconfig, &shared, &tasks, &shutdown).await.context("--kubeconfig")?;
-        let _ = shared.cluster.set(status);
-    }
-    let healthz = shared.config().healthz;
-    let server = match healthz {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} (healthzBindAddress:healthzPort)"))?;
-            tracing::info!(%addr, "serving /healthz /readyz /metrics /pods /evictions /configz");
-            let app = crate::http::router(shared.clone());
-            Some(tokio::spawn(crate::serve::serve(listener, app, crate::serve::Limits::default(), shutdown.clone())))
+        let started = signals.unless(crate::cluster::start(kubeconfig, &shared, &tasks, &shutdown)).await;
+        match started {
+            Ok(status) => {
+                let _ = shared.cluster.set(status.context("--kubeconfig")?);
+            }
+            Err(signal) => return stop_early(signal, &shutdown, &[&tasks, &shared.pods.tasks()]).await,
         }
-        None => None,
-    };
+    }
+    let server = first_bind.map(|(addr, first)| {
+        let app = crate::http::router(shared.clone());
+        tokio::spawn(crate::listen::run(addr, first, app, shared.listen.clone(), shutdown.clone()))
+    });
     let shutdown_groups = shared.config().shutdown_groups.clone();
     if !shutdown_groups.is_empty() {
         tasks.spawn(crate::shutdown::run(shared.clone(), shutdown_groups, shutdown.clone()));
@@ -505,7 +517,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         tasks.spawn(crate::notify::run(notifier, shared.clone(), shutdown.clone()));
     }
 
-    let signal = wait_for_signal().await.context("cannot install signal handlers")?;
+    let signal = signals.recv().await;
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
     shutdown.cancel();
     let pod_tasks = shared.pods.tasks();
@@ -534,14 +546,51 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     Ok(())
 }
 
-async fn wait_for_signal() -> std::io::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT, handled from the daemon's first moment.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+    }
+
+    /// The next signal's name.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+
+    /// `work`'s output, unless a signal comes first (its name).
+    async fn unless<T>(&mut self, work: impl Future<Output = T>) -> Result<T, &'static str> {
+        tokio::select! {
+            out = work => Ok(out),
+            signal = self.recv() => Err(signal),
+        }
+    }
+}
+
+/// The shutdown path of a daemon signalled before it was fully started: what was started stops (pods keep
+/// running, for the next daemon to adopt).
+async fn stop_early(
+    signal: &'static str,
+    shutdown: &CancellationToken,
+    trackers: &[&TaskTracker],
+) -> Result<(), DaemonError> {
+    tracing::info!(signal, "shutting down during start; pod cgroups are left in place for the next start to adopt");
+    shutdown.cancel();
+    for tracker in trackers {
+        tracker.close();
+        if tokio::time::timeout(TASK_DRAIN, tracker.wait()).await.is_err() {
+            tracing::warn!(left = tracker.len(), "tasks still running {TASK_DRAIN:?} after shutdown; leaving them");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -609,6 +658,7 @@ mod tests {
             node_resources,
             node_ip: None,
             node_shutdown: std::sync::atomic::AtomicBool::new(false),
+            listen: Arc::default(),
         });
         Rig { host, shared, eviction }
     }

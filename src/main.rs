@@ -9,6 +9,7 @@ mod cri;
 mod daemon;
 mod http;
 mod kernel_defaults;
+mod listen;
 mod lock;
 mod metrics;
 mod notify;

@@ -120,7 +120,12 @@ fn status_line(shared: &Shared) -> String {
     } else {
         "Running"
     };
-    format!("{what}: {running} pods running; node conditions: {conditions}")
+    let mut line = format!("{what}: {running} pods running; node conditions: {conditions}");
+    if let Some(problem) = shared.listen.problem() {
+        line.push_str("; ");
+        line.push_str(&problem);
+    }
+    line
 }
 
 /// Tells systemd the daemon is ready once the first full pod sync and eviction pass are done, then keeps the
