@@ -16,7 +16,7 @@ use nodewarden_resources::{
     CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, LedgerView, Observations,
     REQUIRED_CONTROLLERS, ResourceManager, check_host,
 };
-use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics};
+use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
 use nodewarden_sync::{
     FILE_SOURCE, PodManager, PodSource, ProcessRuntime, RuntimeHealth, SelectedRuntime, StaticPodSource, StatusStore,
     SyncMetrics, SyncSettings,
@@ -204,6 +204,7 @@ async fn select_runtime(
         request_timeout: config.runtime_request_timeout,
         serialize_image_pulls: config.serialize_image_pulls,
         poll: CRI_POLL,
+        managed: managed_value(&config.root_dir),
     };
     let runtime_metrics = RuntimeMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let cri = Arc::new(CriRuntime::new(settings, Some(runtime_metrics)).context("containerRuntimeEndpoint")?);

@@ -1,9 +1,13 @@
-//! One daemon per node: an exclusive `flock(2)` on `<rootDir>/nodewarden.lock`, taken before anything else is
-//! touched and held for the daemon's life. The kernel drops it when the process ends, however it ends, so a
-//! `kill -9` leaves no stale lock; the file keeps the holder's PID for the message a second daemon prints.
+//! One daemon per node: an exclusive `flock(2)` on the `rootDir` directory itself and on
+//! `<rootDir>/nodewarden.lock`, taken before anything else is touched and held for the daemon's life. The
+//! directory's lock holds when the lock file is removed (a clean-up of rootDir), since a clean-up of its contents
+//! does not replace the directory; the file's lock is what earlier versions took. The kernel drops both when the
+//! process ends, however it ends, so a `kill -9` leaves no stale lock. The file keeps the holder's PID for the
+//! message a second daemon prints; a PID that cannot be written (a full disk) costs only that message.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{FlockOperation, Mode, OFlags, flock, open};
@@ -42,33 +46,48 @@ pub enum LockError {
 /// The lock, held until dropped (or the process ends).
 #[derive(Debug)]
 pub struct NodeLock {
+    _dir: OwnedFd,
     _file: File,
+}
+
+/// The PID a lock file names, for the message of a daemon that found it held.
+fn holder_of(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(file) = File::open(path) {
+        let _ = file.take(64).read_to_string(&mut text);
+    }
+    let holder = text.trim();
+    if holder.is_empty() { "unknown".to_owned() } else { holder.to_owned() }
 }
 
 /// Takes the node lock in `root_dir` (created if missing), without waiting.
 pub fn lock(root_dir: &Path) -> Result<NodeLock, LockError> {
     let path = root_dir.join(LOCK_FILE);
-    let io = |source| LockError::Io { path: path.clone(), source };
-    std::fs::create_dir_all(root_dir).map_err(io)?;
-    // No O_TRUNC before the lock is held (the holder's PID would be lost); no following a planted symlink. The
-    // descriptor is close-on-exec, so no container inherits the lock.
+    let io = |p: &Path, source| LockError::Io { path: p.to_path_buf(), source };
+    std::fs::create_dir_all(root_dir).map_err(|e| io(root_dir, e))?;
+    let held = || LockError::Held { dir: root_dir.to_path_buf(), path: path.clone(), holder: holder_of(&path) };
+    // Close-on-exec, so no container inherits a lock.
+    let dir = open(root_dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| io(root_dir, e.into()))?;
+    match flock(&dir, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => return Err(held()),
+        Err(e) => return Err(io(root_dir, e.into())),
+    }
+    // No O_TRUNC before the lock is held (the holder's PID would be lost); no following a planted symlink.
     let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let mut file = File::from(open(&path, flags, Mode::from_raw_mode(0o644)).map_err(|e| io(e.into()))?);
+    let mut file = File::from(open(&path, flags, Mode::from_raw_mode(0o644)).map_err(|e| io(&path, e.into()))?);
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
-        Err(rustix::io::Errno::WOULDBLOCK) => {
-            let mut text = String::new();
-            let _ = Read::by_ref(&mut file).take(64).read_to_string(&mut text);
-            let holder = text.trim();
-            let holder = if holder.is_empty() { "unknown".to_owned() } else { holder.to_owned() };
-            return Err(LockError::Held { dir: root_dir.to_path_buf(), path, holder });
-        }
-        Err(e) => return Err(io(e.into())),
+        Err(rustix::io::Errno::WOULDBLOCK) => return Err(held()),
+        Err(e) => return Err(io(&path, e.into())),
     }
-    file.set_len(0).map_err(io)?;
-    file.rewind().map_err(io)?;
-    writeln!(file, "{}", std::process::id()).map_err(io)?;
-    Ok(NodeLock { _file: file })
+    let written = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| writeln!(file, "{}", std::process::id()));
+    if let Err(e) = written {
+        // The daemon must start on the disk it may have to relieve; only the holder's PID is lost.
+        tracing::warn!(file = %path.display(), error = %e, "cannot write the daemon's PID into the lock file; the lock holds");
+    }
+    Ok(NodeLock { _dir: dir, _file: file })
 }
 
 #[cfg(test)]
@@ -89,6 +108,16 @@ mod tests {
         // Released with the holder: the next daemon takes it.
         drop(held);
         lock(&root).unwrap();
+    }
+
+    #[test]
+    fn removing_the_lock_file_does_not_let_a_second_daemon_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let _held = lock(&root).unwrap();
+        std::fs::remove_file(root.join(LOCK_FILE)).unwrap();
+        let err = lock(&root).unwrap_err();
+        assert!(matches!(&err, LockError::Held { .. }), "{err}");
     }
 
     #[test]

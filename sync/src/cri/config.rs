@@ -61,6 +61,26 @@ fn namespaces(spec: &SandboxSpec) -> NamespaceOption {
     }
 }
 
+/// The default `nodewarden.rootDir`, whose daemon marks its sandboxes [`MANAGED_LABEL`]`=true`, as every
+/// version before the mark named the instance.
+pub const DEFAULT_ROOT_DIR: &str = "/var/lib/nodewarden";
+
+/// The value of [`MANAGED_LABEL`] that names the daemon with `root_dir`: `true` for the default rootDir, else
+/// `root-` and a hash of the path, so that two daemons with two rootDirs on one runtime never take (or remove) each
+/// other's sandboxes. The hash is FNV-1a, which is fixed: the same path gives the same mark in every version.
+pub fn managed_value(root_dir: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    if root_dir == std::path::Path::new(DEFAULT_ROOT_DIR) {
+        return "true".to_owned();
+    }
+    let hash = root_dir
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    format!("root-{hash:016x}")
+}
+
 /// The labels that identify a pod's sandbox and containers: the kubelet's, and nodewarden's mark.
 fn kubelet_labels(spec: &SandboxSpec) -> HashMap<String, String> {
     HashMap::from([

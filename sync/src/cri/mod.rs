@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use client::{CRI_API_VERSION, CriClient, CriError};
 pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESPACE_LABEL, POD_UID_LABEL};
-pub use config::{container_config, sandbox_config};
+pub use config::{DEFAULT_ROOT_DIR, container_config, managed_value, sandbox_config};
 pub use metrics::RuntimeMetrics;
 
 use crate::runtime::{
@@ -53,6 +53,9 @@ pub struct CriSettings {
     pub serialize_image_pulls: bool,
     /// How often containers are listed to find exits.
     pub poll: Duration,
+    /// The value of [`MANAGED_LABEL`] on this daemon's sandboxes and containers ([`managed_value`]): only those
+    /// are adopted, reconciled and removed.
+    pub managed: String,
 }
 
 /// The CRI runtime.
@@ -195,7 +198,7 @@ impl CriRuntime {
     async fn stop_orphaned_containers(&self, containers: &[nodewarden_proto::v1::Container], watched: &[String]) {
         let filter = PodSandboxFilter {
             state: Some(PodSandboxStateValue { state: PodSandboxState::SandboxNotready.into() }),
-            label_selector: [(MANAGED_LABEL.to_owned(), "true".to_owned())].into(),
+            label_selector: [(MANAGED_LABEL.to_owned(), self.settings.managed.clone())].into(),
             ..PodSandboxFilter::default()
         };
         let Ok(dead) = self.client.list_pod_sandbox(Some(filter)).await else { return };
@@ -233,6 +236,20 @@ impl CriRuntime {
     }
 
     /// The pod's sandboxes, any state.
+    /// A sandbox's config, marked as this daemon's.
+    fn sandbox_config(&self, spec: &SandboxSpec, attempt: u32) -> PodSandboxConfig {
+        let mut config = sandbox_config(spec, attempt);
+        config.labels.insert(MANAGED_LABEL.to_owned(), self.settings.managed.clone());
+        config
+    }
+
+    /// A container's config, marked as this daemon's.
+    fn container_config(&self, spec: &ContainerSpec, pod: &SandboxSpec) -> nodewarden_proto::v1::ContainerConfig {
+        let mut config = container_config(spec, pod);
+        config.labels.insert(MANAGED_LABEL.to_owned(), self.settings.managed.clone());
+        config
+    }
+
     async fn pod_sandboxes(
         &self,
         uid: &str,
@@ -240,7 +257,11 @@ impl CriRuntime {
     ) -> Result<Vec<nodewarden_proto::v1::PodSandbox>, CriError> {
         let filter = PodSandboxFilter {
             state: state.map(|s| PodSandboxStateValue { state: s.into() }),
-            label_selector: [(POD_UID_LABEL.to_owned(), uid.to_owned())].into(),
+            label_selector: [
+                (POD_UID_LABEL.to_owned(), uid.to_owned()),
+                (MANAGED_LABEL.to_owned(), self.settings.managed.clone()),
+            ]
+            .into(),
             ..PodSandboxFilter::default()
         };
         self.client.list_pod_sandbox(Some(filter)).await
@@ -318,7 +339,7 @@ impl SandboxRuntime for CriRuntime {
         for s in earlier.iter().filter(|s| s.state() != PodSandboxState::SandboxReady) {
             self.stop_and_remove_sandbox(&s.id).await;
         }
-        let config = sandbox_config(spec, attempt);
+        let config = self.sandbox_config(spec, attempt);
         let req = RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
         let id = self.client.run_pod_sandbox(req).await.map_err(runtime_error)?;
         lock(&self.sandboxes).insert(id.clone(), (spec.clone(), config));
@@ -336,7 +357,7 @@ impl SandboxRuntime for CriRuntime {
         };
         let newest = ready.into_iter().max_by_key(|s| s.created_at)?;
         let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
-        lock(&self.sandboxes).insert(newest.id.clone(), (spec.clone(), sandbox_config(spec, attempt)));
+        lock(&self.sandboxes).insert(newest.id.clone(), (spec.clone(), self.sandbox_config(spec, attempt)));
         let ips = if spec.host_network {
             Vec::new()
         } else {
@@ -376,7 +397,7 @@ impl Runtime for CriRuntime {
 
     async fn reconcile(&self, keep: &BTreeSet<String>) {
         let filter = PodSandboxFilter {
-            label_selector: [(MANAGED_LABEL.to_owned(), "true".to_owned())].into(),
+            label_selector: [(MANAGED_LABEL.to_owned(), self.settings.managed.clone())].into(),
             ..Default::default()
         };
         let all = match self.client.list_pod_sandbox(Some(filter)).await {
@@ -416,7 +437,7 @@ impl Runtime for CriRuntime {
         self.ensure_image(spec, &sandbox_config).await?;
         let req = CreateContainerRequest {
             pod_sandbox_id: spec.sandbox_id.clone(),
-            config: Some(container_config(spec, &pod)),
+            config: Some(self.container_config(spec, &pod)),
             sandbox_config: Some(sandbox_config),
         };
         let id = match self.client.create_container(req).await {

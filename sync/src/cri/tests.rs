@@ -320,6 +320,7 @@ fn settings(path: &Path) -> CriSettings {
         request_timeout: Duration::from_secs(5),
         serialize_image_pulls: true,
         poll: Duration::from_millis(20),
+        managed: "true".into(),
     }
 }
 
@@ -478,6 +479,13 @@ async fn stops_execs_adoption_and_reconciliation() {
     let gone = rt.run_sandbox(&sandbox("gone")).await.unwrap().id;
     // A sandbox someone else made (no nodewarden label) is never touched.
     fake.state().sandboxes.push((PodSandbox { id: "foreign".into(), ..PodSandbox::default() }, Default::default()));
+    // Nor is one of another nodewarden, with a rootDir of its own, on the same runtime, even for the same pod.
+    let other_settings =
+        CriSettings { managed: managed_value(Path::new("/var/lib/other")), ..settings(&dir.path().join("cri.sock")) };
+    assert_ne!(other_settings.managed, "true");
+    assert_eq!(managed_value(Path::new(DEFAULT_ROOT_DIR)), "true", "the default keeps the earlier mark");
+    let other = CriRuntime::new(other_settings, None).unwrap();
+    let theirs = other.run_sandbox(&sandbox("keep")).await.unwrap().id;
 
     // A restarted daemon finds the sandbox and the running container; nothing new is created.
     let fresh = CriRuntime::new(settings(&dir.path().join("cri.sock")), None).unwrap();
@@ -487,6 +495,11 @@ async fn stops_execs_adoption_and_reconciliation() {
     assert_eq!(fresh.adopt_sandbox(&sandbox("never-ran")).await, None);
 
     fresh.reconcile(&["keep".to_owned()].into()).await;
+    let ids: Vec<String> = fake.state().sandboxes.iter().map(|s| s.0.id.clone()).collect();
+    assert_eq!(ids, [keep.clone(), "foreign".to_owned(), theirs.clone()]);
+    // The other daemon adopts its own sandbox of the pod, and its reconciliation leaves this one's alone.
+    assert_eq!(other.adopt_sandbox(&sandbox("keep")).await.map(|s| s.id), Some(theirs.clone()));
+    other.reconcile(&BTreeSet::new()).await;
     let ids: Vec<String> = fake.state().sandboxes.iter().map(|s| s.0.id.clone()).collect();
     assert_eq!(ids, [keep.clone(), "foreign".to_owned()]);
     assert!(fake.state().calls.contains(&format!("StopPodSandbox {gone}")));
