@@ -317,6 +317,9 @@ pub enum DaemonError {
     /// `protectKernelDefaults` and a kernel tunable that differs.
     #[error(transparent)]
     KernelDefaults(#[from] crate::kernel_defaults::KernelDefaultsError),
+    /// `failSwapOn` and swap on.
+    #[error(transparent)]
+    Swap(#[from] crate::swap::SwapError),
     /// `cgroupDriver: systemd` on a host where systemd cannot be reached.
     #[error(transparent)]
     Systemd(#[from] nodewarden_systemd::SlicesError),
@@ -386,6 +389,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     raise_open_files(config.max_open_files);
     // Only on a host that can run pods: nothing is changed where the daemon will not run.
     crate::kernel_defaults::ensure(Path::new("/proc/sys"), config.protect_kernel_defaults)?;
+    crate::swap::check(Path::new("/proc"), config.fail_swap_on)?;
     if config.resources.memory_qos && !kernel_at_least(5, 9) {
         tracing::warn!("Memory QoS needs Linux 5.9 or newer; memory.min and memory.high are not set");
         config.resources.memory_qos = false;

@@ -16,6 +16,7 @@ mod notify;
 mod reload;
 mod serve;
 mod shutdown;
+mod swap;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -139,6 +140,41 @@ fn check_config(path: &std::path::Path) -> Exit {
     }
 }
 
+/// The most threads of the async runtime's blocking pool (container starts, state saves, log copies).
+const BLOCKING_THREADS: usize = 64;
+
+/// The blocking threads made at start, before anything can run the node out of PIDs.
+const RESERVED_BLOCKING_THREADS: usize = 4;
+
+/// The async runtime: two worker threads, and a blocking pool whose threads, once made, never exit. tokio panics
+/// in `spawn_blocking` when the OS refuses a thread and the pool has none; with threads reserved at start and
+/// kept, a refusal (a node out of PIDs) only queues the work for a thread that has one, and nothing panics.
+fn async_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(BLOCKING_THREADS)
+        .thread_keep_alive(nodewarden_resources::KEEP_THREADS)
+        .enable_all()
+        .build()?;
+    // Each waits for the others, so that each is a thread of its own.
+    let all = std::sync::Arc::new(std::sync::Barrier::new(RESERVED_BLOCKING_THREADS));
+    let reserved: Vec<_> = (0..RESERVED_BLOCKING_THREADS)
+        .map(|_| {
+            let all = all.clone();
+            runtime.spawn_blocking(move || {
+                all.wait();
+            })
+        })
+        .collect();
+    runtime.block_on(async {
+        for r in reserved {
+            r.await.map_err(std::io::Error::other)?;
+        }
+        Ok::<_, std::io::Error>(())
+    })?;
+    Ok(runtime)
+}
+
 fn run(path: &std::path::Path, flags: daemon::Flags) -> Exit {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -155,7 +191,7 @@ fn run(path: &std::path::Path, flags: daemon::Flags) -> Exit {
             return Exit::Config;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match async_runtime() {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("cannot start the async runtime: {e}");
@@ -166,6 +202,10 @@ fn run(path: &std::path::Path, flags: daemon::Flags) -> Exit {
         Ok(()) => Exit::Ok,
         Err(daemon::DaemonError::KernelDefaults(e)) => {
             tracing::error!("{e}");
+            Exit::Host
+        }
+        Err(daemon::DaemonError::Swap(e)) => {
+            tracing::error!("failSwapOn: {e}");
             Exit::Host
         }
         Err(daemon::DaemonError::Host(e)) => {

@@ -58,8 +58,6 @@ pub const IGNORED: &[&str] = &[
     "makeIPTablesUtilChains",
     "iptablesMasqueradeBit",
     "iptablesDropBit",
-    "failSwapOn",
-    "memorySwap",
     "containerLogMaxWorkers",
     "configMapAndSecretChangeDetectionStrategy",
     "reservedSystemCPUs",

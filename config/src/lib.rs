@@ -132,6 +132,8 @@ pub struct Config {
     /// `protectKernelDefaults`: refuse to start on kernel tunables that differ from the kubelet's, instead of
     /// setting them.
     pub protect_kernel_defaults: bool,
+    /// `failSwapOn`: refuse to start on a node with swap on.
+    pub fail_swap_on: bool,
     /// `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval`.
     pub log_rotation: nodewarden_sync::LogRotation,
     /// The daemon cgroup's `memory.min` in bytes (`nodewarden.daemonMemoryMin`).
@@ -404,9 +406,24 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
     let healthz = (port != 0).then_some(SocketAddr::new(addr, port));
     if healthz.is_some() && !addr.is_loopback() {
         warnings.push(format!(
-            "healthzBindAddress {addr} is not a loopback address: /pods (every pod's spec, env values included), \
+            "healthzBindAddress {addr} is not a loopback address: /pods (every pod's spec, env values redacted), \
              /configz and /evictions are served unauthenticated to whoever reaches {addr}:{port}"
         ));
+    }
+
+    let behavior = required(&c.memory_swap, "memorySwap")?.swap_behavior.as_deref().unwrap_or(raw::NO_SWAP);
+    match behavior {
+        raw::NO_SWAP => {}
+        "LimitedSwap" => warnings.push(
+            "memorySwap.swapBehavior: LimitedSwap is not implemented; pods get memory.swap.max 0, as with NoSwap"
+                .into(),
+        ),
+        other => {
+            return Err(ConfigError::field(
+                "memorySwap.swapBehavior",
+                format!("{other:?} is not a swap behavior (NoSwap or LimitedSwap)"),
+            ));
+        }
     }
 
     let endpoint = required(&c.container_runtime_endpoint, "containerRuntimeEndpoint")?;
@@ -563,6 +580,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         healthz,
         max_open_files,
         protect_kernel_defaults: *required(&c.protect_kernel_defaults, "protectKernelDefaults")?,
+        fail_swap_on: *required(&c.fail_swap_on, "failSwapOn")?,
         log_rotation: nodewarden_sync::LogRotation {
             max_size: log_max_size,
             max_files: log_max_files,

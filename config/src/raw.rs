@@ -106,6 +106,10 @@ pub struct KubeletConfiguration {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protect_kernel_defaults: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail_swap_on: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_swap: Option<MemorySwap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub container_log_max_size: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container_log_max_files: Option<i64>,
@@ -223,6 +227,8 @@ pub const IMPLEMENTED: &[&str] = &[
     "podPidsLimit",
     "maxOpenFiles",
     "protectKernelDefaults",
+    "failSwapOn",
+    "memorySwap",
     "containerLogMaxSize",
     "containerLogMaxFiles",
     "containerLogMonitorInterval",
@@ -302,6 +308,11 @@ impl KubeletConfiguration {
         or(&mut self.pod_pids_limit, -1);
         or(&mut self.max_open_files, 1_000_000);
         or(&mut self.protect_kernel_defaults, false);
+        or(&mut self.fail_swap_on, true);
+        let swap = self.memory_swap.get_or_insert_with(MemorySwap::default);
+        if swap.swap_behavior.as_deref().is_none_or(str::is_empty) {
+            swap.swap_behavior = Some(NO_SWAP.into());
+        }
         or(&mut self.container_log_max_size, "10Mi".into());
         or(&mut self.container_log_max_files, 5);
         or(&mut self.container_log_monitor_interval, "10s".into());
@@ -345,6 +356,18 @@ impl KubeletConfiguration {
         self.nodewarden = Some(nw);
         self
     }
+}
+
+/// `memorySwap.swapBehavior` when none is set: pods do not use swap.
+pub const NO_SWAP: &str = "NoSwap";
+
+/// `memorySwap`: how pods may use swap on a node that has it (with `failSwapOn: false`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemorySwap {
+    /// `NoSwap` (the default) or `LimitedSwap`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap_behavior: Option<String>,
 }
 
 /// One entry of `shutdownGracePeriodByPodPriority`: pods of at least `priority` (and below the next entry's) get

@@ -37,6 +37,8 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
         static_pod_path => "staticPodPath",
         file_check_frequency => "fileCheckFrequency",
         protect_kernel_defaults => "protectKernelDefaults",
+        fail_swap_on => "failSwapOn",
+        memory_swap => "memorySwap",
         container_log_max_size => "containerLogMaxSize",
         container_log_max_files => "containerLogMaxFiles",
         container_log_monitor_interval => "containerLogMonitorInterval",

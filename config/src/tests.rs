@@ -170,9 +170,12 @@ fn a_non_loopback_healthz_address_is_warned_about() {
 #[test]
 fn a_real_kubelet_config_loads() {
     let c = parse(KUBEADM).unwrap();
-    for f in ["authentication", "authorization", "clusterDNS", "logging", "rotateCertificates", "memorySwap"] {
+    for f in ["authentication", "authorization", "clusterDNS", "logging", "rotateCertificates"] {
         assert!(c.ignored.iter().any(|i| i == f), "{f} not reported as ignored: {:?}", c.ignored);
     }
+    // kubeadm's `memorySwap: {}` is the default: no swap for pods, and a node with swap refused.
+    assert!(c.fail_swap_on);
+    assert_eq!(c.effective.memory_swap.as_ref().and_then(|s| s.swap_behavior.as_deref()), Some("NoSwap"));
     // kubeadm's driver, with its default root: the kubelet's kubepods.slice.
     assert_eq!(c.resources.cgroup_driver, CgroupDriver::Systemd);
     assert_eq!(c.resources.cgroup_root, CgroupPath::root());
@@ -304,4 +307,14 @@ fn a_config_reloads_unchanged_and_prints_as_a_file_that_loads_as_itself() {
             panic!("the printed config loads as another config: {diff:#?}\n{printed}");
         }
     }
+}
+
+#[test]
+fn swap_settings_are_the_kubelets() {
+    let c = parse(&format!("{HEAD}failSwapOn: false\nmemorySwap:\n  swapBehavior: LimitedSwap\n")).unwrap();
+    assert!(!c.fail_swap_on);
+    assert!(c.warnings.iter().any(|w| w.contains("LimitedSwap is not implemented")), "{:?}", c.warnings);
+    let err = parse(&format!("{HEAD}memorySwap:\n  swapBehavior: Unlimited\n")).unwrap_err();
+    assert!(err.to_string().contains("memorySwap.swapBehavior"), "{err}");
+    assert!(parse(&format!("{HEAD}memorySwap:\n  swapLimit: 1\n")).is_err(), "not a memorySwap field");
 }

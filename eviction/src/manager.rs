@@ -376,7 +376,14 @@ impl<E: Evictor> EvictionManager<E> {
         drain: Duration,
         realtime_priority: u8,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        // The one blocking thread the settling of a lowered allocatable needs is made here and kept: eviction
+        // never waits for the OS to give it a thread (a node out of PIDs would refuse it).
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .thread_keep_alive(nodewarden_resources::KEEP_THREADS)
+            .enable_all()
+            .build()?;
+        runtime.block_on(runtime.spawn_blocking(|| ())).map_err(std::io::Error::other)?;
         std::thread::Builder::new().name("eviction".into()).spawn(move || {
             if realtime_priority > 0 {
                 match make_realtime(realtime_priority) {

@@ -85,8 +85,13 @@ impl fmt::Display for CgroupPath {
 
 /// What control files of a cgroup hold when the kernel has just made it, for the limits every placement writes:
 /// a write of the same value to a new cgroup changes nothing, and is left out.
-pub const NEW_CGROUP_DEFAULTS: [(&str, &str); 4] =
-    [("cpu.weight", "100"), ("cpu.max", "max 100000"), ("pids.max", "max"), ("memory.max", "max")];
+pub const NEW_CGROUP_DEFAULTS: [(&str, &str); 5] = [
+    ("cpu.weight", "100"),
+    ("cpu.max", "max 100000"),
+    ("pids.max", "max"),
+    ("memory.max", "max"),
+    ("memory.swap.max", "max"),
+];
 
 /// Access to a cgroup2 hierarchy mounted at `mount`, writing only inside `scope`.
 #[derive(Debug, Clone)]

@@ -606,6 +606,11 @@ impl ResourceManager {
 
     fn write_placement(&self, p: &Placement, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
         self.make(&p.cgroup, &p.limits, created)?;
+        // Pods do not swap (the kubelet's NoSwap): a pod that swapped past memory.max would hide its memory from
+        // the eviction signal. Where the kernel has no swap accounting, the file is not there.
+        if self.fs.file(&p.cgroup, "memory.swap.max").exists() {
+            self.fs.write(&p.cgroup, "memory.swap.max", "0")?;
+        }
         tree::delegate(&self.fs, &self.tree, &p.cgroup)?;
         if self.config.container_cgroups {
             for c in &p.containers {

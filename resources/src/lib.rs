@@ -37,6 +37,10 @@ pub mod testing;
 mod tree;
 mod view;
 
+/// How long an idle thread of an async runtime's blocking pool is kept: for good. A pool whose threads exit must
+/// ask the OS for a thread again, and a node out of PIDs refuses (tokio then panics in `spawn_blocking`).
+pub const KEEP_THREADS: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
 pub use allocatable::{Allocatable, EvictionReserve, Reserved, Resources, compute as compute_allocatable};
 pub use bounded::{BoundedReadError, read_bounded};
 pub use capacity::{Capacity, FsStats, HostPaths, fs_stats, read_capacity, read_meminfo};

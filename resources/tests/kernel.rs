@@ -175,6 +175,7 @@ fn placed_pods_carry_their_limits() {
     assert_eq!(root.read("kubepods/besteffort/pode1/cpu.max"), "max 100000");
     assert_eq!(root.read("kubepods/besteffort/pode1/cpu.weight"), "1");
     assert_eq!(root.read("kubepods/besteffort/pode1/batch/memory.max"), "max");
+    assert_eq!(root.read("kubepods/besteffort/pode1/memory.swap.max"), "0", "pods do not swap");
 
     // A placement leaves out the values a new cgroup has: this kernel gives them.
     let fs = CgroupFs::new(MOUNT, root.path.clone());

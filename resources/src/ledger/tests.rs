@@ -74,6 +74,7 @@ fn places_each_class_where_the_kubelet_does() {
     assert_eq!(read(&f, "nw/kubepods/podg1/memory.max"), (128 * MIB).to_string());
     assert_eq!(read(&f, "nw/kubepods/podg1/cpu.max"), "50000 100000");
     assert_eq!(read(&f, "nw/kubepods/podg1/pids.max"), "256");
+    assert_eq!(read(&f, "nw/kubepods/podg1/memory.swap.max"), "0", "pods do not swap");
     assert_eq!(read(&f, "nw/kubepods/podg1/app/memory.max"), (128 * MIB).to_string());
     assert_eq!(g.containers[0].oom_score_adj, -997);
 
