@@ -54,7 +54,7 @@ pub use ledger::{
     ResourceManager,
 };
 pub use limits::{CgroupLimits, LimitSettings, container_limits, pod_limits};
-pub use names::{MAX_NAME_LEN, validate_container_name, validate_pod_uid};
+pub use names::{MAX_CONTAINER_NAME_LEN, MAX_NAME_LEN, MAX_UID_LEN, validate_container_name, validate_pod_uid};
 pub use observe::{MeminfoReader, NodeMemory, Observations, PidStats, PodUsage, Pressure, node_memory, pid_stats};
 pub use parse::{
     CpuMax, Limit, Meminfo, NestedKeyed, Psi, PsiLine, parse_cpu_list_count, parse_cpu_max, parse_flat_keyed,

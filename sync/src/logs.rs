@@ -1,8 +1,10 @@
 //! Container log rotation, as the kubelet's container log manager does it: every `containerLogMonitorInterval`, a
-//! running container's log that reached `containerLogMaxSize` is moved aside to `<log>.<UTC timestamp>`, and the
-//! oldest rotated files beyond `containerLogMaxFiles` (the live one counts) are removed. How the live file is moved
-//! aside is the runtime's ([`crate::Runtime::rotate_log`]): copy and truncate where the container holds the file
-//! open with `O_APPEND` (the process runtime), rename and `ReopenContainerLog` under CRI.
+//! running container's log that reached `containerLogMaxSize` is moved aside to `<log>.<UTC timestamp>.<sequence>`,
+//! and then the oldest rotated files beyond `containerLogMaxFiles` (the live one counts) are removed. Age is the
+//! sequence, one more than the highest there, not the timestamp: after the clock steps back, the newest files are
+//! still the ones kept. How the live file is moved aside is the runtime's ([`crate::Runtime::rotate_log`]): copy and
+//! truncate where the container holds the file open with `O_APPEND` (the process runtime), rename and
+//! `ReopenContainerLog` under CRI.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -41,15 +43,16 @@ pub fn first_check(epoch: Instant, now: Instant, interval: Duration) -> Instant 
     now + Duration::from_nanos(u64::try_from(period - late).unwrap_or(u64::MAX))
 }
 
-/// The name a log is rotated to now: `<log>.<YYYYmmdd-HHMMSS>` (UTC), with a counter after the highest one of that
-/// second when the log was rotated within it already (so names sort by age even after the oldest were removed).
+/// The name a log is rotated to now: `<log>.<YYYYmmdd-HHMMSS>.<sequence>` (UTC), the sequence one more than the
+/// highest of the files rotated before, so that names tell age whatever the clock did.
 pub fn rotated_name(log: &Path) -> PathBuf {
-    let stamp = jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S").to_string();
-    let same_second = rotated_keys(log).into_iter().filter(|((s, _), _)| *s == stamp).map(|((_, n), _)| n).max();
-    match same_second {
-        None => PathBuf::from(format!("{}.{stamp}", log.display())),
-        Some(n) => PathBuf::from(format!("{}.{stamp}.{}", log.display(), n.saturating_add(1))),
-    }
+    rotated_name_at(log, jiff::Timestamp::now())
+}
+
+fn rotated_name_at(log: &Path, now: jiff::Timestamp) -> PathBuf {
+    let stamp = now.strftime("%Y%m%d-%H%M%S").to_string();
+    let seq = rotated_keys(log).last().map_or(1, |((seq, _), _)| seq.saturating_add(1));
+    PathBuf::from(format!("{}.{stamp}.{seq}", log.display()))
 }
 
 /// The rotated files of `log`, oldest first.
@@ -57,20 +60,20 @@ fn rotated(log: &Path) -> Vec<PathBuf> {
     rotated_keys(log).into_iter().map(|(_, p)| p).collect()
 }
 
-/// The rotated files of `log` with their (timestamp, counter), oldest first.
-fn rotated_keys(log: &Path) -> Vec<((String, u64), PathBuf)> {
+/// The rotated files of `log` with their (sequence, timestamp), oldest first. Files from versions that named them
+/// `<stamp>` alone have sequence 0, and sort before every later one.
+fn rotated_keys(log: &Path) -> Vec<((u64, String), PathBuf)> {
     let (Some(dir), Some(name)) = (log.parent(), log.file_name()) else { return Vec::new() };
     let prefix = format!("{}.", name.to_string_lossy());
-    let mut out: Vec<((String, u64), PathBuf)> = std::fs::read_dir(dir)
+    let mut out: Vec<((u64, String), PathBuf)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let rest = name.strip_prefix(&prefix)?;
-            // `<stamp>` or `<stamp>.<n>`: by time, then by the counter of rotations within one second.
-            let (stamp, n) = rest.split_once('.').map_or((rest, 0), |(s, n)| (s, n.parse().unwrap_or(0)));
-            Some(((stamp.to_owned(), n), e.path()))
+            let (stamp, seq) = rest.split_once('.').map_or((rest, 0), |(s, n)| (s, n.parse().unwrap_or(0)));
+            Some(((seq, stamp.to_owned()), e.path()))
         })
         .collect();
     out.sort();
@@ -123,21 +126,28 @@ pub fn copy_truncate(log: &Path, to: &Path, keep: u64) -> std::io::Result<()> {
     };
     if let Err(e) = copy() {
         let _ = std::fs::remove_file(&tmp);
+        if e.kind() == std::io::ErrorKind::StorageFull {
+            // No room for the copy: the live log goes, so that a container that floods a full disk does not keep
+            // it full (the kubelet's rotation would not have left it to grow either).
+            tracing::warn!(log = %log.display(), "no space to rotate the container's log; truncating it");
+            std::fs::OpenOptions::new().write(true).open(log)?.set_len(0)?;
+        }
         return Err(e);
     }
     std::fs::OpenOptions::new().write(true).open(log)?.set_len(0)
 }
 
-/// Rotates `log` of container `id` through `runtime` when it is full: the oldest rotated files go first, so that
-/// with the new one there are never more than `containerLogMaxFiles`, the live file included.
+/// Rotates `log` of container `id` through `runtime` when it is full, then removes the oldest rotated files so
+/// that there are at most `containerLogMaxFiles`, the live file included. A rotation that failed removes nothing:
+/// the files it would have replaced are all that is left of those logs.
 pub async fn rotate_if_full<R: crate::runtime::Runtime>(runtime: &R, id: &str, log: &Path, cfg: &LogRotation) {
     if !is_full(log, cfg) {
         return;
     }
-    prune(log, cfg.max_files.saturating_sub(2));
     let to = rotated_name(log);
-    if let Err(e) = runtime.rotate_log(id, log, &to, cfg.max_size).await {
-        tracing::warn!(container_id = %id, error = %e, "cannot rotate the container's log");
+    match runtime.rotate_log(id, log, &to, cfg.max_size).await {
+        Ok(()) => prune(log, cfg.max_files.saturating_sub(1)),
+        Err(e) => tracing::warn!(container_id = %id, error = %e, "cannot rotate the container's log"),
     }
 }
 
@@ -177,8 +187,8 @@ mod tests {
         for round in 0..5 {
             writer.write_all(&vec![b'a' + round; 2048]).unwrap();
             assert!(is_full(&log, &cfg));
-            prune(&log, cfg.max_files - 2);
             copy_truncate(&log, &rotated_name(&log), cfg.max_size).unwrap();
+            prune(&log, cfg.max_files - 1);
             assert!(!is_full(&log, &cfg));
         }
         // The writer goes on at the start of the truncated file.
@@ -191,6 +201,23 @@ mod tests {
         assert!(last.iter().all(|b| *b == b'e') && last.len() == 1024);
         let before = std::fs::read(&kept[0]).unwrap();
         assert!(before.iter().all(|b| *b == b'd'));
+    }
+
+    #[test]
+    fn after_the_clock_steps_back_the_newest_rotations_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        let day = |d: i64| jiff::Timestamp::from_second(1_700_000_000 + d * 86_400).unwrap();
+        // Rotated before the step (a day ahead), one by an earlier version (no sequence), then after it.
+        std::fs::write(log.with_file_name("0.log.20231113-221320"), "oldest").unwrap();
+        for (text, when) in [("before 1", day(1)), ("before 2", day(1)), ("after 1", day(0)), ("after 2", day(0))] {
+            std::fs::write(rotated_name_at(&log, when), text).unwrap();
+        }
+        std::fs::write(dir.path().join(".0.log.20231114-221320.9.tmp"), "a copy under way").unwrap();
+        prune(&log, 2);
+        let kept: Vec<String> = rotated(&log).iter().map(|p| std::fs::read_to_string(p).unwrap()).collect();
+        assert_eq!(kept, ["after 1", "after 2"]);
+        assert_eq!(rotated_name_at(&log, day(0)).extension().unwrap(), "5", "the sequence goes on");
     }
 
     #[test]

@@ -25,6 +25,17 @@ pub struct SyncMetrics {
     pub invalid_manifests: IntGauge,
 }
 
+/// The pod labels of a per-pod series.
+#[derive(Debug, Clone, Copy)]
+pub struct PodLabels<'a> {
+    /// The pod's name.
+    pub name: &'a str,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its UID.
+    pub uid: &'a str,
+}
+
 impl SyncMetrics {
     /// Creates the metrics and registers them.
     pub fn new(r: &Registry) -> Result<Self, prometheus::Error> {
@@ -81,5 +92,52 @@ impl SyncMetrics {
         r.register(Box::new(m.probes.clone()))?;
         r.register(Box::new(m.invalid_manifests.clone()))?;
         Ok(m)
+    }
+
+    /// Counts a probe's result, labelled as the kubelet labels it.
+    pub fn probed(&self, kind: crate::probe::ProbeKind, ok: bool, container: &str, pod: &PodLabels<'_>) {
+        let result = if ok { "successful" } else { "failed" };
+        self.probes.with_label_values(&[kind.as_str(), result, container, pod.name, pod.namespace, pod.uid]).inc();
+    }
+
+    /// Removes every `prober_probe_total` series of a pod that is gone (its containers named in `containers`), so
+    /// that the series of deleted pods do not pile up.
+    pub fn forget_probes<'a>(&self, containers: impl IntoIterator<Item = &'a str>, pod: &PodLabels<'_>) {
+        use crate::probe::ProbeKind;
+        for container in containers {
+            for kind in [ProbeKind::Startup, ProbeKind::Liveness, ProbeKind::Readiness] {
+                for result in ["successful", "failed"] {
+                    let labels = [kind.as_str(), result, container, pod.name, pod.namespace, pod.uid];
+                    let _ = self.probes.remove_label_values(&labels);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::ProbeKind;
+
+    #[test]
+    fn a_pods_probe_series_go_with_it() {
+        let m = SyncMetrics::new(&Registry::new()).unwrap();
+        let (a, b) =
+            (PodLabels { name: "a", namespace: "ns", uid: "ua" }, PodLabels { name: "b", namespace: "ns", uid: "ub" });
+        m.probed(ProbeKind::Liveness, true, "app", &a);
+        m.probed(ProbeKind::Readiness, false, "side", &a);
+        m.probed(ProbeKind::Liveness, true, "app", &b);
+        let uids = || -> Vec<String> {
+            let family = prometheus::core::Collector::collect(&m.probes).remove(0);
+            family
+                .get_metric()
+                .iter()
+                .map(|s| s.get_label().iter().find(|l| l.name() == "pod_uid").unwrap().value().to_owned())
+                .collect()
+        };
+        assert_eq!(uids(), ["ua", "ua", "ub"]);
+        m.forget_probes(["app", "side"], &a);
+        assert_eq!(uids(), ["ub"]);
     }
 }

@@ -403,17 +403,18 @@ impl<R: Runtime> Worker<R> {
 
     fn probe_input(&self, id: String, kind: ProbeKind, result: Result<String, String>) -> Input {
         let name = self.lifecycle.index_of(&id).map(|i| self.lifecycle.containers[i].name.clone()).unwrap_or_default();
-        let labels = [
-            kind.as_str(),
-            if result.is_ok() { "successful" } else { "failed" },
-            &name,
-            self.pod.metadata.name.as_deref().unwrap_or_default(),
-            nodewarden_resources::pod::namespace(&self.pod),
-            &self.uid,
-        ];
-        self.shared.metrics.probes.with_label_values(&labels).inc();
         let ok = result.is_ok();
+        self.shared.metrics.probed(kind, ok, &name, &self.pod_labels());
         Input::ProbeResult { id, kind, ok, output: result.unwrap_or_else(|e| e) }
+    }
+
+    /// The pod's labels in its metrics.
+    fn pod_labels(&self) -> crate::metrics::PodLabels<'_> {
+        crate::metrics::PodLabels {
+            name: self.pod.metadata.name.as_deref().unwrap_or_default(),
+            namespace: nodewarden_resources::pod::namespace(&self.pod),
+            uid: &self.uid,
+        }
     }
 
     /// Carries out one action; returns the input it produces at once, if any.
@@ -479,6 +480,8 @@ impl<R: Runtime> Worker<R> {
             }
             Action::Forget => {
                 self.shared.store.remove(&self.uid);
+                let names = self.lifecycle.containers.iter().map(|c| c.name.as_str());
+                self.shared.metrics.forget_probes(names, &self.pod_labels());
                 None
             }
             Action::ReportStarted => {
