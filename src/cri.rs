@@ -124,6 +124,30 @@ pub fn cri_log_messages(text: &str) -> Vec<String> {
     out
 }
 
+/// The last `n` messages of a CRI log file, read from its end: a window that doubles until it holds more than `n`
+/// messages or the whole file, so that `--tail` of a large log reads about what it prints. (The first message of a
+/// window may have begun before it, so it is only taken from the start of the file.)
+fn tail_messages(path: &std::path::Path, n: usize) -> std::io::Result<Vec<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut window: u64 = 64 * 1024;
+    loop {
+        let start = len.saturating_sub(window);
+        file.seek(SeekFrom::Start(start))?;
+        let mut bytes = Vec::new();
+        (&mut file).take(len - start).read_to_end(&mut bytes)?;
+        let text = String::from_utf8_lossy(&bytes);
+        let whole = if start == 0 { &text[..] } else { text.split_once('\n').map_or("", |(_, rest)| rest) };
+        let mut messages = cri_log_messages(whole);
+        if start == 0 || messages.len() > n {
+            let skip = messages.len().saturating_sub(n);
+            return Ok(messages.split_off(skip));
+        }
+        window = window.saturating_mul(2);
+    }
+}
+
 fn info_json(info: &std::collections::HashMap<String, String>) -> Value {
     info.iter().map(|(k, v)| (k.clone(), serde_json::from_str(v).unwrap_or_else(|_| json!(v)))).collect()
 }
@@ -231,11 +255,9 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
             if status.log_path.is_empty() {
                 bail!("container {cid} has no log file");
             }
-            let text = std::fs::read_to_string(&status.log_path)
+            let lines = tail_messages(std::path::Path::new(&status.log_path), tail.unwrap_or(usize::MAX))
                 .with_context(|| format!("cannot read the log {}", status.log_path))?;
-            let lines = cri_log_messages(&text);
-            let skip = tail.map_or(0, |n| lines.len().saturating_sub(n));
-            for l in &lines[skip..] {
+            for l in &lines {
                 let _ = writeln!(out, "{l}");
             }
         }
@@ -254,6 +276,28 @@ pub async fn run(endpoint: &str, timeout: Duration, command: CriCommand) -> anyh
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tail_of_a_large_log_is_read_from_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        let mut text = String::new();
+        for i in 0..20_000 {
+            text.push_str(&format!("2026-11-30T13:00:00.1Z stdout F line {i}\n"));
+        }
+        // The last message in three partial lines.
+        text.push_str(
+            "2026-11-30T13:00:00.1Z stdout P a\n2026-11-30T13:00:00.1Z stdout P b\n2026-11-30T13:00:00.1Z stderr F c\n",
+        );
+        std::fs::write(&log, &text).unwrap();
+        assert_eq!(tail_messages(&log, 3).unwrap(), ["line 19998", "line 19999", "abc"]);
+        let all = tail_messages(&log, usize::MAX).unwrap();
+        assert_eq!((all.len(), all[0].as_str()), (20_001, "line 0"));
+        // More than one window's worth.
+        let many = tail_messages(&log, 5_000).unwrap();
+        assert_eq!((many.len(), many[0].as_str()), (5_000, "line 15001"));
+        assert!(tail_messages(&dir.path().join("missing"), 1).is_err());
+    }
 
     #[test]
     fn cri_log_lines_are_reassembled() {
