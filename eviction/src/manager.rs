@@ -383,8 +383,11 @@ impl<E: Evictor> EvictionManager<E> {
             .thread_keep_alive(nodewarden_resources::KEEP_THREADS)
             .enable_all()
             .build()?;
-        runtime.block_on(runtime.spawn_blocking(|| ())).map_err(std::io::Error::other)?;
         std::thread::Builder::new().name("eviction".into()).spawn(move || {
+            // Made first, on this thread (not within the caller's runtime), and kept.
+            if let Err(e) = runtime.block_on(runtime.spawn_blocking(|| ())) {
+                tracing::warn!(error = %e, "cannot make the eviction thread's blocking thread");
+            }
             if realtime_priority > 0 {
                 match make_realtime(realtime_priority) {
                     Ok(()) => tracing::info!(priority = realtime_priority, "the eviction thread runs under SCHED_FIFO"),
