@@ -63,10 +63,12 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 
 /// Every pod with its status as a `v1.PodList`, plus an entry per refused manifest, as the kubelet's `/pods`.
 async fn pods(State(shared): State<Arc<Shared>>) -> Response {
-    // Sent as it is written, one pod at a time: a request holds neither a copy of the list nor the store's lock.
-    let pieces = shared.store.clone().pod_list_pieces();
-    let body = axum::body::Body::from_stream(futures_util::stream::iter(pieces));
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    // Written one pod at a time under the store's lock (never the whole list under it), and sent with its length:
+    // a chunked body would break the plain HTTP clients scripts use against this port.
+    match shared.store.pod_list_json() {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot render the pods: {e}\n")).into_response(),
+    }
 }
 
 /// The node conditions, the thresholds met and the recent evictions (oldest first), each with the signal, its
