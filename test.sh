@@ -61,7 +61,7 @@ step "real-kernel tests in the VM, then a short run of the benchmark harness"
 # more (it powers the guest off).
 mapfile -t exes < <(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
-order = ["kernel", "daemon", "pods", "eviction", "cluster", "cri", "systemd", "shutdown"]
+order = ["kernel", "daemon", "pods", "hardening", "eviction", "cluster", "cri", "systemd", "shutdown"]
 found = {}
 for line in sys.stdin:
     m = json.loads(line)
@@ -71,10 +71,10 @@ for name in order:
     if name in found:
         print(found[name])
 ')
-[ "${#exes[@]}" -eq 8 ] || { echo "expected the kernel, daemon, pods, eviction, cluster, cri, systemd and shutdown test executables, found: ${exes[*]:-none}" >&2; exit 1; }
-systemd_tests=${exes[6]}
-shutdown_tests=${exes[7]}
-exes=("${exes[@]:0:6}")
+[ "${#exes[@]}" -eq 9 ] || { echo "expected the kernel, daemon, pods, hardening, eviction, cluster, cri, systemd and shutdown test executables, found: ${exes[*]:-none}" >&2; exit 1; }
+systemd_tests=${exes[7]}
+shutdown_tests=${exes[8]}
+exes=("${exes[@]:0:7}")
 # A test executable still running after 10 minutes (the longest takes about 3) is stopped once the guest's processes
 # and the kernel's blocked tasks are printed: a hang names itself instead of waiting out the guest's 30-minute
 # timeout.
