@@ -1,16 +1,26 @@
-//! One daemon per node: an exclusive `flock(2)` on the `rootDir` directory itself and on
-//! `<rootDir>/nodewarden.lock`, taken before anything else is touched and held for the daemon's life. The
-//! directory's lock holds when the lock file is removed (a clean-up of rootDir), since a clean-up of its contents
-//! does not replace the directory; the file's lock is what earlier versions took. The kernel drops both when the
-//! process ends, however it ends, so a `kill -9` leaves no stale lock. The file keeps the holder's PID for the
-//! message a second daemon prints; a PID that cannot be written (a full disk) costs only that message.
+//! One daemon per node: three holds taken before anything else is touched and kept for the daemon's life, all
+//! dropped by the kernel when the process ends however it ends (a `kill -9` leaves no stale lock):
+//! - an abstract Unix socket named for the instance (`@nodewarden/<managed value of rootDir>`), which no clean-up
+//!   of the file system can remove, so a rootDir removed and made again does not let a second daemon in. A name
+//!   held by a process of another user is not a nodewarden (any user can bind an abstract name): it is named in
+//!   a warning and the file locks decide;
+//! - an exclusive `flock(2)` on the `rootDir` directory, which holds when the lock file is removed;
+//! - one on `<rootDir>/nodewarden.lock`, the lock earlier versions took, which keeps the holder's PID for the
+//!   message a second daemon prints; a PID that cannot be written (a full disk) costs only that message.
+//!
+//! A rootDir the daemon makes is `0711` (other users' containers may traverse it to their volumes, never open
+//! it) and the lock file `0600`: a lock that any user could open could be held by any user.
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::OwnedFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{FlockOperation, Mode, OFlags, flock, open};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType, sockopt};
 
 /// The lock file's name in `rootDir`.
 pub const LOCK_FILE: &str = "nodewarden.lock";
@@ -46,6 +56,7 @@ pub enum LockError {
 /// The lock, held until dropped (or the process ends).
 #[derive(Debug)]
 pub struct NodeLock {
+    _name: Option<UnixListener>,
     _dir: OwnedFd,
     _file: File,
 }
@@ -60,12 +71,58 @@ fn holder_of(path: &Path) -> String {
     if holder.is_empty() { "unknown".to_owned() } else { holder.to_owned() }
 }
 
-/// Takes the node lock in `root_dir` (created if missing), without waiting.
+/// The abstract socket name of the instance whose (canonical) root is `root`.
+fn instance_name(root: &Path) -> Vec<u8> {
+    let managed = nodewarden_sync::cri::managed_value(root);
+    format!("nodewarden/{managed}").into_bytes()
+}
+
+/// Who holds an abstract name already bound: the listener's PID and UID, if it answers.
+fn name_holder(name: &[u8]) -> Option<(u32, u32)> {
+    let addr = SocketAddrUnix::new_abstract_name(name).ok()?;
+    // Non-blocking: a listener whose queue is full is not waited for.
+    let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
+    let socket = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None).ok()?;
+    rustix::net::connect(&socket, &addr).ok()?;
+    let cred = sockopt::socket_peercred(&socket).ok()?;
+    Some((cred.pid.as_raw_nonzero().get().unsigned_abs(), cred.uid.as_raw()))
+}
+
+/// Binds the instance's abstract name; `Err` with the holder's PID when a process of this user has it. A holder
+/// of another user, or a name that cannot be bound at all, leaves the file locks to decide.
+fn hold_name(root: &Path) -> Result<Option<UnixListener>, String> {
+    let name = instance_name(root);
+    let bound = SocketAddr::from_abstract_name(&name).and_then(|a| UnixListener::bind_addr(&a));
+    match bound {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => match name_holder(&name) {
+            Some((pid, uid)) if uid == rustix::process::getuid().as_raw() => Err(pid.to_string()),
+            holder => {
+                let who = holder.map_or("an unknown process".to_owned(), |(pid, uid)| format!("PID {pid} (UID {uid})"));
+                let name = String::from_utf8_lossy(&name).into_owned();
+                tracing::warn!(name = %format!("@{name}"), holder = %who, "the instance's socket name is held by a process of another user; the rootDir locks decide");
+                Ok(None)
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot bind the instance's socket name; the rootDir locks decide");
+            Ok(None)
+        }
+    }
+}
+
+/// Takes the node lock in `root_dir` (created if missing, `0711`), without waiting.
 pub fn lock(root_dir: &Path) -> Result<NodeLock, LockError> {
     let path = root_dir.join(LOCK_FILE);
     let io = |p: &Path, source| LockError::Io { path: p.to_path_buf(), source };
-    std::fs::create_dir_all(root_dir).map_err(|e| io(root_dir, e))?;
+    std::fs::DirBuilder::new().recursive(true).mode(0o711).create(root_dir).map_err(|e| io(root_dir, e))?;
     let held = || LockError::Held { dir: root_dir.to_path_buf(), path: path.clone(), holder: holder_of(&path) };
+    let canonical = root_dir.canonicalize().map_err(|e| io(root_dir, e))?;
+    let name = hold_name(&canonical).map_err(|pid| LockError::Held {
+        dir: root_dir.to_path_buf(),
+        path: path.clone(),
+        holder: pid,
+    })?;
     // Close-on-exec, so no container inherits a lock.
     let dir = open(root_dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(|e| io(root_dir, e.into()))?;
@@ -76,7 +133,7 @@ pub fn lock(root_dir: &Path) -> Result<NodeLock, LockError> {
     }
     // No O_TRUNC before the lock is held (the holder's PID would be lost); no following a planted symlink.
     let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let mut file = File::from(open(&path, flags, Mode::from_raw_mode(0o644)).map_err(|e| io(&path, e.into()))?);
+    let mut file = File::from(open(&path, flags, Mode::from_raw_mode(0o600)).map_err(|e| io(&path, e.into()))?);
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(rustix::io::Errno::WOULDBLOCK) => return Err(held()),
@@ -87,7 +144,7 @@ pub fn lock(root_dir: &Path) -> Result<NodeLock, LockError> {
         // The daemon must start on the disk it may have to relieve; only the holder's PID is lost.
         tracing::warn!(file = %path.display(), error = %e, "cannot write the daemon's PID into the lock file; the lock holds");
     }
-    Ok(NodeLock { _dir: dir, _file: file })
+    Ok(NodeLock { _name: name, _dir: dir, _file: file })
 }
 
 #[cfg(test)]
@@ -118,6 +175,29 @@ mod tests {
         std::fs::remove_file(root.join(LOCK_FILE)).unwrap();
         let err = lock(&root).unwrap_err();
         assert!(matches!(&err, LockError::Held { .. }), "{err}");
+    }
+
+    #[test]
+    fn removing_and_making_again_the_root_does_not_let_a_second_daemon_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let held = lock(&root).unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+        let err = lock(&root).unwrap_err();
+        assert!(matches!(&err, LockError::Held { holder, .. } if *holder == std::process::id().to_string()), "{err}");
+        drop(held);
+        lock(&root).unwrap();
+    }
+
+    #[test]
+    fn a_root_it_makes_and_the_lock_file_are_its_own() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let _held = lock(&root).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&root), 0o711);
+        assert_eq!(mode(&root.join(LOCK_FILE)), 0o600);
     }
 
     #[test]
