@@ -189,7 +189,15 @@ fn the_systemd_driver_has_systemd_make_the_slices_and_the_limits_hold() {
         let p = n.wait_pod(name, 60, "running", |p| phase(p) == "Running");
         let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
         let unit = format!("{prefix}-kubepods-{class}pod{}.slice", uid.replace('-', "_"));
-        let props = ["ActiveState", "ControlGroup", "MemoryMax", "TasksMax", "CPUWeight", "CPUQuotaPerSecUSec"];
+        let props = [
+            "ActiveState",
+            "ControlGroup",
+            "MemoryMax",
+            "TasksMax",
+            "CPUWeight",
+            "CPUQuotaPerSecUSec",
+            "MemorySwapMax",
+        ];
         let s = show_unit(&unit, &props);
         assert_eq!(s["ActiveState"], "active", "{unit}: {s:?}\n{}", n.d.log());
         let cg = s["ControlGroup"].clone();
@@ -199,6 +207,8 @@ fn the_systemd_driver_has_systemd_make_the_slices_and_the_limits_hold() {
             assert_eq!(s[prop], as_property(&cgroup_file(&cg, file)), "{prop} of {unit}");
         }
         assert_eq!(s["TasksMax"], "300", "podPidsLimit");
+        // NoSwap as a property of the slice, so a daemon-reload does not give the pod swap.
+        assert_eq!((s["MemorySwapMax"].as_str(), cgroup_file(&cg, "memory.swap.max").as_str()), ("0", "0"), "{unit}");
         let (memory, quota) = match *name {
             "g" => ("67108864", "250ms"),
             "b" => ("134217728", "infinity"),

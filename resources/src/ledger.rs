@@ -607,7 +607,8 @@ impl ResourceManager {
     fn write_placement(&self, p: &Placement, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
         self.make(&p.cgroup, &p.limits, created)?;
         // Pods do not swap (the kubelet's NoSwap): a pod that swapped past memory.max would hide its memory from
-        // the eviction signal. Where the kernel has no swap accounting, the file is not there.
+        // the eviction signal. Where the kernel has no swap accounting, the file is not there. Under the systemd
+        // driver the slice also has it as `MemorySwapMax` (see `UnitLimits::of`).
         if self.fs.file(&p.cgroup, "memory.swap.max").exists() {
             self.fs.write(&p.cgroup, "memory.swap.max", "0")?;
         }

@@ -103,10 +103,13 @@ pub struct UnitLimits {
     pub memory_high: Option<Limit>,
     /// `TasksMax`.
     pub tasks_max: Option<Limit>,
+    /// `MemorySwapMax`.
+    pub memory_swap_max: Option<Limit>,
 }
 
 impl UnitLimits {
-    /// All of a pod's limits (`memory.min` and `memory.high` only where Memory QoS sets them).
+    /// All of a pod's limits (`memory.min` and `memory.high` only where Memory QoS sets them), with no swap (the
+    /// kubelet's `NoSwap`), kept as a unit property so that a `daemon-reload` does not give it back.
     pub fn of(l: &CgroupLimits) -> Self {
         Self {
             cpu_weight: Some(l.cpu_weight),
@@ -115,6 +118,7 @@ impl UnitLimits {
             memory_min: l.memory_min,
             memory_high: l.memory_high,
             tasks_max: Some(l.pids_max),
+            memory_swap_max: Some(Limit::Value(0)),
         }
     }
 

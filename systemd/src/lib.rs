@@ -298,6 +298,9 @@ fn properties(limits: &UnitLimits, version: u32) -> Vec<(&'static str, Value<'st
     if let Some(t) = limits.tasks_max {
         props.push(("TasksMax", Value::from(unit_value(t))));
     }
+    if let Some(m) = limits.memory_swap_max {
+        props.push(("MemorySwapMax", Value::from(unit_value(m))));
+    }
     props
 }
 
@@ -328,6 +331,7 @@ mod tests {
             memory_min: None,
             memory_high: Some(Limit::Max),
             tasks_max: Some(Limit::Value(256)),
+            memory_swap_max: Some(Limit::Value(0)),
         };
         let props = properties(&limits, 252);
         let get = |name: &str| props.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
@@ -337,6 +341,7 @@ mod tests {
         assert_eq!(get("MemoryMax"), Some(Value::from(128u64 << 20)));
         assert_eq!(get("MemoryHigh"), Some(Value::from(u64::MAX)), "infinity");
         assert_eq!(get("TasksMax"), Some(Value::from(256u64)));
+        assert_eq!(get("MemorySwapMax"), Some(Value::from(0u64)), "pods do not swap");
         assert_eq!(get("MemoryMin"), None, "left as it is");
         assert!(properties(&UnitLimits::default(), 252).is_empty());
         let old = properties(&UnitLimits { memory_min: Some(1), ..limits }, 239);
