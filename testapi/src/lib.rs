@@ -4,12 +4,14 @@
 //! one resourceVersion counter, bookmarks and the in-stream 410 for a compacted history, field and label
 //! selectors, optimistic concurrency, the status subresource, JSON merge and strategic merge patches, delete
 //! preconditions and graceful pod deletion, Tables for `kubectl get`, and the Node authorizer's and
-//! NodeRestriction's rules for a `system:node:<name>` token. Tests control faults (connections refused, injected
+//! NodeRestriction's rules for a `system:node:<name>` token, and the controller manager's node lifecycle
+//! controller (a quiet node goes `Unknown` and tainted `unreachable`). Tests control faults (connections refused, injected
 //! status codes, delays, watches closed, history compacted) and read the request log. Plain HTTP, JSON only.
 //!
 //! It is a test fixture: nothing in the daemon uses it.
 
 mod discovery;
+mod lifecycle;
 mod patch;
 mod restriction;
 mod route;
@@ -33,6 +35,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use lifecycle::DEFAULT_GRACE as DEFAULT_NODE_MONITOR_GRACE;
 pub use store::ApiError;
 
 /// Faults injected into every request (until cleared).
@@ -44,6 +47,11 @@ pub struct Fault {
     pub paths: Option<String>,
     /// Wait this long before answering.
     pub delay: Duration,
+    /// With `status` 429: the seconds the answer asks the client to wait (`Retry-After` and
+    /// `details.retryAfterSeconds`, as the apiserver's max-in-flight and priority-and-fairness filters send).
+    pub retry_after: Option<u32>,
+    /// Send the answer's body one byte every this long (a trickling server or load balancer).
+    pub trickle: Option<Duration>,
 }
 
 /// One request, as the log keeps it.
@@ -106,6 +114,7 @@ pub struct TestApi {
     addr: SocketAddr,
     state: Arc<State>,
     up: watch::Sender<bool>,
+    grace: watch::Sender<Option<Duration>>,
     stop: CancellationToken,
 }
 
@@ -134,7 +143,15 @@ impl TestApi {
         let stop = CancellationToken::new();
         let app = axum::Router::new().fallback(server::handle).with_state(state.clone());
         tokio::spawn(accept(Some(listener), addr, app, up_rx, stop.clone()));
-        Ok(TestApi { addr, state, up, stop })
+        let grace = watch::Sender::new(Some(lifecycle::DEFAULT_GRACE));
+        tokio::spawn(node_lifecycle(state.clone(), grace.subscribe(), stop.clone()));
+        Ok(TestApi { addr, state, up, grace, stop })
+    }
+
+    /// Sets the node lifecycle controller's grace period (`--node-monitor-grace-period`, 50 s unless set), or
+    /// stops the controller with `None`.
+    pub fn set_node_monitor_grace(&self, grace: Option<Duration>) {
+        self.grace.send_replace(grace);
     }
 
     /// The base URL, `http://127.0.0.1:<port>`.
@@ -227,6 +244,20 @@ impl Drop for TestApi {
     fn drop(&mut self) {
         self.stop.cancel();
         self.close_watches();
+    }
+}
+
+/// The node lifecycle controller: a pass every `--node-monitor-period` while a grace period is set.
+async fn node_lifecycle(state: Arc<State>, grace: watch::Receiver<Option<Duration>>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(lifecycle::PERIOD);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Some(g) = *grace.borrow() {
+            lifecycle::pass(&state.store, resource("nodes"), resource("leases"), resource("pods"), g);
+        }
     }
 }
 

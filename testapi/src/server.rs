@@ -80,7 +80,13 @@ pub async fn handle(
     body: Bytes,
 ) -> Response {
     let (at, time) = (tokio::time::Instant::now(), jiff::Timestamp::now());
-    let response = respond(&state, &method, &uri, &headers, &body).await;
+    let mut response = respond(&state, &method, &uri, &headers, &body).await;
+    let fault = state.fault();
+    if let Some(every) = fault.trickle
+        && fault.paths.as_ref().is_none_or(|p| uri.path().contains(p.as_str()))
+    {
+        response = trickled(response, every).await;
+    }
     let kept = if method == Method::GET {
         String::new()
     } else {
@@ -99,6 +105,26 @@ pub async fn handle(
     response
 }
 
+/// The answer with its body sent one byte every `every` (its length unsaid, as a chunked answer).
+async fn trickled(response: Response, every: Duration) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let stream = futures_util::stream::unfold(0usize, move |at| {
+        let bytes = bytes.clone();
+        async move {
+            if at >= bytes.len() {
+                return None;
+            }
+            tokio::time::sleep(every).await;
+            Some((Ok::<_, std::convert::Infallible>(bytes.slice(at..=at)), at + 1))
+        }
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
 /// How much of a write's body the log keeps.
 const LOGGED_BODY: usize = 16 << 10;
 
@@ -111,6 +137,15 @@ async fn respond(state: &Arc<State>, method: &Method, uri: &Uri, headers: &Heade
     if let Some(code) = fault.status
         && fault.paths.as_ref().is_none_or(|p| path.contains(p.as_str()))
     {
+        if code == 429 {
+            let wait = fault.retry_after.unwrap_or(1);
+            let mut status =
+                ApiError::new(429, "TooManyRequests", "Too many requests, please try again later.").status();
+            status["details"] = json!({"retryAfterSeconds": wait});
+            let mut r = json_response(429, &status);
+            r.headers_mut().insert("retry-after", wait.into());
+            return r;
+        }
         return error(&ApiError::new(code, "InternalError", format!("injected by the test: {code}")));
     }
     let who = match identity(state, headers) {
