@@ -29,6 +29,17 @@ impl Backoff {
     }
 }
 
+/// The longest `Retry-After` taken as asked; a longer one is waited for this long.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The wait an apiserver asked for with a refusal (429, or a 5xx while it starts), as client-go honours it:
+/// `details.retryAfterSeconds`, which the apiserver sends with its `Retry-After` header.
+pub fn retry_after(e: &kube::Error) -> Option<Duration> {
+    let kube::Error::Api(s) = e else { return None };
+    let asked = s.details.as_ref().map_or(0, |d| d.retry_after_seconds);
+    (asked > 0 && (s.code == 429 || s.code >= 500)).then(|| Duration::from_secs(u64::from(asked)).min(MAX_RETRY_AFTER))
+}
+
 /// `period` plus up to `fraction` of it, drawn from the clock's nanoseconds (good enough to spread nodes
 /// apart; nothing depends on its quality).
 pub fn jittered(period: Duration, fraction: f64) -> Duration {

@@ -1,6 +1,7 @@
 //! The two clients the kubelet keeps: the main one, rate limited by `kubeAPIQPS`/`kubeAPIBurst`, and the
 //! heartbeat one, unlimited and with a short timeout, so that a busy or slow main client never delays a Lease
-//! renewal.
+//! renewal or a status report. Each request is bounded as a whole, to its last byte, by its client's timeout,
+//! and each answer by [`MAX_ANSWER_BYTES`].
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::ClusterError;
+use crate::bounded::Bounds;
 
 /// A token bucket: `qps` tokens a second, at most `burst` saved.
 #[derive(Debug)]
@@ -57,8 +59,11 @@ pub struct Clients {
     pub heartbeat: kube::Client,
 }
 
-/// How long the main client waits to connect and for an answer.
+/// How long the main client waits to connect and for a whole answer.
 const MAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest answer either client takes: above the largest object etcd stores by default (1.5 MiB) with room
+/// for a list of the node's own objects, far below what would grow the daemon's locked memory much.
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 impl Clients {
     /// The apiserver and credentials of the kubeconfig at `path` (a client certificate or a token).
@@ -97,7 +102,9 @@ impl Clients {
             c.read_timeout = Some(timeout);
             c.write_timeout = Some(timeout);
             c.reset_reader_on_write = true;
-            kube::Client::try_from(c).map_err(|e| ClusterError::Client(e.to_string()))
+            let builder = kube::client::ClientBuilder::try_from(c).map_err(|e| ClusterError::Client(e.to_string()))?;
+            let bounds = Bounds { deadline: timeout, max_bytes: MAX_ANSWER_BYTES };
+            Ok(builder.with_layer(&bounds).build())
         };
         Ok(Clients {
             main: client(MAIN_TIMEOUT)?,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::Ctx;
-use crate::backoff::{Backoff, jittered};
+use crate::backoff::{Backoff, jittered, retry_after};
 
 /// The namespace of node Leases.
 pub const NAMESPACE: &str = "kube-node-lease";
@@ -75,7 +75,12 @@ async fn renew(ctx: &Ctx, api: &Api<Lease>, mut lease: Lease) -> Result<Lease, k
         let next = renewed(lease.clone(), &s.node_name, s.lease_duration, uid.as_deref());
         let error = match api.replace(&s.node_name, &PostParams::default(), &next).await {
             Ok(l) => return Ok(l),
-            Err(kube::Error::Api(st)) if st.is_not_found() => return ensure(ctx, api).await.map(|(l, _)| l),
+            Err(kube::Error::Api(st)) if st.is_not_found() => {
+                // A Lease gone is often its Node gone (the garbage collector follows the owner reference): the
+                // status loop reads the Node before its next report.
+                ctx.status.mark_stale();
+                return ensure(ctx, api).await.map(|(l, _)| l);
+            }
             Err(kube::Error::Api(st)) if st.is_conflict() => {
                 lease = api.get(&s.node_name).await?;
                 kube::Error::Api(st)
@@ -84,6 +89,10 @@ async fn renew(ctx: &Ctx, api: &Api<Lease>, mut lease: Lease) -> Result<Lease, k
         };
         if tries >= MAX_UPDATE_RETRIES {
             return Err(error);
+        }
+        // Asked to wait (429 with Retry-After): the next try waits, as client-go's does.
+        if let Some(wait) = retry_after(&error) {
+            tokio::time::sleep(wait).await;
         }
     }
 }
@@ -121,7 +130,7 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
             }
             Err(e) => {
                 failures += 1;
-                let wait = backoff.fail();
+                let wait = backoff.fail().max(retry_after(&e).unwrap_or_default());
                 tracing::warn!(error = %e, failures, retry_in = ?wait, "cannot renew the node lease");
                 ctx.status.heartbeat_failed(format!("node lease: {e}"));
                 wait

@@ -7,6 +7,7 @@
 //! or eviction. [`ClusterStatus`] says how the heartbeats fare, for `/readyz`.
 
 mod backoff;
+mod bounded;
 mod client;
 mod conditions;
 mod events;
@@ -19,11 +20,12 @@ mod status;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Taint;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -127,6 +129,13 @@ pub struct ClusterStatus {
     register_error: Mutex<Option<String>>,
     /// `Some` once the Node is registered: its UID (empty if the apiserver gave none).
     node_uid: Mutex<Option<String>>,
+    /// Set while the Node is gone from the apiserver after it was registered (deleted by an operator).
+    deleted: AtomicBool,
+    /// Set when a request failed: the apiserver's Node may have changed meanwhile (the node lifecycle
+    /// controller marks a quiet node Unknown), so the next status report reads it first.
+    stale: AtomicBool,
+    /// Told when a heartbeat succeeds while the Node is stale, so its status is put right at once.
+    reconnected: Notify,
     lease_duration: Duration,
 }
 
@@ -143,6 +152,9 @@ impl ClusterStatus {
             heartbeat_error: Mutex::new(None),
             register_error: Mutex::new(None),
             node_uid: Mutex::new(None),
+            deleted: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+            reconnected: Notify::new(),
             lease_duration,
         }
     }
@@ -150,10 +162,29 @@ impl ClusterStatus {
     fn heartbeat_ok(&self) {
         *lock(&self.last_heartbeat) = Some(Instant::now());
         *lock(&self.heartbeat_error) = None;
+        if self.stale.load(Ordering::SeqCst) {
+            self.reconnected.notify_one();
+        }
     }
 
     fn heartbeat_failed(&self, error: String) {
         *lock(&self.heartbeat_error) = Some(error);
+        self.stale.store(true, Ordering::SeqCst);
+    }
+
+    /// Marks the apiserver's Node as possibly changed behind the node's back (a failed request).
+    fn mark_stale(&self) {
+        self.stale.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the Node must be read before the next report; clears the mark.
+    fn take_stale(&self) -> bool {
+        self.stale.swap(false, Ordering::SeqCst)
+    }
+
+    /// Records whether the Node is gone from the apiserver; true when that is news.
+    fn set_deleted(&self, deleted: bool) -> bool {
+        self.deleted.swap(deleted, Ordering::SeqCst) != deleted
     }
 
     /// Records why the node could not register (or join at all), for `/readyz`.
@@ -181,6 +212,9 @@ impl ClusterStatus {
                 self.started.elapsed().as_secs_f64()
             ));
         }
+        if self.deleted.load(Ordering::SeqCst) {
+            return Err(NODE_DELETED.to_owned());
+        }
         let error = lock(&self.heartbeat_error).clone().map(|e| format!(": {e}")).unwrap_or_default();
         match *lock(&self.last_heartbeat) {
             Some(t) if t.elapsed() <= self.lease_duration => Ok(()),
@@ -192,6 +226,10 @@ impl ClusterStatus {
         }
     }
 }
+
+/// What `/readyz` and the log say of a Node deleted from the apiserver after it was registered.
+pub const NODE_DELETED: &str = "the Node was deleted from the apiserver (fenced or decommissioned by an operator); \
+                                it is not registered again until nodewarden restarts";
 
 /// What every loop shares.
 pub(crate) struct Ctx {

@@ -24,6 +24,7 @@ async fn build(ctx: &Ctx) -> (Node, Vec<Transition>) {
 /// One try: the Node as the apiserver has it afterwards, with the transitions to post when it was created.
 async fn try_register(ctx: &Ctx, api: &Api<Node>, rebooted: &mut bool) -> Result<(Node, Vec<Transition>), kube::Error> {
     let name = &ctx.settings.node_name;
+    let mut refused = None;
     if ctx.settings.register_node {
         ctx.clients.limiter.acquire().await;
         let (node, transitions) = build(ctx).await;
@@ -33,11 +34,17 @@ async fn try_register(ctx: &Ctx, api: &Api<Node>, rebooted: &mut bool) -> Result
                 return Ok((n, transitions));
             }
             Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            // As kubelets since 1.32: a policy that forbids creating Nodes (pre-provisioned ones) may still let
+            // this one be read; if it is not there, the refusal is the error.
+            Err(kube::Error::Api(s)) if s.is_forbidden() => refused = Some(kube::Error::Api(s)),
             Err(e) => return Err(e),
         }
     }
     ctx.clients.limiter.acquire().await;
-    let existing = api.get(name).await?;
+    let existing = match refused {
+        None => api.get(name).await?,
+        Some(refusal) => api.get_opt(name).await?.ok_or(refusal)?,
+    };
     let old_boot = existing.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone());
     if let Some(old) = old_boot.filter(|b| !b.is_empty() && *b != ctx.host.boot_id && !*rebooted) {
         *rebooted = true;

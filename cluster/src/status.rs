@@ -1,7 +1,17 @@
 //! The node status loop: every `nodeStatusUpdateFrequency`, or at once when the daemon says a condition or
-//! readiness changed, the status is built (from facts read on a blocking thread); it is patched (a strategic merge patch of `nodes/<name>/status`) only
-//! when it differs from the last one sent (compared at second precision, heartbeats left out) or
-//! `nodeStatusReportFrequency` has passed. A transition's events are posted once its patch is accepted.
+//! readiness changed, the status is built (from facts read on a blocking thread); it is patched (a strategic
+//! merge patch of `nodes/<name>/status`, on the heartbeat client as the kubelet's) only when it differs from the
+//! last one sent (compared at second precision, heartbeats left out) or `nodeStatusReportFrequency` has passed.
+//! A transition's events are posted once its patch is accepted.
+//!
+//! What was sent is only known to be the apiserver's Node while requests succeed: after a failed heartbeat or
+//! patch the Node is read first (the node lifecycle controller marks a quiet node `Unknown` and taints it
+//! `unreachable`, and only a `Ready=True` from the node lifts that), its conditions give the transitions, and the
+//! status is patched at once, as soon as a heartbeat is accepted again. Steady state adds no read.
+//!
+//! A Node deleted after registration is not registered again (an operator deletes a Node to fence or
+//! decommission it; kubernetes #71398): the daemon says so in its log and `/readyz` and reports again only if
+//! the Node comes back.
 
 use std::sync::Arc;
 
@@ -13,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::conditions::{self, Transition};
-use crate::{Ctx, NodeFacts, node, register};
+use crate::{Ctx, NODE_DELETED, NodeFacts, node, register};
 
 /// Patches tried in a row for one update (the kubelet's `nodeStatusUpdateRetry`).
 const UPDATE_RETRIES: usize = 5;
@@ -68,12 +78,37 @@ async fn due(ctx: &Ctx, last: Option<&Sent>) -> (NodeStatus, Vec<Transition>, bo
     (status, transitions, send)
 }
 
+/// What the apiserver's Node now is, as the base of the next report: `Ok(None)` when the Node is gone.
+async fn read_back(api: &Api<Node>, name: &str) -> Result<Option<Sent>, kube::Error> {
+    let node = api.get_opt(name).await?;
+    // A comparable that matches nothing built: the report is sent.
+    Ok(node.map(|n| Sent {
+        comparable: Value::Null,
+        at: Instant::now(),
+        conditions: n.status.and_then(|s| s.conditions).unwrap_or_default(),
+    }))
+}
+
+/// Records that the Node is gone (once in the log).
+fn gone(ctx: &Ctx) {
+    if ctx.status.set_deleted(true) {
+        tracing::error!(node = %ctx.settings.node_name, "{NODE_DELETED}");
+    }
+}
+
+/// Records that the Node is there (again).
+fn present(ctx: &Ctx) {
+    if ctx.status.set_deleted(false) {
+        tracing::info!(node = %ctx.settings.node_name, "the Node is back in the apiserver; reporting its status again");
+    }
+}
+
 /// Registers the Node, then keeps its status current until `shutdown`.
 pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: CancellationToken) {
     ctx.events.record("Normal", "Starting", format!("Starting nodewarden {}.", env!("CARGO_PKG_VERSION")));
     let Some((registered, created)) = register::register(&ctx, &shutdown).await else { return };
     post(&ctx, created);
-    let api: Api<Node> = Api::all(ctx.clients.main.clone());
+    let api: Api<Node> = Api::all(ctx.clients.heartbeat.clone());
     let name = ctx.settings.node_name.clone();
     // The registered Node's conditions give the transition times to keep (a restart is not a transition).
     let mut last = registered.status.as_ref().map(|s| Sent {
@@ -90,6 +125,30 @@ pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: Can
             _ = tick.tick() => {}
             // A sender gone (the daemon stopping) leaves only the ticks.
             r = changed.changed(), if told => told = r.is_ok(),
+            () = ctx.status.reconnected.notified() => {}
+        }
+        if ctx.status.take_stale() {
+            let read = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = read_back(&api, &name) => r,
+            };
+            match read {
+                Ok(Some(server)) => {
+                    present(&ctx);
+                    last = Some(server);
+                }
+                Ok(None) => {
+                    gone(&ctx);
+                    // Read again next time: an operator may make the Node again.
+                    ctx.status.mark_stale();
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the Node back after a failed request");
+                    ctx.status.mark_stale();
+                    continue;
+                }
+            }
         }
         let (status, transitions, send) = due(&ctx, last.as_ref()).await;
         if !send {
@@ -99,27 +158,33 @@ pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: Can
         let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
         let mut accepted = false;
         for attempt in 1..=UPDATE_RETRIES {
-            ctx.clients.limiter.acquire().await;
             let r = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 r = api.patch_status(&name, &params, &patch) => r,
             };
             match r {
                 Ok(_) => {
+                    present(&ctx);
                     accepted = true;
                     break;
                 }
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    tracing::warn!(node = %name, "the Node is gone from the apiserver; registering it again");
-                    match register::register(&ctx, &shutdown).await {
-                        Some((_, created)) => post(&ctx, created),
-                        None => return,
+                    gone(&ctx);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "cannot update the node status");
+                    if let Some(wait) = crate::backoff::retry_after(&e).filter(|_| attempt < UPDATE_RETRIES) {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(wait) => {}
+                        }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, attempt, "cannot update the node status"),
             }
         }
         if !accepted {
+            ctx.status.mark_stale();
             continue;
         }
         post(&ctx, transitions);

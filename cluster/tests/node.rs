@@ -317,3 +317,133 @@ async fn a_label_the_node_may_not_set_is_refused_by_the_apiserver() {
     assert!(why.contains("not registered") && why.contains("403"), "{why}");
     n.stop().await;
 }
+
+fn has_taint(node: &Value, key: &str) -> bool {
+    node["spec"]["taints"].as_array().is_some_and(|t| t.iter().any(|t| t["key"] == key))
+}
+
+#[tokio::test]
+async fn a_quiet_outage_past_the_lifecycle_grace_is_put_right_within_15_s_of_the_return() {
+    let api = TestApi::start(0).await.unwrap();
+    api.set_node_monitor_grace(Some(Duration::from_secs(6)));
+    let dir = tempfile::tempdir().unwrap();
+    // A report frequency far past the test: only a read of the apiserver's Node can show what happened to it.
+    let mut s = settings("q1");
+    s.status_report_frequency = Duration::from_secs(600);
+    let n = start(&api, dir.path(), s, facts()).await;
+    let node = || api.get("nodes", None, "q1").unwrap_or(Value::Null);
+    wait_for("Ready", Duration::from_secs(10), || condition(&node(), "Ready")["status"] == "True").await;
+    let ready_events = || api.list("events", None).iter().filter(|e| e["reason"] == "NodeReady").count();
+    let events_before = ready_events();
+
+    // Nothing changes on the node while the apiserver is away past the grace: the controller marks it.
+    api.set_up(false);
+    wait_for("Unknown and unreachable", Duration::from_secs(30), || {
+        let n = node();
+        condition(&n, "Ready")["status"] == "Unknown" && has_taint(&n, "node.kubernetes.io/unreachable")
+    })
+    .await;
+    assert_eq!(condition(&node(), "MemoryPressure")["status"], "Unknown");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    api.set_up(true);
+    let back = Instant::now();
+    let returned = jiff::Timestamp::now();
+    wait_for("Ready and untainted after the return", Duration::from_secs(30), || {
+        let n = node();
+        condition(&n, "Ready")["status"] == "True" && !has_taint(&n, "node.kubernetes.io/unreachable")
+    })
+    .await;
+    let took = back.elapsed();
+    assert!(took < Duration::from_secs(15), "put right {took:?} after the apiserver's return");
+    let n_now = node();
+    let ready = condition(&n_now, "Ready");
+    let transition: jiff::Timestamp = ready["lastTransitionTime"].as_str().unwrap().parse().unwrap();
+    assert!(transition >= returned - jiff::SignedDuration::from_secs(1), "a transition from Unknown: {ready}");
+    assert_eq!(condition(&n_now, "MemoryPressure")["status"], "False");
+    wait_for("the NodeReady event", Duration::from_secs(5), || ready_events() > events_before).await;
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_node_deleted_by_an_operator_is_not_registered_again() {
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Deletion is seen at the next report (a patch answered 404), after a failed heartbeat, or when the Lease
+    // goes with its Node (the test apiserver has no garbage collector).
+    let mut s = settings("d1");
+    s.status_report_frequency = Duration::from_secs(2);
+    let n = start(&api, dir.path(), s, facts()).await;
+    wait_for("ready", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    let kept = api.get("nodes", None, "d1").unwrap();
+    api.delete("nodes", None, "d1", None).unwrap();
+    wait_for("readiness to say so", Duration::from_secs(10), || {
+        n.status.readiness().is_err_and(|e| e.contains("deleted from the apiserver"))
+    })
+    .await;
+    let creates = || api.requests().iter().filter(|r| r.method == "POST" && r.path == "/api/v1/nodes").count();
+    let before = creates();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(api.get("nodes", None, "d1").is_none(), "the Node was registered again");
+    assert_eq!(creates(), before, "no create was even tried");
+    // The operator makes it again (uncordoned): it is reported on again.
+    let mut again = json!({"metadata": {"name": "d1", "labels": kept["metadata"]["labels"]}});
+    again["apiVersion"] = json!("v1");
+    again["kind"] = json!("Node");
+    api.create("nodes", None, again).unwrap();
+    wait_for("reported again", Duration::from_secs(10), || {
+        n.status.readiness().is_ok()
+            && api.get("nodes", None, "d1").is_some_and(|n| condition(&n, "Ready")["status"] == "True")
+    })
+    .await;
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_trickled_lease_answer_is_abandoned_at_its_deadline_and_renewals_go_on() {
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The heartbeat client's deadline: min(200 ms, 4 s), at least 1 s.
+    let n = start(&api, dir.path(), settings("t1"), facts()).await;
+    wait_for("ready", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    // The fixture logs a request when its answer starts (a trickled body comes after).
+    let puts = || api.requests().iter().filter(|r| r.method == "PUT" && r.path.ends_with("/leases/t1")).count();
+    // A byte every 500 ms: each resets kube's idle timers (1 s), so a Lease of some 400 bytes would hold a
+    // renewal for minutes; the whole answer is due within 1 s.
+    let trickle = Some(Duration::from_millis(500));
+    api.set_fault(Fault { trickle, paths: Some("/leases/t1".into()), ..Fault::default() });
+    let start_puts = puts();
+    let started = Instant::now();
+    wait_for("readiness to fail", Duration::from_secs(15), || n.status.readiness().is_err()).await;
+    let why = n.status.readiness().unwrap_err();
+    assert!(why.contains("last heartbeat accepted"), "{why}");
+    tokio::time::sleep(Duration::from_secs(8).saturating_sub(started.elapsed())).await;
+    api.set_fault(Fault::default());
+    wait_for("renewals again", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    assert!(puts() > start_puts + 2, "renewals kept being tried: {} → {}", start_puts, puts());
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let n = start(&api, dir.path(), settings("r1"), facts()).await;
+    wait_for("ready", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    api.set_fault(Fault {
+        status: Some(429),
+        retry_after: Some(2),
+        paths: Some("/leases/r1".into()),
+        ..Fault::default()
+    });
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    api.set_fault(Fault::default());
+    let refused: Vec<Instant> =
+        api.requests().iter().filter(|r| r.path.ends_with("/leases/r1") && r.status == 429).map(|r| r.at).collect();
+    assert!((2..=6).contains(&refused.len()), "{} tries in 9 s", refused.len());
+    for pair in refused.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= Duration::from_millis(1900), "a try {gap:?} after a 429 that asked for 2 s");
+    }
+    wait_for("renewals again", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    n.stop().await;
+}
