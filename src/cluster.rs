@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use nodewarden_cluster::{Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, binary_si, cpu};
+use nodewarden_cluster::{
+    Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, binary_si, cpu, watch_credentials,
+};
 use nodewarden_resources::{Condition, Resources};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -113,10 +115,14 @@ pub async fn start(
     tasks.spawn(watch_changes(facts.clone(), shared.eviction.conditions_changed(), changed_tx, shutdown.clone()));
     let (qps, burst, timeout) = (config.kube_api_qps, config.kube_api_burst, s.heartbeat_timeout());
     let (status2, tasks2, shutdown2) = (status.clone(), tasks.clone(), shutdown.clone());
+    let path = kubeconfig.to_path_buf();
     tasks.spawn(async move {
         let built = tokio::task::spawn_blocking(move || Clients::from_config(kube_config, qps, burst, timeout)).await;
         let error = match built {
             Ok(Ok(clients)) => {
+                // A renewed client certificate (or token) is taken up without a restart.
+                let credentials = (clients.clone(), shutdown2.clone());
+                tasks2.spawn(watch_credentials(path, credentials.0, qps, burst, timeout, credentials.1));
                 return nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2);
             }
             Ok(Err(e)) => e.to_string(),

@@ -4,7 +4,7 @@
 //! and each answer by [`MAX_ANSWER_BYTES`].
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -48,15 +48,19 @@ impl RateLimiter {
     }
 }
 
-/// The clients of one node.
+/// The clients of one node. Clones share them: [`Clients::replace`] (new credentials) reaches every holder, and
+/// each request takes the clients in force when it starts.
 #[derive(Clone)]
 pub struct Clients {
-    /// Registration, node status, events: rate limited by [`Clients::limiter`].
-    pub main: kube::Client,
-    /// The main client's rate limit.
+    pair: Arc<RwLock<Pair>>,
+    /// The main client's rate limit (kept across a change of credentials).
     pub limiter: Arc<RateLimiter>,
-    /// Lease renewals: no rate limit, timeout min(nodeStatusUpdateFrequency, nodeLeaseDurationSeconds).
-    pub heartbeat: kube::Client,
+}
+
+#[derive(Clone)]
+struct Pair {
+    main: kube::Client,
+    heartbeat: kube::Client,
 }
 
 /// How long the main client waits to connect and for a whole answer.
@@ -106,11 +110,33 @@ impl Clients {
             let bounds = Bounds { deadline: timeout, max_bytes: MAX_ANSWER_BYTES };
             Ok(builder.with_layer(&bounds).build())
         };
-        Ok(Clients {
-            main: client(MAIN_TIMEOUT)?,
-            limiter: Arc::new(RateLimiter::new(qps, burst)),
-            heartbeat: client(heartbeat_timeout)?,
-        })
+        Ok(Clients::new(client(MAIN_TIMEOUT)?, client(heartbeat_timeout)?, Arc::new(RateLimiter::new(qps, burst))))
+    }
+
+    /// Clients from a main and a heartbeat client.
+    pub fn new(main: kube::Client, heartbeat: kube::Client, limiter: Arc<RateLimiter>) -> Clients {
+        Clients { pair: Arc::new(RwLock::new(Pair { main, heartbeat })), limiter }
+    }
+
+    fn pair(&self) -> Pair {
+        self.pair.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Registration, events: rate limited by [`Clients::limiter`].
+    pub fn main(&self) -> kube::Client {
+        self.pair().main
+    }
+
+    /// Lease renewals and node status: no rate limit, timeout min(nodeStatusUpdateFrequency,
+    /// nodeLeaseDurationSeconds).
+    pub fn heartbeat(&self) -> kube::Client {
+        self.pair().heartbeat
+    }
+
+    /// Takes `other`'s clients (new credentials) for every request from now on; the rate limit stays.
+    pub fn replace(&self, other: &Clients) {
+        let pair = other.pair();
+        *self.pair.write().unwrap_or_else(PoisonError::into_inner) = pair;
     }
 }
 

@@ -93,7 +93,6 @@ impl Poster {
     /// Posts events until `shutdown`; a failed post is logged and dropped (events are best effort, as in the
     /// kubelet).
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let api: Api<Event> = Api::namespaced(self.clients.main.clone(), "default");
         let (mut tokens, mut at) = (BURST, Instant::now());
         loop {
             let e = tokio::select! {
@@ -110,6 +109,7 @@ impl Poster {
             self.clients.limiter.acquire().await;
             let object = event_object(&self.node, &e, jiff::Timestamp::now());
             let params = PostParams::default();
+            let api: Api<Event> = Api::namespaced(self.clients.main(), "default");
             let posted = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 r = api.create(&params, &object) => r,

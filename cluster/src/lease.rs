@@ -99,11 +99,11 @@ async fn renew(ctx: &Ctx, api: &Api<Lease>, mut lease: Lease) -> Result<Lease, k
 
 /// Keeps the Lease renewed until `shutdown`.
 pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
-    let api: Api<Lease> = Api::namespaced(ctx.clients.heartbeat.clone(), NAMESPACE);
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
     let mut lease: Option<Lease> = None;
     let mut failures = 0u32;
     loop {
+        let api: Api<Lease> = Api::namespaced(ctx.clients.heartbeat(), NAMESPACE);
         let attempt = async {
             match lease.take() {
                 Some(l) => renew(&ctx, &api, l).await,
@@ -198,8 +198,7 @@ mod tests {
             }
         });
         let client = kube::Client::new(service, "default");
-        let clients =
-            Clients { main: client.clone(), limiter: Arc::new(RateLimiter::new(100.0, 100)), heartbeat: client };
+        let clients = Clients::new(client.clone(), client, Arc::new(RateLimiter::new(100.0, 100)));
         let settings = ClusterSettings {
             node_name: "n1".into(),
             register_node: true,

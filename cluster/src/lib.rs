@@ -10,6 +10,7 @@ mod backoff;
 mod bounded;
 mod client;
 mod conditions;
+mod credentials;
 mod events;
 mod host;
 mod labels;
@@ -32,6 +33,7 @@ use tokio_util::task::TaskTracker;
 
 pub use client::{Clients, RateLimiter};
 pub use conditions::aggregate;
+pub use credentials::watch as watch_credentials;
 pub use host::{HostInfo, node_ip};
 pub use labels::{check_label_syntax, check_node_label};
 pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};

@@ -69,7 +69,7 @@ async fn try_register(ctx: &Ctx, api: &Api<Node>, rebooted: &mut bool) -> Result
 /// Registers (or finds) the Node, retrying until it succeeds; `None` on shutdown. A Node created now comes with
 /// the transitions of its first conditions (from Unknown), whose events are the caller's to post.
 pub async fn register(ctx: &Ctx, shutdown: &CancellationToken) -> Option<(Node, Vec<Transition>)> {
-    let api: Api<Node> = Api::all(ctx.clients.main.clone());
+    let api: Api<Node> = Api::all(ctx.clients.main());
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(7));
     let mut rebooted = false;
     loop {

@@ -108,7 +108,6 @@ pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: Can
     ctx.events.record("Normal", "Starting", format!("Starting nodewarden {}.", env!("CARGO_PKG_VERSION")));
     let Some((registered, created)) = register::register(&ctx, &shutdown).await else { return };
     post(&ctx, created);
-    let api: Api<Node> = Api::all(ctx.clients.heartbeat.clone());
     let name = ctx.settings.node_name.clone();
     // The registered Node's conditions give the transition times to keep (a restart is not a transition).
     let mut last = registered.status.as_ref().map(|s| Sent {
@@ -127,6 +126,7 @@ pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: Can
             r = changed.changed(), if told => told = r.is_ok(),
             () = ctx.status.reconnected.notified() => {}
         }
+        let api: Api<Node> = Api::all(ctx.clients.heartbeat());
         if ctx.status.take_stale() {
             let read = tokio::select! {
                 _ = shutdown.cancelled() => return,

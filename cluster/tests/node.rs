@@ -447,3 +447,34 @@ async fn retry_after_is_honoured() {
     wait_for("renewals again", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
     n.stop().await;
 }
+
+#[tokio::test]
+async fn credentials_changed_on_disk_are_used_without_a_restart() {
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings("c1");
+    api.add_token("old-c1", Some("c1"));
+    let path = api.write_kubeconfig(dir.path(), "old-c1").unwrap();
+    let clients = Clients::from_kubeconfig(&path, 50.0, 100, s.heartbeat_timeout()).await.unwrap();
+    let (_changed, rx) = watch::channel(0);
+    let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
+    let status = Arc::new(nodewarden_cluster::ClusterStatus::new(s.lease_duration));
+    let timeout = s.heartbeat_timeout();
+    tasks.spawn(nodewarden_cluster::watch_credentials(path.clone(), clients.clone(), 50.0, 100, timeout, stop.clone()));
+    nodewarden_cluster::start(status.clone(), s, clients, facts(), rx, &tasks, stop.clone());
+    wait_for("ready", Duration::from_secs(10), || status.readiness().is_ok()).await;
+    // The old credential revoked: refused.
+    api.remove_token("old-c1");
+    wait_for("readiness to fail", Duration::from_secs(10), || status.readiness().is_err()).await;
+    assert!(status.readiness().unwrap_err().contains("401"), "{}", status.readiness().unwrap_err());
+    // A new one written where the kubeconfig is: taken up within a poll and a renewal.
+    api.add_token("new-c1", Some("c1"));
+    let fresh = api.write_kubeconfig(dir.path(), "new-c1").unwrap();
+    std::fs::copy(&fresh, &path).unwrap();
+    let written = Instant::now();
+    wait_for("heartbeats with the new credentials", Duration::from_secs(20), || status.readiness().is_ok()).await;
+    assert!(written.elapsed() < Duration::from_secs(15), "{:?}", written.elapsed());
+    stop.cancel();
+    tasks.close();
+    tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.unwrap();
+}

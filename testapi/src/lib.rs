@@ -170,6 +170,11 @@ impl TestApi {
         lock(&self.state.tokens).insert(token.to_owned(), node.map(str::to_owned));
     }
 
+    /// Forgets `token`: requests that carry it are refused (401), as a revoked or expired credential's.
+    pub fn remove_token(&self, token: &str) {
+        lock(&self.state.tokens).remove(token);
+    }
+
     /// Writes a kubeconfig for this server with `token` into `dir` and returns its path.
     pub fn write_kubeconfig(&self, dir: &Path, token: &str) -> std::io::Result<PathBuf> {
         let path = dir.join(format!("kubeconfig-{token}"));
