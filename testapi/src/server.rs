@@ -393,6 +393,37 @@ fn filtered(change: &Change, selector: &Selector) -> Option<&'static str> {
     }
 }
 
+/// The annotation of the bookmark that ends a watch-list's initial events.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// A watch's `sendInitialEvents` (watch-list), checked as the apiserver's `ValidateListOptions` checks it:
+/// it needs `resourceVersionMatch=NotOlderThan`, and when true `allowWatchBookmarks=true`; a
+/// `resourceVersionMatch` without it is refused. 422 Invalid otherwise.
+fn watch_list(q: &HashMap<String, String>, bookmarks: bool) -> Result<Option<bool>, ApiError> {
+    let send = match q.get("sendInitialEvents").map(String::as_str) {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            return Err(ApiError::new(400, "BadRequest", format!("sendInitialEvents: invalid boolean {other:?}")));
+        }
+    };
+    let matching = q.get("resourceVersionMatch").map(String::as_str).filter(|m| !m.is_empty());
+    let invalid =
+        |why: &str| Err(ApiError::new(422, "Invalid", format!("ListOptions.meta.k8s.io \"\" is invalid: {why}")));
+    match (send, matching) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => invalid("resourceVersionMatch: Forbidden: only allowed for a watch with sendInitialEvents"),
+        (Some(_), m) if m != Some("NotOlderThan") => {
+            invalid("resourceVersionMatch: Forbidden: sendInitialEvents needs resourceVersionMatch NotOlderThan")
+        }
+        (Some(true), _) if !bookmarks => {
+            invalid("allowWatchBookmarks: Forbidden: must be true when sendInitialEvents is true")
+        }
+        (s, _) => Ok(s),
+    }
+}
+
 fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Result<Response, ApiError> {
     let r = target.resource;
     let ns = target.namespace.clone();
@@ -402,19 +433,21 @@ fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Re
     let from: Option<u64> =
         q.get("resourceVersion").filter(|v| !v.is_empty() && *v != "0").and_then(|v| v.parse().ok());
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+    let send_initial = watch_list(q, bookmarks)?;
     let timeout = q
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
         .map_or(Duration::from_secs(1800), |t| Duration::from_secs(t.min(86_400)));
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
-    // Without a resourceVersion, a watch starts with the current objects as ADDED.
-    let (initial, start) = match from {
-        Some(rv) => (Vec::new(), rv),
-        None => {
-            let (items, rv) = state.store.list(&r, ns.as_deref(), &selector);
-            (items, rv)
-        }
+    // Without a resourceVersion, a watch starts with the current objects as ADDED (unless sendInitialEvents=false
+    // asks to start at the most recent without them); with sendInitialEvents=true it does from any resourceVersion
+    // (the state now is not older than the one asked for) and marks their end with a bookmark.
+    let (initial, start) = match (from, send_initial) {
+        (_, Some(true)) | (None, None) => state.store.list(&r, ns.as_deref(), &selector),
+        (Some(rv), _) => (Vec::new(), rv),
+        (None, Some(false)) => (Vec::new(), state.store.resource_version()),
     };
+    let end_of_initial = send_initial == Some(true);
     let opened = state.store.watch_from(&r, ns.as_deref(), start);
     let mut closed = state.closed.subscribe();
     state.tasks.spawn(async move {
@@ -431,6 +464,15 @@ fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Re
         };
         for o in &initial {
             if tx.send(event_line("ADDED", o)).await.is_err() {
+                return;
+            }
+        }
+        if end_of_initial {
+            let bookmark = json!({
+                "kind": r.kind, "apiVersion": r.api_version(),
+                "metadata": {"resourceVersion": start.to_string(), "annotations": {INITIAL_EVENTS_END: "true"}},
+            });
+            if tx.send(event_line("BOOKMARK", &bookmark)).await.is_err() {
                 return;
             }
         }

@@ -181,3 +181,42 @@ async fn a_node_identity_is_restricted_as_noderestriction_restricts_it() {
     let stranger = client(&api, "who").await;
     assert_eq!(code(&Api::<Node>::all(stranger).get("n1").await.unwrap_err()), 401);
 }
+
+#[tokio::test]
+async fn a_watch_list_sends_the_state_then_the_end_bookmark_then_changes() {
+    let api = TestApi::start(0).await.unwrap();
+    api.add_token("admin", None);
+    let c = client(&api, "admin").await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    for i in 0..3 {
+        pods.create(&PostParams::default(), &pod(&format!("w{i}"), "n1")).await.unwrap();
+    }
+    let wp = WatchParams::streaming_lists().timeout(10);
+    let mut stream = pods.watch(&wp, "0").await.unwrap().boxed();
+    let mut added = Vec::new();
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.unwrap().unwrap().unwrap() {
+            WatchEvent::Added(p) => added.push(p.metadata.name.unwrap()),
+            WatchEvent::Bookmark(b) => break b,
+            other => panic!("{other:?}"),
+        }
+    };
+    added.sort();
+    assert_eq!(added, ["w0", "w1", "w2"], "the state first");
+    assert_eq!(end.metadata.annotations.get("k8s.io/initial-events-end").map(String::as_str), Some("true"));
+    pods.create(&PostParams::default(), &pod("w3", "n1")).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.unwrap().unwrap().unwrap() {
+        WatchEvent::Added(p) => assert_eq!(p.metadata.name.as_deref(), Some("w3")),
+        other => panic!("{other:?}"),
+    }
+    // What the apiserver's ListOptions validation refuses, as 422 before any stream.
+    for query in [
+        "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
+        "watch=true&sendInitialEvents=true&allowWatchBookmarks=true",
+        "watch=true&resourceVersionMatch=NotOlderThan",
+    ] {
+        let request = http::Request::get(format!("/api/v1/namespaces/default/pods?{query}")).body(Vec::new()).unwrap();
+        let err = c.request_text(request).await.unwrap_err();
+        assert_eq!(code(&err), 422, "{query}: {err}");
+    }
+}
