@@ -63,11 +63,23 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             "name": r.plural, "singularName": singular(r), "namespaced": r.namespaced, "kind": r.kind,
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": r.short,
         }));
-        if r.status {
-            resources.push(json!({
-                "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
-                "kind": r.kind, "verbs": ["get", "patch", "update"],
-            }));
+        for sub in r.subresources {
+            let (kind, group, verbs): (&str, &str, &[&str]) = match *sub {
+                "status" => (r.kind, "", &["get", "patch", "update"]),
+                "binding" => ("Binding", "", &["create"]),
+                "eviction" => ("Eviction", "policy", &["create"]),
+                "token" => ("TokenRequest", "authentication.k8s.io", &["create"]),
+                _ => continue,
+            };
+            let mut entry = json!({
+                "name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced,
+                "kind": kind, "verbs": verbs,
+            });
+            if !group.is_empty() {
+                entry["group"] = json!(group);
+                entry["version"] = json!("v1");
+            }
+            resources.push(entry);
         }
     }
     let gv = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
@@ -120,12 +132,43 @@ fn node_roles(node: &Value) -> String {
     if roles.is_empty() { "<none>".into() } else { roles.join(",") }
 }
 
+/// The node's first address of `kind`, or `<none>`.
+fn address(node: &Value, kind: &str) -> String {
+    node["status"]["addresses"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["type"] == kind))
+        .and_then(|a| a["address"].as_str())
+        .unwrap_or("<none>")
+        .to_owned()
+}
+
+/// What `kubectl get pods` shows in STATUS: the pod's reason (`Evicted`), else a container's waiting or
+/// terminated reason, else the phase; `Terminating` once deletion is asked.
+fn pod_status(pod: &Value) -> String {
+    let status = &pod["status"];
+    let mut shown = status["reason"].as_str().or_else(|| status["phase"].as_str()).unwrap_or("Pending").to_owned();
+    for c in status["containerStatuses"].as_array().into_iter().flatten() {
+        let state = &c["state"];
+        if let Some(r) = state["waiting"]["reason"].as_str().filter(|r| !r.is_empty()) {
+            shown = r.to_owned();
+        } else if let Some(r) = state["terminated"]["reason"].as_str().filter(|r| !r.is_empty()) {
+            shown = r.to_owned();
+        }
+    }
+    if pod["metadata"]["deletionTimestamp"].is_string() && status["reason"] != "NodeLost" {
+        shown = "Terminating".to_owned();
+    }
+    shown
+}
+
 /// How a Table's cells are read off an object.
 type Cells = Box<dyn Fn(&Value) -> Vec<Value>>;
 
 /// A Table of `items` for `r` (NAME and AGE, plus the columns `kubectl get` shows for nodes and leases).
 pub fn table(r: &Resource, items: &[Value], rv: u64) -> Value {
     let col = |name: &str, ty: &str| json!({"name": name, "type": ty, "format": if name == "Name" { "name" } else { "" }, "description": "", "priority": 0});
+    // Columns `kubectl get -o wide` adds.
+    let wide = |name: &str| json!({"name": name, "type": "string", "format": "", "description": "", "priority": 1});
     let (columns, cells): (Vec<Value>, Cells) = match r.kind {
         "Node" => (
             vec![
@@ -134,14 +177,56 @@ pub fn table(r: &Resource, items: &[Value], rv: u64) -> Value {
                 col("Roles", "string"),
                 col("Age", "string"),
                 col("Version", "string"),
+                wide("Internal-IP"),
+                wide("External-IP"),
+                wide("OS-Image"),
+                wide("Kernel-Version"),
+                wide("Container-Runtime"),
             ],
             Box::new(|n: &Value| {
+                let info = &n["status"]["nodeInfo"];
                 vec![
                     n["metadata"]["name"].clone(),
                     json!(node_status(n)),
                     json!(node_roles(n)),
                     json!(age(n)),
-                    n["status"]["nodeInfo"]["kubeletVersion"].clone(),
+                    info["kubeletVersion"].clone(),
+                    json!(address(n, "InternalIP")),
+                    json!(address(n, "ExternalIP")),
+                    info["osImage"].clone(),
+                    info["kernelVersion"].clone(),
+                    info["containerRuntimeVersion"].clone(),
+                ]
+            }),
+        ),
+        "Pod" => (
+            vec![
+                col("Name", "string"),
+                col("Ready", "string"),
+                col("Status", "string"),
+                col("Restarts", "string"),
+                col("Age", "string"),
+                wide("IP"),
+                wide("Node"),
+                wide("Nominated Node"),
+                wide("Readiness Gates"),
+            ],
+            Box::new(|p: &Value| {
+                let statuses = p["status"]["containerStatuses"].as_array().cloned().unwrap_or_default();
+                let total = p["spec"]["containers"].as_array().map_or(0, Vec::len);
+                let ready = statuses.iter().filter(|c| c["ready"] == true).count();
+                let restarts: i64 = statuses.iter().filter_map(|c| c["restartCount"].as_i64()).sum();
+                let or_none = |v: &Value| v.as_str().filter(|s| !s.is_empty()).unwrap_or("<none>").to_owned();
+                vec![
+                    p["metadata"]["name"].clone(),
+                    json!(format!("{ready}/{total}")),
+                    json!(pod_status(p)),
+                    json!(restarts.to_string()),
+                    json!(age(p)),
+                    json!(or_none(&p["status"]["podIP"])),
+                    json!(or_none(&p["spec"]["nodeName"])),
+                    json!(or_none(&p["status"]["nominatedNodeName"])),
+                    json!("<none>"),
                 ]
             }),
         ),

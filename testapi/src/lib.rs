@@ -1,23 +1,34 @@
 //! A test apiserver for nodewarden's tests and benchmarks.
 //!
 //! It follows the real apiserver where a client would notice: discovery for kubectl, create/get/list/watch with
-//! one resourceVersion counter, bookmarks and the in-stream 410 for a compacted history, field and label
-//! selectors, optimistic concurrency, the status subresource, JSON merge and strategic merge patches, delete
-//! preconditions and graceful pod deletion, Tables for `kubectl get`, and the Node authorizer's and
+//! one resourceVersion counter, bookmarks, watch-list and the in-stream 410 for a compacted history, 410 for an
+//! expired continue token and 504 for a resourceVersion not reached, field and label selectors, optimistic
+//! concurrency, the status subresources and their strategies, the four patch types (server-side apply in a basic
+//! form), deletion as the registry does it (grace periods that only shrink, finalizers, preconditions), pod
+//! admission (defaults, validation, the ServiceAccount plugin's `kube-api-access-*` volume, default tolerations,
+//! the status reset, spec immutability), the namespace lifecycle with its `default` ServiceAccount and
+//! `kube-root-ca.crt`, bindings, evictions, TokenRequest, Tables for `kubectl get`, the Node authorizer's and
 //! NodeRestriction's rules for a `system:node:<name>` token, and the controller manager's node lifecycle
-//! controller (a quiet node goes `Unknown` and tainted `unreachable`). Tests control faults (connections refused, injected
-//! status codes, delays, watches closed, history compacted) and read the request log. Plain HTTP, JSON only.
+//! controller (a quiet node goes `Unknown` and tainted `unreachable`). Tests control faults (connections refused,
+//! injected status codes with `Retry-After`, delays, trickled or cut answers, oversized watch lines, watches
+//! closed, history compacted) and read the request log. Plain HTTP, JSON only.
 //!
 //! It is a test fixture: nothing in the daemon uses it.
 
+mod admission;
+mod b64;
 mod discovery;
 mod lifecycle;
+mod openapi;
 mod patch;
+mod protobuf;
 mod restriction;
 mod route;
 mod select;
 mod server;
 mod store;
+mod token;
+mod writes;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -52,6 +63,12 @@ pub struct Fault {
     pub retry_after: Option<u32>,
     /// Send the answer's body one byte every this long (a trickling server or load balancer).
     pub trickle: Option<Duration>,
+    /// Drop the connection after this many bytes of the answer's body (a proxy or server that died mid-answer;
+    /// for a watch, mid-stream).
+    pub cut_after: Option<usize>,
+    /// Pad every event of a watch opened while this is set to at least this many bytes (an annotation on the
+    /// object), as a huge object makes an oversized line.
+    pub oversized: Option<usize>,
 }
 
 /// One request, as the log keeps it.
@@ -107,6 +124,14 @@ impl State {
     pub(crate) fn fault(&self) -> Fault {
         lock(&self.fault).clone()
     }
+
+    /// Creates an object as the apiserver does: admission, the store, then what the controllers add.
+    pub(crate) fn create(&self, r: &Resource, namespace: Option<&str>, object: Value) -> Result<Value, ApiError> {
+        let admitted = admission::on_create(&self.store, r, namespace, object)?;
+        let created = self.store.create(r, namespace, admitted)?;
+        admission::after_create(&self.store, &created);
+        Ok(created)
+    }
 }
 
 /// A running test apiserver on 127.0.0.1; stopped when dropped.
@@ -139,6 +164,12 @@ impl TestApi {
             closed: watch::Sender::new(0),
             tasks: TaskTracker::new(),
         });
+        for ns in admission::SYSTEM_NAMESPACES {
+            let made = state.create(resource("namespaces"), None, serde_json::json!({"metadata": {"name": ns}}));
+            if let Err(e) = made {
+                return Err(std::io::Error::other(e.message));
+            }
+        }
         let (up, up_rx) = watch::channel(true);
         let stop = CancellationToken::new();
         let app = axum::Router::new().fallback(server::handle).with_state(state.clone());
@@ -228,9 +259,10 @@ impl TestApi {
         self.state.store.list(resource(plural), namespace, &select::Selector::default()).0
     }
 
-    /// Creates an object as the test (e.g. a pod bound to a node, as a scheduler would).
+    /// Creates an object as the test, through admission as an admin's create (e.g. a pod bound to a node, as a
+    /// scheduler would).
     pub fn create(&self, plural: &str, namespace: Option<&str>, object: Value) -> Result<Value, ApiError> {
-        self.state.store.create(resource(plural), namespace, object)
+        self.state.create(resource(plural), namespace, object)
     }
 
     /// Deletes an object as the test, with a grace period for pods.
@@ -241,7 +273,7 @@ impl TestApi {
         name: &str,
         grace: Option<i64>,
     ) -> Result<Value, ApiError> {
-        self.state.store.delete(resource(plural), namespace, name, grace, (None, None))
+        self.state.store.delete(resource(plural), namespace, name, grace, (None, None)).map(|d| d.object)
     }
 }
 
@@ -252,16 +284,46 @@ impl Drop for TestApi {
     }
 }
 
-/// The node lifecycle controller: a pass every `--node-monitor-period` while a grace period is set.
+/// The controllers: the node lifecycle controller, a pass every `--node-monitor-period` while a grace period is
+/// set, and the namespace controller, which empties a terminating namespace every second and then removes it.
 async fn node_lifecycle(state: Arc<State>, grace: watch::Receiver<Option<Duration>>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(lifecycle::PERIOD);
+    let start = Instant::now();
+    let mut tick = tokio::time::interval_at(start + lifecycle::PERIOD, lifecycle::PERIOD);
+    let mut namespaces = tokio::time::interval_at(start + NAMESPACE_PERIOD, NAMESPACE_PERIOD);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
+            _ = namespaces.tick() => empty_terminating_namespaces(&state.store),
+            _ = tick.tick() => {
+                if let Some(g) = *grace.borrow() {
+                    lifecycle::pass(&state.store, resource("nodes"), resource("leases"), resource("pods"), g);
+                }
+            }
         }
-        if let Some(g) = *grace.borrow() {
-            lifecycle::pass(&state.store, resource("nodes"), resource("leases"), resource("pods"), g);
+    }
+}
+
+/// How often the namespace controller looks at terminating namespaces.
+const NAMESPACE_PERIOD: Duration = Duration::from_secs(1);
+
+/// One pass of the namespace controller: everything in a terminating namespace is deleted (pods gracefully, so
+/// their kubelet ends them first); an emptied namespace goes.
+fn empty_terminating_namespaces(store: &store::Store) {
+    let all = select::Selector::default();
+    let (namespaces, _) = store.list(resource("namespaces"), None, &all);
+    for ns in namespaces.iter().filter(|n| store::deleting(n)) {
+        let Some(name) = ns["metadata"]["name"].as_str() else { continue };
+        let mut left = 0;
+        for r in RESOURCES.iter().filter(|r| r.namespaced) {
+            for o in store.list(r, Some(name), &all).0 {
+                left += 1;
+                if let Some(n) = o["metadata"]["name"].as_str() {
+                    let _ = store.delete(r, Some(name), n, None, (None, None));
+                }
+            }
+        }
+        if left == 0 {
+            store.remove(resource("namespaces"), None, name);
         }
     }
 }

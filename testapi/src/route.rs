@@ -13,56 +13,57 @@ pub struct Resource {
     pub kind: &'static str,
     /// True for namespaced resources.
     pub namespaced: bool,
-    /// The subresources served (`status`).
-    pub status: bool,
+    /// The subresources served (`status`, `binding`, `eviction`, `token`).
+    pub subresources: &'static [&'static str],
     /// Short names kubectl may use.
     pub short: &'static [&'static str],
 }
 
 impl Resource {
+    /// True when `sub` is a subresource of this resource.
+    pub fn serves(&self, sub: &str) -> bool {
+        self.subresources.contains(&sub)
+    }
+
+    /// True when the resource has a `status` subresource (and so its main resource leaves the status alone).
+    pub fn has_status(&self) -> bool {
+        self.serves("status")
+    }
+
     /// `v1` or `group/version`, as objects carry it in `apiVersion`.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() { self.version.to_owned() } else { format!("{}/{}", self.group, self.version) }
     }
 }
 
+/// A core (`v1`) resource.
+const fn core(
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    subresources: &'static [&'static str],
+    short: &'static [&'static str],
+) -> Resource {
+    Resource { group: "", version: "v1", plural, kind, namespaced, subresources, short }
+}
+
 /// Every resource served.
 pub const RESOURCES: &[Resource] = &[
-    Resource {
-        group: "",
-        version: "v1",
-        plural: "nodes",
-        kind: "Node",
-        namespaced: false,
-        status: true,
-        short: &["no"],
-    },
-    Resource { group: "", version: "v1", plural: "pods", kind: "Pod", namespaced: true, status: true, short: &["po"] },
-    Resource {
-        group: "",
-        version: "v1",
-        plural: "events",
-        kind: "Event",
-        namespaced: true,
-        status: false,
-        short: &["ev"],
-    },
-    Resource {
-        group: "",
-        version: "v1",
-        plural: "namespaces",
-        kind: "Namespace",
-        namespaced: false,
-        status: true,
-        short: &["ns"],
-    },
+    core("nodes", "Node", false, &["status"], &["no"]),
+    core("pods", "Pod", true, &["status", "binding", "eviction"], &["po"]),
+    core("events", "Event", true, &[], &["ev"]),
+    core("namespaces", "Namespace", false, &["status"], &["ns"]),
+    core("configmaps", "ConfigMap", true, &[], &["cm"]),
+    core("secrets", "Secret", true, &[], &[]),
+    core("serviceaccounts", "ServiceAccount", true, &["token"], &["sa"]),
+    core("services", "Service", true, &["status"], &["svc"]),
     Resource {
         group: "coordination.k8s.io",
         version: "v1",
         plural: "leases",
         kind: "Lease",
         namespaced: true,
-        status: false,
+        subresources: &[],
         short: &[],
     },
     Resource {
@@ -71,7 +72,7 @@ pub const RESOURCES: &[Resource] = &[
         plural: "events",
         kind: "Event",
         namespaced: true,
-        status: false,
+        subresources: &[],
         short: &["ev"],
     },
 ];

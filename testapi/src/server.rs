@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use crate::discovery;
 use crate::route::{self, Target};
 use crate::select::Selector;
-use crate::store::{self, ApiError, Change, concerns};
-use crate::{Logged, State, patch, restriction};
+use crate::store::{ApiError, Change, concerns};
+use crate::{Logged, State, admission, openapi, protobuf, restriction, token, writes};
 
 fn json_response(code: u16, v: &Value) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -87,6 +87,11 @@ pub async fn handle(
     {
         response = trickled(response, every).await;
     }
+    if let Some(limit) = fault.cut_after
+        && fault.paths.as_ref().is_none_or(|p| uri.path().contains(p.as_str()))
+    {
+        response = cut(response, limit);
+    }
     let kept = if method == Method::GET {
         String::new()
     } else {
@@ -125,6 +130,28 @@ async fn trickled(response: Response, every: Duration) -> Response {
     Response::from_parts(parts, Body::from_stream(stream))
 }
 
+/// The answer with its body ended, and the connection dropped, after `limit` bytes.
+fn cut(response: Response, limit: usize) -> Response {
+    use futures_util::StreamExt;
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let stream = futures_util::stream::unfold(Some((body.into_data_stream(), 0usize)), move |state| async move {
+        let (mut body, sent) = state?;
+        if sent >= limit {
+            let dropped = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut by the test");
+            return Some((Err(dropped), None));
+        }
+        match body.next().await {
+            Some(Ok(chunk)) => {
+                let n = chunk.len().min(limit - sent);
+                Some((Ok(chunk.slice(..n)), Some((body, sent + n))))
+            }
+            _ => None,
+        }
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
 /// How much of a write's body the log keeps.
 const LOGGED_BODY: usize = 16 << 10;
 
@@ -157,6 +184,7 @@ async fn respond(state: &Arc<State>, method: &Method, uri: &Uri, headers: &Heade
         ("GET", "/api") => return json_response(200, &discovery::core_versions()),
         ("GET", "/apis") => return json_response(200, &discovery::group_list()),
         ("GET", "/healthz" | "/readyz" | "/livez") => return (StatusCode::OK, "ok").into_response(),
+        ("GET", "/openapi/v3") => return json_response(200, &openapi::root()),
         _ => {}
     }
     if method == Method::GET {
@@ -164,6 +192,9 @@ async fn respond(state: &Arc<State>, method: &Method, uri: &Uri, headers: &Heade
         match parts.as_slice() {
             ["api", v] => {
                 return discovery::resource_list("", v).map_or_else(|| not_served(&path), |l| json_response(200, &l));
+            }
+            ["openapi", "v3", gv @ ..] => {
+                return openapi::document(&gv.join("/")).map_or_else(|| not_served(&path), |d| json_response(200, &d));
             }
             ["apis", g] => return discovery::group(g).map_or_else(|| not_served(&path), |l| json_response(200, &l)),
             ["apis", g, v] => {
@@ -176,19 +207,40 @@ async fn respond(state: &Arc<State>, method: &Method, uri: &Uri, headers: &Heade
         return not_served(&path);
     };
     let q = query(uri);
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    // kubectl's typed clients send built-in kinds as protobuf; CBOR is not spoken (client-go falls back to JSON).
+    if !body.is_empty() && content_type.contains("cbor") {
+        return error(&ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/vnd.kubernetes.protobuf (got {content_type:?})"
+            ),
+        ));
+    }
+    let body = if !body.is_empty() && content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        match protobuf::object(body) {
+            Ok(v) => Bytes::from(v.to_string()),
+            Err(e) => return error(&e),
+        }
+    } else {
+        body.clone()
+    };
     let body = if body.is_empty() {
         None
     } else {
-        match serde_json::from_slice::<Value>(body) {
-            // Objects only, with an object (or no) `metadata`: anything else would be indexed as one.
+        match serde_json::from_slice::<Value>(&body) {
+            // Objects only, with an object (or no) `metadata`: anything else would be indexed as one. A JSON
+            // patch is a list of operations.
             Ok(v) if v.is_object() && (v["metadata"].is_null() || v["metadata"].is_object()) => Some(v),
+            Ok(v) if v.is_array() && content_type.starts_with(writes::JSON_PATCH) => Some(v),
             Ok(_) => return error(&ApiError::new(400, "BadRequest", "the request body must be a JSON object")),
             Err(e) => return error(&ApiError::new(400, "BadRequest", format!("the request body is not JSON: {e}"))),
         }
     };
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    match serve(state, method, &target, &q, body, &content_type, &accept, who.as_deref()).await {
+    let req = Request { query: &q, body, content_type: &content_type, accept: &accept, who: who.as_deref() };
+    match serve(state, method, &target, req).await {
         Ok(r) => r,
         Err(e) => error(&e),
     }
@@ -211,40 +263,24 @@ fn verb(method: &Method, target: &Target, q: &HashMap<String, String>) -> &'stat
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn serve(
-    state: &Arc<State>,
-    method: &Method,
-    target: &Target,
-    q: &HashMap<String, String>,
-    body: Option<Value>,
-    content_type: &str,
-    accept: &str,
-    who: Option<&str>,
-) -> Result<Response, ApiError> {
+/// What a request carries besides its target.
+pub(crate) struct Request<'a> {
+    pub(crate) query: &'a HashMap<String, String>,
+    pub(crate) body: Option<Value>,
+    pub(crate) content_type: &'a str,
+    pub(crate) accept: &'a str,
+    /// The node the caller is, or `None` for an admin.
+    pub(crate) who: Option<&'a str>,
+}
+
+async fn serve(state: &Arc<State>, method: &Method, target: &Target, req: Request<'_>) -> Result<Response, ApiError> {
     let r = &target.resource;
     let ns = target.namespace.as_deref();
+    let q = req.query;
     let verb = verb(method, target, q);
     let stored = target.name.as_deref().and_then(|n| state.store.get(r, ns, n).ok());
-    if let Some(node) = who {
-        restriction::check(
-            node,
-            verb,
-            target,
-            body.as_ref(),
-            stored.as_ref(),
-            q.get("fieldSelector").map(String::as_str),
-        )?;
-    }
-    let status = target.subresource.as_deref() == Some("status");
-    // What a node's write would make of the object is checked too (a PUT that drops a taint, a patch that nulls
-    // a label), against the object it changes, under the store's lock.
-    let guard = |old: &Value, new: &Value| match who {
-        Some(node) => restriction::check_result(node, target, old, new),
-        None => Ok(()),
-    };
     if let Some(sub) = target.subresource.as_deref()
-        && (sub != "status" || !r.status)
+        && !r.serves(sub)
     {
         return Err(ApiError::new(
             404,
@@ -252,11 +288,35 @@ async fn serve(
             format!("the server could not find the requested resource ({sub})"),
         ));
     }
+    if let Some(node) = req.who {
+        let ask = restriction::Ask {
+            verb,
+            target,
+            body: req.body.as_ref(),
+            stored: stored.as_ref(),
+            field_selector: q.get("fieldSelector").map(String::as_str),
+        };
+        restriction::check(&state.store, node, &ask)?;
+    }
+    match (verb, target.subresource.as_deref()) {
+        ("create", Some("binding")) => return writes::bind(state, target, req.body).map(|s| json_response(201, &s)),
+        ("create", Some("eviction")) => return writes::evict(state, target, req.body).map(|s| json_response(201, &s)),
+        ("create", Some("token")) => {
+            let name = target.name.as_deref().unwrap_or("");
+            let request = req.body.unwrap_or_else(|| json!({}));
+            return token::issue(&state.store, ns.unwrap_or(""), name, request).map(|t| json_response(201, &t));
+        }
+        (_, Some(sub @ ("binding" | "eviction" | "token"))) => {
+            return Err(ApiError::new(405, "MethodNotAllowed", format!("{sub} takes only a create (POST)")));
+        }
+        _ => {}
+    }
     match verb {
         "get" => {
             let name = target.name.as_deref().unwrap_or("");
+            wait_for(state, q).await?;
             let v = state.store.get(r, ns, name)?;
-            if discovery::wants_table(accept) {
+            if discovery::wants_table(req.accept) {
                 return Ok(json_response(200, &discovery::table(r, &[v], state.store.resource_version())));
             }
             Ok(json_response(200, &v))
@@ -268,77 +328,79 @@ async fn serve(
                 q.get("labelSelector").map(String::as_str),
             )
             .map_err(|m| ApiError::new(400, "BadRequest", m))?;
+            wait_for(state, q).await?;
             let (items, rv) = state.store.list(r, ns, &selector);
-            if discovery::wants_table(accept) {
+            if discovery::wants_table(req.accept) {
                 return Ok(json_response(200, &discovery::table(r, &items, rv)));
             }
-            Ok(json_response(200, &page(r, items, rv, q)?))
+            Ok(json_response(200, &page(r, items, rv, state.store.oldest(), q)?))
         }
         "watch" => watch(state, target, q),
         "create" => {
-            let body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "a create needs a body"))?;
-            Ok(json_response(201, &state.store.create(r, ns, body)?))
+            let body = req.body.ok_or_else(|| ApiError::new(400, "BadRequest", "a create needs a body"))?;
+            Ok(json_response(201, &state.create(r, ns, body)?))
         }
-        "update" => {
-            let body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "an update needs a body"))?;
-            let name = target.name.as_deref().unwrap_or("");
-            Ok(json_response(200, &state.store.replace(r, ns, name, body, status, &guard)?))
-        }
-        "patch" => {
-            let patch_body = body.ok_or_else(|| ApiError::new(400, "BadRequest", "a patch needs a body"))?;
-            let name = target.name.as_deref().unwrap_or("");
-            let kind = content_type.split(';').next().unwrap_or("").trim().to_owned();
-            let updated = state.store.update(
-                r,
-                ns,
-                name,
-                |old| {
-                    let mut new = old.clone();
-                    match kind.as_str() {
-                        "application/merge-patch+json" => patch::merge(&mut new, &patch_body),
-                        "application/strategic-merge-patch+json" => patch::strategic(&mut new, &patch_body),
-                        other => {
-                            return Err(ApiError::new(
-                                415,
-                                "UnsupportedMediaType",
-                                format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json (got {other:?})"),
-                            ));
-                        }
-                    }
-                    // A resourceVersion in the patch is a precondition.
-                    if let Some(rv) = patch_body["metadata"]["resourceVersion"].as_str()
-                        && Some(rv) != old["metadata"]["resourceVersion"].as_str()
-                    {
-                        return Err(store::conflict(r, name));
-                    }
-                    if !new.is_object() || !(new["metadata"].is_object() || new["metadata"].is_null()) {
-                        return Err(ApiError::new(422, "Invalid", "the patch does not leave an object with metadata"));
-                    }
-                    guard(old, &new)?;
-                    Ok(new)
-                },
-                status,
-            )?;
-            Ok(json_response(200, &updated))
-        }
+        "update" | "patch" => writes::write(state, verb, target, req).map(|v| json_response(200, &v)),
         "delete" => {
             let name = target.name.as_deref().unwrap_or("");
-            let options = body.unwrap_or(Value::Null);
+            admission::check_delete(r, name)?;
+            let options = req.body.unwrap_or(Value::Null);
             let grace = options["gracePeriodSeconds"]
                 .as_i64()
                 .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
             let pre = &options["preconditions"];
             let pre = (pre["uid"].as_str().map(str::to_owned), pre["resourceVersion"].as_str().map(str::to_owned));
-            Ok(json_response(200, &state.store.delete(r, ns, name, grace, pre)?))
+            let deleted = state.store.delete(r, ns, name, grace, pre)?;
+            // Pods and namespaces answer with the object; other kinds, once gone, with a Status.
+            if deleted.gone && !matches!(r.kind, "Pod" | "Namespace") {
+                let uid = deleted.object["metadata"]["uid"].clone();
+                return Ok(json_response(200, &success(r, name, uid)));
+            }
+            Ok(json_response(200, &deleted.object))
         }
         _ => Err(ApiError::new(405, "MethodNotAllowed", format!("{method} is not supported here"))),
     }
 }
 
+/// The `Status` of a write that succeeded without an object to return.
+pub(crate) fn success(r: &route::Resource, name: &str, uid: Value) -> Value {
+    let mut details = json!({"name": name, "kind": r.plural, "uid": uid});
+    if !r.group.is_empty() {
+        details["group"] = json!(r.group);
+    }
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
+}
+
+/// A get or list at a `resourceVersion` the store has not reached waits for it, up to 3 s, then is answered
+/// 504 with the `ResourceVersionTooLarge` cause, as the watch cache answers.
+async fn wait_for(state: &State, q: &HashMap<String, String>) -> Result<(), ApiError> {
+    let Some(wanted) = q.get("resourceVersion").and_then(|v| v.parse::<u64>().ok()) else { return Ok(()) };
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(3);
+    while state.store.resource_version() < wanted {
+        if tokio::time::Instant::now() >= give_up {
+            let mut e = ApiError::new(
+                504,
+                "Timeout",
+                format!("Too large resource version: {wanted}, current: {}", state.store.resource_version()),
+            );
+            e.causes = vec![("ResourceVersionTooLarge".into(), "Too large resource version".into())];
+            return Err(e);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 /// A list, paged by `limit` and `continue`. The token carries the first page's resourceVersion and the last
 /// name served, so a delete between pages skips nothing, and every page reports the first page's
 /// resourceVersion (a watch from it then replays what changed while paging).
-fn page(r: &route::Resource, items: Vec<Value>, rv: u64, q: &HashMap<String, String>) -> Result<Value, ApiError> {
+fn page(
+    r: &route::Resource,
+    items: Vec<Value>,
+    rv: u64,
+    oldest: u64,
+    q: &HashMap<String, String>,
+) -> Result<Value, ApiError> {
     let key = |o: &Value| {
         format!(
             "{}/{}",
@@ -350,7 +412,16 @@ fn page(r: &route::Resource, items: Vec<Value>, rv: u64, q: &HashMap<String, Str
     let (rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
         Some(c) => {
             let (first, last) = c.split_once(':').ok_or_else(invalid)?;
-            (first.parse().map_err(|_| invalid())?, Some(last.to_owned()))
+            let first: u64 = first.parse().map_err(|_| invalid())?;
+            // The state the token continues is older than the history kept: as etcd after a compaction.
+            if first < oldest {
+                return Err(ApiError::new(
+                    410,
+                    "Expired",
+                    "the continue token is too old: the list it continues was compacted away; start the list again without it",
+                ));
+            }
+            (first, Some(last.to_owned()))
         }
         None => (rv, None),
     };
@@ -448,6 +519,15 @@ fn watch(state: &Arc<State>, target: &Target, q: &HashMap<String, String>) -> Re
         (None, Some(false)) => (Vec::new(), state.store.resource_version()),
     };
     let end_of_initial = send_initial == Some(true);
+    let pad = state.fault().oversized;
+    let event_line = move |kind: &str, object: &Value| match pad {
+        Some(n) => {
+            let mut padded = object.clone();
+            padded["metadata"]["annotations"]["testapi.nodewarden.io/padding"] = json!("x".repeat(n));
+            event_line(kind, &padded)
+        }
+        None => event_line(kind, object),
+    };
     let opened = state.store.watch_from(&r, ns.as_deref(), start);
     let mut closed = state.closed.subscribe();
     state.tasks.spawn(async move {

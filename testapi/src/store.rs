@@ -26,12 +26,14 @@ pub struct ApiError {
     pub message: String,
     /// The object's name and kind, when one is concerned.
     pub details: Option<(String, String)>,
+    /// Causes (reason, message) for `details.causes`.
+    pub causes: Vec<(String, String)>,
 }
 
 impl ApiError {
     /// The error with `code` and `reason`.
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError { code, reason, message: message.into(), details: None, causes: Vec::new() }
     }
 
     fn about(mut self, r: &Resource, name: &str) -> ApiError {
@@ -47,6 +49,11 @@ impl ApiError {
         });
         if let Some((name, kind)) = &self.details {
             s["details"] = json!({"name": name, "kind": kind});
+        }
+        if !self.causes.is_empty() {
+            let causes: Vec<Value> =
+                self.causes.iter().map(|(reason, message)| json!({"reason": reason, "message": message})).collect();
+            s["details"]["causes"] = json!(causes);
         }
         s
     }
@@ -159,6 +166,11 @@ impl Store {
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.lock().rv
+    }
+
+    /// The oldest resourceVersion the history still reaches.
+    pub fn oldest(&self) -> u64 {
+        self.lock().oldest
     }
 
     fn record(&self, inner: &mut Inner, key: Key, kind: &'static str, object: Value, old: Option<Value>) {
@@ -279,8 +291,10 @@ impl Store {
     }
 
     /// Applies `f` to the stored object; the result is stored with the server-owned fields kept: identity,
-    /// creation time and (unless it is a status write) the status, or (for a status write) everything but the
-    /// status and, as for nodes, labels and annotations.
+    /// creation time, the deletion marks and (unless it is a status write) the status. A status write takes
+    /// the proposed object but keeps the stored spec (and, for pods, the owner references and a `qosClass` the
+    /// write leaves out), as the registry's status strategies do. An update that leaves an object being deleted
+    /// with no finalizers and no grace period pending deletes it.
     pub fn update(
         &self,
         r: &Resource,
@@ -294,37 +308,34 @@ impl Store {
         let old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
         let proposed = f(&old)?;
         check_uid(r, name, proposed["metadata"]["uid"].as_str(), &old)?;
-        let mut new = if status {
-            let mut n = old.clone();
-            n["status"] = proposed["status"].clone();
-            for field in ["labels", "annotations"] {
-                if r.kind == "Node" && !proposed["metadata"][field].is_null() {
-                    n["metadata"][field] = proposed["metadata"][field].clone();
+        let mut new = proposed;
+        if status {
+            set_or_remove(&mut new, "spec", old.get("spec"));
+            if r.kind == "Pod" {
+                set_or_remove(&mut new["metadata"], "ownerReferences", old["metadata"].get("ownerReferences"));
+                if new["status"]["qosClass"].is_null() && !old["status"]["qosClass"].is_null() {
+                    new["status"]["qosClass"] = old["status"]["qosClass"].clone();
                 }
             }
-            n
-        } else {
-            let mut n = proposed;
-            if r.status {
-                n["status"] = old["status"].clone();
-                if n["status"].is_null()
-                    && let Value::Object(o) = &mut n
-                {
-                    o.remove("status");
-                }
-            }
-            n
-        };
+        } else if r.has_status() {
+            set_or_remove(&mut new, "status", old.get("status"));
+        }
         for field in
             ["uid", "creationTimestamp", "namespace", "name", "deletionTimestamp", "deletionGracePeriodSeconds"]
         {
-            match old["metadata"].get(field) {
-                Some(v) => new["metadata"][field] = v.clone(),
-                None => {
-                    if let Value::Object(m) = &mut new["metadata"] {
-                        m.remove(field);
-                    }
-                }
+            set_or_remove(&mut new["metadata"], field, old["metadata"].get(field));
+        }
+        if deleting(&old) {
+            let added: Vec<&str> = finalizers(&new).into_iter().filter(|f| !finalizers(&old).contains(f)).collect();
+            if !added.is_empty() {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    format!(
+                        "{} \"{name}\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}",
+                        r.kind
+                    ),
+                ));
             }
         }
         new["apiVersion"] = json!(r.api_version());
@@ -339,13 +350,21 @@ impl Store {
         }
         inner.rv += 1;
         new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        if deleting(&new) && finalizers(&new).is_empty() && pending_grace(&new) == 0 {
+            inner.objects.remove(&key);
+            self.record(&mut inner, key, "DELETED", new.clone(), None);
+            return Ok(new);
+        }
         inner.objects.insert(key.clone(), new.clone());
         self.record(&mut inner, key, "MODIFIED", new.clone(), Some(old));
         Ok(new)
     }
 
-    /// Deletes an object. A pod bound to a node and not yet terminal is deleted gracefully: it gets a
-    /// `deletionTimestamp` (moved earlier by a later shorter grace) and stays until a delete with grace 0.
+    /// Deletes an object, as the registry's `BeforeDelete` and the pod strategy decide. A pod bound to a node and
+    /// not terminal is deleted gracefully (its grace from the request, else its spec's, else 30 s): it gets a
+    /// `deletionTimestamp` and stays. An object being deleted only ever gets a shorter grace period (a delete
+    /// without one leaves the pending one alone). An object with finalizers stays, marked, until an update takes
+    /// the last one away. `gone` in the answer says the object was removed.
     pub fn delete(
         &self,
         r: &Resource,
@@ -353,7 +372,7 @@ impl Store {
         name: &str,
         grace: Option<i64>,
         preconditions: (Option<String>, Option<String>),
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Deleted, ApiError> {
         let mut inner = self.lock();
         let key = Key::new(r, namespace, name);
         let old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
@@ -364,39 +383,93 @@ impl Store {
         {
             return Err(conflict(r, name));
         }
-        if r.kind == "Pod" {
+        if grace.is_some_and(|g| g < 0) {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "DeleteOptions.meta.k8s.io \"\" is invalid: gracePeriodSeconds: Invalid value: must be >= 0",
+            ));
+        }
+        let pending = |object: Value| Ok(Deleted { object, gone: false });
+        // When the deletion was first asked: a shorter grace moves the deadline from there.
+        let asked = if deleting(&old) {
+            let current = pending_grace(&old);
+            match grace {
+                Some(g) if g < current => {
+                    let t: Option<jiff::Timestamp> =
+                        old["metadata"]["deletionTimestamp"].as_str().and_then(|t| t.parse().ok());
+                    t.and_then(|t| t.checked_sub(jiff::SignedDuration::from_secs(current)).ok())
+                        .unwrap_or_else(jiff::Timestamp::now)
+                }
+                // The pending deletion stands: a delete asks for nothing longer.
+                _ if current > 0 || !finalizers(&old).is_empty() => return pending(old),
+                _ => jiff::Timestamp::now(),
+            }
+        } else {
+            jiff::Timestamp::now()
+        };
+        let period = if r.kind == "Pod" {
             let bound = old["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
             let terminal = matches!(old["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
-            let grace = grace.or_else(|| old["spec"]["terminationGracePeriodSeconds"].as_i64()).unwrap_or(30);
-            if bound && !terminal && grace > 0 {
-                let current = old["metadata"]["deletionGracePeriodSeconds"].as_i64();
-                if current.is_some_and(|c| c <= grace) {
-                    return Ok(old);
-                }
-                // A later, shorter grace moves the deadline earlier: from when the deletion was first asked.
-                let asked = current
-                    .and_then(|c| {
-                        let t: jiff::Timestamp = old["metadata"]["deletionTimestamp"].as_str()?.parse().ok()?;
-                        t.checked_sub(jiff::SignedDuration::from_secs(c)).ok()
-                    })
-                    .unwrap_or_else(jiff::Timestamp::now);
-                let at = asked.checked_add(jiff::SignedDuration::from_secs(grace.min(MAX_GRACE))).unwrap_or(asked);
-                let mut new = old.clone();
-                new["metadata"]["deletionTimestamp"] = json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
-                new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
-                inner.rv += 1;
-                new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
-                inner.objects.insert(key.clone(), new.clone());
-                self.record(&mut inner, key, "MODIFIED", new.clone(), Some(old));
-                return Ok(new);
+            let asked_for = grace.or_else(|| old["spec"]["terminationGracePeriodSeconds"].as_i64()).unwrap_or(30);
+            if bound && !terminal { asked_for.min(MAX_GRACE) } else { 0 }
+        } else {
+            0
+        };
+        // A namespace is held by its spec's finalizers until the namespace controller has emptied it.
+        let namespace = r.kind == "Namespace";
+        if period > 0 || !finalizers(&old).is_empty() || namespace {
+            let at = asked.checked_add(jiff::SignedDuration::from_secs(period)).unwrap_or(asked);
+            let mut new = old.clone();
+            if namespace {
+                new["status"]["phase"] = json!("Terminating");
             }
+            new["metadata"]["deletionTimestamp"] = json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+            new["metadata"]["deletionGracePeriodSeconds"] = json!(period);
+            inner.rv += 1;
+            new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+            inner.objects.insert(key.clone(), new.clone());
+            self.record(&mut inner, key, "MODIFIED", new.clone(), Some(old));
+            return pending(new);
         }
         inner.objects.remove(&key);
         inner.rv += 1;
         let mut last = old;
         last["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
         self.record(&mut inner, key, "DELETED", last.clone(), None);
-        Ok(last)
+        Ok(Deleted { object: last, gone: true })
+    }
+
+    /// Changes an object as a registry's own subresource does (a binding), without the update strategy: `f`
+    /// edits it in place; identity and kind stay.
+    pub fn write(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        f: impl FnOnce(&mut Value) -> Result<(), ApiError>,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let key = Key::new(r, namespace, name);
+        let old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
+        let mut new = old.clone();
+        f(&mut new)?;
+        inner.rv += 1;
+        new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+        inner.objects.insert(key.clone(), new.clone());
+        self.record(&mut inner, key, "MODIFIED", new.clone(), Some(old));
+        Ok(new)
+    }
+
+    /// Removes an object whatever holds it (the namespace controller's last step).
+    pub fn remove(&self, r: &Resource, namespace: Option<&str>, name: &str) {
+        let mut inner = self.lock();
+        let key = Key::new(r, namespace, name);
+        if let Some(mut last) = inner.objects.remove(&key) {
+            inner.rv += 1;
+            last["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
+            self.record(&mut inner, key, "DELETED", last, None);
+        }
     }
 
     /// The changes after `rv` for `r` (and `namespace`) and a receiver for the later ones, taken under one lock
@@ -422,6 +495,41 @@ impl Store {
         inner.history.clear();
         inner.oldest = inner.rv;
     }
+}
+
+/// What a delete did.
+#[derive(Debug, Clone)]
+pub struct Deleted {
+    /// The object: its last state if it is gone, else as it is now (marked for deletion).
+    pub object: Value,
+    /// True when the object was removed; false when a grace period or finalizers keep it for now.
+    pub gone: bool,
+}
+
+/// Sets `field` of the object `v` to `to`, or removes it when `to` is `None`.
+fn set_or_remove(v: &mut Value, field: &str, to: Option<&Value>) {
+    match (to, v) {
+        (Some(to), v) => v[field] = to.clone(),
+        (None, Value::Object(o)) => {
+            o.remove(field);
+        }
+        (None, _) => {}
+    }
+}
+
+/// True when the object carries a `deletionTimestamp`.
+pub fn deleting(v: &Value) -> bool {
+    v["metadata"]["deletionTimestamp"].as_str().is_some_and(|t| !t.is_empty())
+}
+
+/// The object's finalizers.
+pub fn finalizers(v: &Value) -> Vec<&str> {
+    v["metadata"]["finalizers"].as_array().map(|f| f.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+}
+
+/// The grace period of a pending deletion, in seconds (0 when none is pending).
+fn pending_grace(v: &Value) -> i64 {
+    v["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0)
 }
 
 /// True when `change` is about an object of `r` in `namespace` (any, if `None`).
@@ -462,9 +570,12 @@ mod tests {
         assert_eq!(s.replace(r, Some("default"), "p", stale, true, &ok).unwrap_err().reason, "Conflict");
         // A graceful delete marks the pod; a shorter grace moves it; grace 0 removes it.
         let d = s.delete(r, Some("default"), "p", Some(30), (None, None)).unwrap();
-        assert_eq!(d["metadata"]["deletionGracePeriodSeconds"], 30);
+        assert!(!d.gone);
+        assert_eq!(d.object["metadata"]["deletionGracePeriodSeconds"], 30);
         let d = s.delete(r, Some("default"), "p", Some(60), (None, None)).unwrap();
-        assert_eq!(d["metadata"]["deletionGracePeriodSeconds"], 30, "a grace period never grows");
+        assert_eq!(d.object["metadata"]["deletionGracePeriodSeconds"], 30, "a grace period never grows");
+        let d = s.delete(r, Some("default"), "p", None, (None, None)).unwrap();
+        assert_eq!(d.object["metadata"]["deletionGracePeriodSeconds"], 30, "a delete without grace keeps it");
         assert_eq!(s.delete(r, Some("default"), "p", Some(0), (Some("x".into()), None)).unwrap_err().code, 409);
         s.delete(r, Some("default"), "p", Some(0), (None, None)).unwrap();
         assert_eq!(s.get(r, Some("default"), "p").unwrap_err().code, 404);

