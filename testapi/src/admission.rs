@@ -187,7 +187,7 @@ pub fn quantity(q: &Value) -> Option<f64> {
         return Some(n);
     }
     let s = q.as_str()?.trim();
-    const SUFFIXES: [(&str, f64); 13] = [
+    const SUFFIXES: [(&str, f64); 15] = [
         ("Ki", 1024.0),
         ("Mi", 1_048_576.0),
         ("Gi", 1_073_741_824.0),
@@ -201,6 +201,8 @@ pub fn quantity(q: &Value) -> Option<f64> {
         ("M", 1e6),
         ("G", 1e9),
         ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
     ];
     for (suffix, factor) in SUFFIXES {
         if let Some(n) = s.strip_suffix(suffix) {
@@ -349,10 +351,12 @@ fn default_pod(pod: &mut Value) {
     }
 }
 
-/// A short suffix for generated names, from the apiserver's alphabet (no vowels, no look-alikes).
-fn suffix(seed: u64) -> String {
+/// A short suffix for generated names, from the apiserver's alphabet (no vowels, no look-alikes), seeded by
+/// `seed` and the clock.
+pub fn suffix(seed: u64) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut x = seed ^ 0x9e37_79b9_7f4a_7c15;
+    let nanos = u64::from(jiff::Timestamp::now().subsec_nanosecond().unsigned_abs());
+    let mut x = seed ^ nanos.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
     (0..5)
         .map(|_| {
             x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
@@ -391,9 +395,7 @@ fn service_account(store: &Store, namespace: &str, pod: &mut Value) -> Result<()
     let mounted = |c: &Value| {
         c["volumeMounts"].as_array().into_iter().flatten().any(|m| m["mountPath"].as_str() == Some(SA_MOUNT))
     };
-    let seed = name.bytes().fold(u64::from(jiff::Timestamp::now().subsec_nanosecond().unsigned_abs()), |h, b| {
-        h.rotate_left(5) ^ u64::from(b)
-    });
+    let seed = name.bytes().fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b));
     let volume = format!("kube-api-access-{}", suffix(seed));
     let source = json!({
         "name": volume,
@@ -452,15 +454,16 @@ fn pod(store: &Store, namespace: &str, mut pod: Value) -> Result<Value, ApiError
         pod["spec"] = json!({});
     }
     default_pod(&mut pod);
-    let errors = validate_pod(&pod);
-    if !errors.is_empty() {
-        return Err(invalid("Pod", pod["metadata"]["name"].as_str().unwrap_or(""), &errors));
-    }
+    // The mutating plugins run before validation, as in the apiserver's chain.
     let mirror = pod["metadata"]["annotations"][MIRROR].is_string();
     if !mirror {
         service_account(store, namespace, &mut pod)?;
     }
     default_tolerations(&mut pod);
+    let errors = validate_pod(&pod);
+    if !errors.is_empty() {
+        return Err(invalid("Pod", pod["metadata"]["name"].as_str().unwrap_or(""), &errors));
+    }
     let qos = qos_class(&pod["spec"]);
     pod["status"] = json!({"phase": "Pending", "qosClass": qos});
     Ok(pod)

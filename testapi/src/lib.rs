@@ -28,6 +28,7 @@ mod select;
 mod server;
 mod store;
 mod token;
+mod typed;
 mod writes;
 
 use std::collections::HashMap;
@@ -86,6 +87,10 @@ pub struct Logged {
     pub status: u16,
     /// The body of a write (its first 16 KiB), empty for reads.
     pub body: String,
+    /// The size of the request's body.
+    pub bytes_in: usize,
+    /// The size of the answer's body, when it is known as the answer starts (not for watches or trickled answers).
+    pub bytes_out: Option<u64>,
     /// When it arrived.
     pub at: Instant,
     /// When it arrived, by the wall clock (to compare with a daemon's log).
@@ -126,7 +131,14 @@ impl State {
     }
 
     /// Creates an object as the apiserver does: admission, the store, then what the controllers add.
-    pub(crate) fn create(&self, r: &Resource, namespace: Option<&str>, object: Value) -> Result<Value, ApiError> {
+    pub(crate) fn create(&self, r: &Resource, namespace: Option<&str>, mut object: Value) -> Result<Value, ApiError> {
+        // A generated name is made first, so that validation sees it (`rest.BeforeCreate`).
+        if object["metadata"]["name"].as_str().is_none_or(str::is_empty)
+            && let Some(prefix) = object["metadata"]["generateName"].as_str().filter(|p| !p.is_empty())
+        {
+            let name = format!("{prefix}{}", admission::suffix(self.store.resource_version()));
+            object["metadata"]["name"] = Value::from(name);
+        }
         let admitted = admission::on_create(&self.store, r, namespace, object)?;
         let created = self.store.create(r, namespace, admitted)?;
         admission::after_create(&self.store, &created);
@@ -172,7 +184,11 @@ impl TestApi {
         }
         let (up, up_rx) = watch::channel(true);
         let stop = CancellationToken::new();
-        let app = axum::Router::new().fallback(server::handle).with_state(state.clone());
+        // The apiserver's limit on a request body (--max-request-bytes' default): a larger one is a 413.
+        let app = axum::Router::new()
+            .fallback(server::handle)
+            .layer(axum::extract::DefaultBodyLimit::max(3 << 20))
+            .with_state(state.clone());
         tokio::spawn(accept(Some(listener), addr, app, up_rx, stop.clone()));
         let grace = watch::Sender::new(Some(lifecycle::DEFAULT_GRACE));
         tokio::spawn(node_lifecycle(state.clone(), grace.subscribe(), stop.clone()));
@@ -263,6 +279,15 @@ impl TestApi {
     /// scheduler would).
     pub fn create(&self, plural: &str, namespace: Option<&str>, object: Value) -> Result<Value, ApiError> {
         self.state.create(resource(plural), namespace, object)
+    }
+
+    /// Applies a JSON merge patch to an object as the test (an admin), status included.
+    pub fn patch(&self, plural: &str, namespace: Option<&str>, name: &str, merge: &Value) -> Result<Value, ApiError> {
+        let r = resource(plural);
+        self.state.store.write(r, namespace, name, |object| {
+            patch::merge(object, merge);
+            Ok(())
+        })
     }
 
     /// Deletes an object as the test, with a grace period for pods.

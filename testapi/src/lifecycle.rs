@@ -157,7 +157,8 @@ fn mark_pods_not_ready(store: &Store, pods: &Resource, node: &str, now: &str) {
         };
         let set = |old: &Value| {
             let mut p = old.clone();
-            let Some(conditions) = p["status"]["conditions"].as_array_mut() else { return Ok(p) };
+            let conditions = p.get_mut("status").and_then(|s| s.get_mut("conditions")).and_then(Value::as_array_mut);
+            let Some(conditions) = conditions else { return Ok(p) };
             for c in conditions.iter_mut().filter(|c| c["type"] == "Ready" && c["status"] != "False") {
                 c["status"] = json!("False");
                 c["lastTransitionTime"] = json!(now);

@@ -649,12 +649,29 @@ pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), String> {
         return Err("a JSON patch must be a list of operations (JSON objects)".to_owned());
     };
     let mut doc = target.clone();
+    let mut copied = 0usize;
     for op in ops {
+        if op.get("op").and_then(Value::as_str) == Some("copy")
+            && let Some(from) = op.get("from").and_then(Value::as_str)
+            && let Some(v) = pointer(from).ok().and_then(|p| walk(&doc, &p))
+        {
+            copied += serde_json::to_vec(v).map_or(0, |b| b.len());
+            if copied > MAX_COPIED_BYTES {
+                return Err(format!("{TOO_MUCH_COPIED}: {copied} bytes, the limit is {MAX_COPIED_BYTES}"));
+            }
+        }
         apply_op(&mut doc, op)?;
     }
     *target = doc;
     Ok(())
 }
+
+/// What a JSON patch may copy in all, as the apiserver bounds it (its request body limit).
+pub const MAX_COPIED_BYTES: usize = 3 << 20;
+/// The start of the error of a patch that copies more.
+pub const TOO_MUCH_COPIED: &str = "the values a JSON patch copies are too large";
+/// The most operations a JSON patch may have.
+pub const MAX_OPERATIONS: usize = 10_000;
 
 fn apply_op(doc: &mut Value, op: &Value) -> Result<(), String> {
     let kind = op.get("op").and_then(Value::as_str).unwrap_or("unknown");

@@ -139,6 +139,9 @@ pub fn check(store: &Store, node: &str, ask: &Ask<'_>) -> Result<(), ApiError> {
     let listing = matches!(verb, "list" | "watch");
     match (target.resource.kind, target.resource.group) {
         ("Node", _) => {
+            if verb == "delete" || (verb == "get" && sub.is_some()) {
+                return refuse("nodes may not delete their Node or read its subresources");
+            }
             if listing && single_name(field_selector) != Some(node) {
                 return refuse("can only list or watch its own Node (fieldSelector metadata.name)");
             }
@@ -170,7 +173,7 @@ pub fn check(store: &Store, node: &str, ask: &Ask<'_>) -> Result<(), ApiError> {
             "create" | "update" | "patch" => Ok(()),
             _ => refuse("nodes may only write events"),
         },
-        ("Secret" | "ConfigMap" | "ServiceAccount", _) if sub == Some("token") => {
+        ("ServiceAccount", _) if sub == Some("token") => {
             let account = target.name.as_deref().unwrap_or("");
             let ns = target.namespace.as_deref().unwrap_or("");
             if verb != "create" || !related(store, node, ns, "ServiceAccount", account) {
@@ -178,7 +181,7 @@ pub fn check(store: &Store, node: &str, ask: &Ask<'_>) -> Result<(), ApiError> {
             }
             token_binding(store, node, ns, body)
         }
-        (kind @ ("Secret" | "ConfigMap" | "ServiceAccount"), _) => {
+        (kind @ ("Secret" | "ConfigMap"), _) => {
             let ns = target.namespace.as_deref().unwrap_or("");
             let name = match (verb, target.name.as_deref()) {
                 ("get", Some(n)) => n,
@@ -228,19 +231,23 @@ fn pod(store: &Store, node: &str, ask: &Ask<'_>) -> Result<(), ApiError> {
     let Ask { verb, target, body, stored, field_selector } = *ask;
     let refuse = |why: String| Err(forbidden(node, why));
     if target.name.is_none() && matches!(verb, "list" | "watch") {
-        let own = format!("spec.nodeName={node}");
-        if !field_selector.unwrap_or("").split(',').any(|t| t == own) {
+        let own = |t: &str| {
+            let t = t.trim();
+            let value = t.strip_prefix("spec.nodeName==").or_else(|| t.strip_prefix("spec.nodeName="));
+            value == Some(node)
+        };
+        if !field_selector.unwrap_or("").split(',').any(own) {
             return refuse("can only list or watch pods bound to it (fieldSelector spec.nodeName)".into());
         }
         return Ok(());
     }
-    if let Some(p) = stored
-        && p["spec"]["nodeName"].as_str() != Some(node)
-    {
+    // The authorizer's graph: a pod it does not know of (or on another node) is not the node's to touch.
+    let creates_mirror = verb == "create" && target.subresource.is_none();
+    if !creates_mirror && stored.is_none_or(|p| p["spec"]["nodeName"].as_str() != Some(node)) {
         return refuse(format!("node \"{node}\" can only access pods with spec.nodeName set to itself"));
     }
     match (verb, target.subresource.as_deref()) {
-        ("get", None | Some("status")) | ("delete", None) | ("create", Some("eviction")) => Ok(()),
+        ("get", None) | ("delete", None) | ("create", Some("eviction")) => Ok(()),
         ("update" | "patch", Some("status")) => Ok(()),
         ("create", None) => mirror_pod(store, node, body.unwrap_or(&Value::Null)),
         (v, None) => {

@@ -13,7 +13,7 @@ use crate::discovery;
 use crate::route::{self, Target};
 use crate::select::Selector;
 use crate::store::{ApiError, Change, concerns};
-use crate::{Logged, State, admission, openapi, protobuf, restriction, token, writes};
+use crate::{Logged, State, admission, openapi, protobuf, restriction, token, typed, writes};
 
 fn json_response(code: u16, v: &Value) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -104,6 +104,8 @@ pub async fn handle(
         user_agent: headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned(),
         status: response.status().as_u16(),
         body: kept,
+        bytes_in: body.len(),
+        bytes_out: http_body::Body::size_hint(response.body()).exact(),
         at,
         time,
     });
@@ -298,6 +300,31 @@ async fn serve(state: &Arc<State>, method: &Method, target: &Target, req: Reques
         };
         restriction::check(&state.store, node, &ask)?;
     }
+    // Each subresource takes its own verbs; a collection takes no update, a named object no create.
+    let allowed = match (target.subresource.as_deref(), target.name.is_some()) {
+        (Some("status"), _) => matches!(verb, "get" | "update" | "patch"),
+        (Some(_), _) => verb == "create",
+        (None, true) => matches!(verb, "get" | "update" | "patch" | "delete"),
+        (None, false) => matches!(verb, "list" | "watch" | "create"),
+    };
+    if !allowed {
+        return Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!("the server does not allow this method on the requested resource ({method})"),
+        ));
+    }
+    if let Some(body) = &req.body
+        && matches!(verb, "create" | "update")
+    {
+        let (kind, api_version) = match target.subresource.as_deref() {
+            Some("binding") => ("Binding", "v1".to_owned()),
+            Some("eviction") => ("Eviction", "policy/v1".to_owned()),
+            Some("token") => ("TokenRequest", "authentication.k8s.io/v1".to_owned()),
+            _ => (r.kind, r.api_version()),
+        };
+        typed::check(kind, &api_version, body)?;
+    }
     match (verb, target.subresource.as_deref()) {
         ("create", Some("binding")) => return writes::bind(state, target, req.body).map(|s| json_response(201, &s)),
         ("create", Some("eviction")) => return writes::evict(state, target, req.body).map(|s| json_response(201, &s)),
@@ -305,9 +332,6 @@ async fn serve(state: &Arc<State>, method: &Method, target: &Target, req: Reques
             let name = target.name.as_deref().unwrap_or("");
             let request = req.body.unwrap_or_else(|| json!({}));
             return token::issue(&state.store, ns.unwrap_or(""), name, request).map(|t| json_response(201, &t));
-        }
-        (_, Some(sub @ ("binding" | "eviction" | "token"))) => {
-            return Err(ApiError::new(405, "MethodNotAllowed", format!("{sub} takes only a create (POST)")));
         }
         _ => {}
     }
@@ -351,8 +375,8 @@ async fn serve(state: &Arc<State>, method: &Method, target: &Target, req: Reques
             let pre = &options["preconditions"];
             let pre = (pre["uid"].as_str().map(str::to_owned), pre["resourceVersion"].as_str().map(str::to_owned));
             let deleted = state.store.delete(r, ns, name, grace, pre)?;
-            // Pods and namespaces answer with the object; other kinds, once gone, with a Status.
-            if deleted.gone && !matches!(r.kind, "Pod" | "Namespace") {
+            // Pods, namespaces and service accounts answer with the object; other kinds, once gone, with a Status.
+            if deleted.gone && !matches!(r.kind, "Pod" | "Namespace" | "ServiceAccount") {
                 let uid = deleted.object["metadata"]["uid"].clone();
                 return Ok(json_response(200, &success(r, name, uid)));
             }

@@ -232,6 +232,9 @@ impl Store {
                 _ => object["metadata"]["namespace"] = json!(ns),
             }
         }
+        if rv_of(&object).is_some() {
+            return Err(ApiError::new(400, "BadRequest", "resourceVersion should not be set on objects to be created"));
+        }
         let key = Key::new(r, namespace, &name);
         if inner.objects.contains_key(&key) {
             return Err(ApiError::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(r)))
@@ -350,7 +353,9 @@ impl Store {
         }
         inner.rv += 1;
         new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
-        if deleting(&new) && finalizers(&new).is_empty() && pending_grace(&new) == 0 {
+        // `shouldDeleteDuringUpdate`: the update took the last finalizer off an object being deleted, with no
+        // grace period left to run.
+        if deleting(&old) && !finalizers(&old).is_empty() && finalizers(&new).is_empty() && pending_grace(&new) == 0 {
             inner.objects.remove(&key);
             self.record(&mut inner, key, "DELETED", new.clone(), None);
             return Ok(new);
@@ -383,49 +388,51 @@ impl Store {
         {
             return Err(conflict(r, name));
         }
-        if grace.is_some_and(|g| g < 0) {
-            return Err(ApiError::new(
-                422,
-                "Invalid",
-                "DeleteOptions.meta.k8s.io \"\" is invalid: gracePeriodSeconds: Invalid value: must be >= 0",
-            ));
-        }
+        // A negative grace period is taken as 1 s, as the registry's `BeforeDelete` takes it.
+        let grace = grace.map(|g| if g < 0 { 1 } else { g });
         let pending = |object: Value| Ok(Deleted { object, gone: false });
+        let namespace = r.kind == "Namespace";
+        let period;
         // When the deletion was first asked: a shorter grace moves the deadline from there.
         let asked = if deleting(&old) {
             let current = pending_grace(&old);
             match grace {
                 Some(g) if g < current => {
+                    period = g;
                     let t: Option<jiff::Timestamp> =
                         old["metadata"]["deletionTimestamp"].as_str().and_then(|t| t.parse().ok());
                     t.and_then(|t| t.checked_sub(jiff::SignedDuration::from_secs(current)).ok())
                         .unwrap_or_else(jiff::Timestamp::now)
                 }
                 // The pending deletion stands: a delete asks for nothing longer.
-                _ if current > 0 || !finalizers(&old).is_empty() => return pending(old),
-                _ => jiff::Timestamp::now(),
+                _ if current > 0 || !finalizers(&old).is_empty() || namespace => return pending(old),
+                _ => {
+                    period = 0;
+                    jiff::Timestamp::now()
+                }
             }
         } else {
+            period = if r.kind == "Pod" {
+                let bound = old["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
+                let terminal = matches!(old["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+                let spec = old["spec"]["terminationGracePeriodSeconds"].as_i64().map(|g| if g < 0 { 1 } else { g });
+                let asked_for = grace.or(spec).unwrap_or(30);
+                if bound && !terminal { asked_for.min(MAX_GRACE) } else { 0 }
+            } else {
+                0
+            };
             jiff::Timestamp::now()
         };
-        let period = if r.kind == "Pod" {
-            let bound = old["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
-            let terminal = matches!(old["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
-            let asked_for = grace.or_else(|| old["spec"]["terminationGracePeriodSeconds"].as_i64()).unwrap_or(30);
-            if bound && !terminal { asked_for.min(MAX_GRACE) } else { 0 }
-        } else {
-            0
-        };
         // A namespace is held by its spec's finalizers until the namespace controller has emptied it.
-        let namespace = r.kind == "Namespace";
         if period > 0 || !finalizers(&old).is_empty() || namespace {
             let at = asked.checked_add(jiff::SignedDuration::from_secs(period)).unwrap_or(asked);
             let mut new = old.clone();
+            new["metadata"]["deletionTimestamp"] = json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
             if namespace {
                 new["status"]["phase"] = json!("Terminating");
+            } else {
+                new["metadata"]["deletionGracePeriodSeconds"] = json!(period);
             }
-            new["metadata"]["deletionTimestamp"] = json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
-            new["metadata"]["deletionGracePeriodSeconds"] = json!(period);
             inner.rv += 1;
             new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
             inner.objects.insert(key.clone(), new.clone());

@@ -50,9 +50,11 @@ pub fn issue(store: &Store, namespace: &str, account: &str, mut request: Value) 
             "Secret" => "secrets",
             "Node" => "nodes",
             other => {
-                return Err(invalid(&format!(
-                    "spec.boundObjectRef.kind: Unsupported value: {other:?}: supported values: \"Pod\", \"Secret\", \"Node\""
-                )));
+                return Err(ApiError::new(
+                    400,
+                    "BadRequest",
+                    format!("cannot bind a token to a {other:?}: supported kinds are Pod, Secret and Node"),
+                ));
             }
         };
         let r = crate::resource(plural);
@@ -77,7 +79,9 @@ pub fn issue(store: &Store, namespace: &str, account: &str, mut request: Value) 
             scope["node"] = json!({"name": node, "uid": n["metadata"]["uid"]});
         }
     }
-    let lives = if seconds == crate::admission::TOKEN_SECONDS {
+    // Only the kubelet's pod-bound token for the API is extended.
+    let for_api = audiences.iter().any(|a| a == API_AUDIENCE);
+    let lives = if seconds == crate::admission::TOKEN_SECONDS && for_api && scope.get("pod").is_some() {
         scope["warnafter"] = json!(now + seconds);
         EXTENDED_SECONDS
     } else {

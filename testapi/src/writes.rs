@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use crate::route::{Resource, Target};
 use crate::server::{Request, success};
 use crate::store::{self, ApiError};
-use crate::{State, admission, patch, restriction};
+use crate::{State, admission, patch, restriction, typed};
 
 /// The media type of an RFC 6902 JSON patch.
 pub const JSON_PATCH: &str = "application/json-patch+json";
@@ -17,12 +17,12 @@ const STRATEGIC_PATCH: &str = "application/strategic-merge-patch+json";
 const APPLY_PATCH: &str = "application/apply-patch+yaml";
 
 /// An update (PUT) or a patch of the object `target` names.
-pub fn write(state: &Arc<State>, verb: &str, target: &Target, req: Request<'_>) -> Result<Value, ApiError> {
+pub fn write(state: &Arc<State>, verb: &str, target: &Target, mut req: Request<'_>) -> Result<Value, ApiError> {
     let r = &target.resource;
     let ns = target.namespace.as_deref();
     let name = target.name.as_deref().unwrap_or("");
     let status = target.subresource.as_deref() == Some("status");
-    let body = req.body.ok_or_else(|| ApiError::new(400, "BadRequest", format!("an {verb} needs a body")))?;
+    let body = req.body.take().ok_or_else(|| ApiError::new(400, "BadRequest", format!("an {verb} needs a body")))?;
     // What a write would make of the object is checked under the store's lock: a node's (a PUT that drops a
     // taint, a patch that nulls a label) and the update rules of the kind.
     let guard = |old: &Value, new: &Value| {
@@ -36,7 +36,7 @@ pub fn write(state: &Arc<State>, verb: &str, target: &Target, req: Request<'_>) 
     }
     let media = req.content_type.split(';').next().unwrap_or("").trim();
     if media == APPLY_PATCH {
-        return apply(state, target, req.query, body, &guard);
+        return apply(state, target, &req, body, &guard);
     }
     state.store.update(
         r,
@@ -50,7 +50,20 @@ pub fn write(state: &Arc<State>, verb: &str, target: &Target, req: Request<'_>) 
                 JSON_PATCH if !body.is_array() => {
                     return Err(ApiError::new(400, "BadRequest", "a JSON patch must be a list of operations"));
                 }
-                JSON_PATCH => patch::json_patch(&mut new, &body).map_err(|e| ApiError::new(422, "Invalid", e))?,
+                JSON_PATCH if body.as_array().is_some_and(|ops| ops.len() > patch::MAX_OPERATIONS) => {
+                    return Err(ApiError::new(
+                        413,
+                        "RequestEntityTooLarge",
+                        format!("the JSON patch has more than {} operations", patch::MAX_OPERATIONS),
+                    ));
+                }
+                JSON_PATCH => patch::json_patch(&mut new, &body).map_err(|e| {
+                    if e.starts_with(patch::TOO_MUCH_COPIED) {
+                        ApiError::new(413, "RequestEntityTooLarge", e)
+                    } else {
+                        ApiError::new(422, "Invalid", e)
+                    }
+                })?,
                 other => {
                     return Err(ApiError::new(
                         415,
@@ -68,6 +81,8 @@ pub fn write(state: &Arc<State>, verb: &str, target: &Target, req: Request<'_>) 
             if !new.is_object() || !(new["metadata"].is_object() || new["metadata"].is_null()) {
                 return Err(ApiError::new(422, "Invalid", "the patch does not leave an object with metadata"));
             }
+            // What the patch made must still be the kind's type.
+            typed::check(r.kind, &r.api_version(), &new).map_err(|e| ApiError::new(422, "Invalid", e.message))?;
             guard(old, &new)?;
             Ok(new)
         },
@@ -164,13 +179,14 @@ fn remove_path(v: &mut Value, path: &[String]) {
 fn apply(
     state: &Arc<State>,
     target: &Target,
-    q: &std::collections::HashMap<String, String>,
+    req: &Request<'_>,
     config: Value,
     guard: &dyn Fn(&Value, &Value) -> Result<(), ApiError>,
 ) -> Result<Value, ApiError> {
     let r: &Resource = &target.resource;
     let ns = target.namespace.as_deref();
     let name = target.name.as_deref().unwrap_or("");
+    let q = req.query;
     let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()).cloned() else {
         return Err(ApiError::new(
             422,
@@ -192,10 +208,20 @@ fn apply(
         "manager": manager, "operation": "Apply", "apiVersion": r.api_version(),
         "time": store::now(), "fieldsType": "FieldsV1", "fieldsV1": fields_v1(&paths),
     });
+    typed::check(r.kind, &r.api_version(), &config)?;
     if state.store.get(r, ns, name).is_err() {
+        // A missing object is created, with the create's rules; through a subresource it is not found.
+        if status {
+            return state.store.get(r, ns, name);
+        }
         let mut object = config.clone();
         object["metadata"]["name"] = json!(name);
         object["metadata"]["managedFields"] = json!([entry]);
+        if let Some(node) = req.who {
+            let ask =
+                restriction::Ask { verb: "create", target, body: Some(&object), stored: None, field_selector: None };
+            restriction::check(&state.store, node, &ask)?;
+        }
         return state.create(r, ns, object);
     }
     state.store.update(

@@ -426,3 +426,95 @@ async fn answers_cut_mid_body_and_oversized_watch_lines() {
     api.set_fault(Fault::default());
     cms.get("kube-root-ca.crt").await.unwrap();
 }
+
+#[tokio::test]
+async fn hostile_and_odd_requests_are_refused_and_harm_nothing() {
+    let api = TestApi::start(0).await.unwrap();
+    let c = admin(&api).await;
+    // Bodies of the wrong shape are a 400 before anything looks at them, and the server (and its controllers)
+    // go on.
+    for (path, body) in [
+        ("/api/v1/namespaces/default/pods", json!({"metadata": {"name": "p"}, "spec": {"containers": [1]}})),
+        ("/api/v1/nodes", json!({"metadata": {"name": "n"}, "status": "x"})),
+        (
+            "/api/v1/namespaces/default/secrets",
+            json!({"metadata": {"name": "s"}, "data": "x", "stringData": {"a": "b"}}),
+        ),
+        ("/api/v1/namespaces/default/serviceaccounts/default/token", json!({"spec": "x"})),
+    ] {
+        let e = raw(&c, "POST", path, "application/json", body).await.unwrap_err();
+        assert_eq!(code(&e), 400, "{path}: {}", message(&e));
+    }
+    // A patch that would leave a pod of the wrong type is refused.
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    pods.create(&PostParams::default(), &pod("p", "")).await.unwrap();
+    let ops = json!([{"op": "replace", "path": "/spec/containers/0", "value": 5}]);
+    let e =
+        raw(&c, "PATCH", "/api/v1/namespaces/default/pods/p", "application/json-patch+json", ops).await.unwrap_err();
+    assert_eq!(code(&e), 422, "{}", message(&e));
+    // Copies that double a value each time are bounded.
+    let mut ops = vec![json!({"op": "add", "path": "/metadata/annotations", "value": {"a": "x".repeat(1000)}})];
+    for i in 0..14 {
+        ops.push(json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/k{i}")}));
+    }
+    let e = raw(&c, "PATCH", "/api/v1/namespaces/default/pods/p", "application/json-patch+json", json!(ops))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 413, "{}", message(&e));
+    // Methods a resource does not take.
+    let e =
+        raw(&c, "DELETE", "/api/v1/namespaces/default/pods/p/status", "application/json", json!({})).await.unwrap_err();
+    assert_eq!(code(&e), 405);
+    let e =
+        raw(&c, "POST", "/api/v1/namespaces/default/pods/p", "application/json", json!({"metadata": {"name": "p"}}))
+            .await
+            .unwrap_err();
+    assert_eq!(code(&e), 405);
+    assert!(pods.get("p").await.is_ok());
+    // A generated name is there before validation.
+    let generated: Pod = serde_json::from_value(
+        json!({"metadata": {"generateName": "web-"}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}}),
+    )
+    .unwrap();
+    let made = pods.create(&PostParams::default(), &generated).await.unwrap();
+    assert!(made.metadata.name.unwrap().starts_with("web-"));
+    // A write to a terminating namespace leaves it terminating, and it still empties and goes.
+    let namespaces: Api<Namespace> = Api::all(c.clone());
+    namespaces
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "gone"}})).unwrap())
+        .await
+        .unwrap();
+    namespaces.delete("gone", &DeleteParams::default()).await.unwrap();
+    let label = json!({"metadata": {"labels": {"x": "y"}}});
+    namespaces.patch("gone", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    let ns = namespaces.get("gone").await.unwrap();
+    assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
+    let emptied = async {
+        while namespaces.get("gone").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), emptied).await.unwrap();
+    assert!(
+        Api::<ConfigMap>::namespaced(c.clone(), "gone").get("kube-root-ca.crt").await.is_err(),
+        "its contents went first"
+    );
+
+    // A node: no service account reads, no deleting its Node, no forbidden label by server-side apply.
+    api.add_token("n1-token", Some("n1"));
+    let node = client(&api, "n1-token").await;
+    let e = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(node.clone(), "default")
+        .get("default")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 403);
+    let nodes: Api<Node> = Api::all(node.clone());
+    let own = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/control-plane": ""}}});
+    let e = nodes.patch("n1", &PatchParams::apply("kubelet"), &Patch::Apply(own)).await.unwrap_err();
+    assert_eq!(code(&e), 403, "{}", message(&e));
+    nodes
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(code(&nodes.delete("n1", &DeleteParams::default()).await.unwrap_err()), 403);
+}
