@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use nodewarden_testapi::{Fault, TestApi};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const NODE: &str = "vm-node";
 /// The address given with `--node-ip` (TEST-NET-1: the VM has no other).
@@ -208,6 +208,33 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     eprintln!("the Node Ready and untainted {:?} after the apiserver came back", back.elapsed());
     assert!(back.elapsed() < Duration::from_secs(15), "{:?}", back.elapsed());
 
+    // A Node grown to 24 MiB (an annotation an operator or a controller wrote): the daemon's answers are bounded
+    // (16 MiB), so a failed heartbeat's read-back of the Node is refused before its body is read. Its peak memory
+    // (locked: every page it has) stays where it was; an unbounded read held the answer and its parse, twice the
+    // Node.
+    let daemon = d.pid().unwrap();
+    let peak_mib = || {
+        let status = std::fs::read_to_string(format!("/proc/{daemon}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().to_owned();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() / 1024
+    };
+    let before = peak_mib();
+    api.patch("nodes", None, NODE, &json!({"metadata": {"annotations": {"example.com/huge": "x".repeat(24 << 20)}}}))
+        .unwrap();
+    let from = api.requests().len();
+    api.set_fault(Fault { status: Some(500), paths: Some("/leases/".into()), ..Fault::default() });
+    let node_path = format!("/api/v1/nodes/{NODE}");
+    wait_until(30, "the heartbeat failing and the Node read back", || {
+        api.requests()[from..].iter().any(|r| r.method == "GET" && r.path == node_path)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let after = peak_mib();
+    eprintln!("daemon peak RSS {before} MiB before the 24 MiB Node was read back, {after} MiB after");
+    assert!(after < before + 16, "the daemon's peak memory grew from {before} to {after} MiB");
+    api.set_fault(Fault::default());
+    api.patch("nodes", None, NODE, &json!({"metadata": {"annotations": {"example.com/huge": null}}})).unwrap();
+    wait_until(20, "/readyz after the oversized Node", || get(d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+
     // kill -9 and a restart: the same Node and Lease, nothing created twice.
     let uid = api.get("nodes", None, NODE).unwrap()["metadata"]["uid"].clone();
     let lease_uid = api.get("leases", Some("kube-node-lease"), NODE).unwrap()["metadata"]["uid"].clone();
@@ -220,5 +247,46 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     assert_eq!(api.list("leases", Some("kube-node-lease")).len(), 1);
     wait_until(20, "the quiet pod adopted", || quiet_pid().is_some());
     assert_eq!(quiet_pid(), pid, "the restart adopted the pod: {:?}", get(port, "/pods"));
+
+    // A Lease answer trickled a byte every 3 s (a stuck proxy): the renewal is abandoned at its deadline, said
+    // in the log, and tried again; /readyz names the apiserver; all is well once the trickle stops.
+    let lease_path = format!("/leases/{NODE}");
+    api.set_fault(Fault { trickle: Some(Duration::from_secs(3)), paths: Some(lease_path.clone()), ..Fault::default() });
+    let trickled = Instant::now();
+    let failures = || d.log().matches("cannot renew the node lease").count();
+    let earlier = failures();
+    let abandoned =
+        nodewarden_testkit::poll(Duration::from_secs(30), Duration::from_millis(200), || failures() > earlier);
+    let leases: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/leases/"))
+        .map(|r| format!("{} {} {} {}", r.time, r.method, r.status, r.path))
+        .collect();
+    assert!(
+        abandoned,
+        "no renewal abandoned and logged within 30 s (trickle set at {}):\n{}\n{}\n{:?}",
+        jiff::Timestamp::now(),
+        leases[leases.len().saturating_sub(15)..].join("\n"),
+        d.log(),
+        get(d.port, "/readyz?verbose")
+    );
+    eprintln!("a trickled renewal abandoned and logged after {:?}", trickled.elapsed());
+    assert!(trickled.elapsed() < Duration::from_secs(20), "{:?}", trickled.elapsed());
+    wait_until(20, "/readyz naming the apiserver", || get(d.port, "/readyz").is_some_and(|(s, _)| s != 200));
+    api.set_fault(Fault::default());
+    wait_until(20, "/readyz after the trickle", || get(d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+
+    // The Node deleted by an operator: not registered again, and the daemon says so (log and /readyz).
+    api.delete("nodes", None, NODE, None).unwrap();
+    wait_until(30, "the deletion noticed", || d.log().contains("the Node was deleted from the apiserver"));
+    let (status, body) = get(d.port, "/readyz?verbose").unwrap();
+    assert!(status != 200 && body.contains("deleted from the apiserver"), "{status} {body}");
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(api.get("nodes", None, NODE).is_none(), "the Node was registered again");
+    assert!(
+        !api.requests().iter().any(|r| r.method == "POST" && r.path == "/api/v1/nodes" && r.at > trickled.into()),
+        "a create was tried after the deletion"
+    );
     assert_eq!(d.stop(), Some(0));
 }

@@ -65,7 +65,7 @@ async fn ensure(ctx: &Ctx, api: &Api<Lease>) -> Result<(Lease, bool), kube::Erro
     Ok((api.create(&PostParams::default(), &lease).await?, true))
 }
 
-/// Renews `lease`, re-reading it on a conflict; up to [`MAX_UPDATE_RETRIES`] tries.
+/// Renews `lease`, re-reading it on a conflict; up to [`MAX_UPDATE_RETRIES`] tries. Other errors end it.
 async fn renew(ctx: &Ctx, api: &Api<Lease>, mut lease: Lease) -> Result<Lease, kube::Error> {
     let s = &ctx.settings;
     let mut tries = 0;
@@ -85,14 +85,12 @@ async fn renew(ctx: &Ctx, api: &Api<Lease>, mut lease: Lease) -> Result<Lease, k
                 lease = api.get(&s.node_name).await?;
                 kube::Error::Api(st)
             }
-            Err(e) => e,
+            // Anything else (an answer past its deadline, a refused connection, a 5xx) goes to the caller at
+            // once, which says so and backs off: retrying here held renewals for five deadlines without a word.
+            Err(e) => return Err(e),
         };
         if tries >= MAX_UPDATE_RETRIES {
             return Err(error);
-        }
-        // Asked to wait (429 with Retry-After): the next try waits, as client-go's does.
-        if let Some(wait) = retry_after(&error) {
-            tokio::time::sleep(wait).await;
         }
     }
 }
