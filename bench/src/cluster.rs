@@ -4,7 +4,11 @@
 //!   renewals and a status patch only on change, or every 5 minutes);
 //! - conditions: a threshold edit makes MemoryPressure True (then False again): the time from the eviction
 //!   manager's decision (its log line) to the status patch that carries it, and from the edit to the apiserver's
-//!   copy.
+//!   copy;
+//! - bytes: what the idle node's requests and their answers weigh, per minute;
+//! - an outage: the apiserver gone for longer than the node lifecycle grace (50 s), so the Node goes `Unknown`
+//!   and tainted `unreachable`: the time from its return to the Node `Ready=True` and untainted, and the
+//!   requests and bytes of the minute after it returns.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,6 +22,8 @@ const NODE: &str = "bench";
 
 struct Run {
     per_minute: f64,
+    bytes_per_minute: f64,
+    outage: Outage,
     leases: f64,
     patches: f64,
     other: f64,
@@ -30,6 +36,57 @@ fn pod(name: &str) -> String {
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: app\n    image: busybox\n    \
          command: [sleep, '100000']\n"
     )
+}
+
+/// What an outage cost.
+struct Outage {
+    /// From the apiserver's return to the Node Ready and untainted, in seconds.
+    ready_s: f64,
+    /// Requests in the minute after the return.
+    requests: f64,
+    /// Bytes (requests and answers) in the minute after the return.
+    bytes: f64,
+}
+
+/// The bytes of requests and the answers whose size is known.
+fn bytes(window: &[nodewarden_testapi::Logged]) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let b = window.iter().map(|r| r.bytes_in as u64 + r.bytes_out.unwrap_or(0)).sum::<u64>() as f64;
+    b
+}
+
+/// True when the Node is Ready and carries no unreachable or not-ready taint.
+fn ready_untainted(api: &TestApi) -> bool {
+    let Some(node) = api.get("nodes", None, NODE) else { return false };
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+    let tainted = node["spec"]["taints"].as_array().is_some_and(|t| {
+        t.iter().any(|t| {
+            matches!(t["key"].as_str(), Some("node.kubernetes.io/unreachable" | "node.kubernetes.io/not-ready"))
+        })
+    });
+    ready && !tainted
+}
+
+/// The apiserver away for `seconds`, then back.
+fn outage(api: &TestApi, seconds: u64) -> Result<Outage> {
+    api.set_up(false);
+    std::thread::sleep(Duration::from_secs(seconds));
+    if ready_untainted(api) {
+        bail!("the Node is still Ready after a {seconds} s outage: the lifecycle controller did not run");
+    }
+    let from = api.requests().len();
+    let back = Instant::now();
+    api.set_up(true);
+    wait("the Node Ready and untainted after the outage", 120, || ready_untainted(api))?;
+    let ready_s = back.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(60).saturating_sub(back.elapsed()));
+    let window = api.requests()[from..].to_vec();
+    let minutes = back.elapsed().as_secs_f64() / 60.0;
+    #[allow(clippy::cast_precision_loss)]
+    let requests = window.len() as f64 / minutes;
+    Ok(Outage { ready_s, requests, bytes: bytes(&window) / minutes })
 }
 
 fn memory_pressure(api: &TestApi) -> Option<String> {
@@ -45,7 +102,7 @@ fn logged(log: &Path, needle: &str) -> Option<jiff::Timestamp> {
     text.lines().rfind(|l| l.contains(needle))?.split_whitespace().next()?.parse().ok()
 }
 
-fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
+fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, away: u64) -> Result<Run> {
     let rt = tokio::runtime::Runtime::new()?;
     let api = rt.block_on(TestApi::start(0))?;
     api.add_token("node", Some(NODE));
@@ -77,6 +134,7 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
     let leases = count(&|r| r.path.contains("/leases/"));
     let patches = count(&|r| r.method == "PATCH" && r.path.ends_with("/status"));
     let all = count(&|_| true);
+    let bytes_per_minute = bytes(&window) / minutes;
 
     let config = node.dir.join("config.yaml");
     let log = node.dir.join("daemon.log");
@@ -112,28 +170,43 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize) -> Result<Run> {
             decided_ms.push((patched - decided).get_milliseconds() as f64);
         }
     }
+    let outage = outage(&api, away)?;
     drop(node);
-    Ok(Run { per_minute: all, leases, patches, other: all - leases - patches, decided_ms, edit_ms })
+    Ok(Run {
+        per_minute: all,
+        bytes_per_minute,
+        outage,
+        leases,
+        patches,
+        other: all - leases - patches,
+        decided_ms,
+        edit_ms,
+    })
 }
 
 /// Runs the cluster benchmark and writes a Markdown table.
-pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &Path) -> Result<()> {
+pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, away: u64, out: &Path) -> Result<()> {
     if runs == 0 || seconds == 0 {
         bail!("--runs and --seconds must be at least 1");
     }
     let mut results = Vec::new();
     for r in 0..runs {
-        let run = one_run(bin, n, seconds, edits).with_context(|| format!("run {}", r + 1))?;
+        let run = one_run(bin, n, seconds, edits, away).with_context(|| format!("run {}", r + 1))?;
         eprintln!(
-            "run {}: {:.1} requests/min ({:.1} lease, {:.1} status patches, {:.1} other); decision → patch {:.0} ms, \
-             edit → apiserver {:.0} ms (medians)",
+            "run {}: {:.1} requests/min, {:.0} B/min ({:.1} lease, {:.1} status patches, {:.1} other); decision → \
+             patch {:.0} ms, edit → apiserver {:.0} ms (medians); after a {away} s outage Ready in {:.1} s, {:.1} \
+             requests and {:.0} B in its first minute",
             r + 1,
             run.per_minute,
+            run.bytes_per_minute,
             run.leases,
             run.patches,
             run.other,
             median(run.decided_ms.clone()),
-            median(run.edit_ms.clone())
+            median(run.edit_ms.clone()),
+            run.outage.ready_s,
+            run.outage.requests,
+            run.outage.bytes,
         );
         results.push(run);
     }
@@ -142,6 +215,12 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         (col(&|r| r.per_minute), col(&|r| r.leases), col(&|r| r.patches), col(&|r| r.other));
     let decided: Vec<f64> = results.iter().flat_map(|r| r.decided_ms.clone()).collect();
     let edit: Vec<f64> = results.iter().flat_map(|r| r.edit_ms.clone()).collect();
+    let (bytes_idle, ready, after, after_bytes) = (
+        col(&|r| r.bytes_per_minute),
+        col(&|r| r.outage.ready_s),
+        col(&|r| r.outage.requests),
+        col(&|r| r.outage.bytes),
+    );
     let table = format!(
         "# Joined to a cluster (test apiserver)\n\n{runs} runs, {n} static pods, {seconds} s idle window, {edits} \
          MemoryPressure round trips per run; 1 GiB guest, 2 emulated vCPUs (TCG). Median (worst).\n\n\
@@ -150,6 +229,11 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
          | of which Lease renewals | 6 | {:.1} | {:.1} |\n\
          | of which status patches | 0 (one per 5 min) | {:.1} | {:.1} |\n\
          | of which other | | {:.1} | {:.1} |\n\
+         | bytes per minute, idle (requests and answers) | | {:.0} | {:.0} |\n\
+         | apiserver back after {away} s → Node Ready, unreachable taints gone | 20–60 s (informer relist), up to 5 min \
+         if nothing changed | {:.1} s | {:.1} s |\n\
+         | requests in the minute after the return | | {:.1} | {:.1} |\n\
+         | bytes in the minute after the return | | {:.0} | {:.0} |\n\
          | MemoryPressure decided → status patch received | up to 10 s (nodeStatusUpdateFrequency) | {:.0} ms | {:.0} ms |\n\
          | threshold edit → the apiserver's copy changed | | {:.0} ms | {:.0} ms |\n",
         median(all.clone()),
@@ -160,6 +244,14 @@ pub fn run(bin: &Path, n: usize, seconds: u64, runs: usize, edits: usize, out: &
         worst(&patches),
         median(other.clone()),
         worst(&other),
+        median(bytes_idle.clone()),
+        worst(&bytes_idle),
+        median(ready.clone()),
+        worst(&ready),
+        median(after.clone()),
+        worst(&after),
+        median(after_bytes.clone()),
+        worst(&after_bytes),
         median(decided.clone()),
         worst(&decided),
         median(edit.clone()),

@@ -154,6 +154,9 @@ enum Cmd {
         runs: usize,
         #[arg(long, default_value_t = 3)]
         edits: usize,
+        /// How long the apiserver is away in the outage (longer than the lifecycle grace of 50 s).
+        #[arg(long, default_value_t = 60)]
+        outage: u64,
         #[arg(long, default_value = "results/cluster.md")]
         out: PathBuf,
     },
@@ -223,8 +226,8 @@ fn main() -> Result<()> {
             eviction::run(&nodewarden, &scenarios, &agents, runs, eviction::Options { warm_up, small_pages }, &out)
         }
         Cmd::EvictionReport { out } => eviction::report(&out),
-        Cmd::Cluster { nodewarden, pods, seconds, runs, edits, out } => {
-            cluster::run(&nodewarden, pods, seconds, runs, edits, &out)
+        Cmd::Cluster { nodewarden, pods, seconds, runs, edits, outage, out } => {
+            cluster::run(&nodewarden, pods, seconds, runs, edits, outage, &out)
         }
         Cmd::Hog(args) => hog::run(&args),
         Cmd::Placement { pods, runs, out } => placement::run(pods, runs, &out),
