@@ -121,8 +121,7 @@ pub async fn start(
         let error = match built {
             Ok(Ok(clients)) => {
                 // A renewed client certificate (or token) is taken up without a restart.
-                let credentials = (clients.clone(), shutdown2.clone());
-                tasks2.spawn(watch_credentials(path, credentials.0, qps, burst, timeout, credentials.1));
+                tasks2.spawn(watch_credentials(path, clients.clone(), qps, burst, timeout, shutdown2.clone()));
                 return nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2);
             }
             Ok(Err(e)) => e.to_string(),

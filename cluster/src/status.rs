@@ -44,6 +44,14 @@ struct Sent {
     conditions: Vec<NodeCondition>,
 }
 
+impl Sent {
+    /// The conditions the apiserver holds, as the last accepted: their transition times are kept, and a
+    /// comparable that matches nothing built sends the next report.
+    fn from_server(conditions: Option<Vec<NodeCondition>>) -> Sent {
+        Sent { comparable: Value::Null, at: Instant::now(), conditions: conditions.unwrap_or_default() }
+    }
+}
+
 /// The daemon's facts, read on a blocking thread: they may touch cgroupfs, and no async thread may wait on it.
 pub async fn read_facts(ctx: &Ctx) -> NodeFacts {
     let source = ctx.facts.clone();
@@ -81,12 +89,7 @@ async fn due(ctx: &Ctx, last: Option<&Sent>) -> (NodeStatus, Vec<Transition>, bo
 /// What the apiserver's Node now is, as the base of the next report: `Ok(None)` when the Node is gone.
 async fn read_back(api: &Api<Node>, name: &str) -> Result<Option<Sent>, kube::Error> {
     let node = api.get_opt(name).await?;
-    // A comparable that matches nothing built: the report is sent.
-    Ok(node.map(|n| Sent {
-        comparable: Value::Null,
-        at: Instant::now(),
-        conditions: n.status.and_then(|s| s.conditions).unwrap_or_default(),
-    }))
+    Ok(node.map(|n| Sent::from_server(n.status.and_then(|s| s.conditions))))
 }
 
 /// Records that the Node is gone (once in the log).
@@ -110,11 +113,7 @@ pub async fn run(ctx: Arc<Ctx>, mut changed: watch::Receiver<u64>, shutdown: Can
     post(&ctx, created);
     let name = ctx.settings.node_name.clone();
     // The registered Node's conditions give the transition times to keep (a restart is not a transition).
-    let mut last = registered.status.as_ref().map(|s| Sent {
-        comparable: Value::Null,
-        at: Instant::now(),
-        conditions: s.conditions.clone().unwrap_or_default(),
-    });
+    let mut last = registered.status.as_ref().map(|s| Sent::from_server(s.conditions.clone()));
     let mut tick = tokio::time::interval(ctx.settings.status_update_frequency);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut told = true;
