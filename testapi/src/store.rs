@@ -207,12 +207,7 @@ impl Store {
     /// resourceVersion and generation.
     pub fn create(&self, r: &Resource, namespace: Option<&str>, mut object: Value) -> Result<Value, ApiError> {
         let mut inner = self.lock();
-        if object["metadata"]["name"].as_str().is_none_or(str::is_empty)
-            && let Some(prefix) = object["metadata"]["generateName"].as_str()
-        {
-            let name = format!("{prefix}{:05x}", inner.uid + 1);
-            object["metadata"]["name"] = json!(name);
-        }
+        // A generated name is made before admission (`State::create`), so that validation sees it.
         let Some(name) = object["metadata"]["name"].as_str().filter(|n| !n.is_empty()).map(str::to_owned) else {
             return Err(ApiError::new(
                 422,
