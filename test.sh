@@ -75,28 +75,13 @@ for name in order:
 systemd_tests=${exes[7]}
 shutdown_tests=${exes[8]}
 exes=("${exes[@]:0:7}")
-# A test executable still running after 10 minutes (the longest takes about 3) is stopped once the guest's processes
-# and the kernel's blocked tasks are printed: a hang names itself instead of waiting out the guest's 30-minute
-# timeout.
+# A test executable still running after 10 minutes (the longest takes about 4) is stopped by deploy/vm/watchdog
+# once the guest's processes and the kernel's blocked tasks are printed: a hang names itself instead of waiting out
+# the guest's 30-minute timeout.
 NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
     for t in "$@"; do
         echo "-- $t"
-        "$t" --color never &
-        test=$!
-        (
-            exec 2>/dev/null
-            sleep 600 || exit 0
-            echo "-- $t did not finish within 600 s; the guest'"'"'s processes and blocked tasks:"
-            ps -eo pid,stat,wchan:32,args
-            echo w > /proc/sysrq-trigger
-            dmesg | tail -n 300
-            kill -9 "$test"
-        ) &
-        watchdog=$!
-        wait "$test"
-        status=$?
-        pkill -P "$watchdog" sleep
-        [ "$status" = 0 ] || exit 1
+        deploy/vm/watchdog 600 "$t" --color never || exit 1
     done
     echo "-- benchmark harnesses (not measurements: debug build, one short run each)"
     target/debug/nodewarden-bench footprint --nodewarden target/debug/nodewarden --pods 10 --seconds 1 --runs 1 \
@@ -107,9 +92,13 @@ NODEWARDEN_VM_TESTS=1 deploy/vm/run sh -c '
         --out /tmp/cri.md' vm-tests "${exes[@]}"
 
 step "systemd tests in the VM, with systemd as PID 1"
-NODEWARDEN_VM_TESTS=1 NODEWARDEN_VM_SYSTEMD=1 NODEWARDEN_VM_INIT=systemd deploy/vm/run "$systemd_tests" --color never
+# The tests' output streams (--nocapture), and on a hang the watchdog prints systemd's jobs and journal too; a
+# guest that hangs itself is stopped after 15 minutes.
+NODEWARDEN_VM_TESTS=1 NODEWARDEN_VM_SYSTEMD=1 NODEWARDEN_VM_INIT=systemd NODEWARDEN_VM_TIMEOUT=900 deploy/vm/run \
+    deploy/vm/watchdog 600 "$systemd_tests" --color never --nocapture
 
 step "graceful node shutdown in the VM: systemctl poweroff with pods of three priorities"
-NODEWARDEN_VM_TESTS=1 NODEWARDEN_VM_SYSTEMD=1 NODEWARDEN_VM_INIT=systemd deploy/vm/run "$shutdown_tests" --color never --nocapture
+NODEWARDEN_VM_TESTS=1 NODEWARDEN_VM_SYSTEMD=1 NODEWARDEN_VM_INIT=systemd NODEWARDEN_VM_TIMEOUT=900 deploy/vm/run \
+    deploy/vm/watchdog 600 "$shutdown_tests" --color never --nocapture
 echo
 echo "all checks passed"

@@ -36,8 +36,10 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     PID1.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// `systemctl` with a deadline: a job systemd never finishes fails the test with what it said, instead of hanging
+/// it.
 fn systemctl(args: &[&str]) -> (bool, String) {
-    let out = Command::new("systemctl").args(args).output().unwrap();
+    let out = Command::new("timeout").arg("120").arg("systemctl").args(args).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }
