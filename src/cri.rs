@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 use nodewarden_proto::v1::ContainerState;
-use nodewarden_sync::cri::{CriClient, POD_NAME_LABEL};
+use nodewarden_runtime::cri::{CriClient, POD_NAME_LABEL};
 use serde_json::{Value, json};
 
 /// The endpoint when neither `--endpoint` nor `CONTAINER_RUNTIME_ENDPOINT` says.

@@ -16,11 +16,9 @@ use nodewarden_resources::{
     CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, LedgerView, Observations,
     REQUIRED_CONTROLLERS, ResourceManager, check_host,
 };
-use nodewarden_sync::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
-use nodewarden_sync::{
-    FILE_SOURCE, PodManager, PodSource, ProcessRuntime, RuntimeHealth, SelectedRuntime, StaticPodSource, StatusStore,
-    SyncMetrics, SyncSettings,
-};
+use nodewarden_runtime::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
+use nodewarden_runtime::{ProcessRuntime, RuntimeHealth, SelectedRuntime};
+use nodewarden_sync::{FILE_SOURCE, PodManager, PodSource, StaticPodSource, StatusStore, SyncMetrics, SyncSettings};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -110,7 +108,7 @@ impl Shared {
         let (fs, kubepods) = &self.probe;
         let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
         let podsync = self.pods.readiness();
-        let problem = |p: Option<nodewarden_sync::Problem>| p.map_or(Ok(()), |p| Err(p.to_string()));
+        let problem = |p: Option<nodewarden_runtime::Problem>| p.map_or(Ok(()), |p| Err(p.to_string()));
         let inputs = self.eviction.inputs();
         let mut checks = vec![
             ("eviction", eviction),

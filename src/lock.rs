@@ -73,7 +73,7 @@ fn holder_of(path: &Path) -> String {
 
 /// The abstract socket name of the instance whose (canonical) root is `root`.
 fn instance_name(root: &Path) -> Vec<u8> {
-    let managed = nodewarden_sync::cri::managed_value(root);
+    let managed = nodewarden_runtime::cri::managed_value(root);
     format!("nodewarden/{managed}").into_bytes()
 }
 

@@ -4,4 +4,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| nodewarden_sync::fuzzing::cri_response(data));
+fuzz_target!(|data: &[u8]| nodewarden_runtime::fuzzing::cri_response(data));

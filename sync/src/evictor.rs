@@ -9,9 +9,9 @@ use std::time::Duration;
 use nodewarden_eviction::{Eviction, Evictor};
 
 use crate::manager::PodManager;
-use crate::runtime::Runtime;
 use crate::spec::pod_log_dir_name;
 use crate::volumes::pod_dir;
+use nodewarden_runtime::Runtime;
 
 /// How deep [`du`] descends; deeper trees are counted up to this depth.
 const MAX_DEPTH: usize = 32;

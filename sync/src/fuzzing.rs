@@ -5,9 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use nodewarden_proto::v1::{ContainerStatusResponse, ListImagesResponse, PodSandboxStatusResponse, StatusResponse};
 use nodewarden_resources::{self as resources, Limit, LimitSettings};
-use prost::Message;
 
 use crate::state;
 
@@ -98,44 +96,6 @@ pub fn state_file(bytes: &[u8]) {
     }
 }
 
-/// A CRI runtime's answer: the first byte says which (a container's status, a sandbox's status, the runtime's
-/// `Status`, its image list), the rest is the protobuf message. What nodewarden reads from it: an exited
-/// container's exit (its signal only from a code above 128), the sandbox's non-empty addresses, whether the
-/// runtime and its network are ready, the images' names.
-pub fn cri_response(bytes: &[u8]) {
-    let Some((kind, message)) = bytes.split_first() else { return };
-    match kind % 4 {
-        0 => {
-            let Ok(r) = ContainerStatusResponse::decode(message) else { return };
-            if let Some(exit) = r.status.and_then(crate::cri::responses::exit_of) {
-                assert_eq!(exit.signal.is_some(), exit.exit_code > 128, "{exit:?}");
-            }
-        }
-        1 => {
-            let Ok(r) = PodSandboxStatusResponse::decode(message) else { return };
-            assert!(crate::cri::responses::sandbox_ips(r).iter().all(|ip| !ip.is_empty()));
-        }
-        2 => {
-            let Ok(r) = StatusResponse::decode(message) else { return };
-            let (runtime, network) = crate::cri::responses::problems(&r);
-            let ready = |kind: &str| {
-                r.status
-                    .as_ref()
-                    .is_some_and(|s| s.conditions.iter().find(|c| c.r#type == kind).is_some_and(|c| c.status))
-            };
-            assert_eq!(runtime.is_none(), ready("RuntimeReady"));
-            assert_eq!(network.is_none(), ready("NetworkReady"));
-        }
-        _ => {
-            let Ok(r) = ListImagesResponse::decode(message) else { return };
-            for i in r.images {
-                let names = i.repo_digests.len() + i.repo_tags.len();
-                assert_eq!(crate::cri::responses::image_summary(i).names.len(), names);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,9 +113,5 @@ mod tests {
         state_file(saved);
         state_file(b"{}");
         state_file(b"\0\0");
-        for kind in 0..4u8 {
-            cri_response(&[kind]);
-            cri_response(&[kind, 0x0a, 0x02, 0x08, 0x01]);
-        }
     }
 }

@@ -1,13 +1,12 @@
 //! Pod lifecycle for nodewarden: pod sources (the static pod directory; an apiserver source can follow), one worker
 //! per pod running the kubelet's syncPod steps, the restart policy with the crash-loop back-off, probes, graceful
-//! termination, pod status, and the runtimes that carry it out (the embedded process runtime here).
+//! termination and pod status. The runtimes that carry it out are `nodewarden-runtime`'s.
 //!
 //! Pod sync is a client of `nodewarden-resources`: it asks for admission and placement and never writes cgroupfs
 //! itself (a container process joins the cgroup the resources crate made for it, through that cgroup's
 //! `cgroup.procs`, before it execs its command).
 
 mod backoff;
-pub mod cri;
 mod evictor;
 pub mod fuzzing;
 mod logs;
@@ -15,10 +14,6 @@ mod manager;
 mod manifest;
 mod metrics;
 mod probe;
-mod process;
-mod runtime;
-pub mod security;
-mod selected;
 mod source;
 mod spec;
 mod state;
@@ -36,13 +31,6 @@ pub use manifest::{
 };
 pub use metrics::SyncMetrics;
 pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};
-pub use process::{ProcessRuntime, START_FAILED};
-pub use runtime::{
-    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, Mount, NoSandboxes, Problem,
-    PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
-    StopSignals,
-};
-pub use selected::SelectedRuntime;
 pub use source::{FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
 pub use spec::{PodContext, PodIps, container_spec, sandbox_spec};
 pub use state::{

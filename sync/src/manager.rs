@@ -17,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::metrics::SyncMetrics;
-use crate::runtime::{ImageSummary, Runtime, RuntimeHealth};
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
 use crate::worker::{Reason, Shared, Signalled, Stoppable, SyncSettings, TerminateRequest, Worker, kill_and_release};
 use crate::{state, volumes};
+use nodewarden_runtime::{ImageSummary, Runtime, RuntimeHealth};
 
 /// The manager loop's period, which `/readyz` checks.
 pub const TICK: Duration = Duration::from_secs(1);

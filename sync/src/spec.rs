@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use nodewarden_resources::{ContainerPlacement, Placement};
 
-use crate::runtime::{ContainerSpec, LinuxResources, Mount, PullPolicy, SandboxSpec};
 use crate::volumes::PreparedVolume;
+use nodewarden_runtime::{ContainerSpec, LinuxResources, Mount, PullPolicy, SandboxSpec};
 
 /// The directory of one container's logs: `<logDir>/<namespace>_<name>_<uid>/<container>`.
 pub fn log_dir(root: &Path, pod: &Pod, container: &str) -> PathBuf {
@@ -202,7 +202,7 @@ pub fn container_spec(
             memory_high: limits.memory_high,
         },
         mounts,
-        security: crate::security::security(pod, c)?,
+        security: nodewarden_runtime::security::security(pod, c)?,
     })
 }
 
@@ -234,9 +234,9 @@ pub fn sandbox_spec(pod: &Pod, placement: &Placement, log_root: &Path) -> Sandbo
             memory_high: None,
         },
         privileged: spec.is_some_and(|s| {
-            s.init_containers.iter().flatten().chain(&s.containers).any(crate::security::is_privileged)
+            s.init_containers.iter().flatten().chain(&s.containers).any(nodewarden_runtime::security::is_privileged)
         }),
-        sysctls: crate::security::pod_sysctls(pod),
+        sysctls: nodewarden_runtime::security::pod_sysctls(pod),
     }
 }
 

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
 
-use crate::runtime::ExitInfo;
 use crate::status::{PodPhase, Terminal};
 use crate::volumes::pod_dir;
+use nodewarden_runtime::ExitInfo;
 
 /// One container's saved state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -5,7 +5,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::runtime::ExitInfo;
+use nodewarden_runtime::ExitInfo;
 
 /// A container's state, as the phase needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

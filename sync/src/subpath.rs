@@ -19,8 +19,7 @@ pub const STAGING_DIR: &str = "volume-subpaths";
 
 /// Checks a subPath lexically: relative, without `..`.
 pub fn check(sub: &str) -> Result<(), String> {
-    let p = Path::new(sub);
-    if p.is_absolute() || p.components().any(|c| c == Component::ParentDir) {
+    if !nodewarden_runtime::security::is_relative_beneath(sub) {
         return Err(format!("subPath {sub:?} must be a relative path without '..'"));
     }
     Ok(())

@@ -3,7 +3,7 @@
 //! manifest → `Running` through containerd is compared with.
 //!
 //! The requests are made by the daemon's own builders (`sync::sandbox_spec`, `sync::container_spec`,
-//! `sync::cri::{sandbox_config, container_config}`), and the pod cgroup that becomes the sandbox's `cgroup_parent` is
+//! `runtime::cri::{sandbox_config, container_config}`), and the pod cgroup that becomes the sandbox's `cgroup_parent` is
 //! made by the resources library exactly as the daemon makes it. Placing and releasing
 //! the pod, and stopping and removing its container and sandbox, are not timed.
 
@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_proto::v1::{CreateContainerRequest, RunPodSandboxRequest};
 use nodewarden_resources::{Placement, ResourceConfig};
-use nodewarden_sync::cri::{CriClient, container_config, sandbox_config};
+use nodewarden_runtime::cri::{CriClient, container_config, sandbox_config};
 use nodewarden_sync::{PodContext, PodIps, container_spec, sandbox_spec};
 
 use crate::{manager, remove_tree, root};
@@ -104,7 +104,7 @@ fn run_in(endpoint: &str, n: usize, manifest: &dyn Fn(&str) -> String, dir: &Pat
 async fn connect(endpoint: &str) -> Result<CriClient> {
     let client = CriClient::new(endpoint, TIMEOUT)?;
     let version = client.version().await.context("the bare CRI client's Version")?;
-    if version.runtime_api_version != nodewarden_sync::cri::CRI_API_VERSION {
+    if version.runtime_api_version != nodewarden_runtime::cri::CRI_API_VERSION {
         bail!("{endpoint} serves CRI {:?}, not v1", version.runtime_api_version);
     }
     Ok(client)

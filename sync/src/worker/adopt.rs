@@ -8,8 +8,8 @@ use super::lifecycle::{
     ContainerSlot, ContainerState, LastExit, Lifecycle, PodState, PrepareStep, Reason, Resume, Role,
 };
 use super::{Sandbox, Worker};
-use crate::runtime::{ExitInfo, MainProcess, RunningSandbox, Runtime, SandboxRuntime};
 use crate::state::{self, SavedContainer, SavedPod};
+use nodewarden_runtime::{ExitInfo, MainProcess, RunningSandbox, Runtime, SandboxRuntime};
 
 /// The state to save for the next daemon; `now` is the same moment on the worker's clock and the wall clock, to
 /// save a deletion's deadline as a time.

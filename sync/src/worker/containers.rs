@@ -16,8 +16,8 @@ pub(super) enum Completed {
     Started { index: usize, attempt: u32, result: Result<Started, StartFailure> },
 }
 use crate::probe::{self, LOOPBACK, ProbeConfig, ProbeKind};
-use crate::runtime::{ContainerSpec, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started};
 use crate::spec::{PodContext, PodIps, container_spec};
+use nodewarden_runtime::{ContainerSpec, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started};
 
 impl<R: Runtime> Worker<R> {
     /// The sandbox spec, once the pod is placed.

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::probe::{ProbeConfig, ProbeKind, ProbeState};
-use crate::runtime::ExitInfo;
 use crate::status::{RestartPolicy, Terminal};
+use nodewarden_runtime::ExitInfo;
 
 /// The longest grace period a pod gets: a larger `terminationGracePeriodSeconds` is cut to this, so that a deadline
 /// never overflows.

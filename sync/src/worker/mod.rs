@@ -29,10 +29,10 @@ use tokio::time::Instant;
 
 use crate::metrics::SyncMetrics;
 use crate::probe::ProbeKind;
-use crate::runtime::{ExitInfo, RunningSandbox, Runtime};
 use crate::store::StatusStore;
 use crate::volumes::{self, PreparedVolume};
 use lifecycle::{Action, Input, Lifecycle, PlaceFailure, PodState, grace_period};
+use nodewarden_runtime::{ExitInfo, RunningSandbox, Runtime};
 
 /// Settings of pod sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl Signalled {
 
 /// The containers an eviction may send their stop signal itself, on its own thread, holding this list until it has
 /// queued the termination for the pod's worker: those running while the pod runs, when the pod has no preStop hook
-/// to run first and the runtime can signal at once ([`crate::runtime::StopSignals`]); empty otherwise, and while
+/// to run first and the runtime can signal at once ([`nodewarden_runtime::StopSignals`]); empty otherwise, and while
 /// the worker steps. The worker keeps it up to date.
 pub(crate) type Stoppable = Arc<Mutex<Vec<String>>>;
 

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::Worker;
 use super::lifecycle::{ContainerSlot, ContainerState, Lifecycle, Readiness, Role};
-use crate::runtime::Runtime;
 use crate::status::{Observed, PodPhase, condition, pod_phase, terminated};
+use nodewarden_runtime::Runtime;
 
 /// When each condition last changed.
 #[derive(Debug, Default)]

@@ -278,7 +278,14 @@ impl Lifecycle {
         }
     }
 
-    fn exited(&mut self, i: usize, id: String, info: crate::runtime::ExitInfo, now: Instant, out: &mut Vec<Action>) {
+    fn exited(
+        &mut self,
+        i: usize,
+        id: String,
+        info: nodewarden_runtime::ExitInfo,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
         // A pod waiting for a new sandbox restarts its containers once it has one.
         let over = self.state.is_over();
         let policy = self.policy;

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use super::lifecycle::KILL_WAIT;
 use super::{Event, Sandbox, Worker};
-use crate::runtime::{Runtime, SandboxRuntime};
 use crate::volumes;
+use nodewarden_runtime::{Runtime, SandboxRuntime};
 
 /// The command of a container's exec preStop hook: the one hook the worker runs (a hook without a command runs
 /// nothing).

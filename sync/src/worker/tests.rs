@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
-use crate::runtime::{
+use nodewarden_runtime::{
     ContainerSpec, ExecOutput, ExitInfo, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
     StopSignals,
 };
@@ -54,7 +54,7 @@ struct Fake {
 }
 
 fn exit(code: i32) -> ExitInfo {
-    ExitInfo::for_test(code)
+    ExitInfo::at_epoch(code)
 }
 
 impl Fake {
@@ -155,7 +155,7 @@ impl Runtime for Fake {
         Ok(Started { id, pid: 1000 + *n, pid_start: None, started_at: Timestamp::UNIX_EPOCH })
     }
 
-    async fn adopt(&self, _spec: &ContainerSpec, _main: Option<crate::runtime::MainProcess>) -> Option<Started> {
+    async fn adopt(&self, _spec: &ContainerSpec, _main: Option<nodewarden_runtime::MainProcess>) -> Option<Started> {
         None
     }
 

@@ -6,17 +6,17 @@ use jiff::Timestamp;
 use tokio::time::Instant;
 
 use super::step;
-use crate::runtime::ExitInfo;
 use crate::status::{PodPhase, RestartPolicy, Terminal};
 use crate::worker::lifecycle::{
     Action, ContainerSlot, ContainerState, Input, KILL_WAIT, LastExit, Lifecycle, MAX_GRACE, PlaceFailure, PodState,
     PrepareStep, Readiness, Reason, Resume, Role, Stage, StartedContainer, grace_period,
 };
+use nodewarden_runtime::ExitInfo;
 
 const GRACE: Duration = Duration::from_secs(30);
 
 fn exit(code: i32) -> ExitInfo {
-    ExitInfo::for_test(code)
+    ExitInfo::at_epoch(code)
 }
 
 fn slot(name: &str, role: Role, state: ContainerState) -> ContainerSlot {

@@ -193,9 +193,9 @@ pub struct ExitInfo {
 }
 
 impl ExitInfo {
-    /// An exit with `code` and the kubelet's reason for it, at the epoch: what the worker tests feed in.
-    #[cfg(test)]
-    pub(crate) fn for_test(code: i32) -> Self {
+    /// An exit with `code` and the kubelet's reason for it, started and ended at the epoch: what a test of a
+    /// runtime's client feeds in.
+    pub fn at_epoch(code: i32) -> Self {
         Self {
             exit_code: code,
             signal: None,
@@ -415,7 +415,7 @@ pub trait Runtime: Send + Sync + 'static {
         let _ = id;
         let (log, to) = (log.to_path_buf(), to.to_path_buf());
         async move {
-            tokio::task::spawn_blocking(move || crate::logs::copy_truncate(&log, &to, keep))
+            tokio::task::spawn_blocking(move || crate::copy_truncate(&log, &to, keep))
                 .await
                 .map_err(|e| RuntimeError::Other(e.to_string()))?
                 .map_err(|e| RuntimeError::Other(format!("cannot rotate the log: {e}")))

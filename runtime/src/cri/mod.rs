@@ -27,7 +27,7 @@ pub use config::{CONTAINER_NAME_LABEL, MANAGED_LABEL, POD_NAME_LABEL, POD_NAMESP
 pub use config::{DEFAULT_ROOT_DIR, container_config, managed_value, sandbox_config};
 pub use metrics::RuntimeMetrics;
 
-use crate::runtime::{
+use crate::seam::{
     ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, PullPolicy, RunningSandbox, Runtime, RuntimeError,
     RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
 };
@@ -493,7 +493,7 @@ impl Runtime for CriRuntime {
     }
 
     /// A CRI container is stopped by a call to the runtime (`StopContainer`), which the pod's worker makes.
-    fn stop_signals(&self) -> Option<&dyn crate::runtime::StopSignals> {
+    fn stop_signals(&self) -> Option<&dyn crate::seam::StopSignals> {
         None
     }
 

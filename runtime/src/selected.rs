@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
-use crate::runtime::{
+use crate::seam::{
     ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, Runtime, RuntimeError, RuntimeHealth, Started,
     StopSignals,
 };

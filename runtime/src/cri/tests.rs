@@ -14,7 +14,7 @@ use nodewarden_resources::CgroupPath;
 use tonic::{Request, Response, Status};
 
 use super::*;
-use crate::runtime::{LinuxResources, Mount as SpecMount};
+use crate::seam::{LinuxResources, Mount as SpecMount};
 
 #[derive(Default)]
 struct State {

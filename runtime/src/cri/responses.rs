@@ -6,7 +6,7 @@ use nodewarden_proto::v1::{
     ContainerState, ContainerStatus, Image, PodSandboxStatusResponse, RuntimeCondition, StatusResponse,
 };
 
-use crate::runtime::{ExitInfo, ImageSummary, Problem, exit_reason};
+use crate::seam::{ExitInfo, ImageSummary, Problem, exit_reason};
 
 /// A time the runtime sent in nanoseconds; the epoch when out of range.
 pub(super) fn timestamp(nanos: i64) -> Timestamp {

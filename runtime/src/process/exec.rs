@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::os::fd::OwnedFd;
 
 use super::sys::{ChildSetup, Spawn, clone3_usable};
-use crate::runtime::Mount;
+use crate::seam::Mount;
 
 /// What a container process is started with.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use nodewarden_proto::v1::{
 };
 
 use super::client::image_spec;
-use crate::runtime::{ContainerSpec, LinuxResources, SandboxSpec};
+use crate::seam::{ContainerSpec, LinuxResources, SandboxSpec};
 use crate::security::{MASKED_PATHS, READONLY_PATHS, Seccomp};
 
 /// The kubelet's label holding the pod name.
@@ -200,7 +200,7 @@ mod tests {
     use nodewarden_resources::CgroupPath;
 
     use super::*;
-    use crate::runtime::{Mount as SpecMount, PullPolicy};
+    use crate::seam::{Mount as SpecMount, PullPolicy};
 
     fn pod() -> SandboxSpec {
         SandboxSpec {

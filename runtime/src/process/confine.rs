@@ -6,7 +6,7 @@
 
 use rustix::thread::CapabilitySet;
 
-use crate::runtime::{ContainerSpec, RuntimeError};
+use crate::seam::{ContainerSpec, RuntimeError};
 use crate::security::Seccomp;
 
 /// The group of a user without a `runAsGroup` and without an entry in `/etc/passwd`: the overflow group, never

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use exec::ExecRequest;
 pub use exec::START_FAILED;
 
-use crate::runtime::{
+use crate::seam::{
     ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, MainProcess, NoSandboxes, Runtime, RuntimeError, Started,
     StopSignals, exit_reason,
 };
@@ -475,7 +475,7 @@ impl Runtime for ProcessRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{LinuxResources, PullPolicy};
+    use crate::seam::{LinuxResources, PullPolicy};
 
     #[tokio::test]
     async fn a_container_signalled_at_once_is_not_signalled_again_by_its_stop_which_still_kills() {

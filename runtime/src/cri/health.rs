@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::responses::{image_summary, problems};
 use super::{CriError, CriRuntime, lock};
-use crate::runtime::{ImageSummary, Problem, RuntimeHealth};
+use crate::seam::{ImageSummary, Problem, RuntimeHealth};
 
 /// Before the first `Status` answer that said the runtime is ready.
 const NOT_CHECKED: &str = "container runtime status check may not have completed yet";
