@@ -131,23 +131,31 @@ impl<R: Runtime> PodManager<R> {
     pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<SourceSnapshot>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut first = BTreeSet::new();
         let mut open = true;
+        let mut cleaned = false;
         loop {
             tokio::select! {
-                snap = rx.recv(), if open => match snap {
-                    Some(s) => {
-                        let (source, initial) = (s.source, first.insert(s.source));
-                        self.apply(s, initial);
-                        self.awaited().remove(source);
+                snap = rx.recv(), if open => {
+                    match snap {
+                        Some(s) => {
+                            let source = s.source;
+                            self.apply(s);
+                            self.awaited().remove(source);
+                        }
+                        // No source (no staticPodPath), or every source ended: the workers go on, and no first
+                        // snapshot is awaited any more.
+                        None => {
+                            open = false;
+                            self.awaited().clear();
+                        }
                     }
-                    // No source (no staticPodPath), or every source ended: the workers go on, and no first
-                    // snapshot is awaited any more.
-                    None => {
-                        open = false;
-                        self.awaited().clear();
+                    // Once every expected source has spoken, and only then: a pod adopted at start belongs to
+                    // some source, and one source's first snapshot says nothing of another's pods.
+                    if !cleaned && self.awaited().is_empty() {
+                        cleaned = true;
+                        self.clean_orphans();
                     }
-                },
+                }
                 _ = tick.tick() => self.tick(),
                 () = shutdown.cancelled() => break,
             }
@@ -192,9 +200,8 @@ impl<R: Runtime> PodManager<R> {
     }
 
     /// Applies a source's snapshot: new UIDs get a worker, known ones the latest spec, and UIDs the source no
-    /// longer has are terminated. On a source's first snapshot, pods adopted at start that no source has are
-    /// terminated too.
-    fn apply(&self, snap: SourceSnapshot, initial: bool) {
+    /// longer has are terminated.
+    fn apply(&self, snap: SourceSnapshot) {
         self.ctx.metrics.invalid_manifests.set(i64::try_from(snap.invalid.len()).unwrap_or(i64::MAX));
         self.ctx.store.set_invalid(snap.invalid);
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
@@ -233,10 +240,6 @@ impl<R: Runtime> PodManager<R> {
                 continue;
             }
             workers.insert(uid, self.spawn_worker(pod, snap.source, None));
-        }
-        drop(workers);
-        if initial {
-            self.clean_orphans(&wanted);
         }
     }
 
@@ -322,10 +325,13 @@ impl<R: Runtime> PodManager<R> {
         }
     }
 
-    /// Terminates the pods found at start (cgroups from an earlier daemon) that the source does not have, and
-    /// removes the directories of pods that are gone. Only what nodewarden made is touched ([`state::is_ours`]):
-    /// a pod cgroup or a pod directory without its mark is left alone, and stays counted against allocatable.
-    fn clean_orphans(&self, wanted: &BTreeSet<String>) {
+    /// Terminates the pods found at start (cgroups from an earlier daemon) that no source has, once every
+    /// expected source has sent its first snapshot, and removes the directories of pods that are gone. Only what
+    /// nodewarden made is touched ([`state::is_ours`]): a pod cgroup or a pod directory without its mark is left
+    /// alone, and stays counted against allocatable.
+    fn clean_orphans(&self) {
+        let wanted: BTreeSet<String> = self.workers().keys().cloned().collect();
+        let wanted = &wanted;
         let root = self.ctx.settings.root_dir.clone();
         let (orphans, foreign): (Vec<String>, Vec<String>) = {
             let r = self.ctx.resources.lock().unwrap_or_else(PoisonError::into_inner);

@@ -207,6 +207,11 @@ fn harness() -> Harness {
 
 /// A pod manager on `host`, whose cgroups and root directory an earlier manager may have left.
 fn harness_on(host: FakeHost) -> Harness {
+    harness_expecting(host, &[])
+}
+
+/// [`harness_on`], with the sources whose first snapshots the manager waits for.
+fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
     let p = host.path().to_path_buf();
     let config = ResourceConfig {
         eviction_reserve: EvictionReserve {
@@ -230,6 +235,9 @@ fn harness_on(host: FakeHost) -> Harness {
     let registry = prometheus::Registry::new();
     let metrics = SyncMetrics::new(&registry).unwrap();
     let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics);
+    for source in sources {
+        manager.expect_source(source);
+    }
     let (tx, rx) = mpsc::channel(4);
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(manager.clone().run(rx, shutdown.clone()));
@@ -250,7 +258,12 @@ fn app(name: &str) -> serde_json::Value {
 
 impl Harness {
     async fn set(&self, pods: Vec<Pod>) {
-        self.tx.send(SourceSnapshot { source: crate::FILE_SOURCE, pods, invalid: vec![] }).await.unwrap();
+        self.send(crate::FILE_SOURCE, pods).await;
+    }
+
+    /// A snapshot of `source`.
+    async fn send(&self, source: &'static str, pods: Vec<Pod>) {
+        self.tx.send(SourceSnapshot { source, pods, invalid: vec![] }).await.unwrap();
     }
 
     /// How many inputs the pod workers have handled (`kubelet_pod_worker_duration_seconds{operation_type="sync"}`).
@@ -781,6 +794,49 @@ async fn start_up_cleans_up_only_what_nodewarden_made() {
     assert!(cg.join("besteffort/podstray").exists(), "a pod cgroup without the mark is left alone");
     assert_eq!(std::fs::read_to_string(root.join("pods/foreign/data")).unwrap(), "keep");
     assert!(!root.join("pods/gone").exists(), "its own stale directory is removed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn orphans_are_cleaned_up_only_once_every_source_has_spoken() {
+    // Two sources' pods run; the daemon stops, and its pod cgroups stay.
+    let h = harness();
+    h.set(vec![pod("fromfile", json!({"containers": [app("a")]}))]).await;
+    h.send(
+        "api",
+        vec![pod("fromapi", json!({"containers": [app("a")]})), pod("gone", json!({"containers": [app("a")]}))],
+    )
+    .await;
+    for uid in ["fromfile", "fromapi", "gone"] {
+        h.until(uid, "runs", |v| phase(v) == "Running").await;
+    }
+    let Harness { _host: host, _drain: drain, cg, .. } = h;
+    drop(drain);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+
+    // The next start expects both. The file source speaks first: the other source's pods are left alone, however
+    // long it takes to speak, and the manager says what it waits for.
+    let h = harness_expecting(host, &[crate::FILE_SOURCE, "api"]);
+    h.set(vec![pod("fromfile", json!({"containers": [app("a")]}))]).await;
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    for uid in ["fromapi", "gone"] {
+        assert!(cg.join(format!("besteffort/pod{uid}")).exists(), "{uid} was cleaned up before its source spoke");
+    }
+    assert_eq!(h.manager.synced(), Err("waiting for the first pods from source api".into()));
+
+    // It speaks without one of its pods: that one alone is an orphan.
+    h.send("api", vec![pod("fromapi", json!({"containers": [app("a")]}))]).await;
+    for _ in 0..100 {
+        if !cg.join("besteffort/podgone").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(!cg.join("besteffort/podgone").exists(), "the pod no source has is terminated and released");
+    assert_eq!(h.manager.synced(), Ok(()));
+    for uid in ["fromfile", "fromapi"] {
+        assert!(cg.join(format!("besteffort/pod{uid}")).exists(), "{uid}");
+        h.until(uid, "runs", |v| phase(v) == "Running").await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
