@@ -6,6 +6,7 @@
 //! and the nearest known name); then the implemented fields are deserialized and validated into [`Config`].
 
 pub mod duration;
+mod fields;
 mod kubelet_fields;
 mod raw;
 mod reload;
@@ -21,7 +22,7 @@ use nodewarden_resources::{
 };
 
 pub use raw::{KubeletConfiguration, QuantityMap};
-pub use reload::{Reloaded, reload};
+pub use reload::{LIVE, Reloaded, reload, restart_only};
 
 /// The only `apiVersion` accepted.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -162,9 +163,10 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     let serde_json::Value::Object(mut map) = tree else {
         return Err(ConfigError::Syntax("the document is not a mapping of fields".into()));
     };
+    let implemented = fields::of::<KubeletConfiguration>();
     let mut ignored = Vec::new();
     for key in map.keys().cloned().collect::<Vec<_>>() {
-        if raw::IMPLEMENTED.contains(&key.as_str()) {
+        if implemented.contains(&key.as_str()) {
             continue;
         }
         if kubelet_fields::IGNORED.contains(&key.as_str()) {
@@ -172,7 +174,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
             ignored.push(key);
             continue;
         }
-        let known = raw::IMPLEMENTED.iter().chain(kubelet_fields::IGNORED.iter()).copied();
+        let known = implemented.iter().chain(kubelet_fields::IGNORED.iter()).copied();
         let hint = kubelet_fields::suggest(&key, known).map(|s| format!(" (did you mean {s}?)")).unwrap_or_default();
         return Err(ConfigError::field(key, format!("unknown field: not a KubeletConfiguration field{hint}")));
     }

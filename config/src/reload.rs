@@ -1,9 +1,10 @@
-//! Which fields a running daemon can take from an edited config file. Reloadable: the eviction settings
+//! Which fields a running daemon can take from an edited config file ([`LIVE`]): the eviction settings
 //! (thresholds, grace periods, minimum reclaim, transition period, poll bounds), reserved resources and
-//! `enforceNodeAllocatable`, `maxPods`, `podPidsLimit`, the image GC thresholds. Everything else needs a restart:
-//! such a change is reported and the running value kept.
+//! `enforceNodeAllocatable`, `maxPods`, `podPidsLimit`, `staticPodsCritical`, the image GC thresholds. Everything
+//! else needs a restart ([`restart_only`]): such a change is reported and the running value kept.
 
 use super::{Config, ConfigError, KubeletConfiguration, parse, validate};
+use crate::raw::NodewardenSettings;
 
 /// The outcome of a reload: the config to run with, and the changed fields that need a restart.
 #[derive(Debug)]
@@ -14,16 +15,100 @@ pub struct Reloaded {
     pub needs_restart: Vec<&'static str>,
 }
 
-/// Keeps the running value of each listed field, noting the ones that changed.
-macro_rules! keep {
-    ($new:expr, $old:expr, $out:expr; $($field:ident => $name:literal),* $(,)?) => {
-        $(
-            if $new.$field != $old.$field {
-                $out.push($name);
-                $new.$field = $old.$field.clone();
-            }
-        )*
+/// The fields a running daemon takes from an edited file, as the file names them: the eviction manager's, the
+/// resource manager's (reserved resources, kubepods' limits, admission) and the image GC thresholds. Every other
+/// field is in [`restart_only`]; a test holds every field of the file to exactly one of the two.
+pub const LIVE: &[&str] = &[
+    "enforceNodeAllocatable",
+    "systemReserved",
+    "kubeReserved",
+    "maxPods",
+    "podPidsLimit",
+    "imageGCHighThresholdPercent",
+    "imageGCLowThresholdPercent",
+    "evictionHard",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "evictionPressureTransitionPeriod",
+    "evictionMaxPodGracePeriod",
+    "evictionMinimumReclaim",
+    "mergeDefaultEvictionSettings",
+    "nodewarden.housekeepingInterval",
+    "nodewarden.evictionPollMin",
+    "nodewarden.staticPodsCritical",
+];
+
+/// Defines, from one list, the names of a struct's restart-only fields and the function that keeps their running
+/// values in an edited config, noting the ones that changed.
+macro_rules! restart_only {
+    ($names:ident, $keep:ident, $ty:ty; $($field:ident => $name:literal),* $(,)?) => {
+        const $names: &[&str] = &[$($name),*];
+
+        fn $keep(new: &mut $ty, old: &$ty, changed: &mut Vec<&'static str>) {
+            $(
+                if new.$field != old.$field {
+                    changed.push($name);
+                    new.$field = old.$field.clone();
+                }
+            )*
+        }
     };
+}
+
+restart_only!(KUBELET_RESTART_ONLY, keep_kubelet, KubeletConfiguration;
+    static_pod_path => "staticPodPath",
+    file_check_frequency => "fileCheckFrequency",
+    protect_kernel_defaults => "protectKernelDefaults",
+    fail_swap_on => "failSwapOn",
+    memory_swap => "memorySwap",
+    max_open_files => "maxOpenFiles",
+    container_log_max_size => "containerLogMaxSize",
+    container_log_max_files => "containerLogMaxFiles",
+    container_log_monitor_interval => "containerLogMonitorInterval",
+    pod_logs_dir => "podLogsDir",
+    container_runtime_endpoint => "containerRuntimeEndpoint",
+    serialize_image_pulls => "serializeImagePulls",
+    runtime_request_timeout => "runtimeRequestTimeout",
+    healthz_bind_address => "healthzBindAddress",
+    healthz_port => "healthzPort",
+    node_status_update_frequency => "nodeStatusUpdateFrequency",
+    node_status_report_frequency => "nodeStatusReportFrequency",
+    node_lease_duration_seconds => "nodeLeaseDurationSeconds",
+    register_node => "registerNode",
+    register_with_taints => "registerWithTaints",
+    node_labels => "nodeLabels",
+    provider_id => "providerID",
+    node_status_max_images => "nodeStatusMaxImages",
+    shutdown_grace_period => "shutdownGracePeriod",
+    shutdown_grace_period_critical_pods => "shutdownGracePeriodCriticalPods",
+    shutdown_grace_period_by_pod_priority => "shutdownGracePeriodByPodPriority",
+    kube_api_qps => "kubeAPIQPS",
+    kube_api_burst => "kubeAPIBurst",
+    cgroup_root => "cgroupRoot",
+    cgroups_per_qos => "cgroupsPerQOS",
+    cgroup_driver => "cgroupDriver",
+    cpu_cfs_quota => "cpuCFSQuota",
+    cpu_cfs_quota_period => "cpuCFSQuotaPeriod",
+    memory_throttling_factor => "memoryThrottlingFactor",
+    feature_gates => "featureGates",
+);
+
+restart_only!(NODEWARDEN_RESTART_ONLY, keep_nodewarden, NodewardenSettings;
+    cgroup_mount => "nodewarden.cgroupMount",
+    nodefs_path => "nodewarden.nodefsPath",
+    imagefs_path => "nodewarden.imagefsPath",
+    eviction_realtime_priority => "nodewarden.evictionRealtimePriority",
+    pressure_events => "nodewarden.pressureEvents",
+    daemon_cgroup => "nodewarden.daemonCgroup",
+    daemon_memory_min => "nodewarden.daemonMemoryMin",
+    root_dir => "nodewarden.rootDir",
+    node_name => "nodewarden.nodeName",
+);
+
+/// The fields whose change needs a restart, as the file names them: an edit is reported and the running value
+/// kept.
+pub fn restart_only() -> impl Iterator<Item = &'static str> {
+    KUBELET_RESTART_ONLY.iter().chain(NODEWARDEN_RESTART_ONLY).copied()
 }
 
 /// Parses and validates an edited config and merges it into the running one. An invalid file is an error and
@@ -33,54 +118,9 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
     let old: &KubeletConfiguration = &running.effective;
     let mut raw = fresh.effective.clone();
     let mut needs_restart = Vec::new();
-    keep!(raw, old, needs_restart;
-        static_pod_path => "staticPodPath",
-        file_check_frequency => "fileCheckFrequency",
-        protect_kernel_defaults => "protectKernelDefaults",
-        fail_swap_on => "failSwapOn",
-        memory_swap => "memorySwap",
-        container_log_max_size => "containerLogMaxSize",
-        container_log_max_files => "containerLogMaxFiles",
-        container_log_monitor_interval => "containerLogMonitorInterval",
-        pod_logs_dir => "podLogsDir",
-        container_runtime_endpoint => "containerRuntimeEndpoint",
-        serialize_image_pulls => "serializeImagePulls",
-        runtime_request_timeout => "runtimeRequestTimeout",
-        healthz_bind_address => "healthzBindAddress",
-        healthz_port => "healthzPort",
-        node_status_update_frequency => "nodeStatusUpdateFrequency",
-        node_status_report_frequency => "nodeStatusReportFrequency",
-        node_lease_duration_seconds => "nodeLeaseDurationSeconds",
-        register_node => "registerNode",
-        register_with_taints => "registerWithTaints",
-        node_labels => "nodeLabels",
-        provider_id => "providerID",
-        node_status_max_images => "nodeStatusMaxImages",
-        shutdown_grace_period => "shutdownGracePeriod",
-        shutdown_grace_period_critical_pods => "shutdownGracePeriodCriticalPods",
-        shutdown_grace_period_by_pod_priority => "shutdownGracePeriodByPodPriority",
-        kube_api_qps => "kubeAPIQPS",
-        kube_api_burst => "kubeAPIBurst",
-        cgroup_root => "cgroupRoot",
-        cgroups_per_qos => "cgroupsPerQOS",
-        cgroup_driver => "cgroupDriver",
-        cpu_cfs_quota => "cpuCFSQuota",
-        cpu_cfs_quota_period => "cpuCFSQuotaPeriod",
-        memory_throttling_factor => "memoryThrottlingFactor",
-        feature_gates => "featureGates",
-    );
+    keep_kubelet(&mut raw, old, &mut needs_restart);
     if let (Some(new), Some(old)) = (raw.nodewarden.as_mut(), old.nodewarden.as_ref()) {
-        keep!(new, old, needs_restart;
-            cgroup_mount => "nodewarden.cgroupMount",
-            nodefs_path => "nodewarden.nodefsPath",
-            imagefs_path => "nodewarden.imagefsPath",
-            eviction_realtime_priority => "nodewarden.evictionRealtimePriority",
-            pressure_events => "nodewarden.pressureEvents",
-            daemon_cgroup => "nodewarden.daemonCgroup",
-            daemon_memory_min => "nodewarden.daemonMemoryMin",
-            root_dir => "nodewarden.rootDir",
-            node_name => "nodewarden.nodeName",
-        );
+        keep_nodewarden(new, old, &mut needs_restart);
     }
     let mut config = validate(raw)?;
     config.ignored = fresh.ignored;
@@ -108,6 +148,40 @@ mod tests {
         assert_eq!(r.config.resources.max_pods, 20);
         let mem = r.config.thresholds.hard_for(nodewarden_eviction::Signal::MemoryAvailable).unwrap();
         assert_eq!(mem.amount, nodewarden_resources::Amount::Quantity(300 << 20));
+    }
+
+    #[test]
+    fn every_field_is_live_or_restart_only_and_not_both() {
+        let nodewarden = crate::fields::of::<NodewardenSettings>().iter().map(|f| format!("nodewarden.{f}"));
+        let all: Vec<String> = crate::fields::of::<KubeletConfiguration>()
+            .iter()
+            .filter(|f| !["apiVersion", "kind", "nodewarden"].contains(f))
+            .map(|f| (*f).to_owned())
+            .chain(nodewarden)
+            .collect();
+        assert!(all.len() > 60 && all.contains(&"nodewarden.rootDir".to_owned()), "{all:?}");
+        let restart: Vec<&str> = restart_only().collect();
+        for field in &all {
+            let (live, restart) = (LIVE.contains(&field.as_str()), restart.contains(&field.as_str()));
+            assert!(live != restart, "{field}: live {live}, restart-only {restart}; it must be exactly one");
+        }
+        for name in LIVE.iter().chain(&restart) {
+            assert!(all.iter().any(|f| f == name), "{name} is classified but is no field of the file");
+        }
+    }
+
+    #[test]
+    fn a_restart_only_edit_is_reported_and_the_running_value_kept() {
+        let running = parse(HEAD).unwrap();
+        for (text, field) in [
+            ("maxOpenFiles: 4096\n", "maxOpenFiles"),
+            ("serializeImagePulls: false\n", "serializeImagePulls"),
+            ("nodewarden:\n  pressureEvents: false\n", "nodewarden.pressureEvents"),
+        ] {
+            let r = reload(&running, &format!("{HEAD}{text}")).unwrap();
+            assert_eq!(r.needs_restart, [field], "{text}");
+            assert_eq!(r.config, running, "{text}: the running value is kept");
+        }
     }
 
     #[test]
