@@ -141,7 +141,6 @@ impl Metrics {
         for (gauge, res) in
             [(&self.capacity, &a.capacity), (&self.allocatable, &a.reported), (&self.allocatable_enforced, &a.enforced)]
         {
-            #[allow(clippy::cast_precision_loss)]
             let values = [
                 res.cpu_millis as f64 / 1000.0,
                 res.memory as f64,
@@ -161,7 +160,6 @@ impl Metrics {
         for signal in Signal::ALL {
             match (t.hard_for(signal), signals.get(&signal)) {
                 (Some(th), Some(o)) => {
-                    #[allow(clippy::cast_precision_loss)]
                     self.eviction_stats.with_label_values(&[signal.as_str()]).set(th.amount.resolve(o.capacity) as f64);
                 }
                 _ => {
@@ -172,7 +170,6 @@ impl Metrics {
     }
 
     /// Records one observation pass.
-    #[allow(clippy::cast_precision_loss)]
     pub fn observe(&self, obs: &Observations, signals: &BTreeMap<Signal, SignalObservation>, seconds: f64) {
         self.housekeeping_duration.observe(seconds);
         for (s, o) in signals {
@@ -208,7 +205,6 @@ impl Metrics {
                     e.insert(line.total);
                 }
                 Entry::Occupied(mut e) if line.total > *e.get() => {
-                    #[allow(clippy::cast_precision_loss)]
                     let delta = (line.total - *e.get()) as f64 / 1e6;
                     self.pressure_stalled.with_label_values(&[resource, kind]).inc_by(delta);
                     e.insert(line.total);

@@ -1,8 +1,8 @@
 //! The daemon joined to a cluster: the test apiserver runs in this process, the daemon registers with it through
 //! `--kubeconfig`, and the real kubectl (NODEWARDEN_KUBECTL, installed by the test command from PyPI) reads what
 //! a cluster operator would see. Runs in the VM (the daemon needs cgroup v2).
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for a real process, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for a real process, in real time")]
 
 mod common;
 

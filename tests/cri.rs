@@ -6,8 +6,8 @@
 //! reported; eviction stops the hog through CRI; a restarted daemon adopts its sandboxes; a containerd restart is
 //! survived; pods on the pod network get their CNI address and wait while it is not ready (the Node says so);
 //! unpullable images, a missing socket and `nodewarden cri` are checked.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
 mod common;
 

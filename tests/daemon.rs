@@ -1,8 +1,8 @@
 //! End-to-end tests of the `nodewarden` binary. The ones that need the cgroup v2 hierarchy run inside the VM of
 //! `deploy/vm` (NODEWARDEN_VM_TESTS=1 makes a missing cgroup v2 a failure there) and skip elsewhere; the refusal
 //! tests run anywhere.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for a real process, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for a real process, in real time")]
 
 mod common;
 

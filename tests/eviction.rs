@@ -5,8 +5,8 @@
 //! scrapes `/metrics`.
 //!
 //! The signals are the node's, so these tests run one at a time.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
 mod common;
 

@@ -3,8 +3,8 @@
 //! pod keeps its grace period across a restart, a chatty probe passes, a vanished container cgroup is made again,
 //! the endpoints' port held at a restart, a daemon out of PIDs, the lock without its file, a full rootDir, and a
 //! signal during a long start.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
 mod common;
 

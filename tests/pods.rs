@@ -2,8 +2,8 @@
 //! manifests start, edits replace pods, deletions terminate them, the crash-loop back-off, liveness restarts,
 //! OOMKilled, `podPidsLimit` at a container's fork, adoption after `kill -9` of the daemon, volumes and users, bad
 //! manifests, and 100 pods.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
 mod common;
 

@@ -4,8 +4,8 @@
 //! they end `Failed` with the kubelet's reason and message; logind waits for the daemon's delay lock (its
 //! `InhibitDelayMaxSec` raised to the period). The guest powers off when the daemon releases the lock, so the test
 //! writes its own exit status (`NODEWARDEN_VM_RC_FILE`) before that (its unit is not stopped by the shutdown).
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
 mod common;
 

@@ -4,8 +4,8 @@
 //! making progress. The systemd cgroup driver: the slices systemd makes for the tree, the pods and the process
 //! runtime's containers, with the limits as unit properties that a reload keeps; adoption after `kill -9`; and
 //! containerd's scopes in a pod's slice.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-#![allow(clippy::disallowed_types)] // waits for real processes, in real time
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
+#![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
 mod common;
 

@@ -50,9 +50,7 @@ struct Outage {
 
 /// The bytes of requests and the answers whose size is known.
 fn bytes(window: &[nodewarden_testapi::Logged]) -> f64 {
-    #[allow(clippy::cast_precision_loss)]
-    let b = window.iter().map(|r| r.bytes_in as u64 + r.bytes_out.unwrap_or(0)).sum::<u64>() as f64;
-    b
+    window.iter().map(|r| r.bytes_in as u64 + r.bytes_out.unwrap_or(0)).sum::<u64>() as f64
 }
 
 /// True when the Node is Ready and carries no unreachable or not-ready taint.
@@ -84,7 +82,6 @@ fn outage(api: &TestApi, seconds: u64) -> Result<Outage> {
     std::thread::sleep(Duration::from_secs(60).saturating_sub(back.elapsed()));
     let window = api.requests()[from..].to_vec();
     let minutes = back.elapsed().as_secs_f64() / 60.0;
-    #[allow(clippy::cast_precision_loss)]
     let requests = window.len() as f64 / minutes;
     Ok(Outage { ready_s, requests, bytes: bytes(&window) / minutes })
 }
@@ -127,7 +124,6 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, away: u64) -> Resul
     let window = api.requests()[from..].to_vec();
     let minutes = t0.elapsed().as_secs_f64() / 60.0;
     let count = |f: &dyn Fn(&nodewarden_testapi::Logged) -> bool| {
-        #[allow(clippy::cast_precision_loss)]
         let c = window.iter().filter(|r| f(r)).count() as f64;
         c / minutes
     };
@@ -155,7 +151,6 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, away: u64) -> Resul
             let t = Instant::now();
             std::fs::write(&config, text)?;
             wait(&format!("MemoryPressure {want} (edit {k})"), 60, || memory_pressure(&api).as_deref() == Some(want))?;
-            #[allow(clippy::cast_precision_loss)]
             edit_ms.push(t.elapsed().as_secs_f64() * 1000.0);
             let decided =
                 logged(&log, "node conditions changed").filter(|d| *d >= edited).context("no decision logged")?;
@@ -166,7 +161,6 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, away: u64) -> Resul
                 .map(|r| r.time)
                 .next()
                 .context("no status patch after the decision")?;
-            #[allow(clippy::cast_precision_loss)]
             decided_ms.push((patched - decided).get_milliseconds() as f64);
         }
     }

@@ -61,7 +61,6 @@ fn sample(pid: u32, seconds: u64) -> Result<(f64, f64)> {
     let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
     std::thread::sleep(Duration::from_secs(seconds));
     let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
-    #[allow(clippy::cast_precision_loss)]
     Ok(((c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0, rss_kib(pid)? as f64 / 1024.0))
 }
 
@@ -75,9 +74,7 @@ fn containerd_rss() -> f64 {
             kib += rss_kib(pid).unwrap_or(0);
         }
     }
-    #[allow(clippy::cast_precision_loss)]
-    let mib = kib as f64 / 1024.0;
-    mib
+    kib as f64 / 1024.0
 }
 
 fn phase_of(port: u16, name: &str) -> Option<String> {
@@ -107,7 +104,6 @@ fn one_run(bin: &Path, runtime: Runtime, n: usize, seconds: u64) -> Result<Run> 
         let t0 = Instant::now();
         write(&manifests, &format!("{name}.yaml"), &manifest(&name))?;
         wait(&format!("{name} running"), 300, || phase_of(port, &name).as_deref() == Some("Running"))?;
-        #[allow(clippy::cast_precision_loss)]
         run.start_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
     std::thread::sleep(Duration::from_secs(2));
@@ -123,7 +119,7 @@ fn one_run(bin: &Path, runtime: Runtime, n: usize, seconds: u64) -> Result<Run> 
 
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v.get(i).copied().unwrap_or(f64::NAN)
 }
@@ -157,7 +153,6 @@ pub fn run(bin: &Path, containerd: &Path, n: usize, seconds: u64, runs: usize, o
             runs.push(one);
         }
     }
-    #[allow(clippy::cast_precision_loss)]
     let per_pod = |v: f64| v / n as f64;
     let mut rows = String::new();
     let mut medians = Vec::new();

@@ -58,9 +58,7 @@ pub fn marker(term_file: &std::path::Path, suffix: &str) -> PathBuf {
 /// CLOCK_MONOTONIC in seconds, the clock the harness samples with.
 pub fn monotonic() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    #[allow(clippy::cast_precision_loss)]
-    let s = t.tv_sec as f64 + t.tv_nsec as f64 / 1e9;
-    s
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
 /// When the SIGTERM handler ran (CLOCK_MONOTONIC, ns); 0 until it has.
@@ -71,7 +69,7 @@ static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 /// The SIGTERM handler: notes the time and wakes the watcher thread. Only async-signal-safe calls: the C
 /// library's `clock_gettime` (rustix's sets itself up on first use, which may allocate) and a raw `write`, which
 /// leaves `errno` alone.
-#[allow(unsafe_code)]
+#[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
 extern "C" fn on_sigterm(_: libc::c_int) {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `t` is a valid timespec on this stack; clock_gettime is async-signal-safe.
@@ -95,7 +93,7 @@ fn watch_sigterm(term_file: PathBuf) -> Result<()> {
     WAKE_FD.store(write.into_raw_fd(), Ordering::SeqCst);
     // SAFETY: the action is fully initialised (an empty mask, no flags but SA_RESTART) and the handler only makes
     // async-signal-safe calls.
-    #[allow(unsafe_code)]
+    #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
     let installed = unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = on_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -111,7 +109,6 @@ fn watch_sigterm(term_file: PathBuf) -> Result<()> {
         let mut byte = [0u8; 1];
         let _ = pipe.read(&mut byte);
         let handled = monotonic();
-        #[allow(clippy::cast_precision_loss)]
         let delivered = DELIVERED_NS.load(Ordering::SeqCst) as f64 / 1e9;
         let _ = std::fs::write(&term_file, format!("{delivered:.6} {handled:.6}\n"));
         std::process::exit(143);

@@ -22,7 +22,7 @@
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
 //! nodewarden, each alone (see `eviction/`); `hog` is their workload.
 
-#![allow(clippy::disallowed_types)] // benchmarks measure real time
+#![expect(clippy::disallowed_types, reason = "benchmarks measure real time")]
 
 mod cluster;
 mod cri;
@@ -508,7 +508,6 @@ fn one_run(bin: &Path, pods: usize, seconds: u64) -> Result<Sample> {
     let after = get(port, "/metrics").context("no metrics")?;
     let rss = rss_kib(pid)?;
     let hz = 100.0; // USER_HZ on Linux
-    #[allow(clippy::cast_precision_loss)]
     let cpu_percent = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
     let sum = |t: &str| metric(t, "nodewarden_housekeeping_duration_seconds_sum").unwrap_or(0.0);
     let count = |t: &str| metric(t, "nodewarden_housekeeping_duration_seconds_count").unwrap_or(0.0);
@@ -519,7 +518,6 @@ fn one_run(bin: &Path, pods: usize, seconds: u64) -> Result<Sample> {
         .sum::<f64>();
     drop(guard);
     let _ = std::fs::remove_dir_all(&dir);
-    #[allow(clippy::cast_precision_loss)]
     Ok(Sample {
         rss_mib: rss as f64 / 1024.0,
         cpu_percent,

@@ -134,7 +134,6 @@ fn cpu_percent(pid: u32, seconds: u64) -> Result<f64> {
     let (t0, c0) = (Instant::now(), cpu_ticks(pid)?);
     std::thread::sleep(Duration::from_secs(seconds));
     let (t1, c1) = (Instant::now(), cpu_ticks(pid)?);
-    #[allow(clippy::cast_precision_loss)]
     Ok((c1 - c0) as f64 / 100.0 / (t1 - t0).as_secs_f64() * 100.0)
 }
 
@@ -202,7 +201,6 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
                 .flatten()
                 .any(|e| std::fs::read_to_string(e.path().join("memory.max")).is_ok_and(|v| v.trim() == want))
         })?;
-        #[allow(clippy::cast_precision_loss)]
         edit_ms.push(t.elapsed().as_secs_f64() * 1000.0);
         wait("the edited pod running", 60, || count(port, running) == 1)?;
     }
@@ -230,7 +228,6 @@ fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, log: &Path) -> Resu
         bare_probes.probes, bare_probes.passed, bare_probes.cpu_percent
     );
     clear(&manifests, port)?;
-    #[allow(clippy::cast_precision_loss)]
     Ok(Run {
         single_ms,
         bare_s,

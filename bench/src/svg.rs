@@ -112,7 +112,6 @@ pub struct Plot {
 impl Plot {
     /// A frame with `legend_rows` rows of legend below it.
     pub fn new(title: &str, x: Axis, y: Axis, legend_rows: usize) -> Self {
-        #[allow(clippy::cast_precision_loss)]
         let h = T + PLOT_H + 56.0 + LEGEND_ROW * legend_rows as f64 + 10.0;
         let mut s = String::new();
         let _ = writeln!(
@@ -251,7 +250,6 @@ impl Plot {
 
     /// Text at data coordinates, shifted by (dx, dy) pixels, anchored at its start; kept inside the plot area.
     pub fn text(&mut self, x: f64, y: f64, dx: f64, dy: f64, text: &str) {
-        #[allow(clippy::cast_precision_loss)]
         let width = text.chars().count() as f64 * 6.8;
         let px = (self.px(x) + dx).min(W - R - width - 4.0).max(L + 4.0);
         let _ = writeln!(self.s, "<text x=\"{px:.1}\" y=\"{:.1}\">{}</text>", self.py(y) + dy, esc(text));

@@ -1,6 +1,6 @@
 //! The node side against the test apiserver over real HTTP, with kube-rs as the client: registration, the Lease,
 //! status on change, conditions and events, outages and restarts.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

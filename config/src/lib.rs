@@ -599,7 +599,6 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         register_with_taints,
         node_labels,
         provider_id: (!provider_id.is_empty()).then(|| provider_id.clone()),
-        #[allow(clippy::cast_precision_loss)]
         kube_api_qps: qps as f64,
         kube_api_burst,
         node_status_max_images,

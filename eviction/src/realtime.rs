@@ -21,7 +21,7 @@ pub fn make_realtime(priority: u8) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: libc::c_int::from(priority) };
     // SAFETY: `param` is a valid `sched_param` that outlives the call, and pid 0 names the calling thread; the call
     // reads `param` and changes nothing else of this process.
-    #[allow(unsafe_code)]
+    #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
     let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &raw const param) };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
@@ -32,7 +32,7 @@ pub fn make_realtime(priority: u8) -> io::Result<()> {
 pub fn with_normal_scheduler<T>(f: impl FnOnce() -> T) -> T {
     let mut param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is the calling thread; the calls read its policy and write `param`, a valid `sched_param`.
-    #[allow(unsafe_code)]
+    #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
     let fifo = unsafe { libc::sched_getscheduler(0) } & !libc::SCHED_RESET_ON_FORK == libc::SCHED_FIFO
         && unsafe { libc::sched_getparam(0, &raw mut param) } == 0;
     if !fifo {
@@ -40,7 +40,7 @@ pub fn with_normal_scheduler<T>(f: impl FnOnce() -> T) -> T {
     }
     let normal = libc::sched_param { sched_priority: 0 };
     // SAFETY: as in `make_realtime`.
-    #[allow(unsafe_code)]
+    #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
     let lowered =
         unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK, &raw const normal) };
     let out = f();
@@ -73,13 +73,25 @@ mod tests {
                 return None;
             }
             // SAFETY: pid 0 is the calling thread; the calls only read its policy.
-            #[allow(unsafe_code)]
+            #[expect(
+                unsafe_code,
+                reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound"
+            )]
             let own = unsafe { libc::sched_getscheduler(0) };
-            #[allow(unsafe_code)]
+            #[expect(
+                unsafe_code,
+                reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound"
+            )]
             let child = std::thread::spawn(|| unsafe { libc::sched_getscheduler(0) }).join().ok();
-            #[allow(unsafe_code)]
+            #[expect(
+                unsafe_code,
+                reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound"
+            )]
             let inside = with_normal_scheduler(|| unsafe { libc::sched_getscheduler(0) });
-            #[allow(unsafe_code)]
+            #[expect(
+                unsafe_code,
+                reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound"
+            )]
             let after = unsafe { libc::sched_getscheduler(0) };
             Some((own, child, inside, after))
         });

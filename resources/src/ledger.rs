@@ -502,11 +502,6 @@ impl ResourceManager {
         Ok(())
     }
 
-    /// True when the pod's termination was requested.
-    pub fn is_terminating(&self, uid: &str) -> bool {
-        self.terminating.contains(uid)
-    }
-
     /// Decides whether a pod fits: the node's pressure conditions (for pods not placed yet), `maxPods`, then allocatable CPU and memory against the requests of the pods
     /// placed and not terminating. A pod already placed is admitted again (re-admission after a restart or an
     /// update).

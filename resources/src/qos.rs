@@ -334,7 +334,7 @@ pub fn memory_high(request: u64, limit: u64, factor: f64) -> Option<u64> {
     if limit <= request {
         return None;
     }
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let raw = (request as f64 + (limit - request) as f64 * factor).floor() as u64;
     let high = raw / PAGE_SIZE * PAGE_SIZE;
     (high > request).then_some(high)

@@ -179,7 +179,7 @@ impl Amount {
         match *self {
             Amount::Quantity(q) => q,
             // Truncation towards zero, as the kubelet converts `capacity * percentage` to an integer.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             Amount::Percentage(p) => (capacity as f64 * p) as u64,
         }
     }

@@ -17,7 +17,7 @@ impl FakeHost {
     ///
     /// # Panics
     /// When the temporary directory cannot be written (a broken test machine).
-    #[allow(clippy::unwrap_used)]
+    #[expect(clippy::unwrap_used)]
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         for d in ["proc/sys/kernel", "proc/pressure", "sys/devices/system/cpu", "cgroup"] {
@@ -41,7 +41,7 @@ impl FakeHost {
     ///
     /// # Panics
     /// When the file cannot be written.
-    #[allow(clippy::unwrap_used)]
+    #[expect(clippy::unwrap_used)]
     pub fn write(&self, rel: &str, text: &str) {
         let p = self.dir.path().join(rel);
         if let Some(parent) = p.parent() {

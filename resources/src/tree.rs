@@ -85,7 +85,7 @@ impl Tree {
         }
         let mut name = parts.clone();
         name.push("kubepods".to_owned());
-        if let Some(class) = qos_part(qos) {
+        if let Some(class) = qos.cgroup_name() {
             name.push(class.to_owned());
         }
         name.push(format!("pod{uid}"));
@@ -97,7 +97,7 @@ impl Tree {
         let Some(slice_parts) = &self.slice_parts else { return child.strip_prefix("pod").map(str::to_owned) };
         let mut parent: Vec<String> = slice_parts.clone();
         parent.push("kubepods".to_owned());
-        if let Some(class) = qos_part(qos) {
+        if let Some(class) = qos.cgroup_name() {
             parent.push(class.to_owned());
         }
         let stem = systemd::slice_unit(&parent);
@@ -143,15 +143,6 @@ impl Tree {
     pub fn unit_of<'a>(&self, cg: &'a CgroupPath) -> Option<&'a str> {
         self.slice_parts.as_ref()?;
         cg.name().filter(|n| n.ends_with(systemd::SLICE_SUFFIX))
-    }
-}
-
-/// The QoS class's part of a cgroup name (`burstable`, `besteffort`; none for Guaranteed).
-fn qos_part(qos: QosClass) -> Option<&'static str> {
-    match qos {
-        QosClass::Guaranteed => None,
-        QosClass::Burstable => Some("burstable"),
-        QosClass::BestEffort => Some("besteffort"),
     }
 }
 

@@ -2,7 +2,7 @@
 //! sets NODEWARDEN_VM_TESTS=1 there, and then a missing cgroup v2 is a failure); elsewhere they skip.
 //! Each test works below its own cgroup root, `/nwtest-<name>`, and removes it at the end.
 
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -3,8 +3,7 @@
 //! termination and pod status. The runtimes that carry it out are `nodewarden-runtime`'s.
 //!
 //! Pod sync is a client of `nodewarden-resources`: it asks for admission and placement and never writes cgroupfs
-//! itself (a container process joins the cgroup the resources crate made for it, through that cgroup's
-//! `cgroup.procs`, before it execs its command).
+//! itself; the runtime starts each container in the cgroup the resources crate made for it.
 
 mod backoff;
 mod evictor;

@@ -17,7 +17,6 @@ use zbus::zvariant::{OwnedObjectPath, Value};
 )]
 trait SystemdManager {
     /// Starts a transient unit with properties.
-    #[allow(clippy::type_complexity)]
     fn start_transient_unit(
         &self,
         name: &str,

@@ -476,7 +476,7 @@ impl Store {
 
     /// The changes after `rv` for `r` (and `namespace`) and a receiver for the later ones, taken under one lock
     /// so none is missed; `Err(oldest)` when `rv` is older than the history kept.
-    #[allow(clippy::type_complexity)]
+    #[expect(clippy::type_complexity)]
     pub fn watch_from(
         &self,
         r: &Resource,

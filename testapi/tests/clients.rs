@@ -1,7 +1,7 @@
 //! The test apiserver as kube-rs sees it: what a real client relies on must hold (create and conflicts, status
 //! writes, strategic merge patches, field selectors, paging, watches with bookmarks, field-selector transitions
 //! and the in-stream 410, graceful pod deletion, NodeRestriction).
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The test apiserver with the real kubectl (1.37, `NODEWARDEN_KUBECTL`, installed by the test command) as its
 //! client: `delete` of a bound pod with its default `--wait`, `--grace-period` and `--force`; `get -w`; `apply
 //! --server-side`; patches of each type; namespaces; `create token`.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! reset, validation), the namespace lifecycle, spec immutability, the `pods/status` strategy, the Node authorizer
 //! and NodeRestriction, bindings, evictions, TokenRequest, JSON patch, server-side apply, expired continue
 //! tokens, too large resource versions, and the faults a client must survive.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! What nodewarden's end-to-end tests (`tests/`) and benchmarks (`bench/`) share: a daemon under test with its
 //! own config, cgroup root and port; a plain HTTP/1.1 client; metric parsing; polling; cgroup clean-up; and the
 //! statistics the benchmarks report. Both run real processes in real time, so this crate uses `std::time`.
-#![allow(clippy::disallowed_types)] // real processes, real time
+#![expect(clippy::disallowed_types, reason = "real processes, real time")]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -66,15 +66,25 @@ pub fn remove_tree(cg: &CgroupPath) {
     }
 }
 
-/// The median (the upper one of an even count); NaN when empty.
-pub fn median(mut v: Vec<f64>) -> f64 {
+/// The median (the upper one of an even count); `None` when empty.
+pub fn median_of(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    v.get(v.len() / 2).copied()
 }
 
-/// The largest value; NaN when empty.
+/// The largest value; `None` when empty.
+pub fn worst_of(v: &[f64]) -> Option<f64> {
+    v.iter().copied().reduce(f64::max)
+}
+
+/// [`median_of`], NaN when empty (a table cell that shows there was nothing).
+pub fn median(v: Vec<f64>) -> f64 {
+    median_of(v).unwrap_or(f64::NAN)
+}
+
+/// [`worst_of`], NaN when empty.
 pub fn worst(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::NAN, f64::max)
+    worst_of(v).unwrap_or(f64::NAN)
 }
 
 /// A `nodewarden run` with its own directory (config, log), cgroup root and port. Dropping it kills the daemon

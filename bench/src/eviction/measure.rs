@@ -142,7 +142,6 @@ fn own_signal(agent: Agent, value: f64, mem_available: f64) -> f64 {
 }
 
 /// Reads the scenario's signal through the resources crate, as the daemon computes it; 0 where unreadable.
-#[allow(clippy::cast_precision_loss)]
 fn read_signal(kind: Kind, host: &HostPaths, disk: &Path) -> (f64, f64) {
     match kind {
         Kind::Memory => node_memory(host).map_or((0.0, 0.0), |m| (m.available as f64, m.mem_available as f64)),
@@ -308,7 +307,6 @@ fn evict_warm_up(agent: Agent, base: &Path, term: &Path, workload_terms: &[PathB
     std::fs::write(base.join("go-warm-up"), "")?;
     wait("the warm-up hog signalled", 60, || term.exists() || oom_kill_count().is_ok_and(|k| k > kills))?;
     let host = HostPaths::default();
-    #[allow(clippy::cast_precision_loss)]
     let back = threshold + (256 * MIB) as f64;
     let signal = || {
         let (value, mem_available) = read_signal(Kind::Memory, &host, base);
@@ -338,7 +336,6 @@ pub fn one_run(
     let setup = Setup::new(sc.kind)?;
     let base = setup.base.clone();
     let host = HostPaths::default();
-    #[allow(clippy::cast_precision_loss)]
     let threshold = match sc.kind {
         Kind::Memory => MEMORY_THRESHOLD as f64,
         Kind::Pids => (read_signal(Kind::Pids, &host, &base).0 - PID_HEADROOM as f64).max(1.0),
@@ -392,7 +389,6 @@ pub fn one_run(
     let f0 = agent_pid.map(major_faults).transpose()?;
     let s0 = node.daemon_pid().and_then(|_| memory_stall_us());
     let (t0, started) = (monotonic(), Instant::now());
-    #[allow(clippy::cast_precision_loss)]
     let wall_offset = jiff::Timestamp::now().as_nanosecond() as f64 / 1e9 - monotonic();
     std::fs::write(base.join("go"), "")?;
     // Until the expected victim got SIGTERM, the kernel killed something, every workload pod is done growing, or
@@ -450,7 +446,6 @@ pub fn one_run(
     let decision_ms = record.as_ref().and_then(|r| r["sigterm_latency_seconds"].as_f64()).map(|s| s * 1000.0);
     // The record's wall-clock time, on CLOCK_MONOTONIC.
     let decided = record.as_ref().and_then(|r| r["time"].as_str()?.parse::<jiff::Timestamp>().ok()).map(|t| {
-        #[allow(clippy::cast_precision_loss)]
         let wall = t.as_nanosecond() as f64 / 1e9;
         wall - wall_offset
     });
@@ -471,12 +466,10 @@ pub fn one_run(
     let decided_ms = since_crossing(decided);
     let unit = if sc.kind == Kind::Pids { 1.0 } else { MIB as f64 };
     let min_available = after.iter().map(|s| value(s)).fold(f64::MAX, f64::min) / unit;
-    #[allow(clippy::cast_precision_loss)]
     let cpu_percent = match (c0, c1) {
         (Some(a), Some(b)) => Some((b - a) as f64 / 100.0 / elapsed * 100.0),
         _ => None,
     };
-    #[allow(clippy::cast_precision_loss)]
     let thread_cpu_ms = threads1
         .into_iter()
         .map(|(name, ns)| {
@@ -490,7 +483,6 @@ pub fn one_run(
     let zoom = crossing.map_or_else(Vec::new, |c| {
         samples.iter().map(|s| ((s.t - c) * 1000.0, value(s) / unit)).filter(|(ms, _)| ms.abs() <= ZOOM_MS).collect()
     });
-    #[allow(clippy::cast_precision_loss)]
     Ok(Outcome {
         scenario: sc.key,
         oom_kills,

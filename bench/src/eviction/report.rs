@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use nodewarden_testkit::{median_of as median, worst_of as worst};
 
 use super::measure::{Outcome, OvershootParts};
 use super::{Agent, Kind, SCENARIOS, Scenario, agents_of};
@@ -51,16 +52,6 @@ fn load(out: &Path) -> Result<Vec<Raw>> {
     }
     raws.sort_by_key(|r| r.agent);
     Ok(raws)
-}
-
-/// The median (the upper one of an even count).
-pub fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
-}
-
-fn worst(v: &[f64]) -> Option<f64> {
-    v.iter().copied().reduce(f64::max)
 }
 
 pub fn fmt_opt(v: Option<f64>, digits: usize) -> String {
@@ -278,7 +269,6 @@ fn latency(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
     // that the bench's next sample did not show) has no place on a log scale: it is drawn at the left edge.
     let lo = (all.iter().copied().filter(|l| *l > 0.0).fold(f64::MAX, f64::min).min(1.0) * 0.7).max(0.1);
     let hi = all.iter().copied().fold(10.0, f64::max) * 1.5;
-    #[allow(clippy::cast_precision_loss)]
     let rows = by_agent.len() as f64;
     let mut y = Axis::linear(-0.5, rows - 0.5, "");
     y.ticks = false;
@@ -289,13 +279,11 @@ fn latency(sc: &Scenario, by_agent: &[(Agent, Vec<&Outcome>)]) -> String {
         2,
     );
     for (i, (agent, runs)) in by_agent.iter().enumerate() {
-        #[allow(clippy::cast_precision_loss)]
         let row = rows - 1.0 - i as f64;
         let c = color(*agent);
         p.row_label(row, agent.short());
         let lat: Vec<f64> = runs.iter().filter_map(|o| o.latency_ms).collect();
         for (j, l) in lat.iter().enumerate() {
-            #[allow(clippy::cast_precision_loss)]
             let jitter = ((j % 5) as f64 - 2.0) * 0.06;
             p.dot(l.max(lo), row + jitter, c, false);
         }

@@ -71,7 +71,6 @@ impl Rates {
             return 0.0;
         };
         let dt = t1.saturating_duration_since(*t0).as_secs_f64();
-        #[allow(clippy::cast_precision_loss)]
         let fell = v0.saturating_sub(*v1) as f64;
         if dt > 0.0 { fell / dt } else { 0.0 }
     }
@@ -108,7 +107,6 @@ pub fn signal_periods(
             if waiting.is_zero() && settled.contains(&th.signal) { SETTLE_POLL.max(lo) } else { waiting }
         } else {
             let Some(obs) = signals.get(&th.signal) else { continue };
-            #[allow(clippy::cast_precision_loss)]
             let headroom = obs.available.saturating_sub(th.amount.resolve(obs.capacity)) as f64;
             Duration::from_secs_f64(headroom / rate(th.signal))
         };

@@ -601,7 +601,7 @@ async fn a_ramp_is_polled_faster_and_faster_and_the_memory_signals_alone_are_rea
     let rate = 800.0 * MIB as f64; // bytes per second
     let available = |t: Instant| {
         let fallen = (t - start).as_secs_f64() * rate;
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let v = (600.0 * MIB as f64 - fallen).max(0.0) as u64;
         v
     };

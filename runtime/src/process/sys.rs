@@ -16,7 +16,7 @@ pub async fn pidfd_exited(pidfd: OwnedFd) -> std::io::Result<()> {
     // SAFETY: `register_with_interest` requires that the descriptor stays open and is not replaced while it is
     // registered. The `OwnedFd` is moved into the `AsyncFd`, which owns it until it is dropped at the end of this
     // function, after which it is deregistered and closed together.
-    #[allow(unsafe_code)]
+    #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
     let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)? };
     let _ready = fd.readable().await?;
     Ok(())
@@ -84,7 +84,7 @@ impl ChildSetup {
         // multi-threaded process: `run` makes raw system calls through rustix's linux_raw backend on data
         // prepared before the fork (C strings, a descriptor, integers) and allocates nothing; errors are
         // `Errno` values turned into `io::Error::from_raw_os_error`, which does not allocate either.
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
         unsafe {
             cmd.pre_exec(move || self.run(false).map_err(std::io::Error::from));
         }
@@ -102,7 +102,10 @@ impl ChildSetup {
             // SAFETY: `unshare_unsafe` is unsafe only for `CLONE_FILES`, which can leave other threads holding
             // file descriptors from another table. Only `CLONE_NEWNS` is passed, and this runs in the
             // single-threaded child between fork and exec.
-            #[allow(unsafe_code)]
+            #[expect(
+                unsafe_code,
+                reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound"
+            )]
             unsafe {
                 rustix::thread::unshare_unsafe(UnshareFlags::NEWNS)?;
             }
@@ -168,7 +171,7 @@ impl ChildStack {
         use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
         // SAFETY: a new private anonymous mapping that nothing else refers to; its lowest page is made
         // inaccessible, within the mapping.
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
         unsafe {
             let base = rustix::mm::mmap_anonymous(
                 std::ptr::null_mut(),
@@ -191,7 +194,7 @@ impl ChildStack {
 impl Drop for ChildStack {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, no longer used: the child has exec'd or exited.
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
         unsafe {
             let _ = rustix::mm::munmap(self.0, CHILD_STACK);
         }
@@ -257,7 +260,7 @@ impl ChildArgs<'_> {
         // touch the daemon's; these are plain system calls, made raw so that they reach the signals the C library
         // keeps to itself too. The daemon's handlers are gone before signals are unblocked (a failure stops the
         // child first), so none runs in the child on the shared memory.
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
         unsafe {
             // The kernel's `struct sigaction` with SIG_DFL (0), no flags, no restorer and an empty mask.
             let default = [0usize; 4];
@@ -278,7 +281,10 @@ impl ChildArgs<'_> {
             use std::os::fd::AsRawFd;
             let fd = fd.as_raw_fd();
             // SAFETY: `dup2` and `fcntl` on descriptors the child owns a copy of (no CLONE_FILES).
-            #[allow(unsafe_code)]
+            #[expect(
+                unsafe_code,
+                reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound"
+            )]
             let ok = unsafe { if fd == target { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, target) } };
             if ok < 0 {
                 return errno();
@@ -294,7 +300,10 @@ impl ChildArgs<'_> {
         for (i, &path) in self.candidates.iter().enumerate() {
             // SAFETY: `path`, `argv`, `envp` and the shell's argv point into C strings and null-terminated arrays
             // that the daemon keeps alive until this child has exec'd or exited.
-            #[allow(unsafe_code)]
+            #[expect(
+                unsafe_code,
+                reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound"
+            )]
             unsafe {
                 libc::execve(path, self.argv.as_ptr(), self.envp.as_ptr());
                 if errno() == rustix::io::Errno::NOEXEC {
@@ -327,7 +336,7 @@ const SIGSET_SIZE: libc::c_long = 8;
 /// # Safety
 /// Only for the spawn: blocking every signal of the thread for the duration of a clone, and unblocking them in the
 /// child.
-#[allow(unsafe_code)]
+#[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
 unsafe fn set_signal_mask(mask: u64, old: Option<&mut u64>) -> libc::c_long {
     let old = old.map_or(std::ptr::null_mut(), std::ptr::from_mut);
     // SAFETY: `mask` and `old` are valid for the kernel's 8-byte signal set.
@@ -345,12 +354,12 @@ unsafe fn set_signal_mask(mask: u64, old: Option<&mut u64>) -> libc::c_long {
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildArgs` that `Spawn::spawn` passed to the clone; the daemon's thread that owns it is
     // suspended (CLONE_VFORK) until this child execs or exits, so it is alive and nobody else writes it.
-    #[allow(unsafe_code)]
+    #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
     let args = unsafe { &*arg.cast::<ChildArgs<'_>>() };
     let e = args.run();
     args.error.store(e.raw_os_error(), std::sync::atomic::Ordering::Release);
     // SAFETY: ends the child at once, without running anything of the daemon's (no atexit handlers, no flushes).
-    #[allow(unsafe_code)]
+    #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
     unsafe {
         libc::_exit(127)
     }
@@ -406,7 +415,7 @@ pub(super) fn clone3_usable() -> bool {
     let allowed = *ALLOWED.get_or_init(|| {
         // SAFETY: a clone3 whose argument size (0) is below the smallest the kernel knows is refused before
         // anything is read or created.
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
         let ret = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<libc::c_void>(), 0usize) };
         let errno = std::io::Error::last_os_error();
         let allowed = ret == -1 && errno.raw_os_error() == Some(libc::EINVAL);
@@ -431,7 +440,7 @@ const CLONE_FLAGS: libc::c_int = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLON
 /// # Safety
 /// As for [`Spawn::spawn`]'s clone: every signal blocked, `arg` a `ChildArgs` alive until this returns, `pidfd`
 /// writable.
-#[allow(unsafe_code)]
+#[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
 unsafe fn clone_vfork(stack: &ChildStack, arg: *mut libc::c_void, pidfd: *mut libc::c_int) -> std::io::Result<i32> {
     // SAFETY: as the caller guarantees; CLONE_VFORK keeps `stack` and `arg` alive until the child execs or exits.
     let pid = unsafe { libc::clone(child_main, stack.top(), CLONE_FLAGS | libc::SIGCHLD, arg, pidfd) };
@@ -456,7 +465,7 @@ fn clone3_refused(e: &std::io::Error) -> bool {
 /// # Safety
 /// As for [`clone_vfork`].
 #[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
+#[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
 unsafe fn clone3_in_cgroup(
     stack: &ChildStack,
     cgroup: std::os::fd::BorrowedFd<'_>,
@@ -517,7 +526,7 @@ unsafe fn clone3_in_cgroup(
 /// # Safety
 /// None needed; the signature is [`clone3_in_cgroup`]'s on x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-#[allow(unsafe_code)]
+#[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
 unsafe fn clone3_in_cgroup(
     _: &ChildStack,
     _: std::os::fd::BorrowedFd<'_>,
@@ -563,7 +572,7 @@ impl Spawn {
         // before it resets them; the child runs `child_main` on `stack` with `args`, both alive until the clone
         // returns (CLONE_VFORK: after the child's exec or exit). The kernel writes the pidfd (CLONE_PIDFD) to
         // `pidfd`. `args` is not touched while a child runs.
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
         let (pid, refused) = unsafe {
             let mut old = 0u64;
             if set_signal_mask(!0, Some(&mut old)) < 0 {
@@ -613,7 +622,7 @@ impl Spawn {
             _ => e,
         })?;
         // SAFETY: CLONE_PIDFD made `pidfd` a new descriptor that nothing else owns.
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "a system call with no safe wrapper; the SAFETY comment says why it is sound")]
         let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
         match args.error.load(std::sync::atomic::Ordering::Acquire) {
             0 => Ok(Spawned { pid: pid.unsigned_abs(), pidfd }),
