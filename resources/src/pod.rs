@@ -33,6 +33,22 @@ pub fn grace_period(pod: &Pod) -> Duration {
     secs.map_or(DEFAULT_GRACE_PERIOD, grace_from_seconds)
 }
 
+/// True for a pod the apiserver is deleting (`metadata.deletionTimestamp` set): still listed, it is to terminate.
+pub fn is_deleting(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// The grace period a deletion gives the pod, as the kubelet reckons it: `deletionGracePeriodSeconds` where the
+/// apiserver set one, else the spec's ([`grace_period`]); never under 1 s, so that a container always gets its
+/// stop signal before SIGKILL. A later deletion may only shorten it (the pod worker's rule).
+pub fn deletion_grace_period(pod: &Pod) -> Duration {
+    let grace = match pod.metadata.deletion_grace_period_seconds {
+        Some(secs) if is_deleting(pod) && secs > 0 => grace_from_seconds(secs),
+        _ => grace_period(pod),
+    };
+    grace.max(Duration::from_secs(1))
+}
+
 /// A grace period given in seconds, clamped to `0..=`[`MAX_GRACE_PERIOD`].
 fn grace_from_seconds(secs: i64) -> Duration {
     Duration::from_secs(u64::try_from(secs).unwrap_or(0)).min(MAX_GRACE_PERIOD)
@@ -42,6 +58,22 @@ fn grace_from_seconds(secs: i64) -> Duration {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::PodSpec;
+
+    #[test]
+    fn a_deletion_takes_the_apiservers_grace_period_and_at_least_a_second() {
+        let mut p = pod(Some("default"), Some(30));
+        assert_eq!(deletion_grace_period(&p), Duration::from_secs(30), "a pod dropped by its source: the spec's");
+        p.metadata.deletion_grace_period_seconds = Some(5);
+        assert_eq!(deletion_grace_period(&p), Duration::from_secs(30), "no deletionTimestamp: not a deletion");
+        p.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert!(is_deleting(&p));
+        assert_eq!(deletion_grace_period(&p), Duration::from_secs(5));
+        p.metadata.deletion_grace_period_seconds = Some(0);
+        assert_eq!(deletion_grace_period(&p), Duration::from_secs(30), "0 is no override: the spec's");
+        let p = pod(Some("default"), Some(0));
+        assert_eq!(deletion_grace_period(&p), Duration::from_secs(1), "never under a second");
+    }
 
     fn pod(namespace: Option<&str>, grace: Option<i64>) -> Pod {
         let mut p = Pod {

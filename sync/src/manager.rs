@@ -2,6 +2,7 @@
 //! has, cleans up pods adopted from an earlier daemon that no source has, and is the eviction manager's way to
 //! terminate a pod.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::Eviction;
-use nodewarden_resources::ResourceManager;
+use nodewarden_resources::{ResourceManager, pod};
 use rustix::process::Signal;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -44,8 +45,9 @@ struct Handle {
     stoppable: Stoppable,
     name: String,
     source: &'static str,
-    /// Its source no longer has the pod: a replacement worker is told again.
-    deleted: bool,
+    /// The grace period of the pod's deletion, once its source dropped it or listed it with a
+    /// `deletionTimestamp`: a replacement worker is told again, and a later deletion is told only if shorter.
+    deleted: Option<Duration>,
     /// Its source has the pod again (the same UID) since it was deleted: once the terminating worker has ended, a
     /// new one starts the pod anew, as the kubelet restarts a pod re-added while it terminated.
     wanted_again: bool,
@@ -54,6 +56,16 @@ struct Handle {
     terminating: Option<(Duration, Reason)>,
     /// How often the pod's worker panicked.
     panics: u32,
+}
+
+impl Handle {
+    /// Tells the worker its pod is deleted, with `grace` (the worker only ever shortens a termination's grace).
+    fn delete(&mut self, uid: &str, grace: Duration) {
+        self.deleted = Some(self.deleted.map_or(grace, |told| told.min(grace)));
+        if self.terminations.send(TerminateRequest::deleted(grace)).is_err() {
+            tracing::warn!(pod_uid = %uid, "the pod's worker is gone");
+        }
+    }
 }
 
 /// Why a pod could not be terminated on request.
@@ -75,6 +87,9 @@ pub struct PodManager<R: Runtime> {
     last_tick: Mutex<Option<Instant>>,
     /// The sources expected whose first snapshot has not been applied yet.
     awaited: Mutex<BTreeSet<&'static str>>,
+    /// Pods deleted whose workers ended while their source still lists them (with a deletion time, until the
+    /// apiserver removes them), by UID, with that source: they are not started again.
+    terminated: Mutex<HashMap<String, &'static str>>,
     /// The detached tasks (orphan termination, reconciliation), which end on the shutdown token.
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -103,6 +118,7 @@ impl<R: Runtime> PodManager<R> {
             name_locks: Mutex::new(HashMap::new()),
             last_tick: Mutex::new(None),
             awaited: Mutex::new(BTreeSet::new()),
+            terminated: Mutex::new(HashMap::new()),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
         })
@@ -167,6 +183,10 @@ impl<R: Runtime> PodManager<R> {
         }
     }
 
+    fn terminated(&self) -> std::sync::MutexGuard<'_, HashMap<String, &'static str>> {
+        self.terminated.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn awaited(&self) -> std::sync::MutexGuard<'_, BTreeSet<&'static str>> {
         self.awaited.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -207,45 +227,56 @@ impl<R: Runtime> PodManager<R> {
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let mut workers = self.workers();
         self.reap(&mut workers);
+        self.terminated().retain(|uid, source| *source != snap.source || wanted.contains(uid));
         for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
             // A pod told already is not told again: a source sends a snapshot on every change, so a hundred
             // manifests deleted one by one would otherwise send each terminating worker up to a hundred requests.
             // One added again meanwhile is told once more, so that a shorter grace period in the spec it came back
             // with cuts the termination short (a longer one never lengthens it).
             let again = std::mem::take(&mut h.wanted_again);
-            if h.deleted && !again {
+            if h.deleted.is_some() && !again {
                 continue;
             }
-            h.deleted = true;
             tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
-            let req = TerminateRequest::deleted(&h.spec.borrow());
-            if h.terminations.send(req).is_err() {
-                tracing::warn!(pod_uid = %uid, "the pod's worker is gone");
-            }
+            let grace = pod::deletion_grace_period(&h.spec.borrow());
+            h.delete(uid, grace);
         }
-        for pod in snap.pods {
-            let Some(uid) = pod.metadata.uid.clone() else { continue };
-            if let Some(h) = workers.get_mut(&uid) {
-                if h.deleted && !h.wanted_again {
-                    h.wanted_again = true;
-                    tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again while it terminates; it starts anew after");
-                }
-                h.spec.send_if_modified(|current| {
-                    let changed = *current != pod;
-                    if changed {
-                        *current = pod.clone();
+        for p in snap.pods {
+            let Some(uid) = p.metadata.uid.clone() else { continue };
+            // Deletion is an input like any other: a pod still listed, with a deletion time and grace (the
+            // apiserver's graceful deletion), terminates as one its source dropped, and a later, shorter grace
+            // cuts the termination short.
+            let deleting = pod::is_deleting(&p).then(|| pod::deletion_grace_period(&p));
+            let h = match workers.entry(uid.clone()) {
+                Entry::Occupied(e) => {
+                    let h = e.into_mut();
+                    if deleting.is_none() && h.deleted.is_some() && !h.wanted_again {
+                        h.wanted_again = true;
+                        tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again while it terminates; it starts anew after");
                     }
-                    changed
-                });
-                continue;
+                    h.spec.send_if_modified(|current| {
+                        let changed = *current != p;
+                        if changed {
+                            *current = p.clone();
+                        }
+                        changed
+                    });
+                    h
+                }
+                // Its worker ended already: listed until the apiserver removes it, it is not run again.
+                Entry::Vacant(_) if deleting.is_some() && self.terminated().contains_key(&uid) => continue,
+                Entry::Vacant(e) => e.insert(self.spawn_worker(p, snap.source, None)),
+            };
+            if let Some(grace) = deleting.filter(|g| h.deleted.is_none_or(|told| *g < told)) {
+                tracing::info!(pod_uid = %uid, pod = %h.name, grace_seconds = grace.as_secs(), "pod deleted; terminating it");
+                h.delete(&uid, grace);
             }
-            workers.insert(uid, self.spawn_worker(pod, snap.source, None));
         }
     }
 
     /// Starts a worker for a pod; `incident` says why the pod needed a new one.
     fn spawn_worker(&self, pod: Pod, source: &'static str, incident: Option<String>) -> Handle {
-        let name = nodewarden_resources::pod::full_name(&pod);
+        let name = pod::full_name(&pod);
         let lock = self
             .name_locks
             .lock()
@@ -269,7 +300,7 @@ impl<R: Runtime> PodManager<R> {
             stoppable,
             name,
             source,
-            deleted: false,
+            deleted: None,
             wanted_again: false,
             terminating: None,
             panics: 0,
@@ -287,10 +318,12 @@ impl<R: Runtime> PodManager<R> {
             let e = match (&mut h.task).now_or_never() {
                 Some(Err(e)) if e.is_panic() => e,
                 _ => {
-                    if h.deleted && h.wanted_again {
+                    if h.deleted.is_some() && h.wanted_again {
                         tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again to its source; starting it");
                         let pod = h.spec.borrow().clone();
                         workers.insert(uid, self.spawn_worker(pod, h.source, None));
+                    } else if h.deleted.is_some() {
+                        self.terminated().insert(uid, h.source);
                     }
                     continue;
                 }
@@ -311,10 +344,8 @@ impl<R: Runtime> PodManager<R> {
             let mut replacement = self.spawn_worker(pod, h.source, Some(incident));
             replacement.panics = panics;
             replacement.wanted_again = h.wanted_again;
-            if h.deleted {
-                replacement.deleted = true;
-                let req = TerminateRequest::deleted(&replacement.spec.borrow());
-                let _ = replacement.terminations.send(req);
+            if let Some(grace) = h.deleted {
+                replacement.delete(&uid, grace);
             }
             if let Some((grace, reason)) = h.terminating.take() {
                 let req = TerminateRequest { grace, reason: reason.clone(), signalled: None, done: None };
@@ -444,9 +475,9 @@ impl<R: Runtime> PodManager<R> {
             .filter_map(|uid| {
                 let p = self.store().get(&uid)?;
                 Some(RunningPod {
-                    name: nodewarden_resources::pod::full_name(&p),
+                    name: pod::full_name(&p),
                     priority: nodewarden_resources::resolved_priority(&p),
-                    grace: nodewarden_resources::pod::grace_period(&p),
+                    grace: pod::grace_period(&p),
                     uid,
                 })
             })
@@ -558,7 +589,7 @@ async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, r
     if let Err(e) = lock().signal(&uid, Signal::TERM) {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot signal an orphaned pod's processes");
     }
-    let deadline = Instant::now() + grace.min(nodewarden_resources::pod::MAX_GRACE_PERIOD);
+    let deadline = Instant::now() + grace.min(pod::MAX_GRACE_PERIOD);
     while Instant::now() < deadline && running() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

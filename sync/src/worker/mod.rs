@@ -80,10 +80,10 @@ pub(crate) struct TerminateRequest {
 }
 
 impl TerminateRequest {
-    /// The pod's source no longer has it: terminated with the grace period of `pod`, the source's last spec (which
-    /// the worker may not have taken yet), and nobody waits.
-    pub(crate) fn deleted(pod: &Pod) -> Self {
-        Self { grace: grace_period(pod), reason: Reason::Deleted, signalled: None, done: None }
+    /// The pod is deleted (its source dropped it, or lists it with a deletion time): terminated with `grace`, and
+    /// nobody waits.
+    pub(crate) fn deleted(grace: Duration) -> Self {
+        Self { grace, reason: Reason::Deleted, signalled: None, done: None }
     }
 
     /// A termination whose requester waits: `signalled` tells it of the stop signals; the receiver returned

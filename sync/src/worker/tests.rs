@@ -419,6 +419,65 @@ async fn deletion_terminates_within_the_grace_period() {
     assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["run u5", "remove u5"], "one sandbox, removed at the end");
 }
 
+/// `p` as the apiserver lists it once deleted: a deletion time, and the grace period of the deletion.
+fn deleting(mut p: Pod, grace: i64) -> Pod {
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH));
+    p.metadata.deletion_grace_period_seconds = Some(grace);
+    p
+}
+
+/// Waits until the pod is gone from the store; how long that took since `t0`.
+async fn gone(h: &Harness, uid: &str, t0: Instant) -> Duration {
+    while h.manager.store().get(uid).is_some() && t0.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    t0.elapsed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_listed_with_a_deletion_time_terminates_with_its_grace_and_is_not_run_again() {
+    let h = harness();
+    let spec = || pod("u40", json!({"terminationGracePeriodSeconds": 30, "containers": [app("stubborn")]}));
+    h.set(vec![spec()]).await;
+    h.until("u40", "runs", |v| phase(v) == "Running").await;
+    h.fake.stubborn.lock().unwrap().push("stubborn".into());
+    // Deleted with 20 s, still listed; then a second deletion with 3 s (`kubectl delete --grace-period=3`): the
+    // grace only shrinks, from when it was asked.
+    let t0 = Instant::now();
+    h.set(vec![deleting(spec(), 20)]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(h.fake.signals.lock().unwrap().iter().any(|(_, s)| *s == SIGTERM), "SIGTERM at once");
+    h.set(vec![deleting(spec(), 3)]).await;
+    h.set(vec![deleting(spec(), 10)]).await;
+    let took = gone(&h, "u40", t0).await;
+    assert!(took >= Duration::from_secs(4) && took < Duration::from_secs(5), "took {took:?}");
+    // Listed with its deletion time until the apiserver removes it: never run again.
+    let syncs = h.worker_syncs();
+    for _ in 0..3 {
+        h.set(vec![deleting(spec(), 3)]).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(h.manager.store().get("u40").is_none(), "a new worker took the deleted pod up again");
+    }
+    assert_eq!(h.worker_syncs(), syncs, "a worker took the deleted pod up again");
+    assert_eq!(h.fake.starts("stubborn").len(), 1, "run again after its deletion");
+    assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["run u40", "remove u40"], "one sandbox, removed at the end");
+    // Once removed, the same UID is a new pod when a source has it again.
+    h.set(vec![]).await;
+    h.set(vec![spec()]).await;
+    h.until("u40", "runs again", |v| phase(v) == "Running").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_first_seen_deleted_is_never_started() {
+    let h = harness();
+    let p = pod("u41", json!({"terminationGracePeriodSeconds": 30, "containers": [app("a")]}));
+    let t0 = Instant::now();
+    h.set(vec![deleting(p, 5)]).await;
+    let took = gone(&h, "u41", t0).await;
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(h.fake.starts("a").is_empty(), "a deleted pod was started");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_deleted_pod_is_told_once_however_many_snapshots_follow() {
     let h = harness();
