@@ -7,6 +7,7 @@
 
 mod backoff;
 mod evictor;
+mod feed;
 pub mod fuzzing;
 mod logs;
 mod manager;
@@ -22,6 +23,7 @@ mod subpath;
 mod volumes;
 mod worker;
 
+pub use feed::{StatusReader, StatusUpdate};
 pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::feed::{StatusFeed, StatusReader};
 use crate::manifest::CONFIG_SOURCE_ANNOTATION;
 use crate::source::{InvalidManifest, manifest_name};
 use crate::status::PodPhase;
@@ -34,30 +35,46 @@ pub(crate) fn worker_condition(message: &str) -> PodCondition {
 /// Pods and their status.
 #[derive(Debug, Default)]
 pub struct StatusStore {
-    pods: RwLock<BTreeMap<String, Pod>>,
+    pods: RwLock<BTreeMap<String, Arc<Pod>>>,
     invalid: RwLock<Vec<InvalidManifest>>,
+    /// Each status for a consumer that reports it ([`StatusStore::reader`]).
+    feed: Arc<StatusFeed>,
 }
 
 impl StatusStore {
     /// Sets a pod's latest state, redacted ([`redact`]): the store is what the unauthenticated `/pods` serves.
     pub fn set(&self, uid: &str, mut pod: Pod) {
         redact(&mut pod);
-        self.pods.write().unwrap_or_else(PoisonError::into_inner).insert(uid.to_owned(), pod);
+        let pod = Arc::new(pod);
+        let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
+        self.feed.publish(uid, pod.clone());
+        pods.insert(uid.to_owned(), pod);
+    }
+
+    /// Starts the status feed's one consumer: every pod's status from now on, each kept until the consumer
+    /// acknowledged it, the last one of a pod that is gone included.
+    pub fn reader(&self) -> StatusReader {
+        let pods = self.pods.read().unwrap_or_else(PoisonError::into_inner);
+        self.feed.read(pods.iter().map(|(uid, p)| (uid.clone(), p.clone())).collect())
     }
 
     /// Marks a pod whose worker is gone for good: its status keeps its last state, with `message` in the
     /// [`WORKER_CONDITION`] condition.
     pub fn mark_unsynced(&self, uid: &str, message: &str) {
         let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
-        let Some(status) = pods.get_mut(uid).map(|p| p.status.get_or_insert_with(PodStatus::default)) else { return };
+        let Some(pod) = pods.get_mut(uid) else { return };
+        let status = Arc::make_mut(pod).status.get_or_insert_with(PodStatus::default);
         let conditions = status.conditions.get_or_insert_with(Vec::new);
         conditions.retain(|c| c.type_ != WORKER_CONDITION);
         conditions.push(worker_condition(message));
+        self.feed.publish(uid, pod.clone());
     }
 
-    /// Forgets a pod.
+    /// Forgets a pod; the status feed keeps its last status until it is acknowledged.
     pub fn remove(&self, uid: &str) {
-        self.pods.write().unwrap_or_else(PoisonError::into_inner).remove(uid);
+        let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
+        pods.remove(uid);
+        self.feed.gone(uid);
     }
 
     /// Whether the store has the pod.
@@ -67,7 +84,7 @@ impl StatusStore {
 
     /// One pod.
     pub fn get(&self, uid: &str) -> Option<Pod> {
-        self.pods.read().unwrap_or_else(PoisonError::into_inner).get(uid).cloned()
+        self.pods.read().unwrap_or_else(PoisonError::into_inner).get(uid).map(|p| Pod::clone(p))
     }
 
     /// The pods that are over (phase `Succeeded` or `Failed`: finished or evicted).
@@ -76,7 +93,7 @@ impl StatusStore {
         let pods = self.pods.read().unwrap_or_else(PoisonError::into_inner);
         pods.values()
             .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|ph| over.contains(&ph)))
-            .cloned()
+            .map(|p| Pod::clone(p))
             .collect()
     }
 
@@ -130,7 +147,7 @@ impl StatusStore {
         let store = self.clone();
         let pods = uids.into_iter().filter_map(move |uid| {
             let pods = store.pods.read().unwrap_or_else(PoisonError::into_inner);
-            pods.get(&uid).map(serde_json::to_vec)
+            pods.get(&uid).map(|p| serde_json::to_vec(&**p))
         });
         let invalid = std::iter::once(()).flat_map(move |()| {
             let invalid = self.invalid.read().unwrap_or_else(PoisonError::into_inner);

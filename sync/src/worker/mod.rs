@@ -479,6 +479,9 @@ impl<R: Runtime> Worker<R> {
                 None
             }
             Action::Forget => {
+                // The status the pod ends with (its containers gone), for the status feed to report before the pod
+                // is forgotten.
+                self.publish();
                 self.shared.store.remove(&self.uid);
                 let names = self.lifecycle.containers.iter().map(|c| c.name.as_str());
                 self.shared.metrics.forget_probes(names, &self.pod_labels());

@@ -468,6 +468,39 @@ async fn a_pod_listed_with_a_deletion_time_terminates_with_its_grace_and_is_not_
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_status_feed_keeps_a_deleted_pods_last_status_until_it_is_acknowledged() {
+    let h = harness();
+    let mut feed = h.manager.store().reader();
+    let named = |uid: &str| {
+        let mut p = pod(uid, json!({"terminationGracePeriodSeconds": 2, "containers": [app("a")]}));
+        p.metadata.name = Some("same-name".into());
+        p
+    };
+    h.set(vec![named("u50")]).await;
+    h.until("u50", "runs", |v| phase(v) == "Running").await;
+    // Made again under its name (a new UID): the old pod's last status and the new pod's are apart.
+    let t0 = Instant::now();
+    h.set(vec![named("u51")]).await;
+    gone(&h, "u50", t0).await;
+    h.until("u51", "runs", |v| phase(v) == "Running").await;
+    feed.changed().await;
+    let unreported = feed.unreported();
+    let old = unreported.iter().find(|u| u.uid == "u50").expect("the deleted pod's last status was dropped");
+    assert!(old.gone);
+    let c = &old.pod.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0];
+    assert!(c.state.as_ref().unwrap().terminated.is_some(), "its last status says its container ended: {c:?}");
+    let new = unreported.iter().find(|u| u.uid == "u51").unwrap();
+    assert_eq!(new.pod.metadata.uid.as_deref(), Some("u51"));
+    assert_eq!(new.pod.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
+    // Acknowledged, the old one is forgotten; the new one stays known, reported.
+    for u in &unreported {
+        feed.ack(&u.uid, u.generation);
+    }
+    assert!(feed.unreported().is_empty());
+    assert_eq!(feed.all().iter().map(|u| u.uid.as_str()).collect::<Vec<_>>(), ["u51"]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_pod_first_seen_deleted_is_never_started() {
     let h = harness();
     let p = pod("u41", json!({"terminationGracePeriodSeconds": 30, "containers": [app("a")]}));
