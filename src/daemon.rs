@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{self, Config, Reloaded};
 use crate::metrics::Metrics;
+use crate::pod_events::LoggedEvents;
 
 /// State shared by the endpoints and the loops.
 pub struct Shared {
@@ -444,7 +445,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         host_ips: node_ip.iter().map(ToString::to_string).collect(),
     };
     let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
-    let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
+    let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics, Arc::new(LoggedEvents));
     // Bound before pods start; a port that is held is tried again, while pods and eviction run (see `listen`).
     let healthz = config.healthz;
     let first_bind = match healthz {
@@ -641,7 +642,7 @@ mod tests {
             host_ips: Vec::new(),
         };
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
-        let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics);
+        let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics, Arc::new(LoggedEvents));
         let eviction = EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, Some(gauges));
         let (probe, view, node_resources) = {
             let m = manager.lock().unwrap();

@@ -13,6 +13,7 @@ mod listen;
 mod lock;
 mod metrics;
 mod notify;
+mod pod_events;
 mod reload;
 mod serve;
 mod shutdown;

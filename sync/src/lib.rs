@@ -6,6 +6,7 @@
 //! itself; the runtime starts each container in the cgroup the resources crate made for it.
 
 mod backoff;
+mod events;
 mod evictor;
 mod feed;
 pub mod fuzzing;
@@ -23,6 +24,7 @@ mod subpath;
 mod volumes;
 mod worker;
 
+pub use events::{EventSink, EventType, PodEvent};
 pub use feed::{StatusReader, StatusUpdate};
 pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};

@@ -102,16 +102,17 @@ impl<R: Runtime> std::fmt::Debug for PodManager<R> {
 }
 
 impl<R: Runtime> PodManager<R> {
-    /// A manager over the resource manager and a runtime.
+    /// A manager over the resource manager and a runtime, recording pod events to `events`.
     pub fn new(
         resources: Arc<Mutex<ResourceManager>>,
         runtime: Arc<R>,
         settings: SyncSettings,
         metrics: SyncMetrics,
+        events: Arc<dyn crate::EventSink>,
     ) -> Arc<Self> {
         let store = Arc::new(StatusStore::default());
         let log_epoch = Instant::now();
-        let ctx = Arc::new(Shared { resources, runtime, settings, store, metrics, log_epoch });
+        let ctx = Arc::new(Shared { resources, runtime, settings, store, metrics, events, log_epoch });
         Arc::new(Self {
             ctx,
             workers: Mutex::new(HashMap::new()),

@@ -454,4 +454,6 @@ pub(crate) enum Action {
     Forget,
     /// Every app container runs (the pod-start metric counts the first time).
     ReportStarted,
+    /// Record an event about the pod.
+    Record(crate::events::Happened),
 }

@@ -57,6 +57,8 @@ pub(crate) struct Shared<R> {
     pub settings: SyncSettings,
     pub store: Arc<StatusStore>,
     pub metrics: SyncMetrics,
+    /// Where pod events go.
+    pub events: Arc<dyn crate::EventSink>,
     /// Where the grid of container log checks starts ([`crate::logs::first_check`]).
     pub log_epoch: Instant,
 }
@@ -485,6 +487,11 @@ impl<R: Runtime> Worker<R> {
                 self.shared.store.remove(&self.uid);
                 let names = self.lifecycle.containers.iter().map(|c| c.name.as_str());
                 self.shared.metrics.forget_probes(names, &self.pod_labels());
+                None
+            }
+            Action::Record(happened) => {
+                let names: Vec<&str> = self.lifecycle.containers.iter().map(|c| c.name.as_str()).collect();
+                self.shared.events.pod_event(&self.pod, happened.event(&self.pod, &names));
                 None
             }
             Action::ReportStarted => {

@@ -9,6 +9,7 @@ use super::lifecycle::{
     Action, ContainerState, Input, KILL_WAIT, LastExit, Lifecycle, MAX_GRACE, PlaceFailure, PodState, PrepareStep,
     Readiness, Reason, Resume, Retry, Role, Stage, StartFailure, after,
 };
+use crate::events::Happened;
 use crate::probe::ProbeKind;
 use crate::status::{PodPhase, Terminal};
 
@@ -51,6 +52,10 @@ impl Lifecycle {
                     Ok(started) => {
                         c.restarts = attempt;
                         c.state = ContainerState::Running(started.running(now));
+                        out.extend([
+                            Action::Record(Happened::Created(index)),
+                            Action::Record(Happened::Started(index)),
+                        ]);
                         // Reported once saved: a daemon killed right after it said Running adopts the container
                         // with the start time and restart count it reported.
                         out.push(Action::Save);
@@ -59,6 +64,8 @@ impl Lifecycle {
                         }
                     }
                     Err(StartFailure { reason, message, sandbox_lost }) => {
+                        let said = if message.is_empty() { reason.clone() } else { message.clone() };
+                        out.push(Action::Record(Happened::StartFailed { index, message: said }));
                         let retry_at = c.backoff.restart_at(now, now);
                         c.state = ContainerState::StartFailed { reason, message, retry_at };
                         if sandbox_lost && let Some(then) = self.resume_point() {
@@ -93,6 +100,8 @@ impl Lifecycle {
                         out.push(Action::PrepareVolumes);
                     }
                     Err(PlaceFailure::Refused { reason, message }) => {
+                        let happened = Happened::Refused { reason: reason.clone(), message: message.clone() };
+                        out.push(Action::Record(happened));
                         self.state = PodState::Finished(Terminal::failed(Some(reason), Some(message)));
                         out.push(Action::ReleaseName);
                     }
@@ -107,7 +116,10 @@ impl Lifecycle {
                         self.state = PodState::Preparing { step: PrepareStep::Sandbox, then };
                         out.push(Action::RunSandbox);
                     }
-                    Err(why) => self.retry_later(format!("cannot prepare volumes: {why}"), now),
+                    Err(why) => {
+                        out.push(Action::Record(Happened::FailedMount(why.clone())));
+                        self.retry_later(format!("cannot prepare volumes: {why}"), now);
+                    }
                 }
                 return;
             }
@@ -121,7 +133,10 @@ impl Lifecycle {
                             Resume::Running => PodState::Running,
                         };
                     }
-                    Err(why) => return self.retry_later(format!("cannot create the pod sandbox: {why}"), now),
+                    Err(why) => {
+                        out.push(Action::Record(Happened::FailedSandbox(why.clone())));
+                        return self.retry_later(format!("cannot create the pod sandbox: {why}"), now);
+                    }
                 }
             }
             Input::Timer => return self.timer(now, out),
@@ -248,6 +263,9 @@ impl Lifecycle {
             }
         } else {
             self.state = PodState::Terminating { reason, deadline, stage: Stage::Stopping };
+            for (index, _) in self.containers.iter().enumerate().filter(|(_, c)| c.running().is_some()) {
+                out.push(Action::Record(Happened::Killing { index, probe: None }));
+            }
             out.push(Action::StopAll { ids, deadline });
         }
         out.push(Action::MarkTerminating);
@@ -297,7 +315,11 @@ impl Lifecycle {
             Role::App => policy.restarts(info.exit_code),
         };
         c.state = if restart && !over {
-            ContainerState::BackOff { until: c.backoff.restart_at(since, now) }
+            let until = c.backoff.restart_at(since, now);
+            if until > now {
+                out.push(Action::Record(Happened::BackOff(i)));
+            }
+            ContainerState::BackOff { until }
         } else {
             ContainerState::Exited
         };
@@ -316,6 +338,9 @@ impl Lifecycle {
         }
         let has_readiness = run.probes.contains_key(&ProbeKind::Readiness);
         let Some((cfg, probe)) = run.probes.get_mut(&kind) else { return };
+        if !ok {
+            out.push(Action::Record(Happened::Unhealthy { index: i, kind, output: output.clone() }));
+        }
         let Some(verdict) = probe.record(ok, cfg) else { return };
         match (kind, verdict, run.readiness) {
             (_, _, Readiness::Stopping) => {}
@@ -325,6 +350,7 @@ impl Lifecycle {
             (ProbeKind::Readiness, v, _) => run.readiness = if v { Readiness::Ready } else { Readiness::NotReady },
             (ProbeKind::Startup | ProbeKind::Liveness, false, _) => {
                 run.readiness = Readiness::Stopping;
+                out.push(Action::Record(Happened::Killing { index: i, probe: Some(kind) }));
                 out.push(Action::StopContainer { id: run.id.clone(), grace, why: output });
             }
             (ProbeKind::Liveness, true, _) => {}

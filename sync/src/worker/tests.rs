@@ -191,8 +191,27 @@ impl Runtime for Fake {
     async fn remove(&self, _id: &str) {}
 }
 
+/// The pod events recorded, as (pod UID, reason, message).
+#[derive(Default)]
+struct Events(Mutex<Vec<(String, String, String)>>);
+
+impl crate::EventSink for Events {
+    fn pod_event(&self, pod: &Pod, e: crate::PodEvent) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.0.lock().unwrap().push((uid, e.reason, e.message));
+    }
+}
+
+impl Events {
+    /// The reasons recorded for pod `uid`, in order.
+    fn reasons(&self, uid: &str) -> Vec<String> {
+        self.0.lock().unwrap().iter().filter(|(u, ..)| u == uid).map(|(_, r, _)| r.clone()).collect()
+    }
+}
+
 struct Harness {
     _host: FakeHost,
+    events: Arc<Events>,
     cg: std::path::PathBuf,
     fake: Arc<Fake>,
     manager: Arc<PodManager<Fake>>,
@@ -234,7 +253,8 @@ fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
     };
     let registry = prometheus::Registry::new();
     let metrics = SyncMetrics::new(&registry).unwrap();
-    let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics);
+    let events = Arc::new(Events::default());
+    let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics, events.clone());
     for source in sources {
         manager.expect_source(source);
     }
@@ -242,7 +262,16 @@ fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(manager.clone().run(rx, shutdown.clone()));
     let drain_tx = shutdown.drop_guard();
-    Harness { cg: host.cgroup_mount().join("nw/kubepods"), _host: host, fake, manager, tx, registry, _drain: drain_tx }
+    Harness {
+        cg: host.cgroup_mount().join("nw/kubepods"),
+        _host: host,
+        events,
+        fake,
+        manager,
+        tx,
+        registry,
+        _drain: drain_tx,
+    }
 }
 
 fn pod(uid: &str, spec: serde_json::Value) -> Pod {
@@ -338,6 +367,20 @@ async fn crash_loop_back_off_doubles_from_ten_seconds() {
         c["state"]["waiting"]["message"].as_str().unwrap().starts_with("back-off 80s restarting failed container=app")
     );
     assert_eq!(phase(&v), "Running", "a restarting pod is Running, as the kubelet reports it");
+    // The first restart is at once; each later one waits out a back-off, and says so.
+    let reasons = h.events.reasons("u1");
+    let started = ["Created", "Started"];
+    let want: Vec<&str> =
+        [&started[..], &started, &["BackOff"], &started, &["BackOff"], &started, &["BackOff"], &started, &["BackOff"]]
+            .concat();
+    assert_eq!(reasons, want);
+    let messages = h.events.0.lock().unwrap().clone();
+    assert!(
+        messages
+            .iter()
+            .any(|(_, r, m)| r == "BackOff" && m == "Back-off restarting failed container app in pod p-u1_default(u1)"),
+        "{messages:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -398,6 +441,11 @@ async fn probes_drive_readiness_and_restarts() {
     let v = h.until("u4", "restarts", |v| container(v, "web")["restartCount"] == 1).await;
     assert_eq!(container(&v, "web")["lastState"]["terminated"]["exitCode"], 128 + SIGTERM);
     assert!(h.fake.signals.lock().unwrap().iter().any(|(_, s)| *s == SIGTERM));
+    let events = h.events.0.lock().unwrap().clone();
+    let said = |reason: &str, message: &str| events.iter().any(|(_, r, m)| r == reason && m.starts_with(message));
+    assert!(said("Unhealthy", "Readiness probe failed: command [\"ready\"] exited with 1"), "{events:?}");
+    assert!(said("Unhealthy", "Liveness probe failed: "), "{events:?}");
+    assert!(said("Killing", "Container web failed liveness probe, will be restarted"), "{events:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -721,6 +769,7 @@ async fn admission_refusal_fails_the_pod_with_the_kubelets_reason() {
     let v = h.until("u7", "is refused", |v| phase(v) == "Failed").await;
     assert_eq!(v["status"]["reason"], "OutOfmemory");
     assert!(h.fake.starts("big").is_empty());
+    assert_eq!(h.events.reasons("u7"), ["OutOfmemory"]);
 }
 
 #[tokio::test(start_paused = true)]
