@@ -17,8 +17,8 @@ mod selected;
 pub use logfile::copy_truncate;
 pub use process::{ProcessRuntime, START_FAILED};
 pub use seam::{
-    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, MainProcess, Mount,
-    NoSandboxes, Problem, PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth, SandboxRuntime,
+    ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, MainProcess,
+    Mount, NoSandboxes, Problem, PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeHealth, SandboxRuntime,
     SandboxSpec, Started, StopSignals, exit_reason,
 };
 pub use selected::SelectedRuntime;

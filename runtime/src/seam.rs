@@ -152,11 +152,53 @@ impl ContainerSpec {
     }
 }
 
+/// A container's ID as its runtime gave it: what every call about the container names it by, and, after the
+/// runtime's scheme, its `containerID` (`process://...`, `containerd://...`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct ContainerId(String);
+
+impl ContainerId {
+    /// The ID the runtime gave.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The ID as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ContainerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for ContainerId {
+    fn from(id: &str) -> Self {
+        Self(id.to_owned())
+    }
+}
+
+impl From<String> for ContainerId {
+    fn from(id: String) -> Self {
+        Self(id)
+    }
+}
+
+impl std::borrow::Borrow<str> for ContainerId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A running container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Started {
     /// The runtime's ID, as shown in `containerID` (`process://...`).
-    pub id: String,
+    pub id: ContainerId,
     /// The main process; 0 when the runtime does not say (CRI).
     pub pid: u32,
     /// The main process's start time in clock ticks after boot (`/proc/<pid>/stat`), which tells it from a later
@@ -380,12 +422,12 @@ pub trait Runtime: Send + Sync + 'static {
     fn adopt(&self, spec: &ContainerSpec, main: Option<MainProcess>) -> impl Future<Output = Option<Started>> + Send;
 
     /// Resolves when the container has exited.
-    fn wait(&self, id: &str) -> impl Future<Output = ExitInfo> + Send;
+    fn wait(&self, id: &ContainerId) -> impl Future<Output = ExitInfo> + Send;
 
     /// Stops a container: the stop signal (not sent again to a container that has had it, e.g. through
     /// [`StopSignals`]), then SIGKILL once `grace` has passed (a zero grace kills at once). Resolves once the
     /// container has exited or has been sent SIGKILL; its exit arrives through [`Runtime::wait`].
-    fn stop(&self, id: &str, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+    fn stop(&self, id: &ContainerId, grace: Duration) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
     /// How to send a container its stop signal on the calling thread, where the runtime can (the process runtime);
     /// `None` where stopping a container is a call to the runtime (CRI). Required, so that a runtime that forwards
@@ -395,19 +437,19 @@ pub trait Runtime: Send + Sync + 'static {
     /// Runs a command in the container `id` (its cgroup, user and environment), killed at `timeout`.
     fn exec(
         &self,
-        id: &str,
+        id: &ContainerId,
         argv: &[String],
         timeout: Duration,
     ) -> impl Future<Output = Result<ExecOutput, RuntimeError>> + Send;
 
     /// Forgets a container that exited (and frees what the runtime kept for it).
-    fn remove(&self, id: &str) -> impl Future<Output = ()> + Send;
+    fn remove(&self, id: &ContainerId) -> impl Future<Output = ()> + Send;
 
     /// Moves the live log `log` of running container `id` aside to `to`. The default copies its newest `keep`
     /// bytes and truncates it, for a runtime whose containers hold their log open with `O_APPEND`.
     fn rotate_log(
         &self,
-        id: &str,
+        id: &ContainerId,
         log: &Path,
         to: &Path,
         keep: u64,
@@ -437,7 +479,7 @@ pub trait StopSignals: Send + Sync {
     /// Sends container `id` its stop signal now. A later [`Runtime::stop`] of the same container does not send it
     /// again, but still waits out its grace period and kills. Returns whether the signal is out (or the container
     /// has exited).
-    fn signal_stop_now(&self, id: &str) -> bool;
+    fn signal_stop_now(&self, id: &ContainerId) -> bool;
 }
 
 /// The pod sandboxes of a runtime that has them.

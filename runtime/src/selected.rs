@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
 use crate::seam::{
-    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, Runtime, RuntimeError, RuntimeHealth, Started,
-    StopSignals,
+    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, Runtime, RuntimeError, RuntimeHealth,
+    Started, StopSignals,
 };
 
 /// The runtime in use.
@@ -68,11 +68,11 @@ impl Runtime for SelectedRuntime {
         each!(self, r => r.adopt(spec, main).await)
     }
 
-    async fn wait(&self, id: &str) -> ExitInfo {
+    async fn wait(&self, id: &ContainerId) -> ExitInfo {
         each!(self, r => r.wait(id).await)
     }
 
-    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
         each!(self, r => r.stop(id, grace).await)
     }
 
@@ -80,17 +80,17 @@ impl Runtime for SelectedRuntime {
         each!(self, r => r.stop_signals())
     }
 
-    async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, id: &ContainerId, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
         each!(self, r => r.exec(id, argv, timeout).await)
     }
 
-    async fn remove(&self, id: &str) {
+    async fn remove(&self, id: &ContainerId) {
         each!(self, r => r.remove(id).await)
     }
 
     async fn rotate_log(
         &self,
-        id: &str,
+        id: &ContainerId,
         log: &std::path::Path,
         to: &std::path::Path,
         keep: u64,

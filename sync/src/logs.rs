@@ -94,7 +94,12 @@ pub fn prune(log: &Path, keep: u32) {
 /// Rotates `log` of container `id` through `runtime` when it is full, then removes the oldest rotated files so
 /// that there are at most `containerLogMaxFiles`, the live file included. A rotation that failed removes nothing:
 /// the files it would have replaced are all that is left of those logs.
-pub async fn rotate_if_full<R: nodewarden_runtime::Runtime>(runtime: &R, id: &str, log: &Path, cfg: &LogRotation) {
+pub async fn rotate_if_full<R: nodewarden_runtime::Runtime>(
+    runtime: &R,
+    id: &nodewarden_runtime::ContainerId,
+    log: &Path,
+    cfg: &LogRotation,
+) {
     if !is_full(log, cfg) {
         return;
     }

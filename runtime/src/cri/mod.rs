@@ -28,8 +28,8 @@ pub use config::{DEFAULT_ROOT_DIR, container_config, managed_value, sandbox_conf
 pub use metrics::RuntimeMetrics;
 
 use crate::seam::{
-    ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, PullPolicy, RunningSandbox, Runtime, RuntimeError,
-    RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
+    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, PullPolicy, RunningSandbox, Runtime,
+    RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
@@ -208,7 +208,7 @@ impl CriRuntime {
         for c in containers.iter().filter(|c| c.state() == ContainerState::ContainerRunning) {
             if watched.contains(&c.id) && dead.iter().any(|s| s.id == c.pod_sandbox_id) {
                 tracing::warn!(container_id = %c.id, sandbox = %c.pod_sandbox_id, "the pod sandbox is not ready; stopping its container so the pod starts again in a new one");
-                if let Err(e) = self.stop(&c.id, Duration::ZERO).await {
+                if let Err(e) = self.stop(&ContainerId::new(c.id.clone()), Duration::ZERO).await {
                     tracing::debug!(container_id = %c.id, error = %e, "StopContainer failed");
                 }
             }
@@ -456,7 +456,7 @@ impl Runtime for CriRuntime {
             return Err(RuntimeError::Start(e.to_string()));
         }
         drop(self.watch(&id));
-        Ok(Started { id, pid: 0, pid_start: None, started_at: Timestamp::now() })
+        Ok(Started { id: ContainerId::new(id), pid: 0, pid_start: None, started_at: Timestamp::now() })
     }
 
     async fn adopt(&self, spec: &ContainerSpec, _main: Option<MainProcess>) -> Option<Started> {
@@ -473,10 +473,11 @@ impl Runtime for CriRuntime {
             Err(_) => Timestamp::now(),
         };
         drop(self.watch(&newest.id));
-        Some(Started { id: newest.id, pid: 0, pid_start: None, started_at })
+        Some(Started { id: ContainerId::new(newest.id), pid: 0, pid_start: None, started_at })
     }
 
-    async fn wait(&self, id: &str) -> ExitInfo {
+    async fn wait(&self, id: &ContainerId) -> ExitInfo {
+        let id = id.as_str();
         let mut rx = self.watch(id);
         match rx.wait_for(Option::is_some).await {
             Ok(v) => v.clone().unwrap_or_else(unreachable_exit),
@@ -484,7 +485,8 @@ impl Runtime for CriRuntime {
         }
     }
 
-    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+        let id = id.as_str();
         match self.client.stop_container(id, grace).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
@@ -497,7 +499,8 @@ impl Runtime for CriRuntime {
         None
     }
 
-    async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, id: &ContainerId, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+        let id = id.as_str();
         match self.client.exec_sync(id, argv, timeout).await {
             Ok(r) => Ok(ExecOutput::from_streams(Some(r.exit_code), &r.stdout, &r.stderr)),
             Err(e) if e.code() == Some(tonic::Code::DeadlineExceeded) || matches!(e, CriError::Timeout { .. }) => {
@@ -508,7 +511,8 @@ impl Runtime for CriRuntime {
         }
     }
 
-    async fn remove(&self, id: &str) {
+    async fn remove(&self, id: &ContainerId) {
+        let id = id.as_str();
         lock(&self.waiters).remove(id);
         if let Err(e) = self.client.remove_container(id).await
             && !e.is_not_found()
@@ -521,11 +525,12 @@ impl Runtime for CriRuntime {
     /// copied, so the whole file is kept).
     async fn rotate_log(
         &self,
-        id: &str,
+        id: &ContainerId,
         log: &std::path::Path,
         to: &std::path::Path,
         _keep: u64,
     ) -> Result<(), RuntimeError> {
+        let id = id.as_str();
         std::fs::rename(log, to).map_err(|e| RuntimeError::Other(format!("cannot rotate the log: {e}")))?;
         if let Err(e) = self.client.reopen_container_log(id).await {
             // The runtime keeps writing to the renamed file: put it back, so that nothing is lost.

@@ -413,7 +413,7 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
     rt.start(&second).await.unwrap();
     assert_eq!(fake.state().calls.iter().filter(|c| c.starts_with("PullImage")).count(), 1);
 
-    fake.exit(&c.id, 137, "OOMKilled");
+    fake.exit(c.id.as_str(), 137, "OOMKilled");
     let info = tokio::time::timeout(Duration::from_secs(5), rt.wait(&c.id)).await.unwrap();
     assert_eq!((info.exit_code, info.reason.as_str(), info.signal), (137, "OOMKilled", Some(9)));
 
@@ -573,7 +573,7 @@ async fn a_log_is_rotated_by_rename_and_reopen() {
     let log = dir.path().join("0.log");
     std::fs::write(&log, "old lines\n").unwrap();
     let to = dir.path().join("0.log.20261201-000000");
-    rt.rotate_log("c1", &log, &to, 1).await.unwrap();
+    rt.rotate_log(&ContainerId::new("c1"), &log, &to, 1).await.unwrap();
     assert_eq!(std::fs::read_to_string(&to).unwrap(), "old lines\n");
     assert!(!log.exists(), "the runtime makes the new file when it reopens");
     assert_eq!(fake.state().calls.last().map(String::as_str), Some("ReopenContainerLog c1"));

@@ -23,8 +23,8 @@ use exec::ExecRequest;
 pub use exec::START_FAILED;
 
 use crate::seam::{
-    ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, MainProcess, NoSandboxes, Runtime, RuntimeError, Started,
-    StopSignals, exit_reason,
+    ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, MainProcess, NoSandboxes, Runtime,
+    RuntimeError, Started, StopSignals, exit_reason,
 };
 
 /// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
@@ -126,7 +126,7 @@ impl ProcessRuntime {
         };
         let (_tx, rx) = watch::channel(Some(info));
         register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, term_sent: false, spec: spec.clone() });
-        Started { id, pid: 0, pid_start: None, started_at: now }
+        Started { id: ContainerId::new(id), pid: 0, pid_start: None, started_at: now }
     }
 
     /// Sends `signal` to the container's main process unless it has exited (or, for SIGTERM, has been sent it
@@ -151,7 +151,8 @@ impl ProcessRuntime {
 
 impl StopSignals for ProcessRuntime {
     /// SIGTERM to the container's process, once; a container the runtime no longer has is gone, so done.
-    fn signal_stop_now(&self, id: &str) -> bool {
+    fn signal_stop_now(&self, id: &ContainerId) -> bool {
+        let id = id.as_str();
         let known = self.containers.lock().unwrap_or_else(PoisonError::into_inner).contains_key(id);
         !known || self.signal(id, Signal::TERM).is_ok()
     }
@@ -330,7 +331,7 @@ impl Runtime for ProcessRuntime {
         .map_err(std::io::Error::other)
         .and_then(|r| r);
         match spawned {
-            Ok((pid, pid_start, started_at)) => Ok(Started { id, pid, pid_start, started_at }),
+            Ok((pid, pid_start, started_at)) => Ok(Started { id: ContainerId::new(id), pid, pid_start, started_at }),
             Err(e) => Ok(self.start_failed(spec, id, format!("cannot start {:?}: {e}", argv[0]))),
         }
     }
@@ -395,10 +396,11 @@ impl Runtime for ProcessRuntime {
                 finished_at: Timestamp::now(),
             }));
         });
-        Some(Started { id, pid, pid_start, started_at })
+        Some(Started { id: ContainerId::new(id), pid, pid_start, started_at })
     }
 
-    async fn wait(&self, id: &str) -> ExitInfo {
+    async fn wait(&self, id: &ContainerId) -> ExitInfo {
+        let id = id.as_str();
         let rx = self.containers.lock().unwrap_or_else(PoisonError::into_inner).get(id).map(|e| e.exit.clone());
         let unknown = || ExitInfo::unknown(format!("container {id} is not known to the runtime"), Timestamp::now());
         let Some(mut rx) = rx else { return unknown() };
@@ -408,7 +410,8 @@ impl Runtime for ProcessRuntime {
         }
     }
 
-    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+        let id = id.as_str();
         if !grace.is_zero() {
             let mut exit = self.signal(id, Signal::TERM)?;
             if tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await.is_ok() {
@@ -422,7 +425,8 @@ impl Runtime for ProcessRuntime {
         Some(self)
     }
 
-    async fn exec(&self, id: &str, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, id: &ContainerId, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
+        let id = id.as_str();
         let spec = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
             map.get(id).map(|e| e.spec.clone()).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?
@@ -467,7 +471,8 @@ impl Runtime for ProcessRuntime {
         }
     }
 
-    async fn remove(&self, id: &str) {
+    async fn remove(&self, id: &ContainerId) {
+        let id = id.as_str();
         self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
     }
 }

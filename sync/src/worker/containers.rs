@@ -17,7 +17,9 @@ pub(super) enum Completed {
 }
 use crate::probe::{self, LOOPBACK, ProbeConfig, ProbeKind};
 use crate::spec::{PodContext, PodIps, container_spec};
-use nodewarden_runtime::{ContainerSpec, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started};
+use nodewarden_runtime::{
+    ContainerId, ContainerSpec, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
+};
 
 impl<R: Runtime> Worker<R> {
     /// The sandbox spec, once the pod is placed.
@@ -198,7 +200,7 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Watches a running container: its exit, its probes and the size of its log `log`, until it is removed.
-    fn watch(&mut self, id: String, probes: Vec<(ProbeKind, ProbeConfig)>, log: std::path::PathBuf) {
+    fn watch(&mut self, id: ContainerId, probes: Vec<(ProbeKind, ProbeConfig)>, log: std::path::PathBuf) {
         let mut tasks = JoinSet::new();
         let rotation = self.shared.settings.log_rotation;
         let (runtime, rotated) = (self.shared.runtime.clone(), id.clone());
@@ -254,7 +256,7 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Stops a container whose liveness or startup probe failed; its exit arrives through its watcher.
-    pub(super) fn stop_container(&mut self, id: String, grace: Duration, why: &str) {
+    pub(super) fn stop_container(&mut self, id: ContainerId, grace: Duration, why: &str) {
         let name = self.lifecycle.index_of(&id).map(|i| self.lifecycle.containers[i].name.as_str()).unwrap_or_default();
         tracing::info!(pod = %self.full_name(), container = %name, container_id = %id, output = %why, "probe failed; restarting the container");
         let runtime = self.shared.runtime.clone();
@@ -268,7 +270,7 @@ impl<R: Runtime> Worker<R> {
 }
 
 /// Runs one probe: `Ok` with its output on success, `Err` with why on failure.
-pub(super) async fn run_probe<R: Runtime>(runtime: &R, cfg: &ProbeConfig, id: &str) -> Result<String, String> {
+pub(super) async fn run_probe<R: Runtime>(runtime: &R, cfg: &ProbeConfig, id: &ContainerId) -> Result<String, String> {
     match &cfg.action {
         probe::Action::Exec(argv) => match runtime.exec(id, argv, cfg.timeout).await {
             Ok(out) if out.exit_code == Some(0) => Ok(out.output),

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::backoff::Backoff;
 use crate::probe::{ProbeConfig, ProbeKind, ProbeState};
 use crate::status::{RestartPolicy, Terminal};
-use nodewarden_runtime::ExitInfo;
+use nodewarden_runtime::{ContainerId, ExitInfo};
 
 /// The longest grace period a pod gets: a larger `terminationGracePeriodSeconds` is cut to this, so that a deadline
 /// never overflows.
@@ -138,7 +138,7 @@ pub(crate) struct LastExit {
     /// How it ended.
     pub info: ExitInfo,
     /// The runtime's ID of that run; `None` when it ran under an earlier daemon.
-    pub container_id: Option<String>,
+    pub container_id: Option<ContainerId>,
 }
 
 /// How far a running container has come.
@@ -158,7 +158,7 @@ pub(crate) enum Readiness {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RunningContainer {
     /// The runtime's ID.
-    pub id: String,
+    pub id: ContainerId,
     /// The main process (0 when the runtime does not say).
     pub pid: u32,
     /// The main process's start time in clock ticks after boot, where known.
@@ -177,7 +177,7 @@ pub(crate) struct RunningContainer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StartedContainer {
     /// The runtime's ID.
-    pub id: String,
+    pub id: ContainerId,
     /// The main process.
     pub pid: u32,
     /// The main process's start time in clock ticks after boot, where known.
@@ -334,8 +334,8 @@ impl Lifecycle {
     }
 
     /// The container running as `id`.
-    pub(crate) fn index_of(&self, id: &str) -> Option<usize> {
-        self.containers.iter().position(|c| c.running().is_some_and(|r| r.id == id))
+    pub(crate) fn index_of(&self, id: &ContainerId) -> Option<usize> {
+        self.containers.iter().position(|c| c.running().is_some_and(|r| &r.id == id))
     }
 
     /// Whether initialisation is over (the `Initialized` condition).
@@ -401,9 +401,9 @@ pub(crate) enum Input {
     /// The result of [`Action::StartContainer`].
     ContainerStarted { index: usize, attempt: u32, result: Result<StartedContainer, StartFailure> },
     /// The container running as `id` exited.
-    ContainerExited { id: String, info: ExitInfo },
+    ContainerExited { id: ContainerId, info: ExitInfo },
     /// One result of a probe of the container running as `id`, with its output or why it failed.
-    ProbeResult { id: String, kind: ProbeKind, ok: bool, output: String },
+    ProbeResult { id: ContainerId, kind: ProbeKind, ok: bool, output: String },
     /// A back-off, retry or deadline may have expired.
     Timer,
     /// The result of [`Action::CleanUp`].
@@ -433,17 +433,17 @@ pub(crate) enum Action {
     /// Start container `index` for its run number `attempt`.
     StartContainer { index: usize, attempt: u32 },
     /// Stop a container that failed its liveness or startup probe (it is restarted once it exits).
-    StopContainer { id: String, grace: Duration, why: String },
+    StopContainer { id: ContainerId, grace: Duration, why: String },
     /// Forget an exited container.
-    RemoveContainer { id: String },
+    RemoveContainer { id: ContainerId },
     /// Drop the runtime calls in flight (image pulls, starts, sandbox creation).
     Abandon,
     /// Tell the resource manager the pod is terminating.
     MarkTerminating,
     /// Run the preStop hooks and stop these running containers (by ID) within the deadline.
-    StopAll { ids: Vec<String>, deadline: Instant },
+    StopAll { ids: Vec<ContainerId>, deadline: Instant },
     /// `cgroup.kill` the pod and kill these containers (by ID).
-    KillAll { ids: Vec<String> },
+    KillAll { ids: Vec<ContainerId> },
     /// Release the cgroups, remove the sandbox and the volumes (and, when deleted, the logs).
     CleanUp { deleted: bool },
     /// Save the state to disk.

@@ -32,7 +32,7 @@ use crate::probe::ProbeKind;
 use crate::store::StatusStore;
 use crate::volumes::{self, PreparedVolume};
 use lifecycle::{Action, Input, Lifecycle, PlaceFailure, PodState, grace_period};
-use nodewarden_runtime::{ExitInfo, RunningSandbox, Runtime};
+use nodewarden_runtime::{ContainerId, ExitInfo, RunningSandbox, Runtime};
 
 /// Settings of pod sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,14 +125,14 @@ impl Signalled {
 /// queued the termination for the pod's worker: those running while the pod runs, when the pod has no preStop hook
 /// to run first and the runtime can signal at once ([`nodewarden_runtime::StopSignals`]); empty otherwise, and while
 /// the worker steps. The worker keeps it up to date.
-pub(crate) type Stoppable = Arc<Mutex<Vec<String>>>;
+pub(crate) type Stoppable = Arc<Mutex<Vec<ContainerId>>>;
 
 /// What a worker's own tasks report.
 pub(crate) enum Event {
     /// A container exited.
-    Exited { id: String, info: ExitInfo },
+    Exited { id: ContainerId, info: ExitInfo },
     /// One probe result: its output on success, why on failure.
-    Probe { id: String, kind: ProbeKind, result: Result<String, String> },
+    Probe { id: ContainerId, kind: ProbeKind, result: Result<String, String> },
     /// The termination's stop signals went out, at this time.
     Signalled(Instant),
 }
@@ -148,7 +148,7 @@ enum Sandbox {
 }
 
 /// The worker's handles on a running container: its exit watcher, its probes and a stop in progress.
-type ContainerTasks = HashMap<String, JoinSet<()>>;
+type ContainerTasks = HashMap<ContainerId, JoinSet<()>>;
 
 pub(crate) struct Worker<R> {
     shared: Arc<Shared<R>>,
@@ -403,7 +403,7 @@ impl<R: Runtime> Worker<R> {
         *self.stoppable.lock().unwrap_or_else(PoisonError::into_inner) = ids;
     }
 
-    fn probe_input(&self, id: String, kind: ProbeKind, result: Result<String, String>) -> Input {
+    fn probe_input(&self, id: ContainerId, kind: ProbeKind, result: Result<String, String>) -> Input {
         let name = self.lifecycle.index_of(&id).map(|i| self.lifecycle.containers[i].name.clone()).unwrap_or_default();
         let ok = result.is_ok();
         self.shared.metrics.probed(kind, ok, &name, &self.pod_labels());

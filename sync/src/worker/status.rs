@@ -55,7 +55,8 @@ fn container_status(pod: &Lifecycle, c: &ContainerSlot, view: &View<'_>, now: In
         .and_then(|x| x.image.clone())
         .unwrap_or_default();
     let id_of = |id: &str| format!("{}://{id}", view.scheme);
-    let last_id = c.last_exit.as_ref().and_then(|l| l.container_id.as_deref()).map(id_of).unwrap_or_default();
+    let last_id =
+        c.last_exit.as_ref().and_then(|l| l.container_id.as_ref()).map(|i| id_of(i.as_str())).unwrap_or_default();
     let last = c.last_exit.as_ref().map(|l| core::ContainerState {
         terminated: Some(terminated(&l.info, &last_id)),
         ..core::ContainerState::default()
@@ -67,7 +68,7 @@ fn container_status(pod: &Lifecycle, c: &ContainerSlot, view: &View<'_>, now: In
                 running: Some(ContainerStateRunning { started_at: Some(Time(run.started_at)) }),
                 ..core::ContainerState::default()
             };
-            (s, last, Some(id_of(&run.id)))
+            (s, last, Some(id_of(run.id.as_str())))
         }
         ContainerState::StartFailed { reason, message, retry_at } if !over => {
             if reason == "ErrImagePull" && now < *retry_at {

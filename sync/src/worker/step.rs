@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use nodewarden_runtime::ContainerId;
 use tokio::time::Instant;
 
 use super::lifecycle::{
@@ -188,7 +189,7 @@ impl Lifecycle {
         }
     }
 
-    pub(crate) fn running_ids(&self) -> Vec<String> {
+    pub(crate) fn running_ids(&self) -> Vec<ContainerId> {
         self.containers.iter().filter_map(|c| c.running().map(|r| r.id.clone())).collect()
     }
 
@@ -299,7 +300,7 @@ impl Lifecycle {
     fn exited(
         &mut self,
         i: usize,
-        id: String,
+        id: ContainerId,
         info: nodewarden_runtime::ExitInfo,
         now: Instant,
         out: &mut Vec<Action>,

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::lifecycle::KILL_WAIT;
 use super::{Event, Sandbox, Worker};
 use crate::volumes;
-use nodewarden_runtime::{Runtime, SandboxRuntime};
+use nodewarden_runtime::{ContainerId, Runtime, SandboxRuntime};
 
 /// The command of a container's exec preStop hook: the one hook the worker runs (a hook without a command runs
 /// nothing).
@@ -41,7 +41,7 @@ async fn signal_stops<F: Future>(mut stops: Pin<&mut F>, events: &mpsc::Unbounde
 
 impl<R: Runtime> Worker<R> {
     /// The preStop hook of the container running as `id`, if it has an exec one.
-    fn pre_stop(&self, id: &str) -> Option<Vec<String>> {
+    fn pre_stop(&self, id: &ContainerId) -> Option<Vec<String>> {
         let i = self.lifecycle.index_of(id)?;
         let name = &self.lifecycle.containers[i].name;
         let spec = self.pod.spec.as_ref()?;
@@ -56,14 +56,14 @@ impl<R: Runtime> Worker<R> {
 
     /// Runs the preStop hooks, then stops each container with what is left of the grace period. Reports
     /// [`Event::Signalled`] once the stop calls have gone out; the exits arrive through the watchers.
-    pub(super) async fn stop_all(&mut self, ids: Vec<String>, deadline: Instant) {
+    pub(super) async fn stop_all(&mut self, ids: Vec<ContainerId>, deadline: Instant) {
         let hooks: Vec<_> = ids.iter().map(|id| (id.clone(), self.pre_stop(id))).collect();
         let runtime = self.shared.runtime.clone();
         let events = self.events.clone();
         self.awaiting_signal = true;
         let stop_each = {
             let runtime = runtime.clone();
-            move |ids: Vec<String>| {
+            move |ids: Vec<ContainerId>| {
                 join_all(ids.into_iter().map(move |id| {
                     let runtime = runtime.clone();
                     async move {
@@ -107,7 +107,7 @@ impl<R: Runtime> Worker<R> {
 
     /// After the grace period: `cgroup.kill` on the pod, and a kill of each container through the runtime (a
     /// runtime may keep them outside the pod cgroup).
-    pub(super) fn kill_all(&mut self, ids: Vec<String>) {
+    pub(super) fn kill_all(&mut self, ids: Vec<ContainerId>) {
         let killed = self.shared.resources().kill(&self.uid);
         if let Err(e) = killed {
             tracing::warn!(pod = %self.full_name(), error = %e, "cgroup.kill failed");

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
 use nodewarden_runtime::{
-    ContainerSpec, ExecOutput, ExitInfo, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
-    StopSignals,
+    ContainerId, ContainerSpec, ExecOutput, ExitInfo, RunningSandbox, Runtime, RuntimeError, SandboxRuntime,
+    SandboxSpec, Started, StopSignals,
 };
 
 const SIGTERM: i32 = 15;
@@ -94,7 +94,8 @@ impl Fake {
 }
 
 impl StopSignals for Fake {
-    fn signal_stop_now(&self, id: &str) -> bool {
+    fn signal_stop_now(&self, id: &ContainerId) -> bool {
+        let id = id.as_str();
         if !self.running.lock().unwrap().contains_key(id) {
             return false;
         }
@@ -152,14 +153,15 @@ impl Runtime for Fake {
         let id = format!("c{n}");
         self.started.lock().unwrap().push((Instant::now(), spec.clone()));
         self.running.lock().unwrap().insert(id.clone(), (spec.name.clone(), watch::channel(None).0));
-        Ok(Started { id, pid: 1000 + *n, pid_start: None, started_at: Timestamp::UNIX_EPOCH })
+        Ok(Started { id: id.into(), pid: 1000 + *n, pid_start: None, started_at: Timestamp::UNIX_EPOCH })
     }
 
     async fn adopt(&self, _spec: &ContainerSpec, _main: Option<nodewarden_runtime::MainProcess>) -> Option<Started> {
         None
     }
 
-    async fn wait(&self, id: &str) -> ExitInfo {
+    async fn wait(&self, id: &ContainerId) -> ExitInfo {
+        let id = id.as_str();
         let mut rx = self.running.lock().unwrap()[id].1.subscribe();
         let v = rx.wait_for(Option::is_some).await.unwrap().clone();
         v.unwrap()
@@ -169,7 +171,8 @@ impl Runtime for Fake {
         Some(self)
     }
 
-    async fn stop(&self, id: &str, grace: Duration) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+        let id = id.as_str();
         if !grace.is_zero() {
             // A container is sent its stop signal once (an eviction may have sent it already).
             if !self.signals.lock().unwrap().contains(&(id.to_owned(), SIGTERM)) {
@@ -183,12 +186,12 @@ impl Runtime for Fake {
         Ok(())
     }
 
-    async fn exec(&self, _id: &str, argv: &[String], _t: Duration) -> Result<ExecOutput, RuntimeError> {
+    async fn exec(&self, _id: &ContainerId, argv: &[String], _t: Duration) -> Result<ExecOutput, RuntimeError> {
         let fails = self.failing.lock().unwrap().contains(&argv[0]);
         Ok(ExecOutput { exit_code: Some(i32::from(fails)), output: String::new() })
     }
 
-    async fn remove(&self, _id: &str) {}
+    async fn remove(&self, _id: &ContainerId) {}
 }
 
 /// The pod events recorded, as (pod UID, reason, message).
