@@ -379,23 +379,11 @@ pub enum RuntimeError {
     Other(String),
 }
 
-/// A container runtime.
-pub trait Runtime: Send + Sync + 'static {
-    /// The runtime's pod sandboxes, where it has them.
-    type Sandboxes: SandboxRuntime;
-
-    /// The pod sandboxes of a runtime that has them (CRI); `None` where the pod cgroup is the sandbox (the process
-    /// runtime).
-    fn sandboxes(&self) -> Option<&Self::Sandboxes>;
-
+/// What a runtime says of itself, apart from any container: what the Node's status, `/readyz` and `/metrics`
+/// show. Object-safe, so its readers need not know which runtime runs.
+pub trait RuntimeFacts: Send + Sync {
     /// The scheme of container IDs (`process`, `containerd`).
     fn scheme(&self) -> &'static str;
-
-    /// At start, once the pods are known: removes what the runtime holds for pods that are not in `keep`.
-    fn reconcile(&self, keep: &BTreeSet<String>) -> impl Future<Output = ()> + Send {
-        let _ = keep;
-        async {}
-    }
 
     /// Whether the runtime can run containers and pods on the pod network; a runtime that has neither problem
     /// (the process runtime) keeps the default.
@@ -412,6 +400,23 @@ pub trait Runtime: Send + Sync + 'static {
     /// default is the kubelet's for a runtime whose version is not known (`<scheme>://Unknown`).
     fn version(&self) -> String {
         format!("{}://Unknown", self.scheme())
+    }
+}
+
+/// A container runtime: the containers' lifecycle. Sandboxes are a capability a runtime may have
+/// ([`Runtime::sandboxes`]); what it says of itself is [`RuntimeFacts`].
+pub trait Runtime: RuntimeFacts + 'static {
+    /// The runtime's pod sandboxes, where it has them.
+    type Sandboxes: SandboxRuntime;
+
+    /// The pod sandboxes of a runtime that has them (CRI); `None` where the pod cgroup is the sandbox (the process
+    /// runtime).
+    fn sandboxes(&self) -> Option<&Self::Sandboxes>;
+
+    /// At start, once the pods are known: removes what the runtime holds for pods that are not in `keep`.
+    fn reconcile(&self, keep: &BTreeSet<String>) -> impl Future<Output = ()> + Send {
+        let _ = keep;
+        async {}
     }
 
     /// Starts a container in the sandbox `spec.sandbox_id`.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::cri::CriRuntime;
 use crate::process::ProcessRuntime;
 use crate::seam::{
-    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, Runtime, RuntimeError, RuntimeHealth,
-    Started, StopSignals,
+    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, Runtime, RuntimeError, RuntimeFacts,
+    RuntimeHealth, Started, StopSignals,
 };
 
 /// The runtime in use.
@@ -30,22 +30,9 @@ macro_rules! each {
     };
 }
 
-impl Runtime for SelectedRuntime {
-    type Sandboxes = CriRuntime;
-
-    fn sandboxes(&self) -> Option<&CriRuntime> {
-        match self {
-            SelectedRuntime::Process(_) => None,
-            SelectedRuntime::Cri(r) => Some(r),
-        }
-    }
-
+impl RuntimeFacts for SelectedRuntime {
     fn scheme(&self) -> &'static str {
         each!(self, r => r.scheme())
-    }
-
-    async fn reconcile(&self, keep: &BTreeSet<String>) {
-        each!(self, r => r.reconcile(keep).await)
     }
 
     fn health(&self) -> RuntimeHealth {
@@ -58,6 +45,21 @@ impl Runtime for SelectedRuntime {
 
     fn images(&self) -> Vec<ImageSummary> {
         each!(self, r => r.images())
+    }
+}
+
+impl Runtime for SelectedRuntime {
+    type Sandboxes = CriRuntime;
+
+    fn sandboxes(&self) -> Option<&CriRuntime> {
+        match self {
+            SelectedRuntime::Process(_) => None,
+            SelectedRuntime::Cri(r) => Some(r),
+        }
+    }
+
+    async fn reconcile(&self, keep: &BTreeSet<String>) {
+        each!(self, r => r.reconcile(keep).await)
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {

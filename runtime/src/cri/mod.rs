@@ -29,7 +29,7 @@ pub use metrics::RuntimeMetrics;
 
 use crate::seam::{
     ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, PullPolicy, RunningSandbox, Runtime,
-    RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
+    RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
@@ -384,15 +384,29 @@ impl SandboxRuntime for CriRuntime {
     }
 }
 
+impl RuntimeFacts for CriRuntime {
+    fn scheme(&self) -> &'static str {
+        SCHEME
+    }
+
+    fn health(&self) -> RuntimeHealth {
+        lock(&self.known).health(tokio::time::Instant::now())
+    }
+
+    fn images(&self) -> Vec<ImageSummary> {
+        lock(&self.known).images()
+    }
+
+    fn version(&self) -> String {
+        lock(&self.known).version()
+    }
+}
+
 impl Runtime for CriRuntime {
     type Sandboxes = Self;
 
     fn sandboxes(&self) -> Option<&Self> {
         Some(self)
-    }
-
-    fn scheme(&self) -> &'static str {
-        SCHEME
     }
 
     async fn reconcile(&self, keep: &BTreeSet<String>) {
@@ -415,18 +429,6 @@ impl Runtime for CriRuntime {
             tracing::info!(sandbox = %s.id, pod_uid = %uid, "removing a pod sandbox that belongs to no known pod");
             self.stop_and_remove_sandbox(&s.id).await;
         }
-    }
-
-    fn health(&self) -> RuntimeHealth {
-        lock(&self.known).health(tokio::time::Instant::now())
-    }
-
-    fn images(&self) -> Vec<ImageSummary> {
-        lock(&self.known).images()
-    }
-
-    fn version(&self) -> String {
-        lock(&self.known).version()
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {

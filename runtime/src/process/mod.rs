@@ -24,7 +24,7 @@ pub use exec::START_FAILED;
 
 use crate::seam::{
     ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, MainProcess, NoSandboxes, Runtime,
-    RuntimeError, Started, StopSignals, exit_reason,
+    RuntimeError, RuntimeFacts, Started, StopSignals, exit_reason,
 };
 
 /// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
@@ -269,19 +269,21 @@ async fn drain(from: &mut (impl tokio::io::AsyncRead + Unpin), kept: &mut Vec<u8
     }
 }
 
-impl Runtime for ProcessRuntime {
-    type Sandboxes = NoSandboxes;
-
-    fn sandboxes(&self) -> Option<&NoSandboxes> {
-        None
-    }
-
+impl RuntimeFacts for ProcessRuntime {
     fn scheme(&self) -> &'static str {
         "process"
     }
 
     fn version(&self) -> String {
         format!("nodewarden-process://{}", env!("CARGO_PKG_VERSION"))
+    }
+}
+
+impl Runtime for ProcessRuntime {
+    type Sandboxes = NoSandboxes;
+
+    fn sandboxes(&self) -> Option<&NoSandboxes> {
+        None
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use crate::manager::PodManager;
 use crate::metrics::SyncMetrics;
 use nodewarden_runtime::{
-    ContainerId, ContainerSpec, ExecOutput, ExitInfo, RunningSandbox, Runtime, RuntimeError, SandboxRuntime,
-    SandboxSpec, Started, StopSignals,
+    ContainerId, ContainerSpec, ExecOutput, ExitInfo, RunningSandbox, Runtime, RuntimeError, RuntimeFacts,
+    SandboxRuntime, SandboxSpec, Started, StopSignals,
 };
 
 const SIGTERM: i32 = 15;
@@ -121,15 +121,17 @@ impl SandboxRuntime for Fake {
     }
 }
 
+impl RuntimeFacts for Fake {
+    fn scheme(&self) -> &'static str {
+        "fake"
+    }
+}
+
 impl Runtime for Fake {
     type Sandboxes = Self;
 
     fn sandboxes(&self) -> Option<&Self> {
         Some(self)
-    }
-
-    fn scheme(&self) -> &'static str {
-        "fake"
     }
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
