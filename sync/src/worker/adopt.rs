@@ -60,7 +60,7 @@ impl<R: Runtime> Worker<R> {
         let saved = state::load(&root, &self.uid);
         if let Some(terminal) = saved.terminal.clone() {
             self.lifecycle.state = PodState::Finished(terminal);
-            self.permit = None;
+            self.link.permit = None;
             return true;
         }
         if self.shared.resources().placement(&self.uid).is_none() {
@@ -139,7 +139,7 @@ impl<R: Runtime> Worker<R> {
             (false, Resume::Running) => PodState::Running,
             (false, Resume::Initializing) => PodState::Initializing,
         };
-        self.created = None;
+        self.report.created = None;
         self.save().await;
         true
     }

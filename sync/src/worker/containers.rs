@@ -38,7 +38,7 @@ impl<R: Runtime> Worker<R> {
         self.sandbox = Sandbox::Requested;
         let runtime = self.shared.runtime.clone();
         let full_name = self.full_name();
-        self.in_flight.spawn(async move {
+        self.tasks.in_flight.spawn(async move {
             let Some(sandboxes) = runtime.sandboxes() else { return Completed::Sandbox(Err("no sandboxes".into())) };
             match sandboxes.run_sandbox(&spec).await {
                 Ok(running) => {
@@ -149,7 +149,7 @@ impl<R: Runtime> Worker<R> {
         let runtime = self.shared.runtime.clone();
         let metrics = self.shared.metrics.clone();
         let full_name = self.full_name();
-        self.in_flight.spawn(async move {
+        self.tasks.in_flight.spawn(async move {
             let result = match runtime.start(&spec).await {
                 Ok(started) => {
                     tracing::info!(pod = %full_name, container = %spec.name, pid = started.pid, attempt, "container started");
@@ -215,7 +215,7 @@ impl<R: Runtime> Worker<R> {
             }
         });
         let runtime = self.shared.runtime.clone();
-        let events = self.events.clone();
+        let events = self.link.events.clone();
         let watched = id.clone();
         tasks.spawn(async move {
             let info = runtime.wait(&watched).await;
@@ -223,7 +223,7 @@ impl<R: Runtime> Worker<R> {
         });
         for (kind, cfg) in probes {
             let runtime = self.shared.runtime.clone();
-            let events = self.events.clone();
+            let events = self.link.events.clone();
             let id = id.clone();
             tasks.spawn(async move {
                 tokio::time::sleep(cfg.initial_delay).await;
@@ -238,7 +238,7 @@ impl<R: Runtime> Worker<R> {
                 }
             });
         }
-        self.containers.insert(id, tasks);
+        self.tasks.containers.insert(id, tasks);
     }
 
     /// Watches a container that started (or that an earlier daemon started) for its run number `attempt`.
@@ -260,7 +260,7 @@ impl<R: Runtime> Worker<R> {
         let name = self.lifecycle.index_of(&id).map(|i| self.lifecycle.containers[i].name.as_str()).unwrap_or_default();
         tracing::info!(pod = %self.full_name(), container = %name, container_id = %id, output = %why, "probe failed; restarting the container");
         let runtime = self.shared.runtime.clone();
-        let Some(tasks) = self.containers.get_mut(&id) else { return };
+        let Some(tasks) = self.tasks.containers.get_mut(&id) else { return };
         tasks.spawn(async move {
             if let Err(e) = runtime.stop(&id, grace).await {
                 tracing::debug!(container_id = %id, error = %e, "cannot stop the container");

@@ -160,35 +160,68 @@ pub(crate) struct Worker<R> {
     qos: Option<QosClass>,
     volumes: Vec<PreparedVolume>,
     sandbox: Sandbox,
-    conditions: status::ConditionTimes,
+    /// The worker's own tasks.
+    tasks: Tasks,
+    /// What the worker shares with its manager.
+    link: Link,
+    /// Who waits on the pod's termination.
+    waiting: Waiting,
+    /// What the pod's status was and why.
+    report: Report,
+    /// Whether the spec has a preStop hook to run ([`terminate::has_pre_stop`]), read once per spec.
+    pre_stop_hooked: bool,
+    /// This worker has saved the pod's state once: from then on only what a save changes is synced.
+    saved_once: bool,
+}
+
+/// A worker's own tasks.
+#[derive(Default)]
+struct Tasks {
     /// Runtime calls in flight.
     in_flight: JoinSet<containers::Completed>,
     /// The termination's preStop hooks and stops.
     stopping: JoinSet<()>,
     /// Removals and kills nobody waits for.
     background: JoinSet<()>,
+    /// Each running container's exit watch, probes and log rotation.
     containers: ContainerTasks,
+}
+
+/// What a worker shares with its pod manager.
+struct Link {
+    /// Its tasks' reports.
     events: mpsc::UnboundedSender<Event>,
+    /// Since when it has had runtime calls in flight (the manager's stuck check).
     busy: Arc<Mutex<Option<Instant>>>,
+    /// The containers an eviction may signal itself.
     stoppable: Stoppable,
-    /// Whether the spec has a preStop hook to run ([`terminate::has_pre_stop`]), read once per spec.
-    pre_stop_hooked: bool,
+    /// One pod of a name at a time, and this worker's turn.
     name_lock: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
-    /// When the worker was made, until the pod-start metric has counted it.
-    created: Option<Instant>,
-    /// Termination requesters to tell once SIGTERM is out, and those to tell once the pod is over.
+}
+
+/// The termination's requesters.
+#[derive(Default)]
+struct Waiting {
+    /// To tell once SIGTERM is out.
     signalled: Vec<Signalled>,
+    /// The stop signals are not out yet.
     awaiting_signal: bool,
     /// When the termination's stop signals went out.
     signalled_at: Option<Instant>,
+    /// To tell once the pod is over.
     done: Vec<oneshot::Sender<()>>,
+}
+
+/// What the pod's status reporting keeps.
+struct Report {
+    conditions: status::ConditionTimes,
+    /// When the worker was made, until the pod-start metric has counted it.
+    created: Option<Instant>,
     /// Why this worker took the pod over from one that panicked (a pod condition says so).
     incident: Option<k8s_openapi::api::core::v1::PodCondition>,
     /// The status last put in the store: an input that changes nothing (most probe results) publishes nothing.
     published: Option<k8s_openapi::api::core::v1::PodStatus>,
-    /// This worker has saved the pod's state once: from then on only what a save changes is synced.
-    saved_once: bool,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -210,30 +243,22 @@ impl<R: Runtime> Worker<R> {
             placement: None,
             volumes: Vec::new(),
             sandbox: Sandbox::None,
-            conditions: status::ConditionTimes::default(),
-            in_flight: JoinSet::new(),
-            stopping: JoinSet::new(),
-            background: JoinSet::new(),
-            containers: HashMap::new(),
-            events,
-            busy,
-            stoppable,
-            name_lock,
-            permit: None,
-            created: Some(Instant::now()),
-            signalled: Vec::new(),
-            signalled_at: None,
-            awaiting_signal: false,
-            done: Vec::new(),
-            incident: None,
-            published: None,
+            tasks: Tasks::default(),
+            link: Link { events, busy, stoppable, name_lock, permit: None },
+            waiting: Waiting::default(),
+            report: Report {
+                conditions: status::ConditionTimes::default(),
+                created: Some(Instant::now()),
+                incident: None,
+                published: None,
+            },
             saved_once: false,
         }
     }
 
     /// A worker that takes the pod over from one that panicked, for this reason.
     pub(crate) fn with_incident(mut self, incident: Option<String>) -> Self {
-        self.incident = incident.as_deref().map(crate::store::worker_condition);
+        self.report.incident = incident.as_deref().map(crate::store::worker_condition);
         self
     }
 
@@ -251,14 +276,14 @@ impl<R: Runtime> Worker<R> {
         mut events: mpsc::UnboundedReceiver<Event>,
     ) {
         self.publish();
-        let acquire = self.name_lock.clone().acquire_owned();
+        let acquire = self.link.name_lock.clone().acquire_owned();
         tokio::pin!(acquire);
         // An event read together with a termination queued before it, handled right after the termination.
         let mut deferred: Option<Event> = None;
         while self.lifecycle.state != PodState::Removed {
             let wakeup = self.lifecycle.next_wakeup();
             let awaiting_name = self.lifecycle.state == PodState::AwaitingName;
-            while self.background.try_join_next().is_some() {}
+            while self.tasks.background.try_join_next().is_some() {}
             if let Some(ev) = deferred.take() {
                 if let Some(input) = self.event_input(ev) {
                     self.handle(input).await;
@@ -272,7 +297,7 @@ impl<R: Runtime> Worker<R> {
                     self.accept(req).await
                 }
                 permit = &mut acquire, if awaiting_name => {
-                    self.permit = permit.ok();
+                    self.link.permit = permit.ok();
                     if self.adopt().await { Input::Adopted } else { Input::NameFree }
                 }
                 changed = spec.changed() => {
@@ -285,10 +310,10 @@ impl<R: Runtime> Worker<R> {
                     }
                     self.pre_stop_hooked = terminate::has_pre_stop(&pod);
                     self.pod = pod;
-                    self.published = None;
+                    self.report.published = None;
                     Input::SpecUpdate { grace: grace_period(&self.pod) }
                 }
-                Some(done) = self.in_flight.join_next() => match done {
+                Some(done) = self.tasks.in_flight.join_next() => match done {
                     Ok(done) => self.completed(done),
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                     Err(_) => continue,
@@ -298,7 +323,7 @@ impl<R: Runtime> Worker<R> {
                     // it queues the termination before it lets go of the list, so once the list is free a
                     // termination that caused this exit is queued, and goes first, so that the exit ends the pod
                     // as terminated, not as completed or to be restarted.
-                    drop(self.stoppable.lock().unwrap_or_else(PoisonError::into_inner));
+                    drop(self.link.stoppable.lock().unwrap_or_else(PoisonError::into_inner));
                     if let Ok(req) = terminations.try_recv() {
                         deferred = Some(ev);
                         self.accept(req).await
@@ -320,12 +345,12 @@ impl<R: Runtime> Worker<R> {
     async fn accept(&mut self, req: TerminateRequest) -> Input {
         // An eviction holds the list while it signals (see `PodManager::evict`): once it is free, the signals are
         // out, or left to this worker.
-        drop(self.stoppable.lock().unwrap_or_else(PoisonError::into_inner));
+        drop(self.link.stoppable.lock().unwrap_or_else(PoisonError::into_inner));
         if req.signalled.as_ref().is_some_and(Signalled::is_told) {
             tokio::time::sleep(nodewarden_eviction::VICTIM_HEADSTART).await;
         }
-        self.signalled.extend(req.signalled);
-        self.done.extend(req.done);
+        self.waiting.signalled.extend(req.signalled);
+        self.waiting.done.extend(req.done);
         Input::Terminate { grace: req.grace, reason: req.reason }
     }
 
@@ -335,8 +360,8 @@ impl<R: Runtime> Worker<R> {
             Event::Exited { id, info } => Some(Input::ContainerExited { id, info }),
             Event::Probe { id, kind, result } => Some(self.probe_input(id, kind, result)),
             Event::Signalled(at) => {
-                self.awaiting_signal = false;
-                self.signalled_at = Some(at);
+                self.waiting.awaiting_signal = false;
+                self.waiting.signalled_at = Some(at);
                 self.after_input();
                 None
             }
@@ -347,7 +372,7 @@ impl<R: Runtime> Worker<R> {
     async fn handle(&mut self, input: Input) {
         let started = Instant::now();
         // While the pod changes, an eviction leaves the signals to this worker.
-        self.stoppable.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.link.stoppable.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let mut queue = VecDeque::from([input]);
         while let Some(input) = queue.pop_front() {
             let (next, actions) = step::step(std::mem::take(&mut self.lifecycle), input, Instant::now());
@@ -362,15 +387,15 @@ impl<R: Runtime> Worker<R> {
 
     /// Publishes the status and tells the termination requesters what they wait for.
     fn after_input(&mut self) {
-        if !self.awaiting_signal {
-            let at = self.signalled_at.unwrap_or_else(Instant::now);
-            for s in self.signalled.drain(..) {
+        if !self.waiting.awaiting_signal {
+            let at = self.waiting.signalled_at.unwrap_or_else(Instant::now);
+            for s in self.waiting.signalled.drain(..) {
                 s.tell(at);
             }
         }
-        let busy = (!self.in_flight.is_empty()).then(Instant::now);
+        let busy = (!self.tasks.in_flight.is_empty()).then(Instant::now);
         {
-            let mut b = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut b = self.link.busy.lock().unwrap_or_else(PoisonError::into_inner);
             if busy.is_none() || b.is_none() {
                 *b = busy;
             }
@@ -382,7 +407,7 @@ impl<R: Runtime> Worker<R> {
         // After the status: whoever waited for the termination (the eviction manager, which then reclaims the
         // logs of pods that are over) finds the pod over.
         if matches!(self.lifecycle.state, PodState::Finished(_) | PodState::Removed) {
-            for d in self.done.drain(..) {
+            for d in self.waiting.done.drain(..) {
                 let _ = d.send(());
             }
         }
@@ -400,7 +425,7 @@ impl<R: Runtime> Worker<R> {
             }
             _ => Vec::new(),
         };
-        *self.stoppable.lock().unwrap_or_else(PoisonError::into_inner) = ids;
+        *self.link.stoppable.lock().unwrap_or_else(PoisonError::into_inner) = ids;
     }
 
     fn probe_input(&self, id: ContainerId, kind: ProbeKind, result: Result<String, String>) -> Input {
@@ -446,13 +471,13 @@ impl<R: Runtime> Worker<R> {
                 None
             }
             Action::RemoveContainer { id } => {
-                self.containers.remove(&id);
+                self.tasks.containers.remove(&id);
                 let runtime = self.shared.runtime.clone();
-                self.background.spawn(async move { runtime.remove(&id).await });
+                self.tasks.background.spawn(async move { runtime.remove(&id).await });
                 None
             }
             Action::Abandon => {
-                self.in_flight = JoinSet::new();
+                self.tasks.in_flight = JoinSet::new();
                 None
             }
             Action::MarkTerminating => {
@@ -477,7 +502,7 @@ impl<R: Runtime> Worker<R> {
                 None
             }
             Action::ReleaseName => {
-                self.permit = None;
+                self.link.permit = None;
                 None
             }
             Action::Forget => {
@@ -495,7 +520,7 @@ impl<R: Runtime> Worker<R> {
                 None
             }
             Action::ReportStarted => {
-                if let Some(t) = self.created.take() {
+                if let Some(t) = self.report.created.take() {
                     self.shared.metrics.pod_start_duration.observe(t.elapsed().as_secs_f64());
                 }
                 None

@@ -188,14 +188,14 @@ impl<R: Runtime> Worker<R> {
             pod_ips: &pod_ips,
             host_ips: &self.shared.settings.host_ips,
         };
-        let mut status = pod_status(&self.lifecycle, &view, &mut self.conditions, Instant::now());
-        if let Some(c) = &self.incident {
+        let mut status = pod_status(&self.lifecycle, &view, &mut self.report.conditions, Instant::now());
+        if let Some(c) = &self.report.incident {
             status.conditions.get_or_insert_with(Vec::new).push(c.clone());
         }
-        if self.published.as_ref() == Some(&status) && self.shared.store.contains(&self.uid) {
+        if self.report.published.as_ref() == Some(&status) && self.shared.store.contains(&self.uid) {
             return;
         }
-        self.published = Some(status.clone());
+        self.report.published = Some(status.clone());
         let pod = Pod { metadata: self.pod.metadata.clone(), spec: self.pod.spec.clone(), status: Some(status) };
         self.shared.store.set(&self.uid, pod);
     }

@@ -59,8 +59,8 @@ impl<R: Runtime> Worker<R> {
     pub(super) async fn stop_all(&mut self, ids: Vec<ContainerId>, deadline: Instant) {
         let hooks: Vec<_> = ids.iter().map(|id| (id.clone(), self.pre_stop(id))).collect();
         let runtime = self.shared.runtime.clone();
-        let events = self.events.clone();
-        self.awaiting_signal = true;
+        let events = self.link.events.clone();
+        self.waiting.awaiting_signal = true;
         let stop_each = {
             let runtime = runtime.clone();
             move |ids: Vec<ContainerId>| {
@@ -80,13 +80,13 @@ impl<R: Runtime> Worker<R> {
             // anything else; the rest of each stop (the wait for the exit) goes on in the background.
             let mut stops = Box::pin(stop_each(ids));
             if signal_stops(stops.as_mut(), &events).await {
-                self.stopping.spawn(async move {
+                self.tasks.stopping.spawn(async move {
                     stops.await;
                 });
             }
             return;
         }
-        self.stopping.spawn(async move {
+        self.tasks.stopping.spawn(async move {
             let runtime = &*runtime;
             let run_hooks =
                 hooks.iter().filter_map(|(id, argv)| Some((id, argv.as_ref()?))).map(|(id, argv)| async move {
@@ -114,7 +114,7 @@ impl<R: Runtime> Worker<R> {
         }
         for id in ids {
             let runtime = self.shared.runtime.clone();
-            self.background.spawn(async move {
+            self.tasks.background.spawn(async move {
                 let _ = runtime.stop(&id, Duration::ZERO).await;
             });
         }
@@ -123,8 +123,8 @@ impl<R: Runtime> Worker<R> {
     /// Removes the sandbox, kills whatever is left in the pod cgroup and releases the cgroups, and removes the
     /// pod's volumes (and, when deleted, its logs).
     pub(super) async fn clean_up(&mut self, deleted: bool) {
-        self.stopping.abort_all();
-        self.awaiting_signal = false;
+        self.tasks.stopping.abort_all();
+        self.waiting.awaiting_signal = false;
         if !matches!(self.sandbox, Sandbox::None)
             && let Some(spec) = self.sandbox_spec()
             && let Some(sandboxes) = self.shared.runtime.sandboxes()
@@ -136,7 +136,7 @@ impl<R: Runtime> Worker<R> {
         if released {
             self.placement = None;
         }
-        for (id, _) in self.containers.drain() {
+        for (id, _) in self.tasks.containers.drain() {
             self.shared.runtime.remove(&id).await;
         }
         let root = &self.shared.settings.root_dir;
