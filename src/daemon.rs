@@ -196,7 +196,7 @@ async fn select_runtime(
     shutdown: &CancellationToken,
 ) -> Result<SelectedRuntime, DaemonError> {
     let Some(endpoint) = &config.container_runtime_endpoint else {
-        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone())));
+        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone(), tasks.clone(), shutdown.clone())));
     };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
@@ -445,7 +445,16 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         host_ips: node_ip.iter().map(ToString::to_string).collect(),
     };
     let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
-    let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics, Arc::new(LoggedEvents));
+    let events = Arc::new(LoggedEvents);
+    let pods = PodManager::new(
+        manager.clone(),
+        Arc::new(runtime),
+        settings,
+        sync_metrics,
+        events,
+        tasks.clone(),
+        shutdown.clone(),
+    );
     // Bound before pods start; a port that is held is tried again, while pods and eviction run (see `listen`).
     let healthz = config.healthz;
     let first_bind = match healthz {
@@ -459,7 +468,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         pods.expect_source(FILE_SOURCE);
         tasks.spawn(source.run(tx, shutdown.clone()));
     }
-    tasks.spawn(pods.clone().run(rx, shutdown.clone()));
+    tasks.spawn(pods.clone().run(rx));
     let store = pods.store();
 
     let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
@@ -467,7 +476,16 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let gauges = Arc::new(Gauges { metrics: metrics.clone() });
     let evictor = pods.clone();
-    let eviction = EvictionManager::new(manager.clone(), evictor, settings_rx, eviction_metrics, Some(gauges));
+    let (service_tasks, stop) = (tasks.clone(), shutdown.clone());
+    let eviction = EvictionManager::new(
+        manager.clone(),
+        evictor,
+        settings_rx,
+        eviction_metrics,
+        Some(gauges),
+        service_tasks,
+        stop,
+    );
     let (wake_tx, wake_rx) = mpsc::channel(8);
     let _wake_thread = if config_tx.borrow().pressure_events {
         let kubepods = probe.1.clone();
@@ -494,8 +512,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     // The pressure stall counters count from here; the adopted pods show from the first scrape.
     shared.refresh_gauges();
     let realtime = shared.config.borrow().eviction_realtime_priority;
-    let eviction =
-        eviction.spawn(wake_rx, shutdown.clone(), TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
+    let eviction = eviction.spawn(wake_rx, TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.
@@ -505,7 +522,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
             Ok(status) => {
                 let _ = shared.cluster.set(status.context("--kubeconfig")?);
             }
-            Err(signal) => return stop_early(signal, &shutdown, &[&tasks, &shared.pods.tasks()]).await,
+            Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
         }
     }
     let server = first_bind.map(|(addr, first)| {
@@ -524,16 +541,11 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let signal = signals.recv().await;
     tracing::info!(signal, "shutting down; pod cgroups are left in place for the next start to adopt");
     shutdown.cancel();
-    let pod_tasks = shared.pods.tasks();
-    for (what, tracker) in [("daemon", &tasks), ("pod sync", &pod_tasks)] {
-        tracker.close();
-        if tokio::time::timeout(TASK_DRAIN, tracker.wait()).await.is_err() {
-            tracing::warn!(
-                tasks = what,
-                left = tracker.len(),
-                "tasks still running {TASK_DRAIN:?} after shutdown; leaving them"
-            );
-        }
+    // One deadline for every task of the daemon (pod sync's workers, its exit watches, eviction's waits, the
+    // cluster side, the config watcher), then they are left behind.
+    tasks.close();
+    if tokio::time::timeout(TASK_DRAIN, tasks.wait()).await.is_err() {
+        tracing::warn!(left = tasks.len(), "tasks still running {TASK_DRAIN:?} after shutdown; leaving them");
     }
     // The eviction thread waits for its own tasks, at most TASK_DRAIN.
     let joined = tokio::task::spawn_blocking(move || eviction.join());
@@ -633,7 +645,8 @@ mod tests {
         let gauges = Arc::new(Gauges { metrics: metrics.clone() });
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).unwrap();
         let fs = manager.lock().unwrap().cgroupfs().clone();
-        let runtime = SelectedRuntime::Process(ProcessRuntime::new(fs));
+        let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+        let runtime = SelectedRuntime::Process(ProcessRuntime::new(fs, tasks.clone(), shutdown.clone()));
         let settings = SyncSettings {
             root_dir: host.path().join("root"),
             log_dir: host.path().join("logs"),
@@ -642,8 +655,12 @@ mod tests {
             host_ips: Vec::new(),
         };
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
-        let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics, Arc::new(LoggedEvents));
-        let eviction = EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, Some(gauges));
+        let events = Arc::new(LoggedEvents);
+        let (t, s) = (tasks.clone(), shutdown.clone());
+        let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics, events, t, s);
+        let gauges: Option<Arc<dyn PassObserver>> = Some(gauges);
+        let eviction =
+            EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, gauges, tasks, shutdown);
         let (probe, view, node_resources) = {
             let m = manager.lock().unwrap();
             ((m.cgroupfs().clone(), m.tree().kubepods.clone()), m.view(), Mutex::new(NodeResources::of(&m)))

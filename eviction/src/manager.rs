@@ -188,7 +188,7 @@ pub struct EvictionManager<E: Evictor> {
     warned_no_candidates: bool,
     /// The last pass that read everything (PSI too) and told the observer.
     last_full: Option<Instant>,
-    /// The eviction tasks, which outlive a pass, and what stops them at shutdown.
+    /// The daemon's task tracker and shutdown token: the eviction tasks, which outlive a pass, run on them.
     tasks: TaskTracker,
     stop: CancellationToken,
     /// The signals as last read (a memory-only pass updates memory.available alone).
@@ -320,6 +320,8 @@ impl<E: Evictor> EvictionManager<E> {
         settings: watch::Receiver<Arc<EvictionSettings>>,
         metrics: EvictionMetrics,
         observer: Option<Arc<dyn PassObserver>>,
+        tasks: TaskTracker,
+        stop: CancellationToken,
     ) -> Self {
         let view = resources.lock().unwrap_or_else(PoisonError::into_inner).view();
         Self {
@@ -338,8 +340,8 @@ impl<E: Evictor> EvictionManager<E> {
             done: mpsc::unbounded_channel(),
             warned_no_candidates: false,
             last_full: None,
-            tasks: TaskTracker::new(),
-            stop: CancellationToken::new(),
+            tasks,
+            stop,
             signals: BTreeMap::new(),
             due: BTreeMap::new(),
             rates: Rates::default(),
@@ -356,23 +358,16 @@ impl<E: Evictor> EvictionManager<E> {
         self.status.clone()
     }
 
-    /// The eviction tasks (each waits for its victim's SIGTERM and termination), for the daemon to wait on once
-    /// [`EvictionManager::run`] has ended.
-    pub fn tasks(&self) -> TaskTracker {
-        self.tasks.clone()
-    }
-
     /// Runs the loop on a thread of its own, named `eviction`, with a single-threaded runtime, and returns once it
     /// is running. Nothing else runs on that thread, so the loop's blocking reads (the kernel's files, the
     /// resources lock) hold up no other task, and no hand-off to another thread stands between the pass that
     /// sees a crossing and the victim's SIGTERM. With a `realtime_priority` (1 to 99; 0 for none) the thread runs
     /// under `SCHED_FIFO` at that priority ([`make_realtime`]), or, where that is refused, says so and runs as
-    /// before. The thread ends once `shutdown` is cancelled and the eviction tasks have ended, or `drain` after
-    /// that.
+    /// before. The thread ends once the daemon's shutdown token is cancelled and its tracker has drained, or
+    /// `drain` after that.
     pub fn spawn(
         self,
         wakeups: mpsc::Receiver<Wake>,
-        shutdown: CancellationToken,
         drain: Duration,
         realtime_priority: u8,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -398,22 +393,20 @@ impl<E: Evictor> EvictionManager<E> {
                     ),
                 }
             }
-            let tasks = self.tasks();
+            let tasks = self.tasks.clone();
             runtime.block_on(async move {
-                self.run(wakeups, shutdown).await;
-                if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
-                    tracing::warn!(
-                        left = tasks.len(),
-                        "eviction tasks still running {drain:?} after shutdown; leaving them"
-                    );
-                }
+                self.run(wakeups).await;
+                // The eviction tasks run on this thread's runtime: it is kept until the daemon's tracker has
+                // drained (its tasks end on the shutdown token), or `drain` has passed.
+                let _ = tokio::time::timeout(drain, tasks.wait()).await;
             });
         })
     }
 
-    /// Runs until `shutdown` is cancelled, then closes its task tracker. `wakeups` carries pressure events. Its
-    /// reads block the thread it runs on: the daemon gives it a thread of its own ([`EvictionManager::spawn`]).
-    pub async fn run(mut self, mut wakeups: mpsc::Receiver<Wake>, shutdown: CancellationToken) {
+    /// Runs until the daemon's shutdown token is cancelled. `wakeups` carries pressure events. Its reads block the
+    /// thread it runs on: the daemon gives it a thread of its own ([`EvictionManager::spawn`]).
+    pub async fn run(mut self, mut wakeups: mpsc::Receiver<Wake>) {
+        let shutdown = self.stop.clone();
         let mut next = Instant::now();
         let mut last = None::<Instant>;
         loop {
@@ -433,11 +426,7 @@ impl<E: Evictor> EvictionManager<E> {
                     }
                     Wake::Evicted
                 }
-                () = shutdown.cancelled() => {
-                    self.stop.cancel();
-                    self.tasks.close();
-                    return;
-                }
+                () = shutdown.cancelled() => return,
             };
             self.metrics.wakeups.with_label_values(&[wake.as_str()]).inc();
             // Pressure events come in bursts (measured: with every daemon's triggers firing during a 100-pod start

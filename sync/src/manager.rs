@@ -90,7 +90,8 @@ pub struct PodManager<R: Runtime> {
     /// Pods deleted whose workers ended while their source still lists them (with a deletion time, until the
     /// apiserver removes them), by UID, with that source: they are not started again.
     terminated: Mutex<HashMap<String, &'static str>>,
-    /// The detached tasks (orphan termination, reconciliation), which end on the shutdown token.
+    /// The daemon's task tracker and shutdown token: the workers and the detached tasks (orphan termination,
+    /// reconciliation) run on them.
     tasks: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -109,6 +110,8 @@ impl<R: Runtime> PodManager<R> {
         settings: SyncSettings,
         metrics: SyncMetrics,
         events: Arc<dyn crate::EventSink>,
+        tasks: TaskTracker,
+        shutdown: CancellationToken,
     ) -> Arc<Self> {
         let store = Arc::new(StatusStore::default());
         let log_epoch = Instant::now();
@@ -120,14 +123,9 @@ impl<R: Runtime> PodManager<R> {
             last_tick: Mutex::new(None),
             awaited: Mutex::new(BTreeSet::new()),
             terminated: Mutex::new(HashMap::new()),
-            tasks: TaskTracker::new(),
-            shutdown: CancellationToken::new(),
+            tasks,
+            shutdown,
         })
-    }
-
-    /// The manager's detached tasks, for the daemon to wait on after [`PodManager::run`] ended.
-    pub fn tasks(&self) -> TaskTracker {
-        self.tasks.clone()
     }
 
     /// The status store (`/pods`).
@@ -143,9 +141,11 @@ impl<R: Runtime> PodManager<R> {
         self.workers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs until `shutdown` is cancelled: applies snapshots from the sources and ticks. Then the workers and the
-    /// detached tasks stop (the tracker is closed); containers keep running for the next daemon to adopt.
-    pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<SourceSnapshot>, shutdown: CancellationToken) {
+    /// Runs until the daemon's shutdown token is cancelled: applies snapshots from the sources and ticks. Then the
+    /// workers are stopped and the detached tasks end on the token; containers keep running for the next daemon to
+    /// adopt.
+    pub async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<SourceSnapshot>) {
+        let shutdown = self.shutdown.clone();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut open = true;
@@ -177,8 +177,6 @@ impl<R: Runtime> PodManager<R> {
                 () = shutdown.cancelled() => break,
             }
         }
-        self.shutdown.cancel();
-        self.tasks.close();
         for (_, h) in self.workers().drain() {
             h.task.abort();
         }
@@ -292,7 +290,7 @@ impl<R: Runtime> PodManager<R> {
         let stoppable = Stoppable::default();
         let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), stoppable.clone(), lock)
             .with_incident(incident);
-        let task = tokio::spawn(worker.run(spec_rx, terminations_rx, events_rx));
+        let task = self.tasks.spawn(worker.run(spec_rx, terminations_rx, events_rx));
         Handle {
             spec,
             terminations,

@@ -89,6 +89,9 @@ struct Rig {
     evictor: Arc<FakeEvictor>,
     settings: watch::Sender<Arc<EvictionSettings>>,
     manager: EvictionManager<FakeEvictor>,
+    /// The daemon's tracker and shutdown token, as the manager was given them.
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
 }
 
 fn settings(hard: &[(Signal, Amount, Option<Amount>)], soft: &[(Signal, Amount, u64)]) -> EvictionSettings {
@@ -143,8 +146,10 @@ fn rig_on(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>, paths: impl FnOnce(Ho
     let resources = Arc::new(Mutex::new(m));
     assert!(evictor.resources.set(resources.clone()).is_ok());
     let metrics = EvictionMetrics::new(&prometheus::Registry::new()).unwrap();
-    let manager = EvictionManager::new(resources.clone(), evictor.clone(), rx, metrics, None);
-    Rig { host, resources, evictor, settings: tx, manager }
+    let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let manager =
+        EvictionManager::new(resources.clone(), evictor.clone(), rx, metrics, None, tasks.clone(), shutdown.clone());
+    Rig { host, resources, evictor, settings: tx, manager, tasks, shutdown }
 }
 
 /// Lets the spawned eviction tasks run.
@@ -567,17 +572,17 @@ async fn shutdown_ends_the_loop_and_its_pending_eviction_tasks() {
     );
     r.evictor.hang.lock().unwrap().insert("stuck".into());
     r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
-    let tasks = r.manager.tasks();
-    let shutdown = CancellationToken::new();
+    let (tasks, shutdown) = (r.tasks.clone(), r.shutdown.clone());
     let (_wake_tx, wake_rx) = mpsc::channel(1);
-    let loop_task = tokio::spawn(r.manager.run(wake_rx, shutdown.clone()));
+    let loop_task = tokio::spawn(r.manager.run(wake_rx));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(*r.evictor.attempts.lock().unwrap(), ["stuck"]);
     assert_eq!(tasks.len(), 1, "the eviction waits for a SIGTERM that never comes");
+    // The daemon's shutdown: the token, then its tracker closed and drained.
     shutdown.cancel();
+    tasks.close();
     tokio::time::timeout(Duration::from_millis(100), loop_task).await.unwrap().unwrap();
     tokio::time::timeout(Duration::from_millis(100), tasks.wait()).await.expect("the eviction task ended");
-    assert!(tasks.is_closed());
 }
 
 /// A hog ramping at 800 MiB/s toward a 100 MiB threshold, one poll at a time with time advanced by each period:
@@ -701,9 +706,9 @@ async fn a_config_change_is_acted_on_at_once_not_after_the_event_interval() {
         vec![(pod("hog", None, json!({})), 500 * MIB, 1)],
     );
     r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
-    let shutdown = CancellationToken::new();
     let (_wake_tx, wake_rx) = mpsc::channel(1);
-    tokio::spawn(r.manager.run(wake_rx, shutdown.clone()));
+    let shutdown = r.shutdown.clone();
+    tokio::spawn(r.manager.run(wake_rx));
     // The first pass runs at once; ample headroom then polls slowly.
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert!(r.evictor.attempts.lock().unwrap().is_empty());

@@ -18,6 +18,8 @@ use nodewarden_resources::{CgroupFs, CgroupPath};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use exec::ExecRequest;
 pub use exec::START_FAILED;
@@ -43,6 +45,9 @@ fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
 struct Entry {
     pidfd: Option<OwnedFd>,
     exit: watch::Receiver<Option<ExitInfo>>,
+    /// Where the exit watch tells of the exit: held here too, so that a watch ended by the daemon's shutdown
+    /// never closes the channel (a closed one would read as an exit nobody saw).
+    _exit_tx: Arc<watch::Sender<Option<ExitInfo>>>,
     /// SIGTERM went out: a container is sent its stop signal once.
     term_sent: bool,
     /// What a command run in the container needs: its cgroup, user, environment and mounts.
@@ -53,6 +58,10 @@ struct Entry {
 pub struct ProcessRuntime {
     fs: CgroupFs,
     containers: Arc<Mutex<HashMap<String, Entry>>>,
+    /// The daemon's task tracker and shutdown token: the exit watches run on them and end with the daemon (the
+    /// containers run on, for the next daemon to adopt).
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for ProcessRuntime {
@@ -66,9 +75,22 @@ fn container_id(spec: &ContainerSpec) -> String {
 }
 
 impl ProcessRuntime {
-    /// A runtime that starts containers in cgroups of `fs`, which reads `memory.events` for OOM kills.
-    pub fn new(fs: CgroupFs) -> Self {
-        Self { fs, containers: Arc::new(Mutex::new(HashMap::new())) }
+    /// A runtime that starts containers in cgroups of `fs`, which reads `memory.events` for OOM kills; its exit
+    /// watches are tasks of `tasks` that end on `shutdown`.
+    pub fn new(fs: CgroupFs, tasks: TaskTracker, shutdown: CancellationToken) -> Self {
+        Self { fs, containers: Arc::new(Mutex::new(HashMap::new())), tasks, shutdown }
+    }
+
+    /// Runs an exit watch on the daemon's tracker until the daemon shuts down.
+    fn spawn_watch(
+        tasks: &TaskTracker,
+        shutdown: &CancellationToken,
+        watch: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            stop.run_until_cancelled(watch).await;
+        });
     }
 
     fn request(&self, spec: &ContainerSpec, argv: &[String]) -> ExecRequest {
@@ -124,8 +146,9 @@ impl ProcessRuntime {
             started_at: now,
             finished_at: now,
         };
-        let (_tx, rx) = watch::channel(Some(info));
-        register(&self.containers, id.clone(), Entry { pidfd: None, exit: rx, term_sent: false, spec: spec.clone() });
+        let (tx, rx) = watch::channel(Some(info));
+        let entry = Entry { pidfd: None, exit: rx, _exit_tx: Arc::new(tx), term_sent: false, spec: spec.clone() };
+        register(&self.containers, id.clone(), entry);
         Started { id: ContainerId::new(id), pid: 0, pid_start: None, started_at: now }
     }
 
@@ -219,7 +242,7 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
 /// `oom_before` included.
 async fn watch_exit(
     pidfd: OwnedFd,
-    tx: watch::Sender<Option<ExitInfo>>,
+    tx: Arc<watch::Sender<Option<ExitInfo>>>,
     fs: CgroupFs,
     cgroup: CgroupPath,
     oom_before: u64,
@@ -309,6 +332,7 @@ impl Runtime for ProcessRuntime {
         };
         let (containers, fs, cgroup) = (self.containers.clone(), self.fs.clone(), spec.cgroup.clone());
         let (registered, owned) = (id.clone(), spec.clone());
+        let (tasks, shutdown) = (self.tasks.clone(), self.shutdown.clone());
         // The spawn returns once the child has exec'd its command (or failed to), so the process runs in its cgroup
         // by then: started means running in the container, as a runtime reports it. Until then the thread waits
         // (where the kernel refuses to create the child in its cgroup, through the child's move there: an RCU
@@ -320,13 +344,15 @@ impl Runtime for ProcessRuntime {
             let started_at = Timestamp::now();
             let pid_start = sys::start_ticks(child.pid);
             let (tx, rx) = watch::channel(None);
+            let tx = Arc::new(tx);
             let kept = child
                 .pidfd
                 .try_clone()
                 .inspect_err(|e| tracing::warn!(container_id = %registered, error = %e, "cannot keep a pidfd to signal the container"))
                 .ok();
-            register(&containers, registered, Entry { pidfd: kept, exit: rx, term_sent: false, spec: owned });
-            tokio::spawn(watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
+            let entry = Entry { pidfd: kept, exit: rx, _exit_tx: tx.clone(), term_sent: false, spec: owned };
+            register(&containers, registered, entry);
+            Self::spawn_watch(&tasks, &shutdown, watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
             Ok::<_, std::io::Error>((child.pid, pid_start, started_at))
         })
         .await
@@ -359,8 +385,10 @@ impl Runtime for ProcessRuntime {
         };
         let id = container_id(spec);
         let (tx, rx) = watch::channel(None);
+        let tx = Arc::new(tx);
         let pidfd = Some(pidfd);
-        register(&self.containers, id.clone(), Entry { pidfd, exit: rx, term_sent: false, spec: spec.clone() });
+        let entry = Entry { pidfd, exit: rx, _exit_tx: tx.clone(), term_sent: false, spec: spec.clone() };
+        register(&self.containers, id.clone(), entry);
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
             map.get(&id).and_then(|e| e.pidfd.as_ref().and_then(|fd| fd.try_clone().ok()))
@@ -374,7 +402,7 @@ impl Runtime for ProcessRuntime {
         let fs = self.fs.clone();
         let cgroup = spec.cgroup.clone();
         let oom_before = oom_kills(&self.fs, &spec.cgroup);
-        tokio::spawn(async move {
+        Self::spawn_watch(&self.tasks, &self.shutdown, async move {
             // Not a child of this daemon, so its exit status is not ours to collect: a pidfd tells when it ended.
             if let Err(e) = sys::pidfd_exited(pidfd).await {
                 tracing::warn!(error = %e, "cannot watch an adopted container; treating it as exited");
@@ -489,7 +517,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("nw/podu/app")).unwrap();
         std::fs::write(dir.path().join("nw/podu/app/cgroup.procs"), "").unwrap();
-        let runtime = ProcessRuntime::new(CgroupFs::new(dir.path(), CgroupPath::parse("/nw").unwrap()));
+        let fs = CgroupFs::new(dir.path(), CgroupPath::parse("/nw").unwrap());
+        let runtime = ProcessRuntime::new(fs, TaskTracker::new(), CancellationToken::new());
         let (terms, ready) = (dir.path().join("terms"), dir.path().join("ready"));
         // A container that notes each SIGTERM and carries on.
         let script = format!(

@@ -259,13 +259,22 @@ fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
     let registry = prometheus::Registry::new();
     let metrics = SyncMetrics::new(&registry).unwrap();
     let events = Arc::new(Events::default());
-    let manager = PodManager::new(Arc::new(Mutex::new(rm)), fake.clone(), settings, metrics, events.clone());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let manager = PodManager::new(
+        Arc::new(Mutex::new(rm)),
+        fake.clone(),
+        settings,
+        metrics,
+        events.clone(),
+        tasks,
+        shutdown.clone(),
+    );
     for source in sources {
         manager.expect_source(source);
     }
     let (tx, rx) = mpsc::channel(4);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(manager.clone().run(rx, shutdown.clone()));
+    tokio::spawn(manager.clone().run(rx));
     let drain_tx = shutdown.drop_guard();
     Harness {
         cg: host.cgroup_mount().join("nw/kubepods"),
