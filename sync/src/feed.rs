@@ -71,16 +71,15 @@ impl StatusFeed {
         self.changed.send_replace(generation);
     }
 
-    /// The pod's worker is gone: its last status stays until it is acknowledged.
+    /// The pod's worker is gone: its last status, as a new generation, stays until it is acknowledged (even one
+    /// reported already: the acknowledgement of a gone pod is what tells the consumer to finalize it).
     pub(crate) fn gone(&self, uid: &str) {
         let mut s = self.state();
+        s.next += 1;
+        let generation = s.next;
         let Some(f) = s.pods.get_mut(uid) else { return };
         f.gone = true;
-        if f.acked >= f.generation {
-            s.pods.remove(uid);
-            return;
-        }
-        let generation = s.next;
+        f.generation = generation;
         drop(s);
         self.changed.send_replace(generation);
     }
@@ -149,14 +148,17 @@ impl StatusReader {
     }
 
     /// Acknowledges `uid`'s status up to `generation` (a later status stays unreported). A pod whose worker is
-    /// gone is forgotten once its last status is acknowledged.
-    pub fn ack(&self, uid: &str, generation: u64) {
+    /// gone is forgotten once its last status is acknowledged, and returned: its containers are gone and its
+    /// final status is reported, so it is the consumer's to finalize (the apiserver's side deletes it with grace 0
+    /// and its UID as a precondition, as the kubelet's status manager does).
+    pub fn ack(&self, uid: &str, generation: u64) -> Option<Arc<Pod>> {
         let mut s = self.feed.state();
-        let Some(f) = s.pods.get_mut(uid) else { return };
+        let f = s.pods.get_mut(uid)?;
         f.acked = f.acked.max(generation.min(f.generation));
         if f.gone && f.acked >= f.generation {
-            s.pods.remove(uid);
+            return s.pods.remove(uid).map(|f| f.pod);
         }
+        None
     }
 }
 
@@ -201,20 +203,25 @@ mod tests {
         assert_eq!(phases(&r), [("a".into(), "Running".into(), false), ("b".into(), "Pending".into(), false)]);
         // A status published after the consumer read it stays unreported however the older one is acknowledged.
         feed.publish("a", pod("Succeeded"));
-        r.ack("a", first[0].generation);
-        r.ack("b", first[1].generation);
+        assert!(r.ack("a", first[0].generation).is_none());
+        assert!(r.ack("b", first[1].generation).is_none());
         assert_eq!(phases(&r), [("a".into(), "Succeeded".into(), false)]);
         // The worker ends before the report: the terminal status waits for it, then the pod is forgotten.
         feed.gone("a");
         assert_eq!(phases(&r), [("a".into(), "Succeeded".into(), true)]);
         let last = r.unreported()[0].generation;
-        r.ack("a", last);
+        let over = r.ack("a", last).expect("the pod is over: the consumer finalizes it");
+        assert_eq!(over.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded"));
         assert!(r.unreported().is_empty());
         assert_eq!(r.all().iter().map(|u| u.uid.as_str()).collect::<Vec<_>>(), ["b"], "a is forgotten, b kept");
-        // A pod that is gone once its status was reported is forgotten at once.
+        // A pod whose last status was reported before its worker ended: reported once more, as gone, and its
+        // acknowledgement hands it over for finalizing.
         feed.gone("b");
+        assert_eq!(phases(&r), [("b".into(), "Pending".into(), true)]);
+        let b = r.unreported()[0].generation;
+        assert!(r.ack("b", b).is_some());
         assert!(r.all().is_empty());
-        r.ack("nobody", 7);
+        assert!(r.ack("nobody", 7).is_none());
         drop(r);
         feed.publish("c", pod("Running"));
         assert!(feed.state().pods.is_empty(), "reading stopped");

@@ -555,9 +555,16 @@ async fn the_status_feed_keeps_a_deleted_pods_last_status_until_it_is_acknowledg
     assert_eq!(new.pod.metadata.uid.as_deref(), Some("u51"));
     assert_eq!(new.pod.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
     // Acknowledged, the old one is forgotten; the new one stays known, reported.
-    for u in &unreported {
-        feed.ack(&u.uid, u.generation);
-    }
+    let finalized: Vec<String> = unreported
+        .iter()
+        .filter_map(|u| feed.ack(&u.uid, u.generation))
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect();
+    assert_eq!(
+        finalized,
+        ["u50"],
+        "the deleted pod, once its final status is acknowledged, is the consumer's to finalize"
+    );
     assert!(feed.unreported().is_empty());
     assert_eq!(feed.all().iter().map(|u| u.uid.as_str()).collect::<Vec<_>>(), ["u51"]);
 }
