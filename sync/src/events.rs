@@ -97,7 +97,7 @@ impl Happened {
                 (Normal, "Killing", format!("Stopping container {}", name(index)), Some(name(index)))
             }
             Happened::Refused { reason, message } => (Warning, reason.as_str(), message.clone(), None),
-            Happened::FailedMount(why) => (Warning, "FailedMount", why.clone(), None),
+            Happened::FailedMount(why) => (Warning, crate::volumes::VolumeError::REASON, why.clone(), None),
             Happened::FailedSandbox(why) => {
                 (Warning, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {why}"), None)
             }

@@ -84,6 +84,25 @@ impl VolumeSource {
     }
 }
 
+/// Why a pod's volume could not be made ready: the kubelet's `FailedMount`, in its words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MountVolume.SetUp failed for volume \"{volume}\" : {message}")]
+pub struct VolumeError {
+    /// The volume's name.
+    pub volume: String,
+    /// What failed.
+    pub message: String,
+}
+
+impl VolumeError {
+    /// The kubelet's reason for it (its event's and the waiting pod's).
+    pub const REASON: &'static str = "FailedMount";
+
+    fn of(v: &Volume) -> impl Fn(String) -> Self + '_ {
+        move |message| Self { volume: v.name.clone(), message }
+    }
+}
+
 /// A volume made ready for a pod's containers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedVolume {
@@ -109,30 +128,31 @@ pub fn prepare(
     uid: &str,
     volumes: &[Volume],
     memory_limit: Option<u64>,
-) -> Result<Vec<PreparedVolume>, String> {
+) -> Result<Vec<PreparedVolume>, VolumeError> {
     let mut out = Vec::new();
     for v in volumes {
-        let source = VolumeSource::from_volume(v).map_err(|e| format!("volume {}: {e}", v.name))?;
+        let failed = VolumeError::of(v);
+        let source = VolumeSource::from_volume(v).map_err(&failed)?;
         let path = match source {
             VolumeSource::EmptyDir => {
                 use std::os::unix::fs::PermissionsExt;
                 let dir = volume_dir(root, uid, &v.name);
-                std::fs::create_dir_all(&dir).map_err(|e| format!("volume {}: {}: {e}", v.name, dir.display()))?;
+                std::fs::create_dir_all(&dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
                 // Writable by a container of any user, as the kubelet makes it.
                 std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
-                    .map_err(|e| format!("volume {}: {}: {e}", v.name, dir.display()))?;
+                    .map_err(|e| failed(format!("{}: {e}", dir.display())))?;
                 dir
             }
             VolumeSource::Memory(size) => {
                 let dir = volume_dir(root, uid, &v.name);
-                std::fs::create_dir_all(&dir).map_err(|e| format!("volume {}: {}: {e}", v.name, dir.display()))?;
+                std::fs::create_dir_all(&dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
                 if !is_mount_point(&dir) {
-                    mount_tmpfs(&dir, size.or(memory_limit)).map_err(|e| format!("volume {}: {e}", v.name))?;
+                    mount_tmpfs(&dir, size.or(memory_limit)).map_err(&failed)?;
                 }
                 dir
             }
             VolumeSource::HostPath { path, kind } => {
-                check_host_path(&path, kind).map_err(|e| format!("volume {}: {e}", v.name))?;
+                check_host_path(&path, kind).map_err(&failed)?;
                 path
             }
         };
@@ -414,7 +434,12 @@ mod tests {
             host_path: Some(HostPathVolumeSource { path: "/definitely/absent".into(), type_: Some("File".into()) }),
             ..Volume::default()
         };
-        assert!(prepare(dir.path(), "u2", &[missing], None).unwrap_err().contains("volume m: hostPath /definitely"));
+        assert!(
+            prepare(dir.path(), "u2", &[missing], None)
+                .unwrap_err()
+                .to_string()
+                .contains("MountVolume.SetUp failed for volume \"m\" : hostPath /definitely")
+        );
     }
 
     #[test]

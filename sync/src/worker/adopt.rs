@@ -75,8 +75,9 @@ impl<R: Runtime> Worker<R> {
             }
         }
         self.lifecycle.start_time = saved.start_time;
-        if let Err(e) = self.prepare_volumes() {
-            tracing::warn!(pod = %self.full_name(), error = %e, "cannot prepare an adopted pod's volumes");
+        match self.preparing().await {
+            Ok(prepared) => self.volumes = prepared,
+            Err(e) => tracing::warn!(pod = %self.full_name(), error = %e, "cannot prepare an adopted pod's volumes"),
         }
         let sandbox = match (self.shared.runtime.sandboxes(), self.sandbox_spec()) {
             (None, _) => Some(RunningSandbox { id: self.uid.clone(), ips: Vec::new() }),

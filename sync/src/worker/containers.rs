@@ -10,6 +10,8 @@ use super::{Event, Sandbox, Worker};
 
 /// A runtime call that completed.
 pub(super) enum Completed {
+    /// The pod's volumes were made ready, or why not.
+    Volumes(Result<Vec<crate::volumes::PreparedVolume>, crate::volumes::VolumeError>),
     /// The sandbox was made (its ID), or why not.
     Sandbox(Result<RunningSandbox, String>),
     /// Container `index` was started for run `attempt`, or why not.
@@ -71,6 +73,7 @@ impl<R: Runtime> Worker<R> {
     /// Takes note of a runtime call that completed and turns it into the machine's input.
     pub(super) fn completed(&mut self, done: Completed) -> Input {
         match done {
+            Completed::Volumes(result) => Input::VolumesPrepared(result.map(|prepared| self.volumes = prepared)),
             Completed::Sandbox(result) => {
                 Input::SandboxReady(result.map(|running| self.sandbox = Sandbox::Running(running)))
             }

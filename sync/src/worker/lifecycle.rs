@@ -395,7 +395,7 @@ pub(crate) enum Input {
     /// The result of [`Action::Place`]: when the pod was placed, or why not.
     Placed(Result<Timestamp, PlaceFailure>),
     /// The result of [`Action::PrepareVolumes`].
-    VolumesPrepared(Result<(), String>),
+    VolumesPrepared(Result<(), crate::volumes::VolumeError>),
     /// The result of [`Action::RunSandbox`].
     SandboxReady(Result<(), String>),
     /// The result of [`Action::StartContainer`].

@@ -448,7 +448,10 @@ impl<R: Runtime> Worker<R> {
     async fn execute(&mut self, action: Action) -> Option<Input> {
         match action {
             Action::Place => Some(self.place()),
-            Action::PrepareVolumes => Some(Input::VolumesPrepared(self.prepare_volumes())),
+            Action::PrepareVolumes => {
+                self.prepare_volumes();
+                None
+            }
             Action::RunSandbox => self.run_sandbox(),
             Action::UpdateResources => {
                 if self.placement.is_some() {
@@ -558,11 +561,26 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Makes the pod's volumes (a memory-backed emptyDir is sized to the pod's memory limit).
-    fn prepare_volumes(&mut self) -> Result<(), String> {
+    /// Makes the pod's volumes ready on a blocking thread (directories, tmpfs mounts, hostPath checks and
+    /// creation).
+    fn preparing(&self) -> impl Future<Output = Result<Vec<PreparedVolume>, volumes::VolumeError>> + Send + 'static {
         let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
         let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
-        self.volumes = volumes::prepare(&self.shared.settings.root_dir, &self.uid, &vols, memory_limit)?;
-        Ok(())
+        let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
+        async move {
+            let preparing = tokio::task::spawn_blocking(move || volumes::prepare(&root, &uid, &vols, memory_limit));
+            match preparing.await {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(volumes::VolumeError { volume: String::new(), message: e.to_string() }),
+            }
+        }
+    }
+
+    /// [`Worker::preparing`] as an action in flight: its result comes back as [`containers::Completed::Volumes`].
+    fn prepare_volumes(&mut self) {
+        let preparing = self.preparing();
+        self.tasks.in_flight.spawn(async move { containers::Completed::Volumes(preparing.await) });
     }
 
     /// Saves the pod's state on a blocking thread, so that its syncs (journal commits on a real disk) hold none of

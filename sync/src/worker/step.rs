@@ -118,8 +118,8 @@ impl Lifecycle {
                         out.push(Action::RunSandbox);
                     }
                     Err(why) => {
-                        out.push(Action::Record(Happened::FailedMount(why.clone())));
-                        self.retry_later(format!("cannot prepare volumes: {why}"), now);
+                        out.push(Action::Record(Happened::FailedMount(why.to_string())));
+                        self.retry_later(why.to_string(), now);
                     }
                 }
                 return;

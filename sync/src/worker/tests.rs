@@ -794,6 +794,24 @@ async fn admission_refusal_fails_the_pod_with_the_kubelets_reason() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_volume_that_cannot_be_made_is_failed_mount_retried_off_the_worker() {
+    let h = harness();
+    let volumes = json!([{"name": "h", "hostPath": {"path": "/definitely/not/here", "type": "Directory"}}]);
+    h.set(vec![pod("u60", json!({"volumes": volumes, "containers": [app("a")]}))]).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let events = h.events.0.lock().unwrap().clone();
+    let mounts: Vec<&String> = events.iter().filter(|(_, r, _)| r == "FailedMount").map(|(.., m)| m).collect();
+    // At once, then after 1 s and 2 s more: retried with a doubling wait, and never started.
+    assert_eq!(mounts.len(), 3, "{events:?}");
+    assert!(
+        mounts[0].starts_with("MountVolume.SetUp failed for volume \"h\" : hostPath /definitely/not/here"),
+        "{mounts:?}"
+    );
+    assert!(h.fake.starts("a").is_empty());
+    assert_eq!(phase(&serde_json::to_value(h.manager.store().get("u60").unwrap()).unwrap()), "Pending");
+}
+
+#[tokio::test(start_paused = true)]
 async fn config_errors_wait_and_retry() {
     let h = harness();
     let mut bad = app("bad");
