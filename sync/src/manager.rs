@@ -221,8 +221,8 @@ impl<R: Runtime> PodManager<R> {
     /// Applies a source's snapshot: new UIDs get a worker, known ones the latest spec, and UIDs the source no
     /// longer has are terminated.
     fn apply(&self, snap: SourceSnapshot) {
-        self.ctx.metrics.invalid_manifests.set(i64::try_from(snap.invalid.len()).unwrap_or(i64::MAX));
-        self.ctx.store.set_invalid(snap.invalid);
+        let refused = self.ctx.store.set_invalid(snap.source, snap.invalid);
+        self.ctx.metrics.invalid_manifests.set(i64::try_from(refused).unwrap_or(i64::MAX));
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let mut workers = self.workers();
         self.reap(&mut workers);

@@ -36,7 +36,8 @@ pub(crate) fn worker_condition(message: &str) -> PodCondition {
 #[derive(Debug, Default)]
 pub struct StatusStore {
     pods: RwLock<BTreeMap<String, Arc<Pod>>>,
-    invalid: RwLock<Vec<InvalidManifest>>,
+    /// What each source refused, by source: one source's snapshot never clears another's.
+    invalid: RwLock<BTreeMap<&'static str, Vec<InvalidManifest>>>,
     /// Each status for a consumer that reports it ([`StatusStore::reader`]).
     feed: Arc<StatusFeed>,
 }
@@ -98,8 +99,11 @@ impl StatusStore {
     }
 
     /// Replaces the list of refused manifests.
-    pub fn set_invalid(&self, invalid: Vec<InvalidManifest>) {
-        *self.invalid.write().unwrap_or_else(PoisonError::into_inner) = invalid;
+    /// Replaces `source`'s refused manifests; returns how many all sources have refused.
+    pub fn set_invalid(&self, source: &'static str, invalid: Vec<InvalidManifest>) -> usize {
+        let mut all = self.invalid.write().unwrap_or_else(PoisonError::into_inner);
+        all.insert(source, invalid);
+        all.values().map(Vec::len).sum()
     }
 
     /// Counts pods by phase and containers by state (`running`, `exited`, `created`), for the gauges.
@@ -151,7 +155,7 @@ impl StatusStore {
         });
         let invalid = std::iter::once(()).flat_map(move |()| {
             let invalid = self.invalid.read().unwrap_or_else(PoisonError::into_inner);
-            invalid.iter().map(|m| serde_json::to_vec(&invalid_manifest_pod(m))).collect::<Vec<_>>()
+            invalid.values().flatten().map(|m| serde_json::to_vec(&invalid_manifest_pod(m))).collect::<Vec<_>>()
         });
         let mut first = true;
         let items = pods.chain(invalid).map(move |item| {
@@ -257,10 +261,13 @@ mod tests {
         let store = Arc::new(StatusStore::default());
         store.set("b", pod("b", "Running"));
         store.set("a", pod("a", "Pending"));
-        store.set_invalid(vec![InvalidManifest {
-            path: "/etc/kubernetes/manifests/x.yaml".into(),
-            error: ManifestError::Read("denied".into()),
-        }]);
+        store.set_invalid(
+            "file",
+            vec![InvalidManifest {
+                path: "/etc/kubernetes/manifests/x.yaml".into(),
+                error: ManifestError::Read("denied".into()),
+            }],
+        );
         let list: serde_json::Value = serde_json::from_slice(&store.pod_list_json().unwrap()).unwrap();
         assert_eq!(list["kind"], "PodList");
         assert_eq!(list["apiVersion"], "v1");
@@ -277,7 +284,9 @@ mod tests {
         assert_eq!(typed.items.len(), 3);
 
         store.remove("a");
-        store.set_invalid(Vec::new());
+        // Another source's snapshot leaves the file source's refusals alone.
+        assert_eq!(store.set_invalid("api", Vec::new()), 1);
+        assert_eq!(store.set_invalid("file", Vec::new()), 0);
         let list: serde_json::Value = serde_json::from_slice(&store.pod_list_json().unwrap()).unwrap();
         assert_eq!(list["items"].as_array().unwrap().len(), 1);
     }
