@@ -547,7 +547,8 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     if tokio::time::timeout(TASK_DRAIN, tasks.wait()).await.is_err() {
         tracing::warn!(left = tasks.len(), "tasks still running {TASK_DRAIN:?} after shutdown; leaving them");
     }
-    // The eviction thread waits for its own tasks, at most TASK_DRAIN.
+    // The eviction thread keeps its runtime, where the eviction tasks run, until the tracker has drained, at most
+    // TASK_DRAIN.
     let joined = tokio::task::spawn_blocking(move || eviction.join());
     match tokio::time::timeout(TASK_DRAIN * 2, joined).await {
         Ok(Ok(Ok(()))) => {}

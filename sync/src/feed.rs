@@ -84,10 +84,14 @@ impl StatusFeed {
         self.changed.send_replace(generation);
     }
 
-    /// Starts reading with `current`, the statuses the pods have now (all unreported).
-    pub(crate) fn read(self: &Arc<Self>, current: Vec<(String, Arc<Pod>)>) -> StatusReader {
+    /// Starts reading with `current`, the statuses the pods have now (all unreported); `None` while another
+    /// reader reads (its unacknowledged statuses are its own).
+    pub(crate) fn read(self: &Arc<Self>, current: Vec<(String, Arc<Pod>)>) -> Option<StatusReader> {
         {
             let mut s = self.state();
+            if s.reading {
+                return None;
+            }
             s.reading = true;
             for (uid, pod) in current {
                 s.next += 1;
@@ -97,7 +101,7 @@ impl StatusFeed {
         }
         let mut changed = self.changed.subscribe();
         changed.mark_changed();
-        StatusReader { feed: self.clone(), changed }
+        Some(StatusReader { feed: self.clone(), changed })
     }
 }
 
@@ -195,7 +199,8 @@ mod tests {
     #[test]
     fn a_status_is_kept_until_acknowledged_the_last_one_of_a_gone_pod_too() {
         let feed = Arc::new(StatusFeed::default());
-        let r = feed.read(vec![("a".into(), pod("Pending"))]);
+        let r = feed.read(vec![("a".into(), pod("Pending"))]).unwrap();
+        assert!(feed.read(Vec::new()).is_none(), "one reader at a time");
         assert_eq!(phases(&r), [("a".into(), "Pending".into(), false)], "what the pods have when reading starts");
         feed.publish("a", pod("Running"));
         feed.publish("b", pod("Pending"));
@@ -230,7 +235,7 @@ mod tests {
     #[tokio::test]
     async fn a_reader_wakes_on_each_change() {
         let feed = Arc::new(StatusFeed::default());
-        let mut r = feed.read(Vec::new());
+        let mut r = feed.read(Vec::new()).unwrap();
         tokio::time::timeout(std::time::Duration::from_secs(1), r.changed()).await.unwrap();
         let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), r.changed()).await;
         assert!(waiting.is_err(), "no change, no wake-up");

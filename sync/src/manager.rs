@@ -249,6 +249,10 @@ impl<R: Runtime> PodManager<R> {
             let h = match workers.entry(uid.clone()) {
                 Entry::Occupied(e) => {
                     let h = e.into_mut();
+                    if deleting.is_some() {
+                        // Deleted after it was added again: it does not start anew once it has ended.
+                        h.wanted_again = false;
+                    }
                     if deleting.is_none() && h.deleted.is_some() && !h.wanted_again {
                         h.wanted_again = true;
                         tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again while it terminates; it starts anew after");
@@ -321,7 +325,7 @@ impl<R: Runtime> PodManager<R> {
                         tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again to its source; starting it");
                         let pod = h.spec.borrow().clone();
                         workers.insert(uid, self.spawn_worker(pod, h.source, None));
-                    } else if h.deleted.is_some() {
+                    } else if h.deleted.is_some() && pod::is_deleting(&h.spec.borrow()) {
                         self.terminated().insert(uid, h.source);
                     }
                     continue;

@@ -53,8 +53,8 @@ impl StatusStore {
     }
 
     /// Starts the status feed's one consumer: every pod's status from now on, each kept until the consumer
-    /// acknowledged it, the last one of a pod that is gone included.
-    pub fn reader(&self) -> StatusReader {
+    /// acknowledged it, the last one of a pod that is gone included. `None` while another consumer reads.
+    pub fn reader(&self) -> Option<StatusReader> {
         let pods = self.pods.read().unwrap_or_else(PoisonError::into_inner);
         self.feed.read(pods.iter().map(|(uid, p)| (uid.clone(), p.clone())).collect())
     }
@@ -98,7 +98,6 @@ impl StatusStore {
             .collect()
     }
 
-    /// Replaces the list of refused manifests.
     /// Replaces `source`'s refused manifests; returns how many all sources have refused.
     pub fn set_invalid(&self, source: &'static str, invalid: Vec<InvalidManifest>) -> usize {
         let mut all = self.invalid.write().unwrap_or_else(PoisonError::into_inner);

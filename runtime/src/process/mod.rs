@@ -81,14 +81,18 @@ impl ProcessRuntime {
         Self { fs, containers: Arc::new(Mutex::new(HashMap::new())), tasks, shutdown }
     }
 
-    /// Runs an exit watch on the daemon's tracker until the daemon shuts down.
+    /// Runs an exit watch, which tells `exit` of the container's exit, on the daemon's tracker until the daemon
+    /// shuts down. A watch that ends otherwise without having told (a panic) tells of an exit nobody saw, so the
+    /// container is never left looking alive.
     fn spawn_watch(
         tasks: &TaskTracker,
         shutdown: &CancellationToken,
+        exit: Arc<watch::Sender<Option<ExitInfo>>>,
         watch: impl Future<Output = ()> + Send + 'static,
     ) {
         let stop = shutdown.clone();
         tasks.spawn(async move {
+            let _unseen = Unseen { exit, stop: stop.clone() };
             stop.run_until_cancelled(watch).await;
         });
     }
@@ -240,6 +244,21 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
 
 /// Waits for a started container's process to exit and sends its exit, an OOM kill in its cgroup since
 /// `oom_before` included.
+/// Tells of an exit nobody saw when an exit watch ends without having told, unless the daemon is shutting down.
+struct Unseen {
+    exit: Arc<watch::Sender<Option<ExitInfo>>>,
+    stop: CancellationToken,
+}
+
+impl Drop for Unseen {
+    fn drop(&mut self) {
+        if !self.stop.is_cancelled() && self.exit.borrow().is_none() {
+            let now = Timestamp::now();
+            self.exit.send_replace(Some(ExitInfo::unknown("the container's exit watch ended without its exit", now)));
+        }
+    }
+}
+
 async fn watch_exit(
     pidfd: OwnedFd,
     tx: Arc<watch::Sender<Option<ExitInfo>>>,
@@ -352,7 +371,8 @@ impl Runtime for ProcessRuntime {
                 .ok();
             let entry = Entry { pidfd: kept, exit: rx, _exit_tx: tx.clone(), term_sent: false, spec: owned };
             register(&containers, registered, entry);
-            Self::spawn_watch(&tasks, &shutdown, watch_exit(child.pidfd, tx, fs, cgroup, oom_before, started_at));
+            let watch = watch_exit(child.pidfd, tx.clone(), fs, cgroup, oom_before, started_at);
+            Self::spawn_watch(&tasks, &shutdown, tx, watch);
             Ok::<_, std::io::Error>((child.pid, pid_start, started_at))
         })
         .await
@@ -402,7 +422,7 @@ impl Runtime for ProcessRuntime {
         let fs = self.fs.clone();
         let cgroup = spec.cgroup.clone();
         let oom_before = oom_kills(&self.fs, &spec.cgroup);
-        Self::spawn_watch(&self.tasks, &self.shutdown, async move {
+        Self::spawn_watch(&self.tasks, &self.shutdown, tx.clone(), async move {
             // Not a child of this daemon, so its exit status is not ours to collect: a pidfd tells when it ended.
             if let Err(e) = sys::pidfd_exited(pidfd).await {
                 tracing::warn!(error = %e, "cannot watch an adopted container; treating it as exited");

@@ -185,6 +185,8 @@ struct Tasks {
     background: JoinSet<()>,
     /// Each running container's exit watch, probes and log rotation.
     containers: ContainerTasks,
+    /// Held while the pod's volumes are being made ([`Worker::preparing`]).
+    volumes: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What a worker shares with its pod manager.
@@ -283,6 +285,9 @@ impl<R: Runtime> Worker<R> {
         while self.lifecycle.state != PodState::Removed {
             let wakeup = self.lifecycle.next_wakeup();
             let awaiting_name = self.lifecycle.state == PodState::AwaitingName;
+            // A pod an earlier daemon placed is taken over before it is terminated: a termination read first
+            // would forget it and leave its containers running. Its terminations wait in their queue meanwhile.
+            let adoptable = awaiting_name && self.shared.resources().placement(&self.uid).is_some();
             while self.tasks.background.try_join_next().is_some() {}
             if let Some(ev) = deferred.take() {
                 if let Some(input) = self.event_input(ev) {
@@ -292,7 +297,7 @@ impl<R: Runtime> Worker<R> {
             }
             let input = tokio::select! {
                 biased;
-                req = terminations.recv() => {
+                req = terminations.recv(), if !adoptable => {
                     let Some(req) = req else { return };
                     self.accept(req).await
                 }
@@ -560,15 +565,20 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// Makes the pod's volumes (a memory-backed emptyDir is sized to the pod's memory limit).
-    /// Makes the pod's volumes ready on a blocking thread (directories, tmpfs mounts, hostPath checks and
-    /// creation).
+    /// Makes the pod's volumes ready on a blocking thread (directories, tmpfs mounts sized to the pod's memory
+    /// limit, hostPath checks and creation). The thread holds the volumes' lock until it is done, even when what
+    /// waits for it is dropped (a termination abandons it): the clean-up takes the lock before it removes them.
     fn preparing(&self) -> impl Future<Output = Result<Vec<PreparedVolume>, volumes::VolumeError>> + Send + 'static {
         let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
         let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
         let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
+        let lock = self.tasks.volumes.clone();
         async move {
-            let preparing = tokio::task::spawn_blocking(move || volumes::prepare(&root, &uid, &vols, memory_limit));
+            let held = lock.lock_owned().await;
+            let preparing = tokio::task::spawn_blocking(move || {
+                let _held = held;
+                volumes::prepare(&root, &uid, &vols, memory_limit)
+            });
             match preparing.await {
                 Ok(result) => result,
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

@@ -257,6 +257,9 @@ impl Lifecycle {
     fn begin_termination(&mut self, reason: Reason, deadline: Instant, now: Instant, out: &mut Vec<Action>) {
         let deleted = reason == Reason::Deleted;
         let ids = self.running_ids();
+        for (index, _) in self.containers.iter().enumerate().filter(|(_, c)| c.running().is_some()) {
+            out.push(Action::Record(Happened::Killing { index, probe: None }));
+        }
         if ids.is_empty() || deadline <= now {
             self.state = PodState::Terminating { reason, deadline, stage: Stage::Killing { until: now + KILL_WAIT } };
             if !ids.is_empty() {
@@ -264,9 +267,6 @@ impl Lifecycle {
             }
         } else {
             self.state = PodState::Terminating { reason, deadline, stage: Stage::Stopping };
-            for (index, _) in self.containers.iter().enumerate().filter(|(_, c)| c.running().is_some()) {
-                out.push(Action::Record(Happened::Killing { index, probe: None }));
-            }
             out.push(Action::StopAll { ids, deadline });
         }
         out.push(Action::MarkTerminating);
@@ -339,7 +339,7 @@ impl Lifecycle {
         }
         let has_readiness = run.probes.contains_key(&ProbeKind::Readiness);
         let Some((cfg, probe)) = run.probes.get_mut(&kind) else { return };
-        if !ok {
+        if !ok && run.readiness != Readiness::Stopping {
             out.push(Action::Record(Happened::Unhealthy { index: i, kind, output: output.clone() }));
         }
         let Some(verdict) = probe.record(ok, cfg) else { return };

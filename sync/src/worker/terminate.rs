@@ -124,6 +124,9 @@ impl<R: Runtime> Worker<R> {
     /// pod's volumes (and, when deleted, its logs).
     pub(super) async fn clean_up(&mut self, deleted: bool) {
         self.tasks.stopping.abort_all();
+        // A preparation of the volumes that a termination abandoned runs on to its end first: removing them under
+        // it would leave what it makes after behind.
+        let _volumes = self.tasks.volumes.clone().lock_owned().await;
         self.waiting.awaiting_signal = false;
         if !matches!(self.sandbox, Sandbox::None)
             && let Some(spec) = self.sandbox_spec()

@@ -532,7 +532,7 @@ async fn a_pod_listed_with_a_deletion_time_terminates_with_its_grace_and_is_not_
 #[tokio::test(start_paused = true)]
 async fn the_status_feed_keeps_a_deleted_pods_last_status_until_it_is_acknowledged() {
     let h = harness();
-    let mut feed = h.manager.store().reader();
+    let mut feed = h.manager.store().reader().unwrap();
     let named = |uid: &str| {
         let mut p = pod(uid, json!({"terminationGracePeriodSeconds": 2, "containers": [app("a")]}));
         p.metadata.name = Some("same-name".into());
@@ -567,6 +567,30 @@ async fn the_status_feed_keeps_a_deleted_pods_last_status_until_it_is_acknowledg
     );
     assert!(feed.unreported().is_empty());
     assert_eq!(feed.all().iter().map(|u| u.uid.as_str()).collect::<Vec<_>>(), ["u51"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_an_earlier_daemon_ran_and_first_seen_deleted_is_taken_over_then_terminated() {
+    let h = harness();
+    let p = || pod("u70", json!({"terminationGracePeriodSeconds": 30, "containers": [app("a")]}));
+    h.set(vec![p()]).await;
+    h.until("u70", "runs", |v| phase(v) == "Running").await;
+    let Harness { _host: host, _drain: drain, cg, .. } = h;
+    drop(drain);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(cg.join("besteffort/podu70").exists());
+    // The next daemon first hears of it deleted (the apiserver's graceful deletion went on meanwhile): it takes
+    // the pod over, then terminates it and releases its cgroup; forgetting it would leave it running.
+    let h = harness_on(host);
+    h.set(vec![deleting(p(), 2)]).await;
+    for _ in 0..100 {
+        if !cg.join("besteffort/podu70").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(!cg.join("besteffort/podu70").exists(), "the deleted pod's cgroup is left behind");
+    assert!(h.fake.starts("a").is_empty(), "the deleted pod was started again");
 }
 
 #[tokio::test(start_paused = true)]
