@@ -594,6 +594,21 @@ async fn a_pod_an_earlier_daemon_ran_and_first_seen_deleted_is_taken_over_then_t
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pod_added_again_then_deleted_by_the_apiserver_does_not_start_anew() {
+    let h = harness();
+    let spec = || pod("u71", json!({"terminationGracePeriodSeconds": 5, "containers": [app("stubborn")]}));
+    // Dropped, listed again while it terminates (it would start anew once it ended), then listed deleted.
+    h.run_then_delete_stubborn(spec()).await;
+    h.set(vec![spec()]).await;
+    h.set(vec![deleting(spec(), 5)]).await;
+    let t0 = Instant::now();
+    gone(&h, "u71", t0).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(h.fake.starts("stubborn").len(), 1, "started anew after its deletion");
+    assert!(h.manager.store().get("u71").is_none());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_pod_first_seen_deleted_is_never_started() {
     let h = harness();
     let p = pod("u41", json!({"terminationGracePeriodSeconds": 30, "containers": [app("a")]}));
