@@ -476,15 +476,14 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let gauges = Arc::new(Gauges { metrics: metrics.clone() });
     let evictor = pods.clone();
-    let (service_tasks, stop) = (tasks.clone(), shutdown.clone());
     let eviction = EvictionManager::new(
         manager.clone(),
         evictor,
         settings_rx,
         eviction_metrics,
         Some(gauges),
-        service_tasks,
-        stop,
+        tasks.clone(),
+        shutdown.clone(),
     );
     let (wake_tx, wake_rx) = mpsc::channel(8);
     let _wake_thread = if config_tx.borrow().pressure_events {

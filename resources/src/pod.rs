@@ -21,6 +21,12 @@ pub fn namespace(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().filter(|n| !n.is_empty()).unwrap_or(DEFAULT_NAMESPACE)
 }
 
+/// The kubelet's way of naming a pod in messages (its `format.Pod`): `name_namespace(uid)`.
+pub fn kubelet_ref(pod: &Pod) -> String {
+    let m = &pod.metadata;
+    format!("{}_{}({})", m.name.as_deref().unwrap_or_default(), namespace(pod), m.uid.as_deref().unwrap_or_default())
+}
+
 /// `namespace/name`, as logs, messages and the per-name start lock use it.
 pub fn full_name(pod: &Pod) -> String {
     format!("{}/{}", namespace(pod), pod.metadata.name.as_deref().unwrap_or_default())

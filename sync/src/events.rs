@@ -3,6 +3,7 @@
 //! the words are made here, once.
 
 use k8s_openapi::api::core::v1::Pod;
+use nodewarden_resources::pod::kubelet_ref;
 
 use crate::probe::ProbeKind;
 
@@ -81,7 +82,7 @@ impl Happened {
             Happened::BackOff(i) => (
                 Warning,
                 "BackOff",
-                format!("Back-off restarting failed container {} in pod {}", name(i), pod_ref(pod)),
+                format!("Back-off restarting failed container {} in pod {}", name(i), kubelet_ref(pod)),
                 Some(name(i)),
             ),
             Happened::Unhealthy { index, kind, output } => {
@@ -104,17 +105,6 @@ impl Happened {
         };
         PodEvent { event_type, reason: reason.to_owned(), message, container }
     }
-}
-
-/// The kubelet's way of naming a pod in messages: `name_namespace(uid)`.
-fn pod_ref(pod: &Pod) -> String {
-    let m = &pod.metadata;
-    format!(
-        "{}_{}({})",
-        m.name.as_deref().unwrap_or_default(),
-        m.namespace.as_deref().unwrap_or("default"),
-        m.uid.as_deref().unwrap_or_default()
-    )
 }
 
 #[cfg(test)]

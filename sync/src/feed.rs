@@ -31,6 +31,12 @@ struct Fed {
     gone: bool,
 }
 
+impl Fed {
+    fn update(&self, uid: &str) -> StatusUpdate {
+        StatusUpdate { uid: uid.to_owned(), generation: self.generation, pod: self.pod.clone(), gone: self.gone }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// A consumer reads: statuses are kept until acknowledged.
@@ -123,17 +129,8 @@ impl StatusReader {
     /// Every pod whose latest status is not acknowledged, oldest change first.
     pub fn unreported(&self) -> Vec<StatusUpdate> {
         let s = self.feed.state();
-        let mut out: Vec<StatusUpdate> = s
-            .pods
-            .iter()
-            .filter(|(_, f)| f.acked < f.generation)
-            .map(|(uid, f)| StatusUpdate {
-                uid: uid.clone(),
-                generation: f.generation,
-                pod: f.pod.clone(),
-                gone: f.gone,
-            })
-            .collect();
+        let mut out: Vec<StatusUpdate> =
+            s.pods.iter().filter(|(_, f)| f.acked < f.generation).map(|(uid, f)| f.update(uid)).collect();
         out.sort_by_key(|u| u.generation);
         out
     }
@@ -141,14 +138,7 @@ impl StatusReader {
     /// The latest status of every pod the feed has, reported or not: what a full pass compares with what the
     /// consumer's side holds.
     pub fn all(&self) -> Vec<StatusUpdate> {
-        let s = self.feed.state();
-        let updates = s.pods.iter().map(|(uid, f)| StatusUpdate {
-            uid: uid.clone(),
-            generation: f.generation,
-            pod: f.pod.clone(),
-            gone: f.gone,
-        });
-        updates.collect()
+        self.feed.state().pods.iter().map(|(uid, f)| f.update(uid)).collect()
     }
 
     /// Acknowledges `uid`'s status up to `generation` (a later status stays unreported). A pod whose worker is

@@ -252,8 +252,7 @@ impl<R: Runtime> PodManager<R> {
                     if deleting.is_some() {
                         // Deleted after it was added again: it does not start anew once it has ended.
                         h.wanted_again = false;
-                    }
-                    if deleting.is_none() && h.deleted.is_some() && !h.wanted_again {
+                    } else if h.deleted.is_some() && !h.wanted_again {
                         h.wanted_again = true;
                         tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again while it terminates; it starts anew after");
                     }
@@ -365,7 +364,6 @@ impl<R: Runtime> PodManager<R> {
     /// alone, and stays counted against allocatable.
     fn clean_orphans(&self) {
         let wanted: BTreeSet<String> = self.workers().keys().cloned().collect();
-        let wanted = &wanted;
         let root = self.ctx.settings.root_dir.clone();
         let (orphans, foreign): (Vec<String>, Vec<String>) = {
             let r = self.ctx.resources.lock().unwrap_or_else(PoisonError::into_inner);

@@ -242,8 +242,6 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, RuntimeError> {
         .map_err(|e| RuntimeError::Start(format!("cannot open the log file {}: {e}", path.display())))
 }
 
-/// Waits for a started container's process to exit and sends its exit, an OOM kill in its cgroup since
-/// `oom_before` included.
 /// Tells of an exit nobody saw when an exit watch ends without having told, unless the daemon is shutting down.
 struct Unseen {
     exit: Arc<watch::Sender<Option<ExitInfo>>>,
@@ -259,6 +257,8 @@ impl Drop for Unseen {
     }
 }
 
+/// Waits for a started container's process to exit and sends its exit, an OOM kill in its cgroup since
+/// `oom_before` included.
 async fn watch_exit(
     pidfd: OwnedFd,
     tx: Arc<watch::Sender<Option<ExitInfo>>>,

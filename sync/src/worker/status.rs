@@ -33,7 +33,6 @@ impl ConditionTimes {
 /// What the status needs besides the lifecycle.
 pub(super) struct View<'a> {
     pub pod: &'a Pod,
-    pub uid: &'a str,
     pub scheme: &'static str,
     pub qos: Option<&'static str>,
     /// The pod's IPs and the node's, the primary first.
@@ -85,12 +84,10 @@ fn container_status(pod: &Lifecycle, c: &ContainerSlot, view: &View<'_>, now: In
         ContainerState::BackOff { until } if now < *until => {
             let wait = until.saturating_duration_since(now);
             let message = format!(
-                "back-off {}s restarting failed container={} pod={}_{}({})",
+                "back-off {}s restarting failed container={} pod={}",
                 wait.as_secs().max(1),
                 c.name,
-                view.pod.metadata.name.as_deref().unwrap_or_default(),
-                nodewarden_resources::pod::namespace(view.pod),
-                view.uid
+                nodewarden_resources::pod::kubelet_ref(view.pod),
             );
             (waiting("CrashLoopBackOff", Some(message)), last, None)
         }
@@ -182,7 +179,6 @@ impl<R: Runtime> Worker<R> {
         let pod_ips = self.pod_ips();
         let view = View {
             pod: &self.pod,
-            uid: &self.uid,
             scheme: self.shared.runtime.scheme(),
             qos: self.qos.map(QosClass::as_str),
             pod_ips: &pod_ips,
