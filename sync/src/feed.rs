@@ -19,7 +19,8 @@ pub struct StatusUpdate {
     pub generation: u64,
     /// The pod with this status (as `/pods` serves it).
     pub pod: Arc<Pod>,
-    /// The pod's worker is gone: this is its last status, and the feed forgets the pod once it is acknowledged.
+    /// The pod is deleted and its containers are gone: this is its last status, and the feed forgets the pod once
+    /// it is acknowledged.
     pub gone: bool,
 }
 
@@ -71,19 +72,21 @@ impl StatusFeed {
         }
         s.next += 1;
         let generation = s.next;
-        let acked = s.pods.get(uid).map_or(0, |f| f.acked);
-        s.pods.insert(uid.to_owned(), Fed { pod, generation, acked, gone: false });
+        // A final status stays final.
+        let (acked, gone) = s.pods.get(uid).map_or((0, false), |f| (f.acked, f.gone));
+        s.pods.insert(uid.to_owned(), Fed { pod, generation, acked, gone });
         drop(s);
         self.changed.send_replace(generation);
     }
 
-    /// The pod's worker is gone: its last status, as a new generation, stays until it is acknowledged (even one
-    /// reported already: the acknowledgement of a gone pod is what tells the consumer to finalize it).
+    /// The pod's status is final (it is deleted and its containers are gone): as a new generation, it stays until
+    /// it is acknowledged (even one reported already: the acknowledgement of a gone pod is what tells the consumer
+    /// to finalize it). Told again before that, it changes nothing.
     pub(crate) fn gone(&self, uid: &str) {
         let mut s = self.state();
         s.next += 1;
         let generation = s.next;
-        let Some(f) = s.pods.get_mut(uid) else { return };
+        let Some(f) = s.pods.get_mut(uid).filter(|f| !f.gone) else { return };
         f.gone = true;
         f.generation = generation;
         drop(s);
@@ -203,6 +206,13 @@ mod tests {
         assert_eq!(phases(&r), [("a".into(), "Succeeded".into(), false)]);
         // The worker ends before the report: the terminal status waits for it, then the pod is forgotten.
         feed.gone("a");
+        assert_eq!(phases(&r), [("a".into(), "Succeeded".into(), true)]);
+        let last = r.unreported()[0].generation;
+        // Told again (a worker that took the pod over finalizes it once more), or updated, it stays final, and one
+        // acknowledgement still finalizes it.
+        feed.gone("a");
+        assert_eq!(r.unreported()[0].generation, last);
+        feed.publish("a", pod("Succeeded"));
         assert_eq!(phases(&r), [("a".into(), "Succeeded".into(), true)]);
         let last = r.unreported()[0].generation;
         let over = r.ack("a", last).expect("the pod is over: the consumer finalizes it");

@@ -51,6 +51,8 @@ struct Handle {
     /// Its source has the pod again (the same UID) since it was deleted: once the terminating worker has ended, a
     /// new one starts the pod anew, as the kubelet restarts a pod re-added while it terminated.
     wanted_again: bool,
+    /// Its source no longer lists it, and the worker was told.
+    unlisted: bool,
     /// The last termination asked of it on request (an eviction, the node's shutdown): a replacement worker is
     /// told again, since its containers may have been signalled already.
     terminating: Option<(Duration, Reason)>,
@@ -59,10 +61,11 @@ struct Handle {
 }
 
 impl Handle {
-    /// Tells the worker its pod is deleted, with `grace` (the worker only ever shortens a termination's grace).
+    /// Tells the worker its pod is deleted, with `grace` (the worker only ever shortens a termination's grace), and
+    /// whether its source still lists it.
     fn delete(&mut self, uid: &str, grace: Duration) {
         self.deleted = Some(self.deleted.map_or(grace, |told| told.min(grace)));
-        if self.terminations.send(TerminateRequest::deleted(grace)).is_err() {
+        if self.terminations.send(TerminateRequest::deleted(grace, self.unlisted)).is_err() {
             tracing::warn!(pod_uid = %uid, "the pod's worker is gone");
         }
     }
@@ -87,9 +90,6 @@ pub struct PodManager<R: Runtime> {
     last_tick: Mutex<Option<Instant>>,
     /// The sources expected whose first snapshot has not been applied yet.
     awaited: Mutex<BTreeSet<&'static str>>,
-    /// Pods deleted whose workers ended while their source still lists them (with a deletion time, until the
-    /// apiserver removes them), by UID, with that source: they are not started again.
-    terminated: Mutex<HashMap<String, &'static str>>,
     /// The daemon's task tracker and shutdown token: the workers and the detached tasks (orphan termination,
     /// reconciliation) run on them.
     tasks: TaskTracker,
@@ -122,7 +122,6 @@ impl<R: Runtime> PodManager<R> {
             name_locks: Mutex::new(HashMap::new()),
             last_tick: Mutex::new(None),
             awaited: Mutex::new(BTreeSet::new()),
-            terminated: Mutex::new(HashMap::new()),
             tasks,
             shutdown,
         })
@@ -182,10 +181,6 @@ impl<R: Runtime> PodManager<R> {
         }
     }
 
-    fn terminated(&self) -> std::sync::MutexGuard<'_, HashMap<String, &'static str>> {
-        self.terminated.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn awaited(&self) -> std::sync::MutexGuard<'_, BTreeSet<&'static str>> {
         self.awaited.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -226,17 +221,19 @@ impl<R: Runtime> PodManager<R> {
         let wanted: BTreeSet<String> = snap.pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let mut workers = self.workers();
         self.reap(&mut workers);
-        self.terminated().retain(|uid, source| *source != snap.source || wanted.contains(uid));
         for (uid, h) in workers.iter_mut().filter(|(uid, h)| h.source == snap.source && !wanted.contains(*uid)) {
             // A pod told already is not told again: a source sends a snapshot on every change, so a hundred
             // manifests deleted one by one would otherwise send each terminating worker up to a hundred requests.
             // One added again meanwhile is told once more, so that a shorter grace period in the spec it came back
             // with cuts the termination short (a longer one never lengthens it).
-            let again = std::mem::take(&mut h.wanted_again);
-            if h.deleted.is_some() && !again {
+            h.wanted_again = false;
+            if h.unlisted {
                 continue;
             }
-            tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
+            h.unlisted = true;
+            if h.deleted.is_none() {
+                tracing::info!(pod_uid = %uid, pod = %h.name, "pod removed from its source; terminating it");
+            }
             let grace = pod::deletion_grace_period(&h.spec.borrow());
             h.delete(uid, grace);
         }
@@ -249,6 +246,7 @@ impl<R: Runtime> PodManager<R> {
             let h = match workers.entry(uid.clone()) {
                 Entry::Occupied(e) => {
                     let h = e.into_mut();
+                    h.unlisted = false;
                     if deleting.is_some() {
                         // Deleted after it was added again: it does not start anew once it has ended.
                         h.wanted_again = false;
@@ -265,8 +263,6 @@ impl<R: Runtime> PodManager<R> {
                     });
                     h
                 }
-                // Its worker ended already: listed until the apiserver removes it, it is not run again.
-                Entry::Vacant(_) if deleting.is_some() && self.terminated().contains_key(&uid) => continue,
                 Entry::Vacant(e) => e.insert(self.spawn_worker(p, snap.source, None)),
             };
             if let Some(grace) = deleting.filter(|g| h.deleted.is_none_or(|told| *g < told)) {
@@ -304,6 +300,7 @@ impl<R: Runtime> PodManager<R> {
             source,
             deleted: None,
             wanted_again: false,
+            unlisted: false,
             terminating: None,
             panics: 0,
         }
@@ -324,8 +321,6 @@ impl<R: Runtime> PodManager<R> {
                         tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again to its source; starting it");
                         let pod = h.spec.borrow().clone();
                         workers.insert(uid, self.spawn_worker(pod, h.source, None));
-                    } else if h.deleted.is_some() && pod::is_deleting(&h.spec.borrow()) {
-                        self.terminated().insert(uid, h.source);
                     }
                     continue;
                 }
@@ -346,11 +341,13 @@ impl<R: Runtime> PodManager<R> {
             let mut replacement = self.spawn_worker(pod, h.source, Some(incident));
             replacement.panics = panics;
             replacement.wanted_again = h.wanted_again;
+            replacement.unlisted = h.unlisted;
             if let Some(grace) = h.deleted {
                 replacement.delete(&uid, grace);
             }
             if let Some((grace, reason)) = h.terminating.take() {
-                let req = TerminateRequest { grace, reason: reason.clone(), signalled: None, done: None };
+                let req =
+                    TerminateRequest { grace, reason: reason.clone(), signalled: None, done: None, unlisted: false };
                 let _ = replacement.terminations.send(req);
                 replacement.terminating = Some((grace, reason));
             }

@@ -71,11 +71,15 @@ impl StatusStore {
         self.feed.publish(uid, pod.clone());
     }
 
-    /// Forgets a pod; the status feed keeps its last status until it is acknowledged.
-    pub fn remove(&self, uid: &str) {
-        let mut pods = self.pods.write().unwrap_or_else(PoisonError::into_inner);
-        pods.remove(uid);
+    /// A deleted pod's status is final (its containers are gone): the status feed keeps it until it is
+    /// acknowledged, and then hands the pod over to be deleted for good.
+    pub fn finalize(&self, uid: &str) {
         self.feed.gone(uid);
+    }
+
+    /// Forgets a pod its source no longer lists.
+    pub fn remove(&self, uid: &str) {
+        self.pods.write().unwrap_or_else(PoisonError::into_inner).remove(uid);
     }
 
     /// Whether the store has the pod.

@@ -70,14 +70,18 @@ pub(crate) enum PodState {
     Terminating { reason: Reason, deadline: Instant, stage: Stage },
     /// Over, and its resources released; its status stays.
     Finished(Terminal),
-    /// Deleted and cleaned up: the worker ends.
+    /// Deleted, its containers gone and its resources released, its final status handed to the status feed: it
+    /// waits until its source no longer lists it (the apiserver lists a deleted pod until its final status is
+    /// reported and the pod is deleted for good).
+    Finalizing,
+    /// Deleted, cleaned up and no longer listed: the worker ends.
     Removed,
 }
 
 impl PodState {
     /// Whether the pod is being stopped or is over: nothing of it starts again.
     pub(crate) fn is_over(&self) -> bool {
-        matches!(self, Self::Terminating { .. } | Self::Finished(_) | Self::Removed)
+        matches!(self, Self::Terminating { .. } | Self::Finished(_) | Self::Finalizing | Self::Removed)
     }
 }
 
@@ -318,6 +322,8 @@ pub(crate) struct Lifecycle {
     pub start_time: Option<Timestamp>,
     /// A failed pod-level step waiting to be retried.
     pub retry: Option<Retry>,
+    /// Its source no longer lists it: once deleted and cleaned up, it is forgotten.
+    pub unlisted: bool,
 }
 
 impl Lifecycle {
@@ -330,6 +336,7 @@ impl Lifecycle {
             grace: grace_period(pod),
             start_time: None,
             retry: None,
+            unlisted: false,
         }
     }
 
@@ -343,7 +350,7 @@ impl Lifecycle {
         match &self.state {
             PodState::Running | PodState::Preparing { then: Resume::Running, .. } => true,
             PodState::AwaitingName | PodState::Admitting | PodState::Initializing | PodState::Preparing { .. } => false,
-            PodState::Terminating { .. } | PodState::Finished(_) | PodState::Removed => {
+            PodState::Terminating { .. } | PodState::Finished(_) | PodState::Finalizing | PodState::Removed => {
                 self.containers.iter().filter(|c| c.role == Role::Init).all(ContainerSlot::exited_ok)
             }
         }
@@ -376,7 +383,7 @@ impl Lifecycle {
                     _ => None,
                 })
                 .min(),
-            PodState::AwaitingName | PodState::Finished(_) | PodState::Removed => None,
+            PodState::AwaitingName | PodState::Finished(_) | PodState::Finalizing | PodState::Removed => None,
         }
     }
 }
@@ -392,6 +399,8 @@ pub(crate) enum Input {
     SpecUpdate { grace: Duration },
     /// Terminate the pod, with this grace period (cut to [`MAX_GRACE`]; a later one only ever shortens it).
     Terminate { grace: Duration, reason: Reason },
+    /// The pod's source no longer lists it (it came with or after its deletion).
+    Unlisted,
     /// The result of [`Action::Place`]: when the pod was placed, or why not.
     Placed(Result<Timestamp, PlaceFailure>),
     /// The result of [`Action::PrepareVolumes`].
@@ -450,7 +459,10 @@ pub(crate) enum Action {
     Save,
     /// Let the next pod of the same name start.
     ReleaseName,
-    /// Forget the pod's status: it is gone.
+    /// Hand the pod's final status to the status feed: its containers are gone and its resources released, so
+    /// once the status is reported the pod may be deleted for good.
+    Finalize,
+    /// Forget the pod: it is gone from its source.
     Forget,
     /// Every app container runs (the pod-start metric counts the first time).
     ReportStarted,

@@ -79,20 +79,22 @@ pub(crate) struct TerminateRequest {
     pub signalled: Option<Signalled>,
     /// Told once the pod has terminated.
     pub done: Option<oneshot::Sender<()>>,
+    /// The pod's source no longer lists it.
+    pub unlisted: bool,
 }
 
 impl TerminateRequest {
-    /// The pod is deleted (its source dropped it, or lists it with a deletion time): terminated with `grace`, and
-    /// nobody waits.
-    pub(crate) fn deleted(grace: Duration) -> Self {
-        Self { grace, reason: Reason::Deleted, signalled: None, done: None }
+    /// The pod is deleted: terminated with `grace`, and nobody waits. `unlisted` when its source dropped it;
+    /// one it still lists with a deletion time (the apiserver's graceful deletion) stays until it is dropped.
+    pub(crate) fn deleted(grace: Duration, unlisted: bool) -> Self {
+        Self { grace, reason: Reason::Deleted, signalled: None, done: None, unlisted }
     }
 
     /// A termination whose requester waits: `signalled` tells it of the stop signals; the receiver returned
     /// resolves once the pod has terminated.
     pub(crate) fn requested(grace: Duration, reason: Reason, signalled: Signalled) -> (Self, oneshot::Receiver<()>) {
         let (done, terminated) = oneshot::channel();
-        (Self { grace, reason, signalled: Some(signalled), done: Some(done) }, terminated)
+        (Self { grace, reason, signalled: Some(signalled), done: Some(done), unlisted: false }, terminated)
     }
 }
 
@@ -345,7 +347,8 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// Takes a termination request: its requesters are told what they wait for. Where an eviction has just sent
+    /// Takes a termination request: its requesters are told what they wait for; a pod its source dropped is
+    /// terminated before it is told so. Where an eviction has just sent
     /// the stop signals itself, the victims get [`nodewarden_eviction::VICTIM_HEADSTART`] of the CPU first.
     async fn accept(&mut self, req: TerminateRequest) -> Input {
         // An eviction holds the list while it signals (see `PodManager::evict`): once it is free, the signals are
@@ -356,7 +359,12 @@ impl<R: Runtime> Worker<R> {
         }
         self.waiting.signalled.extend(req.signalled);
         self.waiting.done.extend(req.done);
-        Input::Terminate { grace: req.grace, reason: req.reason }
+        let terminate = Input::Terminate { grace: req.grace, reason: req.reason };
+        if !req.unlisted {
+            return terminate;
+        }
+        self.handle(terminate).await;
+        Input::Unlisted
     }
 
     /// The input of an event of the worker's own tasks; `None` for one that only updates what it tells requesters.
@@ -406,12 +414,13 @@ impl<R: Runtime> Worker<R> {
             }
         }
         self.publish_stoppable();
-        if self.lifecycle.state != PodState::Removed {
+        // A finalized pod's last status went to the feed with the action that finalized it.
+        if !matches!(self.lifecycle.state, PodState::Finalizing | PodState::Removed) {
             self.publish();
         }
         // After the status: whoever waited for the termination (the eviction manager, which then reclaims the
         // logs of pods that are over) finds the pod over.
-        if matches!(self.lifecycle.state, PodState::Finished(_) | PodState::Removed) {
+        if matches!(self.lifecycle.state, PodState::Finished(_) | PodState::Finalizing | PodState::Removed) {
             for d in self.waiting.done.drain(..) {
                 let _ = d.send(());
             }
@@ -513,10 +522,13 @@ impl<R: Runtime> Worker<R> {
                 self.link.permit = None;
                 None
             }
-            Action::Forget => {
-                // The status the pod ends with (its containers gone), for the status feed to report before the pod
-                // is forgotten.
+            Action::Finalize => {
+                // The status the pod ends with (its containers gone), kept by the status feed until it is reported.
                 self.publish();
+                self.shared.store.finalize(&self.uid);
+                None
+            }
+            Action::Forget => {
                 self.shared.store.remove(&self.uid);
                 let names = self.lifecycle.containers.iter().map(|c| c.name.as_str());
                 self.shared.metrics.forget_probes(names, &self.pod_labels());

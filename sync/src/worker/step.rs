@@ -29,6 +29,14 @@ impl Lifecycle {
     fn apply(&mut self, input: Input, now: Instant, out: &mut Vec<Action>) {
         match input {
             Input::Terminate { grace, reason } => return self.terminate(grace, reason, now, out),
+            Input::Unlisted => {
+                self.unlisted = true;
+                if self.state == PodState::Finalizing {
+                    self.state = PodState::Removed;
+                    out.push(Action::Forget);
+                }
+                return;
+            }
             Input::SpecUpdate { grace } => {
                 self.grace = grace.min(MAX_GRACE);
                 if matches!(self.state, PodState::Preparing { .. } | PodState::Initializing | PodState::Running) {
@@ -198,12 +206,9 @@ impl Lifecycle {
     fn terminate(&mut self, grace: Duration, reason: Reason, now: Instant, out: &mut Vec<Action>) {
         let deadline = after(now, grace);
         match &mut self.state {
-            PodState::Removed => {}
+            PodState::Finalizing | PodState::Removed => {}
             PodState::AwaitingName | PodState::Admitting => match reason.terminal() {
-                None => {
-                    self.state = PodState::Removed;
-                    out.extend([Action::ReleaseName, Action::Forget]);
-                }
+                None => self.deleted(out),
                 Some(t) => {
                     self.state = PodState::Finished(t);
                     out.push(Action::ReleaseName);
@@ -286,14 +291,23 @@ impl Lifecycle {
             }
         }
         match reason.terminal() {
-            None => {
-                self.state = PodState::Removed;
-                out.extend([Action::ReleaseName, Action::Forget]);
-            }
+            None => self.deleted(out),
             Some(t) => {
                 self.state = PodState::Finished(t);
                 out.extend([Action::Save, Action::ReleaseName]);
             }
+        }
+    }
+
+    /// A deleted pod with nothing left of it: its final status goes to the status feed, and it is forgotten once
+    /// its source no longer lists it.
+    fn deleted(&mut self, out: &mut Vec<Action>) {
+        out.extend([Action::ReleaseName, Action::Finalize]);
+        if self.unlisted {
+            self.state = PodState::Removed;
+            out.push(Action::Forget);
+        } else {
+            self.state = PodState::Finalizing;
         }
     }
 

@@ -496,9 +496,18 @@ async fn gone(h: &Harness, uid: &str, t0: Instant) -> Duration {
     t0.elapsed()
 }
 
+/// Waits until the status feed has the pod's final status; how long that took since `t0`.
+async fn finalized(feed: &mut crate::StatusReader, uid: &str, t0: Instant) -> Duration {
+    while !feed.unreported().iter().any(|u| u.uid == uid && u.gone) && t0.elapsed() < Duration::from_secs(600) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), feed.changed()).await;
+    }
+    t0.elapsed()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pod_listed_with_a_deletion_time_terminates_with_its_grace_and_is_not_run_again() {
     let h = harness();
+    let mut feed = h.manager.store().reader().unwrap();
     let spec = || pod("u40", json!({"terminationGracePeriodSeconds": 30, "containers": [app("stubborn")]}));
     h.set(vec![spec()]).await;
     h.until("u40", "runs", |v| phase(v) == "Running").await;
@@ -511,20 +520,27 @@ async fn a_pod_listed_with_a_deletion_time_terminates_with_its_grace_and_is_not_
     assert!(h.fake.signals.lock().unwrap().iter().any(|(_, s)| *s == SIGTERM), "SIGTERM at once");
     h.set(vec![deleting(spec(), 3)]).await;
     h.set(vec![deleting(spec(), 10)]).await;
-    let took = gone(&h, "u40", t0).await;
+    let took = finalized(&mut feed, "u40", t0).await;
     assert!(took >= Duration::from_secs(4) && took < Duration::from_secs(5), "took {took:?}");
-    // Listed with its deletion time until the apiserver removes it: never run again.
+    let ended = h.until("u40", "ended", |v| container(v, "stubborn")["state"]["terminated"].is_object()).await;
+    assert_eq!(phase(&ended), "Running", "a deleted pod's phase stays (the kubelet's, under Always)");
+    // Listed with its deletion time until the apiserver removes it: never run again, and still served.
+    h.set(vec![deleting(spec(), 3)]).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let syncs = h.worker_syncs();
     for _ in 0..3 {
         h.set(vec![deleting(spec(), 3)]).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(h.manager.store().get("u40").is_none(), "a new worker took the deleted pod up again");
+        assert!(h.manager.store().get("u40").is_some(), "a finalizing pod is served until its source drops it");
     }
     assert_eq!(h.worker_syncs(), syncs, "a worker took the deleted pod up again");
     assert_eq!(h.fake.starts("stubborn").len(), 1, "run again after its deletion");
     assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["run u40", "remove u40"], "one sandbox, removed at the end");
-    // Once removed, the same UID is a new pod when a source has it again.
+    // Dropped by its source (the apiserver deleted it for good), it is forgotten; the same UID is then a new pod
+    // when a source has it again.
+    let t1 = Instant::now();
     h.set(vec![]).await;
+    assert!(gone(&h, "u40", t1).await < Duration::from_secs(1), "forgotten once dropped");
     h.set(vec![spec()]).await;
     h.until("u40", "runs again", |v| phase(v) == "Running").await;
 }

@@ -36,7 +36,21 @@ fn running(id: &str, now: Instant) -> ContainerState {
 }
 
 fn pod(state: PodState, containers: Vec<ContainerSlot>) -> Lifecycle {
-    Lifecycle { state, containers, policy: RestartPolicy::Always, grace: GRACE, start_time: None, retry: None }
+    Lifecycle {
+        state,
+        containers,
+        policy: RestartPolicy::Always,
+        grace: GRACE,
+        start_time: None,
+        retry: None,
+        unlisted: false,
+    }
+}
+
+/// The pod as its source no longer lists it.
+fn unlisted(mut p: Lifecycle) -> Lifecycle {
+    p.unlisted = true;
+    p
 }
 
 fn never(mut p: Lifecycle) -> Lifecycle {
@@ -67,11 +81,18 @@ fn transitions() {
     let failed_init = Terminal::failed(None, Some("init container init failed with exit code 3".into()));
     let cases: Vec<(&str, Lifecycle, Input, PodState, Vec<Action>)> = vec![
         (
-            "a deleted pod waiting for its name is removed",
+            "a deleted pod waiting for its name, still listed, is finalized at once",
             pod(PodState::AwaitingName, vec![app(ContainerState::Pending)]),
             terminate(5, Reason::Deleted),
+            PodState::Finalizing,
+            vec![Action::ReleaseName, Action::Finalize],
+        ),
+        (
+            "a deleted pod waiting for its name that its source dropped is finalized and forgotten",
+            unlisted(pod(PodState::AwaitingName, vec![app(ContainerState::Pending)])),
+            terminate(5, Reason::Deleted),
             PodState::Removed,
-            vec![Action::ReleaseName, Action::Forget],
+            vec![Action::ReleaseName, Action::Finalize, Action::Forget],
         ),
         (
             "an evicted pod that was never placed fails at once",
@@ -184,11 +205,39 @@ fn transitions() {
             vec![Action::Save, Action::ReleaseName],
         ),
         (
-            "a deleted pod is forgotten once cleaned up",
-            pod(terminating(Reason::Deleted, secs(10), Stage::CleaningUp), vec![app(ContainerState::Exited)]),
+            "a deleted pod still listed is finalized once cleaned up, what ran ended",
+            pod(terminating(Reason::Deleted, secs(10), Stage::CleaningUp), vec![app(running("c1", now))]),
+            Input::CleanedUp,
+            PodState::Finalizing,
+            vec![Action::ReleaseName, Action::Finalize],
+        ),
+        (
+            "a deleted pod its source dropped is finalized and forgotten once cleaned up",
+            unlisted(pod(terminating(Reason::Deleted, secs(10), Stage::CleaningUp), vec![app(ContainerState::Exited)])),
             Input::CleanedUp,
             PodState::Removed,
-            vec![Action::ReleaseName, Action::Forget],
+            vec![Action::ReleaseName, Action::Finalize, Action::Forget],
+        ),
+        (
+            "a finalizing pod is forgotten once its source drops it",
+            pod(PodState::Finalizing, vec![app(ContainerState::Exited)]),
+            Input::Unlisted,
+            PodState::Removed,
+            vec![Action::Forget],
+        ),
+        (
+            "a finalizing pod stays through a termination",
+            pod(PodState::Finalizing, vec![app(ContainerState::Exited)]),
+            terminate(0, evicted()),
+            PodState::Finalizing,
+            vec![],
+        ),
+        (
+            "a running pod its source dropped is only marked: the deletion that comes with it terminates it",
+            pod(PodState::Running, vec![app(running("c1", now))]),
+            Input::Unlisted,
+            PodState::Running,
+            vec![],
         ),
         (
             "a finished pod that is deleted is cleaned up again, its logs too",
@@ -418,6 +467,31 @@ fn a_failed_step_is_retried_once_when_due_with_a_doubling_wait() {
     let (p, actions) = step(p, Input::SandboxReady(Ok(())), later);
     assert_eq!((p.state, p.retry), (PodState::Running, None), "no init containers: straight to running");
     assert_eq!(actions, [Action::StartContainer { index: 0, attempt: 0 }]);
+}
+
+/// A finalizing pod has nothing left to do but wait for its source to drop it.
+#[test]
+fn a_finalizing_pod_only_waits_to_be_dropped() {
+    let now = Instant::now();
+    let mut p = pod(PodState::Finalizing, vec![slot("app", Role::App, ContainerState::Exited)]);
+    let inputs = [
+        terminate(0, Reason::Deleted),
+        terminate(0, Reason::Shutdown),
+        Input::SpecUpdate { grace: Duration::from_secs(1) },
+        Input::Timer,
+        Input::CleanedUp,
+        Input::NameFree,
+        Input::ContainerExited { id: "c1".into(), info: exit(0) },
+    ];
+    for input in inputs {
+        let what = format!("{input:?}");
+        let (next, actions) = step(p, input, now);
+        assert_eq!((&next.state, actions.as_slice()), (&PodState::Finalizing, &[][..]), "{what}");
+        p = next;
+    }
+    assert_eq!(p.next_wakeup(), None);
+    let (p, actions) = step(p, Input::Unlisted, now);
+    assert_eq!((p.state, actions), (PodState::Removed, vec![Action::Forget]));
 }
 
 /// A pod that completes while a sidecar's restart is under way drops that start, as a termination does: the sidecar
