@@ -1,15 +1,15 @@
-//! Taking over a pod an earlier daemon ran, from its saved state and the containers that still run; and the
-//! state saved for the next daemon.
+//! What a pod's worker finds of a pod an earlier daemon ran (its saved state, its placement, sandbox and running
+//! containers), for the state machine to restore; and the state saved for the next daemon.
+
+use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use tokio::time::Instant;
 
-use super::lifecycle::{
-    ContainerSlot, ContainerState, LastExit, Lifecycle, PodState, PrepareStep, Reason, Resume, Role,
-};
+use super::lifecycle::{Found, Input, Lifecycle, PodState, Reason};
 use super::{Sandbox, Worker};
 use crate::state::{self, SavedContainer, SavedPod};
-use nodewarden_runtime::{ExitInfo, MainProcess, RunningSandbox, Runtime, SandboxRuntime};
+use nodewarden_runtime::{MainProcess, RunningSandbox, Runtime, SandboxRuntime};
 
 /// The state to save for the next daemon; `now` is the same moment on the worker's clock and the wall clock, to
 /// save a deletion's deadline as a time.
@@ -45,36 +45,26 @@ pub(super) fn saved(pod: &Lifecycle, now: (Instant, Timestamp)) -> SavedPod {
     }
 }
 
-/// The saved counts and exits, restored into a container that is not running.
-fn restore(c: &mut ContainerSlot, saved: &SavedContainer) {
-    c.restarts = saved.restarts;
-    c.last_exit = saved.last.clone().map(|info| LastExit { info, container_id: None });
-}
-
 impl<R: Runtime> Worker<R> {
-    /// Takes over what an earlier daemon left: a pod that was over stays over; a placed pod is placed again and
-    /// its running containers are adopted, no process is started for them. Returns false when there was nothing
-    /// to take over.
-    pub(super) async fn adopt(&mut self) -> bool {
+    /// Takes over what an earlier daemon left, for [`Input::Restore`]: a pod that was over is found over; a
+    /// placed pod is placed again, its volumes and sandbox made ready, and its running containers adopted (no
+    /// process is started for them). `None` when there is nothing to take over.
+    pub(super) async fn adopt(&mut self) -> Option<Input> {
         let root = self.shared.settings.root_dir.clone();
         let saved = state::load(&root, &self.uid);
-        if let Some(terminal) = saved.terminal.clone() {
-            self.lifecycle.state = PodState::Finished(terminal);
-            self.link.permit = None;
-            return true;
+        let mut found = Found { saved, sandbox: false, running: BTreeMap::new(), at: Timestamp::now() };
+        if found.saved.terminal.is_some() {
+            return Some(Input::Restore(Box::new(found)));
         }
-        if self.shared.resources().placement(&self.uid).is_none() {
-            return false;
-        }
+        self.shared.resources().placement(&self.uid)?;
         let res = self.shared.resources().place(&self.pod);
         match res {
             Ok(p) => self.placement = Some(p),
             Err(e) => {
                 tracing::warn!(pod_uid = %self.uid, error = %e, "cannot place an adopted pod again");
-                return false;
+                return None;
             }
         }
-        self.lifecycle.start_time = saved.start_time;
         match self.preparing().await {
             Ok(prepared) => self.volumes = prepared,
             Err(e) => tracing::warn!(pod = %self.full_name(), error = %e, "cannot prepare an adopted pod's volumes"),
@@ -84,7 +74,7 @@ impl<R: Runtime> Worker<R> {
             (Some(sandboxes), Some(spec)) => sandboxes.adopt_sandbox(&spec).await,
             (Some(_), None) => None,
         };
-        let sandbox_lost = sandbox.is_none();
+        found.sandbox = sandbox.is_some();
         if let Some(running) = sandbox {
             self.sandbox = Sandbox::Running(running);
         } else {
@@ -92,56 +82,22 @@ impl<R: Runtime> Worker<R> {
             tracing::warn!(pod = %self.full_name(), "no ready sandbox found for an adopted pod; creating a new one");
             self.sandbox = Sandbox::Requested;
         }
-        let now = Instant::now();
-        let mut any_app = false;
         for i in 0..self.lifecycle.containers.len() {
             let name = self.lifecycle.containers[i].name.clone();
-            let s = saved.containers.get(&name).cloned().unwrap_or_default();
-            restore(&mut self.lifecycle.containers[i], &s);
-            let role = self.lifecycle.containers[i].role;
+            let s = found.saved.containers.get(&name).cloned().unwrap_or_default();
             let main = s.pid.map(|pid| MainProcess { pid, start: s.pid_start });
-            if !sandbox_lost
+            if found.sandbox
                 && let Ok(spec) = self.build_spec(i, s.restarts, false)
-                && let Some(mut started) = self.shared.runtime.adopt(&spec, main).await
+                && let Some(started) = self.shared.runtime.adopt(&spec, main).await
             {
-                started.started_at = s.started_at.unwrap_or(started.started_at);
                 tracing::info!(pod = %self.full_name(), container = %name, pid = started.pid, "adopted running container");
-                let running = self.attach(started, &name, s.restarts).running(now);
-                self.lifecycle.containers[i].state = ContainerState::Running(running);
-                any_app |= role == Role::App;
+                let started = self.attach(started, &name, s.restarts);
+                found.running.insert(i, started);
             } else if let Some(main) = main.filter(|m| m.pid != 0) {
-                // It ran when the earlier daemon stopped and its main process is gone: it ended unseen, and is
-                // restarted (or not) under the restart policy, as an exit.
                 tracing::info!(pod = %self.full_name(), container = %name, pid = main.pid, "container ended while nodewarden was not running");
-                let started_at = s.started_at.unwrap_or_else(Timestamp::now);
-                let info = ExitInfo::unknown(
-                    "the container's main process ended while nodewarden was not running; its exit code is unknown",
-                    started_at,
-                );
-                self.lifecycle.containers[i].last_exit = Some(LastExit { info, container_id: None });
-            }
-            any_app |= role == Role::App && self.lifecycle.containers[i].last_exit.is_some();
-        }
-        let policy = self.lifecycle.policy;
-        for c in &mut self.lifecycle.containers {
-            let done = match c.role {
-                // App containers ran, so initialisation was over.
-                Role::Init => any_app || c.exited_ok(),
-                Role::Sidecar => false,
-                Role::App => c.last_exit.as_ref().is_some_and(|l| !policy.restarts(l.info.exit_code)),
-            };
-            if done && c.running().is_none() {
-                c.state = ContainerState::Exited;
             }
         }
-        let then = if any_app { Resume::Running } else { Resume::Initializing };
-        self.lifecycle.state = match (sandbox_lost, then) {
-            (true, then) => PodState::Preparing { step: PrepareStep::Sandbox, then },
-            (false, Resume::Running) => PodState::Running,
-            (false, Resume::Initializing) => PodState::Initializing,
-        };
         self.report.created = None;
-        self.save().await;
-        true
+        Some(Input::Restore(Box::new(found)))
     }
 }

@@ -393,8 +393,8 @@ impl Lifecycle {
 pub(crate) enum Input {
     /// No other pod of the same name runs any more (and nothing was adopted from an earlier daemon).
     NameFree,
-    /// The lifecycle was taken over from an earlier daemon: carry on from where it is.
-    Adopted,
+    /// What an earlier daemon left of the pod: it carries on from there (nothing it ran is started again).
+    Restore(Box<Found>),
     /// The source has a newer spec, with this grace period.
     SpecUpdate { grace: Duration },
     /// Terminate the pod, with this grace period (cut to [`MAX_GRACE`]; a later one only ever shortens it).
@@ -417,6 +417,20 @@ pub(crate) enum Input {
     Timer,
     /// The result of [`Action::CleanUp`].
     CleanedUp,
+}
+
+/// What the executor found of a pod an earlier daemon ran ([`Input::Restore`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// The state the earlier daemon saved.
+    pub saved: crate::state::SavedPod,
+    /// The runtime still has the pod's sandbox (always, where the runtime has none); without it the containers
+    /// are gone with it.
+    pub sandbox: bool,
+    /// The containers adopted running, by index.
+    pub running: BTreeMap<usize, StartedContainer>,
+    /// The wall-clock time then: when a container that ended unseen is taken to have ended.
+    pub at: Timestamp,
 }
 
 /// Why a pod was not placed.

@@ -305,7 +305,7 @@ impl<R: Runtime> Worker<R> {
                 }
                 permit = &mut acquire, if awaiting_name => {
                     self.link.permit = permit.ok();
-                    if self.adopt().await { Input::Adopted } else { Input::NameFree }
+                    self.adopt().await.unwrap_or(Input::NameFree)
                 }
                 changed = spec.changed() => {
                     if changed.is_err() {

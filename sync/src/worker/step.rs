@@ -1,6 +1,8 @@
 //! The pod worker's transitions: [`step`] takes the lifecycle and one input and returns the next lifecycle and
 //! the actions to carry out. It is pure: the time comes in as `now`, and every effect is an [`Action`].
 
+mod restore;
+
 use std::time::Duration;
 
 use nodewarden_runtime::ContainerId;
@@ -92,11 +94,7 @@ impl Lifecycle {
                 }
                 return;
             }
-            Input::Adopted => match self.state {
-                PodState::Preparing { step: PrepareStep::Volumes, .. } => return out.push(Action::PrepareVolumes),
-                PodState::Preparing { step: PrepareStep::Sandbox, .. } => return out.push(Action::RunSandbox),
-                _ => {}
-            },
+            Input::Restore(found) => return self.restore(*found, now, out),
             Input::Placed(result) => {
                 if self.state != PodState::Admitting {
                     return;

@@ -1,0 +1,73 @@
+//! Taking over a pod an earlier daemon ran ([`Input::Restore`](super::Input::Restore)): its saved counts and
+//! exits, the containers that still run, and where the pod carries on from. Nothing that still runs is started
+//! again; a container that ended while no daemon watched counts as an exit, under the restart policy.
+
+use tokio::time::Instant;
+
+use super::super::lifecycle::{
+    Action, ContainerState, Found, LastExit, Lifecycle, PodState, PrepareStep, Resume, Role,
+};
+use nodewarden_runtime::ExitInfo;
+
+/// The message of a container whose main process ended while no daemon ran.
+pub(crate) const ENDED_UNSEEN: &str =
+    "the container's main process ended while nodewarden was not running; its exit code is unknown";
+
+impl Lifecycle {
+    /// A pod that was over stays over. Otherwise each container gets its saved restart count and last exit; one
+    /// found running is adopted (with the start time saved for it), one that ran and is gone ended unseen. The pod
+    /// carries on running if an app container ran, else initializing; first with a new sandbox if it was lost.
+    pub(super) fn restore(&mut self, found: Found, now: Instant, out: &mut Vec<Action>) {
+        if self.state != PodState::AwaitingName {
+            return;
+        }
+        let Found { saved, sandbox, mut running, at } = found;
+        if let Some(terminal) = saved.terminal {
+            self.state = PodState::Finished(terminal);
+            out.push(Action::ReleaseName);
+            return;
+        }
+        self.start_time = saved.start_time;
+        let mut any_app = false;
+        for (i, c) in self.containers.iter_mut().enumerate() {
+            let s = saved.containers.get(&c.name).cloned().unwrap_or_default();
+            c.restarts = s.restarts;
+            c.last_exit = s.last.map(|info| LastExit { info, container_id: None });
+            if let Some(mut started) = running.remove(&i).filter(|_| sandbox) {
+                started.started_at = s.started_at.unwrap_or(started.started_at);
+                c.state = ContainerState::Running(started.running(now));
+            } else if s.pid.is_some_and(|pid| pid != 0) {
+                let mut info = ExitInfo::unknown(ENDED_UNSEEN, s.started_at.unwrap_or(at));
+                info.finished_at = at;
+                c.last_exit = Some(LastExit { info, container_id: None });
+            }
+            any_app |= c.role == Role::App && (c.running().is_some() || c.last_exit.is_some());
+        }
+        let policy = self.policy;
+        for c in &mut self.containers {
+            let done = match c.role {
+                // App containers ran, so initialisation was over.
+                Role::Init => any_app || c.exited_ok(),
+                Role::Sidecar => false,
+                Role::App => c.last_exit.as_ref().is_some_and(|l| !policy.restarts(l.info.exit_code)),
+            };
+            if done && c.running().is_none() {
+                c.state = ContainerState::Exited;
+            }
+        }
+        let then = if any_app { Resume::Running } else { Resume::Initializing };
+        out.push(Action::Save);
+        if !sandbox {
+            self.state = PodState::Preparing { step: PrepareStep::Sandbox, then };
+            return out.push(Action::RunSandbox);
+        }
+        self.state = match then {
+            Resume::Running => PodState::Running,
+            Resume::Initializing => PodState::Initializing,
+        };
+        self.advance(now, out);
+    }
+}
+
+#[cfg(test)]
+mod tests;
