@@ -17,8 +17,8 @@ mod threshold;
 mod wake;
 
 pub use manager::{
-    EVENT_INTERVAL, Eviction, EvictionManager, EvictionSettings, Evictor, HARD_EVICTION_GRACE, PassObserver,
-    SETTLE_POLL, VICTIM_HEADSTART, eviction_message, grace_period, next_poll, select,
+    EVENT_INTERVAL, EvictError, Eviction, EvictionManager, EvictionSettings, Evictor, HARD_EVICTION_GRACE,
+    PassObserver, SETTLE_POLL, VICTIM_HEADSTART, eviction_message, grace_period, next_poll, select,
 };
 pub use metrics::EvictionMetrics;
 pub use nodewarden_resources::Condition;

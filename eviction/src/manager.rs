@@ -6,6 +6,7 @@
 //! configured bounds), when a pressure event arrives (PSI trigger, `memory.events`), when the configuration
 //! changes, and when an eviction finishes.
 
+mod evictor;
 mod schedule;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,6 +33,7 @@ use crate::status::{EvictionRecord, EvictionStatus, Ranked};
 use crate::threshold::Thresholds;
 use crate::wake::Wake;
 
+pub use evictor::{EvictError, Eviction, Evictor};
 use schedule::{Rates, signal_periods};
 pub use schedule::{SETTLE_POLL, next_poll};
 
@@ -88,7 +90,7 @@ struct Victim {
     grace: Duration,
     message: String,
     reclaims: u64,
-    requested: Result<Eviction, String>,
+    requested: Result<Eviction, EvictError>,
     /// When SIGTERM went out, if it did within the pass's wait.
     early: Option<Result<Instant, oneshot::error::RecvError>>,
 }
@@ -98,33 +100,6 @@ pub const VICTIM_BACKOFF: Duration = Duration::from_secs(10);
 
 /// The longest a victim whose evictions keep failing is skipped.
 pub const MAX_VICTIM_BACKOFF: Duration = Duration::from_secs(300);
-
-/// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger's view
-/// ([`LedgerView::eviction_candidates`]).
-pub trait Evictor: Send + Sync + 'static {
-    /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
-    fn disk_usage(&self, uid: &str) -> u64;
-
-    /// Frees node storage without evicting a running pod (the logs of pods that are over); returns the bytes
-    /// freed. Called on disk pressure before any pod is evicted, as the kubelet reclaims node-level resources
-    /// first.
-    fn reclaim_disk(&self) -> u64;
-
-    /// Evicts a pod with the given grace period; the pod ends `Failed` with reason `Evicted` and the message.
-    /// Hands the eviction over and returns at once, without blocking: the loop calls it as soon as it has chosen
-    /// the victim.
-    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String>;
-}
-
-/// An eviction handed over to the pod's owner.
-#[derive(Debug)]
-pub struct Eviction {
-    /// Resolves once SIGTERM has gone to the pod's containers, with when it went; dropped unsent when there was
-    /// nothing to signal.
-    pub signalled: oneshot::Receiver<Instant>,
-    /// Resolves (or is dropped) once the pod has terminated.
-    pub terminated: oneshot::Receiver<()>,
-}
 
 /// Told about each observation, for the daemon's gauges.
 pub trait PassObserver: Send + Sync + 'static {
@@ -152,6 +127,17 @@ struct InFlight {
 struct Failed {
     until: Instant,
     backoff: Duration,
+}
+
+/// Why an eviction failed, in the words of its log line and record.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    /// The evictor could not hand it over.
+    #[error(transparent)]
+    Refused(EvictError),
+    /// SIGTERM did not go out within the victim's grace period and [`SIGTERM_SLACK`] (this long).
+    #[error("SIGTERM was not sent within {}s", .0.as_secs())]
+    NotSignalled(Duration),
 }
 
 /// What an eviction task reports about its victim.
@@ -895,13 +881,13 @@ impl<E: Evictor> EvictionManager<E> {
                         Ok(eviction) => {
                             let signalled = match early {
                                 Some(at) => Ok(at),
-                                None => tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled).await.map_err(
-                                    |_| format!("SIGTERM was not sent within {}s", (grace + SIGTERM_SLACK).as_secs()),
-                                ),
+                                None => tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled)
+                                    .await
+                                    .map_err(|_| Failure::NotSignalled(grace + SIGTERM_SLACK)),
                             };
                             signalled.map(|at| (at.unwrap_or_else(|_| Instant::now()), eviction.terminated))
                         }
-                        Err(e) => Err(e),
+                        Err(e) => Err(Failure::Refused(e)),
                     };
                     let outcome = match result {
                         Ok((signalled_at, terminated)) => {
@@ -915,7 +901,7 @@ impl<E: Evictor> EvictionManager<E> {
                         }
                         Err(e) => {
                             tracing::warn!(pod = %victim.name, error = %e, "eviction failed");
-                            status.update(id, |r| r.error = Some(e));
+                            status.update(id, |r| r.error = Some(e.to_string()));
                             Outcome::Failed
                         }
                     };

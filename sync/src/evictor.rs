@@ -6,9 +6,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use nodewarden_eviction::{Eviction, Evictor};
+use nodewarden_eviction::{EvictError, Eviction, Evictor};
 
-use crate::manager::PodManager;
+use crate::manager::{PodManager, TerminateError};
 use crate::spec::pod_log_dir_name;
 use crate::volumes::pod_dir;
 use nodewarden_runtime::Runtime;
@@ -70,8 +70,16 @@ impl<R: Runtime> Evictor for PodManager<R> {
         freed
     }
 
-    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String> {
-        PodManager::evict(self, uid, grace, message).map_err(|e| e.to_string())
+    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError> {
+        PodManager::evict(self, uid, grace, message).map_err(evict_error)
+    }
+}
+
+/// Why the manager could not hand an eviction over, as the eviction manager names it.
+fn evict_error(e: TerminateError) -> EvictError {
+    match e {
+        TerminateError::UnknownPod(uid) => EvictError::UnknownPod(uid),
+        TerminateError::WorkerGone(uid) => EvictError::WorkerGone(uid),
     }
 }
 
@@ -88,5 +96,18 @@ mod tests {
         let n = du(dir.path());
         assert!((64 * 1024..1024 * 1024).contains(&n), "{n}");
         assert_eq!(du(&dir.path().join("missing")), 0);
+    }
+
+    #[test]
+    fn a_refused_eviction_keeps_the_managers_cause_and_words() {
+        for (e, expected) in [
+            (TerminateError::UnknownPod("u1".into()), EvictError::UnknownPod("u1".into())),
+            (TerminateError::WorkerGone("u2".into()), EvictError::WorkerGone("u2".into())),
+        ] {
+            let words = e.to_string();
+            let mapped = evict_error(e);
+            assert_eq!(mapped, expected);
+            assert_eq!(mapped.to_string(), words);
+        }
     }
 }

@@ -41,10 +41,10 @@ impl Evictor for FakeEvictor {
         std::mem::take(&mut *self.reclaimable.lock().unwrap())
     }
 
-    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, String> {
+    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError> {
         self.attempts.lock().unwrap().push(uid.into());
         if self.refuse.lock().unwrap().contains(uid) {
-            return Err(format!("pod {uid} is not known"));
+            return Err(EvictError::UnknownPod(uid.into()));
         }
         let (signal_tx, signalled) = oneshot::channel();
         let (tx, terminated) = oneshot::channel();

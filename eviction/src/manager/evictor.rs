@@ -1,0 +1,45 @@
+//! The seam to the pods' owner: [`Evictor`] carries out evictions (pod sync implements it), and says why one could
+//! not be handed over ([`EvictError`]).
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger's view
+/// ([`LedgerView::eviction_candidates`](nodewarden_resources::LedgerView::eviction_candidates)).
+pub trait Evictor: Send + Sync + 'static {
+    /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
+    fn disk_usage(&self, uid: &str) -> u64;
+
+    /// Frees node storage without evicting a running pod (the logs of pods that are over); returns the bytes
+    /// freed. Called on disk pressure before any pod is evicted, as the kubelet reclaims node-level resources
+    /// first.
+    fn reclaim_disk(&self) -> u64;
+
+    /// Evicts a pod with the given grace period; the pod ends `Failed` with reason `Evicted` and the message.
+    /// Hands the eviction over and returns at once, without blocking: the loop calls it as soon as it has chosen
+    /// the victim.
+    fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError>;
+}
+
+/// Why an eviction could not be handed over; its text is the one the eviction's log line and record show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EvictError {
+    /// The pod (by UID) has no worker to terminate it.
+    #[error("pod {0} is not known")]
+    UnknownPod(String),
+    /// The pod's worker (by UID) ended before it took the termination.
+    #[error("pod {0}'s worker stopped before the pod was terminated")]
+    WorkerGone(String),
+}
+
+/// An eviction handed over to the pod's owner.
+#[derive(Debug)]
+pub struct Eviction {
+    /// Resolves once SIGTERM has gone to the pod's containers, with when it went; dropped unsent when there was
+    /// nothing to signal.
+    pub signalled: oneshot::Receiver<Instant>,
+    /// Resolves (or is dropped) once the pod has terminated.
+    pub terminated: oneshot::Receiver<()>,
+}
