@@ -34,8 +34,8 @@ use crate::threshold::Thresholds;
 use crate::wake::Wake;
 
 pub use evictor::{EvictError, Eviction, Evictor};
-use schedule::{Rates, signal_periods};
 pub use schedule::{SETTLE_POLL, next_poll};
+use schedule::{Schedule, signal_periods};
 
 /// The shortest time between two passes that events (not the poll) start.
 pub const EVENT_INTERVAL: Duration = Duration::from_millis(200);
@@ -172,29 +172,18 @@ pub struct EvictionManager<E: Evictor> {
     failed: HashMap<String, Failed>,
     done: (mpsc::UnboundedSender<Report>, mpsc::UnboundedReceiver<Report>),
     warned_no_candidates: bool,
-    /// The last pass that read everything (PSI too) and told the observer.
-    last_full: Option<Instant>,
     /// The daemon's task tracker and shutdown token: the eviction tasks, which outlive a pass, run on them.
     tasks: TaskTracker,
     stop: CancellationToken,
     /// The signals as last read (a memory-only pass updates memory.available alone).
     signals: BTreeMap<Signal, SignalObservation>,
-    /// When each signal with a threshold is due to be read again.
-    due: BTreeMap<Signal, Instant>,
-    /// How fast each signal fell between its last reads.
-    rates: Rates,
+    /// When each signal is read next, and whether a condition's reading is out of date.
+    schedule: Schedule,
     /// `/proc/meminfo`, kept open, and the host paths, for polls that read on the loop's thread; `None` when it
     /// cannot be opened.
     inline: Option<(MeminfoReader, HostPaths)>,
     /// The candidates for memory and PID evictions, read ahead while a signal nears its threshold, and when.
     ahead: Option<(Instant, Vec<Candidate>)>,
-    /// Passes so far, the pass each signal was last read in, and the pass after which what a condition's signals
-    /// said is out of date (a victim ended, or dead pods' logs were reclaimed): no eviction for that condition
-    /// until they are read again, so one deficit never costs a second pod on a reading from before the first
-    /// was reclaimed (as the kubelet waits for its victim's clean-up).
-    passes: u64,
-    read_in: BTreeMap<Signal, u64>,
-    settled_in: HashMap<Condition, u64>,
 }
 
 /// A memory or PID signal that is falling fast and could cross a threshold this soon (at the rate the schedule
@@ -325,17 +314,12 @@ impl<E: Evictor> EvictionManager<E> {
             failed: HashMap::new(),
             done: mpsc::unbounded_channel(),
             warned_no_candidates: false,
-            last_full: None,
             tasks,
             stop,
             signals: BTreeMap::new(),
-            due: BTreeMap::new(),
-            rates: Rates::default(),
+            schedule: Schedule::default(),
             inline: None,
             ahead: None,
-            passes: 0,
-            read_in: BTreeMap::new(),
-            settled_in: HashMap::new(),
         }
     }
 
@@ -401,7 +385,7 @@ impl<E: Evictor> EvictionManager<E> {
                 Some(w) = wakeups.recv() => w,
                 Ok(()) = self.settings.changed() => {
                     // `changed` marks the settings seen: make the pass a full one so the gauges follow at once.
-                    self.last_full = None;
+                    self.schedule.reload();
                     Wake::Config
                 }
                 Some((uid, outcome)) = self.done.1.recv() => {
@@ -446,19 +430,7 @@ impl<E: Evictor> EvictionManager<E> {
                 .map(|r| (r, host));
         }
         self.inline.as_ref()?;
-        let mut due: Vec<Signal> = self.due.iter().filter(|(_, at)| **at <= now).map(|(s, _)| *s).collect();
-        // The two memory signals usually fall together (pods take the memory): allocatable due brings memory along
-        // (one `pread`), and memory due brings allocatable along once it is past half its period, so that their
-        // polls stay in step without kubepods' `memory.stat` read on every poll of memory falling alone.
-        let (memory, allocatable) = (Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable);
-        let soon = |s: Signal| {
-            self.due.get(&s).is_some_and(|at| self.rates.last_read(s).is_none_or(|last| now - last >= (*at - last) / 2))
-        };
-        if due.contains(&allocatable) && !due.contains(&memory) && self.due.contains_key(&memory) {
-            due.push(memory);
-        } else if due.contains(&memory) && !due.contains(&allocatable) && soon(allocatable) {
-            due.push(allocatable);
-        }
+        let due = self.schedule.due(now);
         let cached = due.iter().all(|s| self.signals.contains_key(s));
         cached.then_some(due)
     }
@@ -583,7 +555,7 @@ impl<E: Evictor> EvictionManager<E> {
         let now = Instant::now();
         // Every signal read and the observer's gauges set at most once per longest poll period; the passes
         // between read only the signals due.
-        let full = reloaded || self.last_full.is_none_or(|t| now.saturating_duration_since(t) >= settings.poll_max);
+        let full = self.schedule.full_pass(now, settings.poll_max, reloaded);
         let due = if !full && wake == Wake::Poll { self.inline_reads(now) } else { None };
         let fast = due.is_some();
         let inline = due.map(|d| self.read_inline(&d));
@@ -594,15 +566,12 @@ impl<E: Evictor> EvictionManager<E> {
                     tracing::warn!(error = %e, "cannot read the signals due alone; reading every signal");
                     self.inline = None;
                 }
-                if full {
-                    self.last_full = Some(now);
-                }
                 match self.read_all(full, &settings) {
                     Ok(s) => self.signals = s,
                     Err(e) => {
                         tracing::warn!(error = %e, "eviction pass cannot observe the node");
                         self.status.pass_failed(e);
-                        self.due.clear();
+                        self.schedule.clear();
                         return settings.poll_max;
                     }
                 }
@@ -610,13 +579,7 @@ impl<E: Evictor> EvictionManager<E> {
             }
         };
         let observed_at = Instant::now();
-        self.passes += 1;
-        for s in &read {
-            self.read_in.insert(*s, self.passes);
-            if let Some(o) = self.signals.get(s) {
-                self.rates.record(*s, observed_at, o.available);
-            }
-        }
+        self.schedule.read(&read, &self.signals, observed_at);
         self.in_flight.retain(|_, f| f.until > observed_at);
         let evaluation =
             self.state.evaluate(observed_at, &settings.thresholds, &self.signals, settings.transition_period);
@@ -631,20 +594,12 @@ impl<E: Evictor> EvictionManager<E> {
         self.set_pressure(evaluation.pressure);
         // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
         let settled: Vec<Signal> = evaluation.act.iter().map(|b| b.threshold.signal).collect();
-        let periods = signal_periods(&settings, &self.signals, &evaluation, &settled, |s| self.rates.planning(s));
+        let periods =
+            signal_periods(&settings, &self.signals, &evaluation, &settled, |s| self.schedule.rates().planning(s));
         self.read_ahead(&periods, &evaluation);
-        self.due.retain(|s, _| periods.contains_key(s));
         // A met threshold acted on is looked at again SETTLE_POLL after this pass, which may have waited out its
         // victims' headstart; the others, their period after the observation.
-        let ended = Instant::now();
-        for (s, p) in &periods {
-            if read.contains(s) || !self.due.contains_key(s) {
-                let from = if settled.contains(s) { ended } else { observed_at };
-                self.due.insert(*s, from + *p);
-            }
-        }
-        let last_full = self.last_full.unwrap_or(observed_at);
-        let next = self.due.values().copied().chain([last_full + settings.poll_max]).min().unwrap_or(observed_at);
+        let next = self.schedule.plan(&periods, &read, &settled, observed_at, Instant::now(), settings.poll_max);
         let period = next.saturating_duration_since(Instant::now()).max(settings.poll_min);
         tracing::debug!(
             wake = wake.as_str(),
@@ -667,7 +622,7 @@ impl<E: Evictor> EvictionManager<E> {
         let near = periods.iter().any(|(s, p)| {
             s.condition() != Condition::DiskPressure
                 && *p <= READ_AHEAD
-                && self.rates.falling_fast(*s)
+                && self.schedule.rates().falling_fast(*s)
                 && !evaluation.met.iter().any(|b| b.threshold.signal == *s)
         });
         if !near {
@@ -703,17 +658,11 @@ impl<E: Evictor> EvictionManager<E> {
 
     /// What `condition`'s signals said before now is out of date: they are read at the next pass.
     fn settled(&mut self, condition: Condition) {
-        self.settled_in.insert(condition, self.passes);
         // Candidates read before a victim was reclaimed are such a reading too (the victim among them).
         if condition != Condition::DiskPressure {
             self.ahead = None;
         }
-        let now = Instant::now();
-        for (s, at) in &mut self.due {
-            if s.condition() == condition {
-                *at = now;
-            }
-        }
+        self.schedule.settled(condition, Instant::now());
     }
 
     fn set_pressure(&mut self, p: NodePressure) {
@@ -736,7 +685,7 @@ impl<E: Evictor> EvictionManager<E> {
         let condition = signal.condition();
         let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
         let any_pending = self.in_flight.values().any(|f| f.condition == condition);
-        if self.settled_in.get(&condition).is_some_and(|p| self.read_in.get(&signal).is_none_or(|r| r <= p)) {
+        if self.schedule.stale(signal) {
             tracing::debug!(%signal, "waiting for a reading taken after the last eviction or reclaim");
             return None;
         }

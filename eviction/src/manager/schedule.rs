@@ -4,11 +4,13 @@
 //! of a fixed worst case ([`drain_rate`]) and twice what it was just seen to fall at; so the period shrinks
 //! geometrically on a ramp and reaches the shortest period only in the last moment before the crossing. A
 //! threshold met and acted on (victims on their way, or nothing left to evict) is looked at every
-//! [`SETTLE_POLL`]; a soft threshold waiting out its grace period, when the grace runs out.
+//! [`SETTLE_POLL`]; a soft threshold waiting out its grace period, when the grace runs out. [`Schedule`] keeps
+//! these deadlines from one pass to the next, with what tells whether a condition's reading is out of date.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
+use nodewarden_resources::Condition;
 use tokio::time::Instant;
 
 use super::EvictionSettings;
@@ -128,4 +130,266 @@ pub fn next_poll(
         .min()
         .unwrap_or(settings.poll_max)
         .max(settings.poll_min)
+}
+
+/// When each signal is read next, and whether what a condition's signals said is out of date: the loop's
+/// bookkeeping from one pass to the next.
+#[derive(Debug, Default)]
+pub struct Schedule {
+    /// When each signal with a threshold is due to be read again.
+    due: BTreeMap<Signal, Instant>,
+    /// How fast each signal fell between its last reads.
+    rates: Rates,
+    /// The last pass that read everything (PSI too) and told the observer.
+    last_full: Option<Instant>,
+    /// Passes so far, the pass each signal was last read in, and the pass after which what a condition's signals
+    /// said is out of date (a victim ended, or dead pods' logs were reclaimed): no eviction for that condition
+    /// until they are read again, so one deficit never costs a second pod on a reading from before the first
+    /// was reclaimed (as the kubelet waits for its victim's clean-up).
+    passes: u64,
+    read_in: BTreeMap<Signal, u64>,
+    settled_in: HashMap<Condition, u64>,
+}
+
+impl Schedule {
+    /// How fast each signal fell between its last reads.
+    pub fn rates(&self) -> &Rates {
+        &self.rates
+    }
+
+    /// Whether a pass at `now` reads every signal and tells the observer: the first pass, one that applies new
+    /// settings (`reloaded`, or after [`Schedule::reload`]), and one `poll_max` or more after the last that did.
+    /// Such a pass counts from `now`.
+    pub fn full_pass(&mut self, now: Instant, poll_max: Duration, reloaded: bool) -> bool {
+        let full = reloaded || self.last_full.is_none_or(|t| now.saturating_duration_since(t) >= poll_max);
+        if full {
+            self.last_full = Some(now);
+        }
+        full
+    }
+
+    /// The settings changed: the next pass reads every signal.
+    pub fn reload(&mut self) {
+        self.last_full = None;
+    }
+
+    /// The signals due at `now`. The two memory signals usually fall together (pods take the memory):
+    /// allocatableMemory.available due brings memory.available along (one `pread`), and memory.available due
+    /// brings allocatableMemory.available along once it is past half its period, so that their polls stay in step
+    /// without kubepods' `memory.stat` read on every poll of memory falling alone.
+    pub fn due(&self, now: Instant) -> Vec<Signal> {
+        let mut due: Vec<Signal> = self.due.iter().filter(|(_, at)| **at <= now).map(|(s, _)| *s).collect();
+        let (memory, allocatable) = (Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable);
+        let soon = |s: Signal| {
+            self.due.get(&s).is_some_and(|at| self.rates.last_read(s).is_none_or(|last| now - last >= (*at - last) / 2))
+        };
+        if due.contains(&allocatable) && !due.contains(&memory) && self.due.contains_key(&memory) {
+            due.push(memory);
+        } else if due.contains(&memory) && !due.contains(&allocatable) && soon(allocatable) {
+            due.push(allocatable);
+        }
+        due
+    }
+
+    /// A pass read the signals `read` (their values in `signals`), observed at `at`.
+    pub fn read(&mut self, read: &[Signal], signals: &BTreeMap<Signal, SignalObservation>, at: Instant) {
+        self.passes += 1;
+        for s in read {
+            self.read_in.insert(*s, self.passes);
+            if let Some(o) = signals.get(s) {
+                self.rates.record(*s, at, o.available);
+            }
+        }
+    }
+
+    /// Whether `signal` has not been read since what its condition's signals said went out of date
+    /// ([`Schedule::settled`]): no eviction on it until it has.
+    pub fn stale(&self, signal: Signal) -> bool {
+        self.settled_in.get(&signal.condition()).is_some_and(|p| self.read_in.get(&signal).is_none_or(|r| r <= p))
+    }
+
+    /// What `condition`'s signals said before now is out of date: they are due at `now`, and stale until a later
+    /// pass reads them.
+    pub fn settled(&mut self, condition: Condition, now: Instant) {
+        self.settled_in.insert(condition, self.passes);
+        for (s, at) in &mut self.due {
+            if s.condition() == condition {
+                *at = now;
+            }
+        }
+    }
+
+    /// Forgets when each signal is due (the node could not be observed); the next pass plans them all afresh.
+    pub fn clear(&mut self) {
+        self.due.clear();
+    }
+
+    /// Plans the next reads after a pass that read `read`, observed at `observed_at` and ended at `ended`, given
+    /// each signal's period (signals without one are no longer due). A signal read, or not yet planned, is due its
+    /// period after the observation; one in `settled` (a met threshold acted on, whose victims' headstart the pass
+    /// may have waited out), its period after the pass ended. The others keep their deadlines. Returns when the
+    /// next pass is due: the first deadline, and at the latest `poll_max` after the last full pass.
+    pub fn plan(
+        &mut self,
+        periods: &BTreeMap<Signal, Duration>,
+        read: &[Signal],
+        settled: &[Signal],
+        observed_at: Instant,
+        ended: Instant,
+        poll_max: Duration,
+    ) -> Instant {
+        self.due.retain(|s, _| periods.contains_key(s));
+        for (s, p) in periods {
+            if read.contains(s) || !self.due.contains_key(s) {
+                let from = if settled.contains(s) { ended } else { observed_at };
+                self.due.insert(*s, from + *p);
+            }
+        }
+        let last_full = self.last_full.unwrap_or(observed_at);
+        self.due.values().copied().chain([last_full + poll_max]).min().unwrap_or(observed_at)
+    }
+
+    /// Makes `signal` due at `at`, as if planned so.
+    #[cfg(test)]
+    pub fn set_due(&mut self, signal: Signal, at: Instant) {
+        self.due.insert(signal, at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const MIB: u64 = 1 << 20;
+    const MEMORY: Signal = Signal::MemoryAvailable;
+    const ALLOCATABLE: Signal = Signal::AllocatableMemoryAvailable;
+    const NODEFS: Signal = Signal::NodeFsAvailable;
+    const PIDS: Signal = Signal::PidAvailable;
+
+    /// Every signal in `read` observed with `available`.
+    fn observed(read: &[Signal], available: u64) -> BTreeMap<Signal, SignalObservation> {
+        read.iter().map(|s| (*s, SignalObservation { available, capacity: 1 << 30 })).collect()
+    }
+
+    /// A pass that reads `read` at `at` and plans them with `periods` (in milliseconds).
+    fn pass(s: &mut Schedule, read: &[Signal], at: Instant, periods: &[(Signal, u64)]) -> Instant {
+        s.read(read, &observed(read, 512 * MIB), at);
+        let periods = periods.iter().map(|(s, ms)| (*s, MS * u32::try_from(*ms).unwrap())).collect();
+        s.plan(&periods, read, &[], at, at, Duration::from_secs(1))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_signal_is_read_at_the_first_pass_after_a_reload_and_every_poll_max() {
+        let mut s = Schedule::default();
+        let (t, max) = (Instant::now(), Duration::from_secs(1));
+        assert!(s.full_pass(t, max, false), "the first pass");
+        assert!(!s.full_pass(t + 999 * MS, max, false));
+        assert!(s.full_pass(t + 1000 * MS, max, false), "poll_max after the last");
+        assert!(!s.full_pass(t + 1001 * MS, max, false), "counted from the last full pass");
+        assert!(s.full_pass(t + 1002 * MS, max, true), "a pass that applies new settings");
+        s.reload();
+        assert!(s.full_pass(t + 1003 * MS, max, false), "after the loop saw new settings");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_signal_keeps_its_own_deadline_and_the_next_pass_is_the_first_of_them() {
+        let mut s = Schedule::default();
+        let t = Instant::now();
+        assert!(s.full_pass(t, Duration::from_secs(1), false));
+        let next = pass(&mut s, &[MEMORY, NODEFS, PIDS], t, &[(MEMORY, 300), (NODEFS, 800), (PIDS, 500)]);
+        assert_eq!(next, t + 300 * MS);
+        assert_eq!(s.due(t + 299 * MS), []);
+        assert_eq!(s.due(t + 300 * MS), [MEMORY]);
+        // A poll reads memory alone; its threshold met and acted on, it is planned from the end of the pass. PIDs,
+        // not read, keep their deadline though their period is now shorter; nodefs has no threshold left.
+        let t1 = t + 300 * MS;
+        s.read(&[MEMORY], &observed(&[MEMORY], 90 * MIB), t1);
+        let periods = BTreeMap::from([(MEMORY, 10 * MS), (PIDS, 100 * MS)]);
+        let next = s.plan(&periods, &[MEMORY], &[MEMORY], t1, t1 + 20 * MS, Duration::from_secs(1));
+        assert_eq!(next, t1 + 30 * MS, "from the end of the pass, not the observation");
+        assert_eq!(s.due(t + 499 * MS), [MEMORY]);
+        assert_eq!(s.due(t + 500 * MS), [MEMORY, PIDS]);
+        assert_eq!(s.due(t + 10_000 * MS), [MEMORY, PIDS], "nodefs is no longer due");
+        // With nothing due sooner, the next pass is poll_max after the last full one.
+        let mut idle = Schedule::default();
+        assert!(idle.full_pass(t, Duration::from_secs(1), false));
+        assert_eq!(pass(&mut idle, &[MEMORY], t + 200 * MS, &[]), t + 1000 * MS);
+        idle.clear();
+        assert_eq!(idle.due(t + 10_000 * MS), []);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_memory_signals_are_read_together() {
+        let mut s = Schedule::default();
+        let t = Instant::now();
+        pass(&mut s, &[MEMORY, ALLOCATABLE], t, &[(MEMORY, 100), (ALLOCATABLE, 400)]);
+        // Memory due brings allocatable along only once allocatable is past half its period.
+        assert_eq!(s.due(t + 100 * MS), [MEMORY]);
+        assert_eq!(s.due(t + 199 * MS), [MEMORY]);
+        assert_eq!(s.due(t + 200 * MS), [MEMORY, ALLOCATABLE]);
+        // Allocatable due brings memory along at once.
+        let mut s = Schedule::default();
+        pass(&mut s, &[MEMORY, ALLOCATABLE], t, &[(MEMORY, 800), (ALLOCATABLE, 100)]);
+        assert_eq!(s.due(t + 100 * MS), [ALLOCATABLE, MEMORY]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settled_condition_is_read_at_once_and_stale_until_a_later_pass_reads_it() {
+        let mut s = Schedule::default();
+        let t = Instant::now();
+        pass(&mut s, &[MEMORY, NODEFS], t, &[(MEMORY, 500), (ALLOCATABLE, 500), (NODEFS, 500)]);
+        assert!(!s.stale(MEMORY) && !s.stale(NODEFS));
+        // A memory victim ended: memory's signals are due now, and what they said is out of date.
+        s.settled(Condition::MemoryPressure, t + 5 * MS);
+        assert_eq!(s.due(t + 5 * MS), [MEMORY, ALLOCATABLE]);
+        assert!(s.stale(MEMORY) && s.stale(ALLOCATABLE));
+        assert!(!s.stale(NODEFS), "another condition's reading is still good");
+        // A pass that reads the disk alone leaves memory stale; one that reads memory does not.
+        s.read(&[NODEFS], &observed(&[NODEFS], MIB), t + 6 * MS);
+        assert!(s.stale(MEMORY));
+        s.read(&[MEMORY], &observed(&[MEMORY], MIB), t + 7 * MS);
+        assert!(!s.stale(MEMORY));
+        assert!(s.stale(ALLOCATABLE), "not read since");
+    }
+
+    #[test]
+    fn the_planned_rate_is_twice_the_observed_fall_when_that_beats_the_worst_case() {
+        let mut rates = Rates::default();
+        let t = Instant::now();
+        let s = Signal::MemoryAvailable;
+        assert!((rates.planning(s) - drain_rate(s)).abs() < 1.0);
+        rates.record(s, t, 2048 * MIB);
+        // 1 GiB in 0.5 s: 2 GiB/s observed, 4 GiB/s planned.
+        rates.record(s, t + Duration::from_millis(500), 1024 * MIB);
+        assert!((rates.planning(s) - 4.0 * 1024.0 * MIB as f64).abs() < 1.0);
+        // Rising: back to the worst case.
+        rates.record(s, t + Duration::from_millis(600), 1100 * MIB);
+        assert!((rates.planning(s) - drain_rate(s)).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_ramp_in_the_kernels_steps_is_seen_falling_between_the_steps() {
+        // memory.available moves 4 MiB at a time, every 10 ms (400 MiB/s), read every millisecond: most reads show
+        // the same value as the one before, and the ramp must still show on each of them.
+        let mut rates = Rates::default();
+        let t = Instant::now();
+        let s = Signal::MemoryAvailable;
+        for ms in 0..200u64 {
+            rates.record(s, t + Duration::from_millis(ms), 1024 * MIB - (ms / 10) * 4 * MIB);
+            if ms >= 10 {
+                assert!(rates.falling_fast(s), "at {ms} ms");
+            }
+        }
+        // Held for longer than the span: no longer falling.
+        for ms in 200..260u64 {
+            rates.record(s, t + Duration::from_millis(ms), 1024 * MIB - 19 * 4 * MIB);
+        }
+        assert!(!rates.falling_fast(s));
+        // Memory freed, then a fall again: measured from the rise, not from before it.
+        rates.record(s, t + Duration::from_millis(270), 1024 * MIB);
+        assert!(!rates.falling_fast(s));
+        rates.record(s, t + Duration::from_millis(280), 1020 * MIB);
+        assert!(rates.falling_fast(s), "4 MiB in 10 ms after the rise");
+    }
 }

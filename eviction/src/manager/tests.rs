@@ -250,7 +250,7 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
     let read_at = r.manager.ahead.as_ref().map(|a| a.0);
     tokio::time::advance(Duration::from_millis(60)).await;
     r.manager.pass().await;
-    assert!(!r.manager.rates.falling_fast(Signal::MemoryAvailable));
+    assert!(!r.manager.schedule.rates().falling_fast(Signal::MemoryAvailable));
     assert_eq!(r.manager.ahead.as_ref().map(|a| a.0), read_at, "kept, not read again");
     tokio::time::advance(Duration::from_millis(50)).await;
     r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
@@ -659,46 +659,6 @@ async fn a_ramp_is_polled_faster_and_faster_and_the_memory_signals_alone_are_rea
     assert_eq!(period, SETTLE_POLL, "the victim is on its way: the loop settles, from the end of its headstart");
 }
 
-#[test]
-fn the_planned_rate_is_twice_the_observed_fall_when_that_beats_the_worst_case() {
-    let mut rates = Rates::default();
-    let t = Instant::now();
-    let s = Signal::MemoryAvailable;
-    assert!((rates.planning(s) - schedule::drain_rate(s)).abs() < 1.0);
-    rates.record(s, t, 2048 * MIB);
-    // 1 GiB in 0.5 s: 2 GiB/s observed, 4 GiB/s planned.
-    rates.record(s, t + Duration::from_millis(500), 1024 * MIB);
-    assert!((rates.planning(s) - 4.0 * 1024.0 * MIB as f64).abs() < 1.0);
-    // Rising: back to the worst case.
-    rates.record(s, t + Duration::from_millis(600), 1100 * MIB);
-    assert!((rates.planning(s) - schedule::drain_rate(s)).abs() < 1.0);
-}
-
-#[test]
-fn a_ramp_in_the_kernels_steps_is_seen_falling_between_the_steps() {
-    // memory.available moves 4 MiB at a time, every 10 ms (400 MiB/s), read every millisecond: most reads show
-    // the same value as the one before, and the ramp must still show on each of them.
-    let mut rates = Rates::default();
-    let t = Instant::now();
-    let s = Signal::MemoryAvailable;
-    for ms in 0..200u64 {
-        rates.record(s, t + Duration::from_millis(ms), 1024 * MIB - (ms / 10) * 4 * MIB);
-        if ms >= 10 {
-            assert!(rates.falling_fast(s), "at {ms} ms");
-        }
-    }
-    // Held for longer than the span: no longer falling.
-    for ms in 200..260u64 {
-        rates.record(s, t + Duration::from_millis(ms), 1024 * MIB - 19 * 4 * MIB);
-    }
-    assert!(!rates.falling_fast(s));
-    // Memory freed, then a fall again: measured from the rise, not from before it.
-    rates.record(s, t + Duration::from_millis(270), 1024 * MIB);
-    assert!(!rates.falling_fast(s));
-    rates.record(s, t + Duration::from_millis(280), 1020 * MIB);
-    assert!(rates.falling_fast(s), "4 MiB in 10 ms after the rise");
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_config_change_is_acted_on_at_once_not_after_the_event_interval() {
     let r = rig(
@@ -763,7 +723,7 @@ async fn a_victim_that_ended_is_not_followed_by_another_on_a_reading_from_before
     settle().await;
     r.deliver();
     // As if the disk's reading were not due yet at this poll.
-    r.manager.due.insert(Signal::NodeFsAvailable, Instant::now() + Duration::from_secs(60));
+    r.manager.schedule.set_due(Signal::NodeFsAvailable, Instant::now() + Duration::from_secs(60));
     r.manager.pass_on(Wake::Poll).await;
     settle().await;
     assert_eq!(r.evictor.victims(), ["writer"], "a second victim on a reading from before the first ended");
