@@ -7,6 +7,7 @@
 //! changes, and when an eviction finishes.
 
 mod evictor;
+mod read_ahead;
 mod schedule;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -34,6 +35,7 @@ use crate::threshold::Thresholds;
 use crate::wake::Wake;
 
 pub use evictor::{EvictError, Eviction, Evictor};
+use read_ahead::ReadAhead;
 pub use schedule::{SETTLE_POLL, next_poll};
 use schedule::{Schedule, signal_periods};
 
@@ -182,20 +184,9 @@ pub struct EvictionManager<E: Evictor> {
     /// `/proc/meminfo`, kept open, and the host paths, for polls that read on the loop's thread; `None` when it
     /// cannot be opened.
     inline: Option<(MeminfoReader, HostPaths)>,
-    /// The candidates for memory and PID evictions, read ahead while a signal nears its threshold, and when.
-    ahead: Option<(Instant, Vec<Candidate>)>,
+    /// The candidates for memory and PID evictions, read ahead while a signal nears its threshold.
+    ahead: ReadAhead,
 }
-
-/// A memory or PID signal that is falling fast and could cross a threshold this soon (at the rate the schedule
-/// plans with) has the candidates read ahead, at most once per this period, so the pass that sees the crossing
-/// chooses its victim without reading every pod's usage first. A node holding steady near a threshold reads
-/// nothing ahead (measured: 100 pods near allocatableMemory.available made the read-ahead cost 2 % CPU and slowed
-/// pod start, when it still held the resources lock).
-const READ_AHEAD: Duration = Duration::from_millis(100);
-
-/// The oldest read-ahead a decision uses; past it, the candidates are read when the crossing is seen. The
-/// kubelet ranks on usage that is seconds old.
-const READ_AHEAD_AGE: Duration = Duration::from_millis(200);
 
 /// The victims for a breach: the first ranked pod, then more in rank order until what they give back covers
 /// `needed`. A pod that would give back nothing is passed over once a victim is chosen.
@@ -319,7 +310,7 @@ impl<E: Evictor> EvictionManager<E> {
             signals: BTreeMap::new(),
             schedule: Schedule::default(),
             inline: None,
-            ahead: None,
+            ahead: ReadAhead::default(),
         }
     }
 
@@ -616,22 +607,12 @@ impl<E: Evictor> EvictionManager<E> {
     }
 
     /// Reads the memory and PID candidates ahead when such a signal, not yet met and falling fast, could cross
-    /// within [`READ_AHEAD`]. A read is kept until it is too old to use ([`READ_AHEAD_AGE`]), also through a
-    /// pause in the fall: a hog that allocates in bursts shows no fall between them.
+    /// soon ([`ReadAhead::wanted`]).
     fn read_ahead(&mut self, periods: &BTreeMap<Signal, Duration>, evaluation: &Evaluation) {
-        let near = periods.iter().any(|(s, p)| {
-            s.condition() != Condition::DiskPressure
-                && *p <= READ_AHEAD
-                && self.schedule.rates().falling_fast(*s)
-                && !evaluation.met.iter().any(|b| b.threshold.signal == *s)
-        });
-        if !near {
-            return;
-        }
         let now = Instant::now();
-        if self.ahead.as_ref().is_none_or(|(t, _)| now.saturating_duration_since(*t) >= READ_AHEAD) {
+        if self.ahead.wanted(now, periods, self.schedule.rates(), &evaluation.met) {
             let found = candidates(&self.view, self.evictor.as_ref(), Signal::MemoryAvailable, &HashSet::new());
-            self.ahead = Some((now, found));
+            self.ahead.keep(now, found);
         }
     }
 
@@ -660,7 +641,7 @@ impl<E: Evictor> EvictionManager<E> {
     fn settled(&mut self, condition: Condition) {
         // Candidates read before a victim was reclaimed are such a reading too (the victim among them).
         if condition != Condition::DiskPressure {
-            self.ahead = None;
+            self.ahead.clear();
         }
         self.schedule.settled(condition, Instant::now());
     }
@@ -709,14 +690,11 @@ impl<E: Evictor> EvictionManager<E> {
         self.failed.retain(|_, f| f.until + MAX_VICTIM_BACKOFF > now);
         let backing_off = self.failed.iter().filter(|(_, f)| f.until > now).map(|(uid, _)| uid);
         let skip: HashSet<String> = self.in_flight.keys().chain(backing_off).cloned().collect();
-        let ahead = match &self.ahead {
-            Some((at, found))
-                if condition != Condition::DiskPressure && now.saturating_duration_since(*at) <= READ_AHEAD_AGE =>
-            {
-                Some(found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect())
-            }
-            _ => None,
-        };
+        let ahead = self
+            .ahead
+            .fresh(now)
+            .filter(|_| condition != Condition::DiskPressure)
+            .map(|found| found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect::<Vec<_>>());
         let read_ahead = ahead.is_some();
         let found = ahead.unwrap_or_else(|| candidates(&self.view, self.evictor.as_ref(), signal, &skip));
         let mut ranked = rank(signal, &found);
@@ -747,8 +725,8 @@ impl<E: Evictor> EvictionManager<E> {
             })
             .collect();
         // The victims leave the candidates read ahead: a later pass must not choose them again.
-        if let Some((_, found)) = &mut self.ahead {
-            found.retain(|c| !victims.iter().any(|v| v.candidate.uid == c.uid));
+        for v in &victims {
+            self.ahead.remove(&v.candidate.uid);
         }
         ranked.truncate(10);
         Some(Handover { breach: breach.clone(), ranked, decided, age, victims })

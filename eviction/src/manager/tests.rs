@@ -8,6 +8,7 @@ use nodewarden_resources::testing::FakeHost;
 use nodewarden_resources::{Amount, CgroupPath, ResourceConfig};
 use serde_json::json;
 
+use super::read_ahead::READ_AHEAD_AGE;
 use super::*;
 use crate::pressure::Evaluation;
 use crate::threshold::Threshold;
@@ -223,7 +224,7 @@ async fn fall_toward_the_threshold(r: &mut Rig) {
     tokio::time::advance(Duration::from_millis(100)).await;
     r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
     r.manager.pass().await;
-    assert!(r.manager.ahead.is_some(), "read ahead");
+    assert!(r.manager.ahead.read_at().is_some(), "read ahead");
 }
 
 #[tokio::test(start_paused = true)]
@@ -236,22 +237,22 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
     // Far from the threshold nothing is read ahead.
     r.host.set_memory(1 << 30, 600 * MIB, 600 * MIB);
     r.manager.pass().await;
-    assert!(r.manager.ahead.is_none());
+    assert!(r.manager.ahead.read_at().is_none());
     // Holding steady 50 MiB above it, nothing is read ahead either.
     r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
     r.manager.pass().await;
     tokio::time::advance(Duration::from_millis(100)).await;
     r.manager.pass().await;
-    assert!(r.manager.ahead.is_none(), "a node holding steady near a threshold reads nothing ahead");
+    assert!(r.manager.ahead.read_at().is_none(), "a node holding steady near a threshold reads nothing ahead");
     // Falling fast, the candidates are read ahead; "late" then outgrows "early".
     fall_toward_the_threshold(&mut r).await;
     r.host.set_usage(&late, 900 * MIB, 1);
     // A pause in the fall (a hog between two bursts) keeps the candidates read: no fall over the last 60 ms.
-    let read_at = r.manager.ahead.as_ref().map(|a| a.0);
+    let read_at = r.manager.ahead.read_at();
     tokio::time::advance(Duration::from_millis(60)).await;
     r.manager.pass().await;
     assert!(!r.manager.schedule.rates().falling_fast(Signal::MemoryAvailable));
-    assert_eq!(r.manager.ahead.as_ref().map(|a| a.0), read_at, "kept, not read again");
+    assert_eq!(r.manager.ahead.read_at(), read_at, "kept, not read again");
     tokio::time::advance(Duration::from_millis(50)).await;
     r.host.set_memory(1 << 30, 90 * MIB, 90 * MIB);
     r.manager.pass().await;
@@ -263,7 +264,7 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
     settle().await;
     r.deliver();
     r.resources.lock().unwrap().release("early").unwrap();
-    r.manager.ahead = Some((Instant::now() - READ_AHEAD_AGE * 2, Vec::new()));
+    r.manager.ahead.keep(Instant::now() - READ_AHEAD_AGE * 2, Vec::new());
     r.manager.pass().await;
     settle().await;
     assert_eq!(r.evictor.victims(), ["early", "late"]);
