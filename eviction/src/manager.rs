@@ -7,10 +7,11 @@
 //! changes, and when an eviction finishes.
 
 mod evictor;
+mod handoff;
 mod read_ahead;
 mod schedule;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use nodewarden_resources::{
     CgroupError, Condition, HostPaths, LedgerView, MeminfoReader, NodePressure, Observations, ResourceManager,
     fs_stats, pid_stats,
 };
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -30,11 +31,13 @@ use crate::pressure::{Breach, Evaluation, PressureState};
 use crate::rank::{Candidate, rank};
 use crate::realtime::{make_realtime, with_normal_scheduler};
 use crate::signal::Signal;
-use crate::status::{EvictionRecord, EvictionStatus, Ranked};
+use crate::status::EvictionStatus;
 use crate::threshold::Thresholds;
 use crate::wake::Wake;
 
 pub use evictor::{EvictError, Eviction, Evictor};
+pub use handoff::VICTIM_HEADSTART;
+use handoff::{Handoffs, Handover, Outcome, wait_signalled};
 use read_ahead::ReadAhead;
 pub use schedule::{SETTLE_POLL, next_poll};
 use schedule::{Schedule, signal_periods};
@@ -60,49 +63,6 @@ pub struct EvictionSettings {
     pub poll_max: Duration,
 }
 
-/// How long a victim has to confirm SIGTERM beyond its grace period (preStop hooks run first) before the
-/// eviction counts as failed and the victim is skipped.
-pub const SIGTERM_SLACK: Duration = Duration::from_secs(5);
-
-/// How long a pass waits for its victims' SIGTERMs to go out before it logs and records the evictions and tells
-/// admission: long enough for a pod without preStop hooks, signalled at once by the evictor or by its worker; a pod
-/// whose hooks run first is waited for in the background.
-pub const SIGTERM_WAIT: Duration = Duration::from_millis(20);
-
-/// How long the daemon keeps out of the way of the victims it has just signalled: their bookkeeping (the log lines,
-/// the records, the pod worker's step) waits this long. A BestEffort victim's QoS cgroup has `cpu.weight` 1, so on a
-/// busy node it runs its SIGTERM handler (and exits, freeing its memory) only when no task of the daemon wants the
-/// CPU; in the VM the daemon's bookkeeping right after the signal held the victim off its CPU for 5 to 30 ms.
-pub const VICTIM_HEADSTART: Duration = Duration::from_millis(10);
-
-/// A breach's victims, handed over in a pass, with what their log lines and records need.
-struct Handover {
-    breach: Breach,
-    /// The ten best-ranked candidates, to explain the choice.
-    ranked: Vec<Candidate>,
-    /// When the victims were chosen, and the observation's age then.
-    decided: jiff::Timestamp,
-    age: Duration,
-    victims: Vec<Victim>,
-}
-
-/// One victim handed over.
-struct Victim {
-    candidate: Candidate,
-    grace: Duration,
-    message: String,
-    reclaims: u64,
-    requested: Result<Eviction, EvictError>,
-    /// When SIGTERM went out, if it did within the pass's wait.
-    early: Option<Result<Instant, oneshot::error::RecvError>>,
-}
-
-/// The first back-off of a victim whose eviction failed; it doubles on each failure up to [`MAX_VICTIM_BACKOFF`].
-pub const VICTIM_BACKOFF: Duration = Duration::from_secs(10);
-
-/// The longest a victim whose evictions keep failing is skipped.
-pub const MAX_VICTIM_BACKOFF: Duration = Duration::from_secs(300);
-
 /// Told about each observation, for the daemon's gauges.
 pub trait PassObserver: Send + Sync + 'static {
     /// An observation was read in `took`, and evaluated against `thresholds` (those of the settings this pass
@@ -119,48 +79,10 @@ pub trait PassObserver: Send + Sync + 'static {
     fn failed(&self, error: &CgroupError);
 }
 
-struct InFlight {
-    condition: Condition,
-    reclaims: u64,
-    until: Instant,
-}
-
-/// A victim whose eviction failed: skipped until `until`.
-struct Failed {
-    until: Instant,
-    backoff: Duration,
-}
-
-/// Why an eviction failed, in the words of its log line and record.
-#[derive(Debug, thiserror::Error)]
-enum Failure {
-    /// The evictor could not hand it over.
-    #[error(transparent)]
-    Refused(EvictError),
-    /// SIGTERM did not go out within the victim's grace period and [`SIGTERM_SLACK`] (this long).
-    #[error("SIGTERM was not sent within {}s", .0.as_secs())]
-    NotSignalled(Duration),
-}
-
-/// What an eviction task reports about its victim.
-type Report = (String, Outcome);
-
-/// How an eviction went.
-enum Outcome {
-    /// SIGTERM was sent; the pod still counts as pending until it has terminated.
-    Signalled,
-    /// The pod has terminated.
-    Terminated,
-    /// The pod could not be evicted.
-    Failed,
-}
-
 /// The eviction loop and its state.
 pub struct EvictionManager<E: Evictor> {
-    /// The ledger, for a lowered kubepods limit to settle (off the loop's thread).
-    resources: Arc<Mutex<ResourceManager>>,
-    /// A settle of the kubepods limit is under way.
-    settling: Arc<AtomicBool>,
+    /// The settle of a lowered kubepods limit.
+    limit: MemoryLimit,
     /// What the loop reads of the ledger, behind a lock that placing or releasing a pod never holds.
     view: LedgerView,
     evictor: Arc<E>,
@@ -170,13 +92,9 @@ pub struct EvictionManager<E: Evictor> {
     observer: Option<Arc<dyn PassObserver>>,
     state: PressureState,
     pressure: NodePressure,
-    in_flight: HashMap<String, InFlight>,
-    failed: HashMap<String, Failed>,
-    done: (mpsc::UnboundedSender<Report>, mpsc::UnboundedReceiver<Report>),
-    warned_no_candidates: bool,
-    /// The daemon's task tracker and shutdown token: the eviction tasks, which outlive a pass, run on them.
-    tasks: TaskTracker,
-    stop: CancellationToken,
+    /// The victims handed over: in flight, backing off, and the reports of the tasks that follow them.
+    handoffs: Handoffs,
+    service: Service,
     /// The signals as last read (a memory-only pass updates memory.available alone).
     signals: BTreeMap<Signal, SignalObservation>,
     /// When each signal is read next, and whether a condition's reading is out of date.
@@ -186,6 +104,39 @@ pub struct EvictionManager<E: Evictor> {
     inline: Option<(MeminfoReader, HostPaths)>,
     /// The candidates for memory and PID evictions, read ahead while a signal nears its threshold.
     ahead: ReadAhead,
+}
+
+/// The daemon's task tracker and shutdown token: the eviction tasks, which outlive a pass, and the settle of a
+/// lowered limit run on them.
+struct Service {
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+/// A lowered kubepods memory limit waits for the pods to fit: it is settled off the loop's thread, one settle at
+/// a time.
+struct MemoryLimit {
+    /// The ledger, which settles it.
+    resources: Arc<Mutex<ResourceManager>>,
+    /// A settle is under way.
+    settling: Arc<AtomicBool>,
+}
+
+impl MemoryLimit {
+    /// Settles the limit if `view` says it is pending and no settle is under way: the ledger's lock and the write
+    /// (a D-Bus call under the systemd driver) are waited for on a blocking thread of `tasks`.
+    fn settle(&self, view: &LedgerView, tasks: &TaskTracker) {
+        if view.memory_max_pending() && !self.settling.swap(true, Ordering::SeqCst) {
+            let (resources, settling) = (self.resources.clone(), self.settling.clone());
+            tasks.spawn_blocking(move || {
+                let settled = resources.lock().unwrap_or_else(PoisonError::into_inner).settle_memory_limit();
+                if let Err(e) = settled {
+                    tracing::warn!(error = %e, "cannot lower kubepods' memory.max");
+                }
+                settling.store(false, Ordering::SeqCst);
+            });
+        }
+    }
 }
 
 /// The victims for a breach: the first ranked pod, then more in rank order until what they give back covers
@@ -291,8 +242,7 @@ impl<E: Evictor> EvictionManager<E> {
     ) -> Self {
         let view = resources.lock().unwrap_or_else(PoisonError::into_inner).view();
         Self {
-            resources,
-            settling: Arc::new(AtomicBool::new(false)),
+            limit: MemoryLimit { resources, settling: Arc::new(AtomicBool::new(false)) },
             view,
             evictor,
             settings,
@@ -301,12 +251,8 @@ impl<E: Evictor> EvictionManager<E> {
             observer,
             state: PressureState::default(),
             pressure: NodePressure::default(),
-            in_flight: HashMap::new(),
-            failed: HashMap::new(),
-            done: mpsc::unbounded_channel(),
-            warned_no_candidates: false,
-            tasks,
-            stop,
+            handoffs: Handoffs::default(),
+            service: Service { tasks, stop },
             signals: BTreeMap::new(),
             schedule: Schedule::default(),
             inline: None,
@@ -354,7 +300,7 @@ impl<E: Evictor> EvictionManager<E> {
                     ),
                 }
             }
-            let tasks = self.tasks.clone();
+            let tasks = self.service.tasks.clone();
             runtime.block_on(async move {
                 self.run(wakeups).await;
                 // The eviction tasks run on this thread's runtime: it is kept until the daemon's tracker has
@@ -367,7 +313,7 @@ impl<E: Evictor> EvictionManager<E> {
     /// Runs until the daemon's shutdown token is cancelled. `wakeups` carries pressure events. Its reads block the
     /// thread it runs on: the daemon gives it a thread of its own ([`EvictionManager::spawn`]).
     pub async fn run(mut self, mut wakeups: mpsc::Receiver<Wake>) {
-        let shutdown = self.stop.clone();
+        let shutdown = self.service.stop.clone();
         let mut next = Instant::now();
         let mut last = None::<Instant>;
         loop {
@@ -379,7 +325,7 @@ impl<E: Evictor> EvictionManager<E> {
                     self.schedule.reload();
                     Wake::Config
                 }
-                Some((uid, outcome)) = self.done.1.recv() => {
+                Some((uid, outcome)) = self.handoffs.report() => {
                     let wake = !matches!(outcome, Outcome::Signalled);
                     self.finished(uid, outcome);
                     if !wake {
@@ -524,16 +470,7 @@ impl<E: Evictor> EvictionManager<E> {
     /// read of that signal tries again. The ledger's lock and the write (a D-Bus call under the systemd driver)
     /// are waited for off this thread, one at a time.
     fn settle_memory_limit(&self) {
-        if self.view.memory_max_pending() && !self.settling.swap(true, Ordering::SeqCst) {
-            let (resources, settling) = (self.resources.clone(), self.settling.clone());
-            self.tasks.spawn_blocking(move || {
-                let settled = resources.lock().unwrap_or_else(PoisonError::into_inner).settle_memory_limit();
-                if let Err(e) = settled {
-                    tracing::warn!(error = %e, "cannot lower kubepods' memory.max");
-                }
-                settling.store(false, Ordering::SeqCst);
-            });
-        }
+        self.limit.settle(&self.view, &self.service.tasks);
     }
 
     /// One pass for a wake-up; returns the time until the next poll. A poll reads only the signals due, on this
@@ -571,16 +508,19 @@ impl<E: Evictor> EvictionManager<E> {
         };
         let observed_at = Instant::now();
         self.schedule.read(&read, &self.signals, observed_at);
-        self.in_flight.retain(|_, f| f.until > observed_at);
+        self.handoffs.expire(observed_at);
         let evaluation =
             self.state.evaluate(observed_at, &settings.thresholds, &self.signals, settings.transition_period);
         // Evictions first: every breach's victims are handed over, then the pass waits until their SIGTERMs went
         // out (within SIGTERM_WAIT, one deadline for the pass) and gives them their headstart (once); only then
         // come the log lines, the records, the metrics, and admission hearing of the new conditions.
-        let handovers: Vec<Handover> =
+        let mut handovers: Vec<Handover> =
             evaluation.act.iter().filter_map(|breach| self.act(breach, observed_at, &settings)).collect();
         if !handovers.is_empty() {
-            self.settle_handovers(handovers, observed_at).await;
+            wait_signalled(&mut handovers).await;
+            for h in handovers {
+                self.handoffs.follow(h, observed_at, &self.metrics, &self.status, &self.service);
+            }
         }
         self.set_pressure(evaluation.pressure);
         // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
@@ -616,24 +556,12 @@ impl<E: Evictor> EvictionManager<E> {
         }
     }
 
-    /// News from an eviction task: a victim that has terminated no longer counts as pending; one that could not be
-    /// evicted is skipped, with a back-off, so that the next candidate is taken.
+    /// News from an eviction task: a victim that has terminated no longer counts as pending, and what its signals
+    /// said is out of date; one that could not be evicted is skipped, with a back-off, so that the next candidate
+    /// is taken.
     fn finished(&mut self, uid: String, outcome: Outcome) {
-        match outcome {
-            Outcome::Signalled => {
-                self.failed.remove(&uid);
-            }
-            Outcome::Terminated => {
-                if let Some(f) = self.in_flight.remove(&uid) {
-                    self.settled(f.condition);
-                }
-            }
-            Outcome::Failed => {
-                self.in_flight.remove(&uid);
-                let backoff = self.failed.get(&uid).map_or(VICTIM_BACKOFF, |f| (f.backoff * 2).min(MAX_VICTIM_BACKOFF));
-                tracing::warn!(pod_uid = %uid, backoff_seconds = backoff.as_secs(), "skipping a pod that could not be evicted");
-                self.failed.insert(uid, Failed { until: Instant::now() + backoff, backoff });
-            }
+        if let Some(condition) = self.handoffs.finished(uid, outcome, Instant::now()) {
+            self.settled(condition);
         }
     }
 
@@ -664,8 +592,7 @@ impl<E: Evictor> EvictionManager<E> {
     fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) -> Option<Handover> {
         let signal = breach.threshold.signal;
         let condition = signal.condition();
-        let pending: u64 = self.in_flight.values().filter(|f| f.condition == condition).map(|f| f.reclaims).sum();
-        let any_pending = self.in_flight.values().any(|f| f.condition == condition);
+        let pending = self.handoffs.pending(condition);
         if self.schedule.stale(signal) {
             tracing::debug!(%signal, "waiting for a reading taken after the last eviction or reclaim");
             return None;
@@ -680,16 +607,13 @@ impl<E: Evictor> EvictionManager<E> {
                 return None;
             }
         }
-        let needed = breach.deficit().saturating_sub(pending);
-        if any_pending && needed == 0 {
+        let needed = breach.deficit().saturating_sub(pending.unwrap_or(0));
+        if pending.is_some() && needed == 0 {
             return None;
         }
         let now = Instant::now();
         tracing::debug!(%signal, since_observed_us = micros(now.saturating_duration_since(observed_at)), "choosing victims");
-        // A failure is remembered (so the next back-off is longer) until it has been over for the longest back-off.
-        self.failed.retain(|_, f| f.until + MAX_VICTIM_BACKOFF > now);
-        let backing_off = self.failed.iter().filter(|(_, f)| f.until > now).map(|(uid, _)| uid);
-        let skip: HashSet<String> = self.in_flight.keys().chain(backing_off).cloned().collect();
+        let skip = self.handoffs.skip(now);
         let ahead = self
             .ahead
             .fresh(now)
@@ -700,143 +624,28 @@ impl<E: Evictor> EvictionManager<E> {
         let mut ranked = rank(signal, &found);
         tracing::debug!(%signal, candidates = ranked.len(), read_ahead, took_us = micros(now.elapsed()), "candidates ranked");
         if ranked.is_empty() {
-            if !self.warned_no_candidates && !any_pending {
+            if self.handoffs.first_without_candidates(condition) {
                 tracing::warn!(%signal, observed = breach.observed, threshold = breach.value, "threshold crossed, but no pod can be evicted");
-                self.warned_no_candidates = true;
             }
             return None;
         }
-        self.warned_no_candidates = false;
         // Handed over before anything else: the log lines, the records and the metrics come after the SIGTERMs
-        // and the victims' headstart (see `settle_handovers`).
+        // and the victims' headstart (see `wait_signalled`).
         let (decided, age) = (jiff::Timestamp::now(), observed_at.elapsed());
-        let victims: Vec<Victim> = select(signal, &ranked, needed)
+        let victims: Vec<_> = select(signal, &ranked, needed)
             .into_iter()
             .map(|victim| {
                 let grace = grace_period(breach.hard, victim.grace, settings.max_pod_grace_period);
                 let message = eviction_message(breach, &victim);
-                let requested = self.evictor.evict(&victim.uid, grace, message.clone());
-                let reclaims = victim.reclaims(signal);
-                self.in_flight.insert(
-                    victim.uid.clone(),
-                    InFlight { condition, reclaims, until: Instant::now() + grace + Duration::from_secs(60) },
-                );
-                Victim { candidate: victim, grace, message, reclaims, requested, early: None }
+                self.handoffs.hand_over(self.evictor.as_ref(), victim, signal, grace, message)
             })
             .collect();
         // The victims leave the candidates read ahead: a later pass must not choose them again.
         for v in &victims {
-            self.ahead.remove(&v.candidate.uid);
+            self.ahead.remove(v.uid());
         }
         ranked.truncate(10);
         Some(Handover { breach: breach.clone(), ranked, decided, age, victims })
-    }
-
-    /// Waits until the victims handed over in a pass were signalled (at most until [`SIGTERM_WAIT`] from now),
-    /// gives those signalled [`VICTIM_HEADSTART`], then logs, records and follows each eviction.
-    async fn settle_handovers(&mut self, mut handovers: Vec<Handover>, observed_at: Instant) {
-        let signal_by = Instant::now() + SIGTERM_WAIT;
-        let mut signalled = false;
-        for v in handovers.iter_mut().flat_map(|h| h.victims.iter_mut()) {
-            if let Ok(e) = &mut v.requested {
-                v.early = tokio::time::timeout_at(signal_by, &mut e.signalled).await.ok();
-                signalled |= matches!(v.early, Some(Ok(_)));
-            }
-        }
-        if signalled {
-            tokio::time::sleep(VICTIM_HEADSTART).await;
-        }
-        for h in handovers {
-            self.follow(h, observed_at);
-        }
-    }
-
-    /// Logs and records the evictions of one breach, and follows each until its victim is over (or the eviction
-    /// failed).
-    fn follow(&mut self, handover: Handover, observed_at: Instant) {
-        let Handover { breach, ranked, decided, age, victims } = handover;
-        let breach = &breach;
-        let signal = breach.threshold.signal;
-        let explained: Vec<Ranked> = ranked
-            .iter()
-            .map(|c| {
-                let (usage, request) = c.usage(signal);
-                Ranked { pod: c.name.clone(), usage, request, priority: c.priority }
-            })
-            .collect();
-        for Victim { candidate: victim, grace, message, reclaims, requested, early } in victims {
-            tracing::warn!(
-                pod = %victim.name,
-                pod_uid = %victim.uid,
-                %signal,
-                hard = breach.hard,
-                observed = breach.observed,
-                threshold = breach.value,
-                target = breach.target,
-                reclaims,
-                grace_seconds = grace.as_secs(),
-                candidates = ?explained.iter().map(|r| format!("{} usage={} request={} priority={}", r.pod, r.usage, r.request, r.priority)).collect::<Vec<_>>(),
-                "evicting pod"
-            );
-            self.metrics.evictions.with_label_values(&[signal.as_str()]).inc();
-            self.metrics.stats_age.with_label_values(&[signal.as_str()]).observe(age.as_secs_f64());
-            let id = self.status.record(EvictionRecord {
-                time: decided,
-                pod: victim.name.clone(),
-                uid: victim.uid.clone(),
-                signal,
-                hard: breach.hard,
-                observed: breach.observed,
-                threshold: breach.value,
-                target: breach.target,
-                reclaims,
-                grace_period_seconds: grace.as_secs(),
-                message,
-                candidates: explained.clone(),
-                sigterm_latency_seconds: None,
-                error: None,
-                completed: false,
-            });
-            let status = self.status.clone();
-            let latency = self.metrics.latency.with_label_values(&[signal.as_str()]);
-            let done = self.done.0.clone();
-            let stop = self.stop.clone();
-            // A shutdown abandons the wait; the pod's worker carries on with the termination until it stops too.
-            self.tasks.spawn(async move {
-                stop.run_until_cancelled(async move {
-                    let result = match requested {
-                        Ok(eviction) => {
-                            let signalled = match early {
-                                Some(at) => Ok(at),
-                                None => tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled)
-                                    .await
-                                    .map_err(|_| Failure::NotSignalled(grace + SIGTERM_SLACK)),
-                            };
-                            signalled.map(|at| (at.unwrap_or_else(|_| Instant::now()), eviction.terminated))
-                        }
-                        Err(e) => Err(Failure::Refused(e)),
-                    };
-                    let outcome = match result {
-                        Ok((signalled_at, terminated)) => {
-                            let l = signalled_at.saturating_duration_since(observed_at).as_secs_f64();
-                            latency.observe(l);
-                            status.update(id, |r| r.sigterm_latency_seconds = Some(l));
-                            let _ = done.send((victim.uid.clone(), Outcome::Signalled));
-                            let _ = terminated.await;
-                            status.update(id, |r| r.completed = true);
-                            Outcome::Terminated
-                        }
-                        Err(e) => {
-                            tracing::warn!(pod = %victim.name, error = %e, "eviction failed");
-                            status.update(id, |r| r.error = Some(e.to_string()));
-                            Outcome::Failed
-                        }
-                    };
-                    let _ = done.send((victim.uid, outcome));
-                })
-                .await;
-            });
-        }
     }
 }
 

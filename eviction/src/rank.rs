@@ -52,6 +52,25 @@ impl Candidate {
     }
 }
 
+#[cfg(test)]
+impl Candidate {
+    /// A BestEffort pod `default/<uid>` using `memory` bytes and one process, with a grace period of 30 s.
+    pub fn best_effort(uid: &str, memory: u64) -> Self {
+        Candidate {
+            uid: uid.into(),
+            name: format!("default/{uid}"),
+            priority: 0,
+            critical: false,
+            memory_request: 0,
+            memory_usage: memory,
+            disk_request: 0,
+            disk_usage: 0,
+            pids: 1,
+            grace: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
 /// usage above request first, then lower priority, then the larger usage − request.
 fn by_usage(a: (u64, u64, i32), b: (u64, u64, i32)) -> Ordering {
     let ((ua, ra, pa), (ub, rb, pb)) = (a, b);

@@ -86,21 +86,6 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
     const MIB: u64 = 1 << 20;
 
-    fn candidate(uid: &str) -> Candidate {
-        Candidate {
-            uid: uid.into(),
-            name: format!("default/{uid}"),
-            priority: 0,
-            critical: false,
-            memory_request: 0,
-            memory_usage: 100 * MIB,
-            disk_request: 0,
-            disk_usage: 0,
-            pids: 1,
-            grace: Duration::from_secs(30),
-        }
-    }
-
     fn uids(found: Option<&[Candidate]>) -> Option<Vec<&str>> {
         found.map(|f| f.iter().map(|c| c.uid.as_str()).collect())
     }
@@ -152,7 +137,7 @@ mod tests {
         let periods = BTreeMap::from([(Signal::MemoryAvailable, 10 * MS)]);
         let mut ahead = ReadAhead::default();
         assert_eq!(uids(ahead.fresh(t)), None);
-        ahead.keep(t, vec![candidate("a"), candidate("b")]);
+        ahead.keep(t, vec![Candidate::best_effort("a", 100 * MIB), Candidate::best_effort("b", 100 * MIB)]);
         assert_eq!(ahead.read_at(), Some(t));
         assert!(!ahead.wanted(t + READ_AHEAD - MS, &periods, &rates, &[]), "read again too soon");
         assert!(ahead.wanted(t + READ_AHEAD, &periods, &rates, &[]));

@@ -3,11 +3,13 @@
 use std::sync::{Mutex as StdMutex, OnceLock};
 
 use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::oneshot;
 
 use nodewarden_resources::testing::FakeHost;
 use nodewarden_resources::{Amount, CgroupPath, ResourceConfig};
 use serde_json::json;
 
+use super::handoff::{SIGTERM_SLACK, VICTIM_BACKOFF};
 use super::read_ahead::READ_AHEAD_AGE;
 use super::*;
 use crate::pressure::Evaluation;
@@ -163,7 +165,7 @@ async fn settle() {
 impl Rig {
     /// Hands the manager what its eviction tasks reported, as its loop does.
     fn deliver(&mut self) {
-        while let Ok((uid, outcome)) = self.manager.done.1.try_recv() {
+        while let Some((uid, outcome)) = self.manager.handoffs.try_report() {
             self.manager.finished(uid, outcome);
         }
     }
@@ -213,7 +215,7 @@ async fn a_victim_that_cannot_be_evicted_is_skipped_with_a_back_off() {
     r.deliver();
     assert_eq!(r.evictor.attempts.lock().unwrap().last().map(String::as_str), Some("broken"));
     // A second failure backs off for twice as long.
-    assert_eq!(r.manager.failed["broken"].backoff, VICTIM_BACKOFF * 2);
+    assert_eq!(r.manager.handoffs.backoff("broken"), Some(VICTIM_BACKOFF * 2));
 }
 
 /// Memory falls fast toward a 100 MiB threshold (450 MiB in 100 ms, to 50 MiB above it): the candidates are read
@@ -333,7 +335,7 @@ async fn evicts_as_many_pods_as_the_deficit_needs_in_one_pass() {
     }
     settle().await;
     for uid in ["a", "b"] {
-        r.manager.in_flight.remove(uid);
+        r.manager.handoffs.forget(uid);
     }
     r.host.set_memory(1 << 30, 150 * MIB, 150 * MIB);
     r.manager.pass().await;
