@@ -13,8 +13,8 @@ use nodewarden_eviction::{
     Thresholds,
 };
 use nodewarden_resources::{
-    CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, LedgerView, Observations,
-    REQUIRED_CONTROLLERS, ResourceManager, check_host,
+    CgroupDriver, CgroupError, CgroupFs, CgroupPath, HostError, HostPaths, Ledger, Observations, REQUIRED_CONTROLLERS,
+    ResourceManager, check_host,
 };
 use nodewarden_runtime::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
 use nodewarden_runtime::{ProcessRuntime, RuntimeHealth, SelectedRuntime};
@@ -31,8 +31,9 @@ use crate::pod_events::LoggedEvents;
 pub struct Shared {
     /// The configuration in force; replaced by a reload.
     config: watch::Sender<Arc<Config>>,
-    /// The resource manager, the only writer of cgroupfs.
-    pub manager: Arc<Mutex<ResourceManager>>,
+    /// The ledger of placements, the only writer of cgroupfs, and what it publishes (read by the gauges set when
+    /// `/metrics` is scraped, without waiting for the ledger).
+    pub ledger: Ledger,
     /// Pod sync; `None` when no runtime is available.
     pub pods: Arc<PodManager<SelectedRuntime>>,
     /// Pods and their status (`/pods`).
@@ -44,15 +45,12 @@ pub struct Shared {
     /// The eviction settings the loop follows; replaced by a reload.
     eviction_settings: watch::Sender<Arc<EvictionSettings>>,
     /// A handle on cgroupfs and the kubepods cgroup for the readiness check, which must never wait for the
-    /// manager's lock: a pass stuck on a hung read would otherwise hang `/readyz` too.
+    /// ledger: a request stuck on a hung write would otherwise hang `/readyz` too.
     probe: (CgroupFs, CgroupPath),
-    /// The ledger as the eviction loop sees it, for the gauges set when `/metrics` is scraped (without the
-    /// manager's lock).
-    view: LedgerView,
     /// The node side's heartbeats, when the daemon was started with `--kubeconfig`.
     cluster: std::sync::OnceLock<Arc<nodewarden_cluster::ClusterStatus>>,
     /// Capacity, the reported allocatable and maxPods, as the Node reports them: kept here (and replaced by a
-    /// reload) so that reporting never waits for the manager's lock.
+    /// reload) so that reporting never waits for the ledger.
     pub node_resources: Mutex<NodeResources>,
     /// The node's address, found once at start: the Node's `InternalIP` and every pod's `hostIP`.
     pub node_ip: Option<std::net::IpAddr>,
@@ -89,8 +87,9 @@ impl Shared {
     /// Sets the gauges that are read when they are scraped rather than on every pass: the pressure stall files
     /// and the pods by QoS class.
     pub fn refresh_gauges(&self) {
-        self.metrics.set_pressure(&self.view.pressure_stall());
-        self.metrics.set_pods(&self.view.pods_by_qos());
+        let view = self.ledger.view();
+        self.metrics.set_pressure(&view.pressure_stall());
+        self.metrics.set_pods(&view.pods_by_qos());
     }
 
     /// Whether the eviction loop completed a pass within 3 × housekeepingInterval (at least 3 s).
@@ -130,18 +129,21 @@ impl Shared {
 
     /// Applies an edited config file: the reloadable fields take effect at once (resources first, so a refused
     /// cgroup write leaves everything as it was); the others are reported as needing a restart.
-    pub fn reload(&self, text: &str) -> Result<Vec<&'static str>, String> {
+    pub async fn reload(&self, text: &str) -> Result<Vec<&'static str>, String> {
         let running = self.config();
         let Reloaded { config, needs_restart } = config::reload(&running, text).map_err(|e| e.to_string())?;
         if config == *running {
             return Ok(needs_restart);
         }
-        let alloc = {
-            let mut m = self.manager.lock().unwrap_or_else(PoisonError::into_inner);
-            m.reconfigure(config.resources.clone()).map_err(|e| format!("cannot apply the new resources: {e}"))?;
-            *self.node_resources.lock().unwrap_or_else(PoisonError::into_inner) = NodeResources::of(&m);
-            *m.allocatable()
-        };
+        let resources = config.resources.clone();
+        let applied = self
+            .ledger
+            .call(move |m| m.reconfigure(resources).map(|()| (*m.allocatable(), NodeResources::of(m))))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        let (alloc, node) = applied.map_err(|e| format!("cannot apply the new resources: {e}"))?;
+        *self.node_resources.lock().unwrap_or_else(PoisonError::into_inner) = node;
         self.metrics.set_allocatable(&alloc, config.resources.max_pods);
         self.eviction_settings.send_replace(Arc::new(eviction_settings(&config)));
         self.config.send_replace(Arc::new(config));
@@ -427,8 +429,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let fs = manager.cgroupfs().clone();
     let node_resources = Mutex::new(NodeResources::of(&manager));
-    let view = manager.view();
-    let manager = Arc::new(Mutex::new(manager));
+    let ledger = Ledger::new(manager);
     // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
@@ -447,7 +448,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let events = Arc::new(LoggedEvents);
     let pods = PodManager::new(
-        manager.clone(),
+        ledger.clone(),
         Arc::new(runtime),
         settings,
         sync_metrics,
@@ -477,7 +478,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let gauges = Arc::new(Gauges { metrics: metrics.clone() });
     let evictor = pods.clone();
     let eviction = EvictionManager::new(
-        manager.clone(),
+        ledger.clone(),
         evictor,
         settings_rx,
         eviction_metrics,
@@ -496,8 +497,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         eviction: eviction.status(),
         eviction_settings: settings_tx,
         probe,
-        view,
-        manager,
+        ledger,
         pods,
         store,
         metrics,
@@ -641,10 +641,12 @@ mod tests {
         let metrics = Arc::new(Metrics::new().unwrap());
         let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
         let config_tx = watch::Sender::new(Arc::new(config));
-        let manager = Arc::new(Mutex::new(manager));
+        let (probe, node_resources) =
+            ((manager.cgroupfs().clone(), manager.tree().kubepods.clone()), Mutex::new(NodeResources::of(&manager)));
+        let fs = manager.cgroupfs().clone();
+        let ledger = Ledger::new(manager);
         let gauges = Arc::new(Gauges { metrics: metrics.clone() });
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).unwrap();
-        let fs = manager.lock().unwrap().cgroupfs().clone();
         let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
         let runtime = SelectedRuntime::Process(ProcessRuntime::new(fs, tasks.clone(), shutdown.clone()));
         let settings = SyncSettings {
@@ -657,24 +659,19 @@ mod tests {
         let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
         let events = Arc::new(LoggedEvents);
         let (t, s) = (tasks.clone(), shutdown.clone());
-        let pods = PodManager::new(manager.clone(), Arc::new(runtime), settings, sync_metrics, events, t, s);
+        let pods = PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, events, t, s);
         let gauges: Option<Arc<dyn PassObserver>> = Some(gauges);
         let eviction =
-            EvictionManager::new(manager.clone(), pods.clone(), settings_rx, eviction_metrics, gauges, tasks, shutdown);
-        let (probe, view, node_resources) = {
-            let m = manager.lock().unwrap();
-            ((m.cgroupfs().clone(), m.tree().kubepods.clone()), m.view(), Mutex::new(NodeResources::of(&m)))
-        };
+            EvictionManager::new(ledger.clone(), pods.clone(), settings_rx, eviction_metrics, gauges, tasks, shutdown);
         let shared = Arc::new(Shared {
             config: config_tx,
-            manager,
+            ledger,
             store: pods.store(),
             pods,
             metrics,
             eviction: eviction.status(),
             eviction_settings: settings_tx,
             probe,
-            view,
             cluster: std::sync::OnceLock::new(),
             node_resources,
             node_ip: None,
@@ -684,13 +681,25 @@ mod tests {
         Rig { host, shared, eviction }
     }
 
-    /// Runs `f` on a thread of its own while the manager's lock is held; fails the test if `f` waits for it.
+    /// Runs `f` on a thread of its own while a request holds the ledger; fails the test if `f` waits for it.
     fn with_the_manager_held<T: Send + 'static>(r: &Rig, f: impl FnOnce(&Shared) -> T + Send + 'static) -> T {
-        let _held = r.shared.manager.lock().unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (inside, entered) = std::sync::mpsc::channel();
+        let ledger = r.shared.ledger.clone();
+        let holder = std::thread::spawn(move || {
+            ledger.call_blocking(move |_| {
+                inside.send(()).unwrap();
+                let _ = held.recv();
+            })
+        });
+        entered.recv_timeout(Duration::from_secs(5)).expect("the ledger was never held");
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = r.shared.clone();
         std::thread::spawn(move || tx.send(f(&shared)).unwrap());
-        rx.recv_timeout(Duration::from_secs(5)).expect("blocked on the manager's lock")
+        let out = rx.recv_timeout(Duration::from_secs(5)).expect("blocked on the ledger");
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        out
     }
 
     #[test]
@@ -761,11 +770,11 @@ mod tests {
         let edited = HEAD.replace("/nw", "/elsewhere") + "maxPods: 7\nevictionHard:\n  memory.available: 300Mi\n";
         // A negative threshold is refused; the running config stays.
         let bad = format!("{HEAD}maxPods: 3\nevictionHard:\n  memory.available: -1Mi\n");
-        assert!(s.reload(&bad).is_err());
+        assert!(s.reload(&bad).await.is_err());
         assert_eq!(s.config().resources.max_pods, 110);
-        assert_eq!(s.reload(&edited).unwrap(), ["cgroupRoot"]);
+        assert_eq!(s.reload(&edited).await.unwrap(), ["cgroupRoot"]);
         assert_eq!(s.config().resources.max_pods, 7);
-        assert_eq!(s.manager.lock().unwrap().config().max_pods, 7);
+        assert_eq!(s.ledger.call(|m| m.config().max_pods).await.unwrap(), 7);
         assert_eq!(s.config().resources.cgroup_root.as_str(), "/nw");
         r.eviction.pass().await;
         assert_eq!(

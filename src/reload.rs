@@ -124,7 +124,7 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
             tracing::warn!(file = %path.display(), "the config file has been open for writing, idle, for 30s; reading it");
             writing = None;
         }
-        check(&path, &shared, &mut last);
+        check(&path, &shared, &mut last).await;
     }
     recheck_only(path, shared, shutdown, last).await;
 }
@@ -141,14 +141,14 @@ async fn recheck_only(path: PathBuf, shared: Arc<Shared>, shutdown: Cancellation
     let mut tick = tokio::time::interval(RECHECK);
     loop {
         tokio::select! {
-            _ = tick.tick() => check(&path, &shared, &mut last),
+            _ = tick.tick() => check(&path, &shared, &mut last).await,
             () = shutdown.cancelled() => return,
         }
     }
 }
 
 /// Reads the file; when its bytes changed, reloads it.
-fn check(path: &Path, shared: &Shared, last: &mut Option<Vec<u8>>) {
+async fn check(path: &Path, shared: &Shared, last: &mut Option<Vec<u8>>) {
     let bytes = match read(path) {
         Ok(b) => b,
         // Mid-replace, or deleted: keep running with what is in force.
@@ -161,8 +161,10 @@ fn check(path: &Path, shared: &Shared, last: &mut Option<Vec<u8>>) {
         return;
     }
     *last = Some(bytes.clone());
-    let result =
-        String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_owned()).and_then(|t| shared.reload(&t));
+    let result = match String::from_utf8(bytes) {
+        Ok(text) => shared.reload(&text).await,
+        Err(_) => Err("the file is not UTF-8".to_owned()),
+    };
     match result {
         Ok(needs_restart) => {
             shared.metrics.config_reloaded(true);

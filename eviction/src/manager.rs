@@ -12,12 +12,12 @@ mod read_ahead;
 mod schedule;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nodewarden_resources::{
-    CgroupError, Condition, HostPaths, LedgerView, MeminfoReader, NodePressure, Observations, ResourceManager,
+    CgroupError, Condition, HostPaths, Ledger, LedgerView, MeminfoReader, NodePressure, Observations, ResourceManager,
     fs_stats, pid_stats,
 };
 use tokio::sync::{mpsc, watch};
@@ -117,21 +117,23 @@ struct Service {
 /// a time.
 struct MemoryLimit {
     /// The ledger, which settles it.
-    resources: Arc<Mutex<ResourceManager>>,
+    ledger: Ledger,
     /// A settle is under way.
     settling: Arc<AtomicBool>,
 }
 
 impl MemoryLimit {
-    /// Settles the limit if `view` says it is pending and no settle is under way: the ledger's lock and the write
-    /// (a D-Bus call under the systemd driver) are waited for on a blocking thread of `tasks`.
+    /// Settles the limit if `view` says it is pending and no settle is under way: the ledger's turn and the write
+    /// (a D-Bus call under the systemd driver) are waited for in a task of `tasks`, the write on the loop's one
+    /// blocking thread.
     fn settle(&self, view: &LedgerView, tasks: &TaskTracker) {
         if view.memory_max_pending() && !self.settling.swap(true, Ordering::SeqCst) {
-            let (resources, settling) = (self.resources.clone(), self.settling.clone());
-            tasks.spawn_blocking(move || {
-                let settled = resources.lock().unwrap_or_else(PoisonError::into_inner).settle_memory_limit();
-                if let Err(e) = settled {
-                    tracing::warn!(error = %e, "cannot lower kubepods' memory.max");
+            let (ledger, settling) = (self.ledger.clone(), self.settling.clone());
+            tasks.spawn(async move {
+                match ledger.call(ResourceManager::settle_memory_limit).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "cannot lower kubepods' memory.max"),
+                    Err(e) => tracing::warn!(error = %e, "cannot lower kubepods' memory.max"),
                 }
                 settling.store(false, Ordering::SeqCst);
             });
@@ -230,9 +232,9 @@ fn candidates<E: Evictor>(view: &LedgerView, evictor: &E, signal: Signal, skip: 
 }
 
 impl<E: Evictor> EvictionManager<E> {
-    /// A loop over the resource manager's observations, evicting through `evictor`.
+    /// A loop over the ledger's observations, evicting through `evictor`.
     pub fn new(
-        resources: Arc<Mutex<ResourceManager>>,
+        ledger: Ledger,
         evictor: Arc<E>,
         settings: watch::Receiver<Arc<EvictionSettings>>,
         metrics: EvictionMetrics,
@@ -240,9 +242,9 @@ impl<E: Evictor> EvictionManager<E> {
         tasks: TaskTracker,
         stop: CancellationToken,
     ) -> Self {
-        let view = resources.lock().unwrap_or_else(PoisonError::into_inner).view();
+        let view = ledger.view().clone();
         Self {
-            limit: MemoryLimit { resources, settling: Arc::new(AtomicBool::new(false)) },
+            limit: MemoryLimit { ledger, settling: Arc::new(AtomicBool::new(false)) },
             view,
             evictor,
             settings,
@@ -266,8 +268,8 @@ impl<E: Evictor> EvictionManager<E> {
     }
 
     /// Runs the loop on a thread of its own, named `eviction`, with a single-threaded runtime, and returns once it
-    /// is running. Nothing else runs on that thread, so the loop's blocking reads (the kernel's files, the
-    /// resources lock) hold up no other task, and no hand-off to another thread stands between the pass that
+    /// is running. Nothing else runs on that thread, so the loop's blocking reads (the kernel's files) hold up
+    /// no other task, and no hand-off to another thread stands between the pass that
     /// sees a crossing and the victim's SIGTERM. With a `realtime_priority` (1 to 99; 0 for none) the thread runs
     /// under `SCHED_FIFO` at that priority ([`make_realtime`]), or, where that is refused, says so and runs as
     /// before. The thread ends once the daemon's shutdown token is cancelled and its tracker has drained, or
@@ -356,7 +358,7 @@ impl<E: Evictor> EvictionManager<E> {
         self.pass_on(Wake::Config).await
     }
 
-    /// The signals a poll reads on the loop's thread, without the resources lock: those due now (once every
+    /// The signals a poll reads on the loop's thread, without waiting for the ledger: those due now (once every
     /// signal has been read in full). `None` when the poll must read everything.
     fn inline_reads(&mut self, now: Instant) -> Option<Vec<Signal>> {
         if self.inline.is_none() && !self.signals.is_empty() {
@@ -467,14 +469,14 @@ impl<E: Evictor> EvictionManager<E> {
     }
 
     /// A lowered allocatable waits for the pods to fit (evicted meanwhile on allocatableMemory.available); each
-    /// read of that signal tries again. The ledger's lock and the write (a D-Bus call under the systemd driver)
-    /// are waited for off this thread, one at a time.
+    /// read of that signal tries again. The ledger's turn and the write (a D-Bus call under the systemd driver)
+    /// are waited for off this thread, one settle at a time.
     fn settle_memory_limit(&self) {
         self.limit.settle(&self.view, &self.service.tasks);
     }
 
     /// One pass for a wake-up; returns the time until the next poll. A poll reads only the signals due, on this
-    /// thread and without the resources lock (memory.available is one `pread`); a full pass and a pass for any
+    /// thread and without waiting for the ledger (memory.available is one `pread`); a full pass and a pass for any
     /// other wake-up read every signal.
     async fn pass_on(&mut self, wake: Wake) -> Duration {
         // New settings show in the gauges at once.

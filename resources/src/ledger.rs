@@ -241,6 +241,9 @@ pub enum PlaceError {
         /// The processes left.
         pids: Vec<u32>,
     },
+    /// The ledger request did not complete ([`crate::LedgerError`]).
+    #[error("the ledger request did not complete: it panicked, or the daemon is shutting down")]
+    Ledger,
 }
 
 /// The resource manager: the only owner of the kubepods tree and of the ledger of placements.

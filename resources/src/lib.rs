@@ -36,6 +36,7 @@ pub mod systemd;
 pub mod testing;
 mod tree;
 mod view;
+mod writer;
 
 /// How long an idle thread of an async runtime's blocking pool is kept: for good. A pool whose threads exit must
 /// ask the OS for a thread again, and a node out of PIDs refuses (tokio then panics in `spawn_blocking`).
@@ -73,3 +74,4 @@ pub use quantity::{Amount, Quantity, QuantityError, parse_millicores, parse_non_
 pub use systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 pub use tree::Tree;
 pub use view::LedgerView;
+pub use writer::{Ledger, LedgerError};

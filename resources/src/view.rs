@@ -82,6 +82,16 @@ impl LedgerView {
         self.shared().allocatable
     }
 
+    /// Whether the pod is placed.
+    pub fn is_placed(&self, uid: &str) -> bool {
+        self.shared().placements.iter().any(|p| p.uid == uid)
+    }
+
+    /// The UIDs of the pods placed.
+    pub fn placed(&self) -> BTreeSet<String> {
+        self.shared().placements.iter().map(|p| p.uid.clone()).collect()
+    }
+
     /// How many pods are placed in each QoS class (every class, with 0 where none is).
     pub fn pods_by_qos(&self) -> BTreeMap<QosClass, usize> {
         let mut counts =

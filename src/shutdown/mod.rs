@@ -150,7 +150,9 @@ async fn watch(
             }
             tracing::warn!(period = ?total, "the node is shutting down; terminating the pods in priority order");
             // Admission first: once /readyz says so, no new pod gets in.
-            shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(true);
+            if let Err(e) = shared.ledger.call(|m| m.set_shutting_down(true)).await {
+                tracing::warn!(error = %e, "cannot stop admitting pods");
+            }
             shared.node_shutdown.store(true, Ordering::Relaxed);
             // A daemon that has just started knows its pods once their source's first snapshot is applied (for a
             // few seconds at most: a source that cannot be listed must not hold the running pods up).
@@ -167,7 +169,9 @@ async fn watch(
         } else {
             tracing::info!("the node's shutdown was cancelled");
             shared.node_shutdown.store(false, Ordering::Relaxed);
-            shared.manager.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_shutting_down(false);
+            if let Err(e) = shared.ledger.call(|m| m.set_shutting_down(false)).await {
+                tracing::warn!(error = %e, "cannot admit pods again");
+            }
             if lock.is_none() {
                 *lock = take_lock(logind).await;
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::Eviction;
-use nodewarden_resources::{ResourceManager, pod};
+use nodewarden_resources::{Ledger, pod};
 use rustix::process::Signal;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -103,9 +103,9 @@ impl<R: Runtime> std::fmt::Debug for PodManager<R> {
 }
 
 impl<R: Runtime> PodManager<R> {
-    /// A manager over the resource manager and a runtime, recording pod events to `events`.
+    /// A manager over the ledger and a runtime, recording pod events to `events`.
     pub fn new(
-        resources: Arc<Mutex<ResourceManager>>,
+        ledger: Ledger,
         runtime: Arc<R>,
         settings: SyncSettings,
         metrics: SyncMetrics,
@@ -115,7 +115,7 @@ impl<R: Runtime> PodManager<R> {
     ) -> Arc<Self> {
         let store = Arc::new(StatusStore::default());
         let log_epoch = Instant::now();
-        let ctx = Arc::new(Shared { resources, runtime, settings, store, metrics, events, log_epoch });
+        let ctx = Arc::new(Shared { ledger, runtime, settings, store, metrics, events, log_epoch });
         Arc::new(Self {
             ctx,
             workers: Mutex::new(HashMap::new()),
@@ -362,13 +362,14 @@ impl<R: Runtime> PodManager<R> {
     fn clean_orphans(&self) {
         let wanted: BTreeSet<String> = self.workers().keys().cloned().collect();
         let root = self.ctx.settings.root_dir.clone();
-        let (orphans, foreign): (Vec<String>, Vec<String>) = {
-            let r = self.ctx.resources.lock().unwrap_or_else(PoisonError::into_inner);
-            r.placements()
-                .map(|p| p.uid.clone())
-                .filter(|u| !wanted.contains(u))
-                .partition(|u| state::is_ours(&root, u))
-        };
+        let (orphans, foreign): (Vec<String>, Vec<String>) = self
+            .ctx
+            .ledger
+            .view()
+            .placed()
+            .into_iter()
+            .filter(|u| !wanted.contains(u))
+            .partition(|u| state::is_ours(&root, u));
         for uid in &foreign {
             tracing::warn!(pod_uid = %uid, "a pod cgroup nodewarden did not make (no state in rootDir); leaving it alone");
         }
@@ -378,7 +379,7 @@ impl<R: Runtime> PodManager<R> {
         self.tasks.spawn(async move { stop.run_until_cancelled(runtime.reconcile(&keep)).await });
         for uid in &orphans {
             tracing::info!(pod_uid = %uid, "pod cgroup from an earlier run has no manifest; terminating it");
-            let terminate = terminate_orphan(self.ctx.resources.clone(), uid.clone(), root.clone());
+            let terminate = terminate_orphan(self.ctx.ledger.clone(), uid.clone(), root.clone());
             // Cut short by a shutdown: the next daemon finds the orphan again.
             let stop = self.shutdown.clone();
             self.tasks.spawn(async move { stop.run_until_cancelled(terminate).await });
@@ -577,22 +578,30 @@ pub(crate) fn orphan_grace(deadline: Option<jiff::Timestamp>, now: jiff::Timesta
 
 /// SIGTERM to every process of a pod nobody has any more, `cgroup.kill` once its grace period is over (see
 /// [`orphan_grace`]), then release.
-async fn terminate_orphan(resources: Arc<Mutex<ResourceManager>>, uid: String, root: std::path::PathBuf) {
+async fn terminate_orphan(ledger: Ledger, uid: String, root: std::path::PathBuf) {
     let grace = orphan_grace(state::load(&root, &uid).deletion_deadline, jiff::Timestamp::now());
     tracing::info!(pod_uid = %uid, grace_seconds = grace.as_secs(), "terminating an orphaned pod");
-    let lock = || resources.lock().unwrap_or_else(PoisonError::into_inner);
-    // A pod whose processes cannot be listed is taken as still running: it gets its whole grace period.
-    let running = || lock().procs(&uid).map_or(true, |p| !p.is_empty());
-    lock().set_terminating(&uid);
-    if let Err(e) = lock().signal(&uid, Signal::TERM) {
+    let owned = uid.clone();
+    let signalled = ledger
+        .try_call(move |m| {
+            m.set_terminating(&owned);
+            m.signal(&owned, Signal::TERM)
+        })
+        .await;
+    if let Err(e) = signalled {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot signal an orphaned pod's processes");
     }
     let deadline = Instant::now() + grace.min(pod::MAX_GRACE_PERIOD);
-    while Instant::now() < deadline && running() {
+    // A pod whose processes cannot be listed is taken as still running: it gets its whole grace period.
+    let running = || {
+        let uid = uid.clone();
+        ledger.call(move |m| m.procs(&uid).map_or(true, |p| !p.is_empty()))
+    };
+    while Instant::now() < deadline && running().await.unwrap_or(true) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Its directory (and the mark that it is nodewarden's) goes only with its cgroup.
-    if kill_and_release(&resources, &uid).await
+    if kill_and_release(&ledger, &uid).await
         && let Err(e) = volumes::remove_pod_dir(&root, &uid)
     {
         tracing::warn!(pod_uid = %uid, error = %e, "cannot remove the pod's directory");

@@ -16,7 +16,7 @@ use crate::signal::Signal;
 /// plans with) has the candidates read ahead, at most once per this period, so the pass that sees the crossing
 /// chooses its victim without reading every pod's usage first. A node holding steady near a threshold reads
 /// nothing ahead (measured: 100 pods near allocatableMemory.available made the read-ahead cost 2 % CPU and slowed
-/// pod start, when it still held the resources lock).
+/// pod start, when it still held the ledger's lock).
 pub const READ_AHEAD: Duration = Duration::from_millis(100);
 
 /// The oldest read-ahead a decision uses; past it, the candidates are read when the crossing is seen. The

@@ -21,7 +21,7 @@ const MIB: u64 = 1 << 20;
 /// fail to be evicted; pods in `hang` never confirm SIGTERM.
 #[derive(Default)]
 struct FakeEvictor {
-    resources: OnceLock<Arc<Mutex<ResourceManager>>>,
+    ledger: OnceLock<Ledger>,
     refuse: StdMutex<HashSet<String>>,
     hang: StdMutex<HashSet<String>>,
     attempts: StdMutex<Vec<String>>,
@@ -55,10 +55,9 @@ impl Evictor for FakeEvictor {
             self.unsent.lock().unwrap().push((signal_tx, tx));
         } else {
             self.terminations.lock().unwrap().push(tx);
-            // As the pod's worker marks it, later, when the ledger is free.
-            if let Ok(mut m) = self.resources.get().unwrap().try_lock() {
-                m.set_terminating(uid);
-            }
+            // As the pod's worker marks it, later, when the ledger's turn comes.
+            let (ledger, marked) = (self.ledger.get().unwrap().clone(), uid.to_owned());
+            tokio::spawn(async move { ledger.call(move |m| m.set_terminating(&marked)).await });
             self.evicted.lock().unwrap().push((uid.into(), grace, message));
             self.evicted_at.lock().unwrap().push(Instant::now());
             let _ = signal_tx.send(Instant::now());
@@ -88,7 +87,7 @@ fn pod(uid: &str, memory: Option<&str>, extra: serde_json::Value) -> Pod {
 
 struct Rig {
     host: FakeHost,
-    resources: Arc<Mutex<ResourceManager>>,
+    ledger: Ledger,
     evictor: Arc<FakeEvictor>,
     settings: watch::Sender<Arc<EvictionSettings>>,
     manager: EvictionManager<FakeEvictor>,
@@ -146,13 +145,13 @@ fn rig_on(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>, paths: impl FnOnce(Ho
     drop(pods);
     let evictor = Arc::new(FakeEvictor::default());
     let (tx, rx) = watch::channel(Arc::new(s));
-    let resources = Arc::new(Mutex::new(m));
-    assert!(evictor.resources.set(resources.clone()).is_ok());
+    let ledger = Ledger::new(m);
+    assert!(evictor.ledger.set(ledger.clone()).is_ok());
     let metrics = EvictionMetrics::new(&prometheus::Registry::new()).unwrap();
     let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
     let manager =
-        EvictionManager::new(resources.clone(), evictor.clone(), rx, metrics, None, tasks.clone(), shutdown.clone());
-    Rig { host, resources, evictor, settings: tx, manager, tasks, shutdown }
+        EvictionManager::new(ledger.clone(), evictor.clone(), rx, metrics, None, tasks.clone(), shutdown.clone());
+    Rig { host, ledger, evictor, settings: tx, manager, tasks, shutdown }
 }
 
 /// Lets the spawned eviction tasks run.
@@ -235,7 +234,7 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
         settings(&[(Signal::MemoryAvailable, Amount::Quantity(100 * MIB), None)], &[]),
         vec![(pod("early", None, json!({})), 500 * MIB, 1), (pod("late", None, json!({})), 100 * MIB, 1)],
     );
-    let late = r.resources.lock().unwrap().placement("late").unwrap().cgroup.clone();
+    let late = r.ledger.call(|m| m.placement("late").unwrap().cgroup.clone()).await.unwrap();
     // Far from the threshold nothing is read ahead.
     r.host.set_memory(1 << 30, 600 * MIB, 600 * MIB);
     r.manager.pass().await;
@@ -265,7 +264,7 @@ async fn a_crossing_chooses_from_the_candidates_read_ahead_while_they_are_fresh(
     r.evictor.terminations.lock().unwrap().drain(..).for_each(|t| t.send(()).unwrap());
     settle().await;
     r.deliver();
-    r.resources.lock().unwrap().release("early").unwrap();
+    r.ledger.try_call(|m| m.release("early")).await.unwrap();
     r.manager.ahead.keep(Instant::now() - READ_AHEAD_AGE * 2, Vec::new());
     r.manager.pass().await;
     settle().await;
@@ -298,7 +297,7 @@ async fn memory_pressure_evicts_the_besteffort_hog_not_the_guaranteed_pod() {
         "{message}"
     );
     // Admission now refuses BestEffort pods.
-    assert!(r.resources.lock().unwrap().pressure().contains(Condition::MemoryPressure));
+    assert!(r.ledger.view().pressure().contains(Condition::MemoryPressure));
     // While the hog terminates, what it will give back covers the deficit: nobody else is evicted.
     r.manager.pass().await;
     settle().await;
@@ -353,7 +352,7 @@ async fn soft_thresholds_evict_after_their_grace_period_with_the_capped_pod_grac
     let wait = r.manager.pass().await;
     assert_eq!(wait, Duration::from_secs(1), "bounded by the longest period");
     assert!(
-        r.resources.lock().unwrap().pressure().contains(Condition::MemoryPressure),
+        r.ledger.view().pressure().contains(Condition::MemoryPressure),
         "the condition is raised within the grace period"
     );
     tokio::time::advance(Duration::from_secs(59)).await;
@@ -384,7 +383,7 @@ async fn critical_pods_are_never_evicted_and_a_reload_applies_at_once() {
     r.manager.pass().await;
     settle().await;
     assert!(r.evictor.victims().is_empty());
-    assert!(r.resources.lock().unwrap().pressure().contains(Condition::MemoryPressure));
+    assert!(r.ledger.view().pressure().contains(Condition::MemoryPressure));
 }
 
 #[tokio::test(start_paused = true)]
@@ -401,7 +400,7 @@ async fn pid_pressure_ranks_by_priority_then_process_count() {
     r.manager.pass().await;
     settle().await;
     assert_eq!(r.evictor.victims(), ["forker"]);
-    let p = r.resources.lock().unwrap().pressure();
+    let p = r.ledger.view().pressure();
     assert_eq!(p, NodePressure::of([Condition::PidPressure]));
 }
 
@@ -450,7 +449,7 @@ async fn a_victim_that_ended_is_not_chosen_again_from_the_read_ahead() {
     r.evictor.terminations.lock().unwrap().drain(..).for_each(|t| t.send(()).unwrap());
     settle().await;
     r.deliver();
-    r.resources.lock().unwrap().release("early").unwrap();
+    r.ledger.try_call(|m| m.release("early")).await.unwrap();
     tokio::time::advance(Duration::from_millis(10)).await;
     r.manager.pass().await;
     settle().await;
@@ -614,10 +613,8 @@ async fn a_ramp_is_polled_faster_and_faster_and_the_memory_signals_alone_are_rea
         v
     };
     // kubepods' working set rises with the hog: allocatable's headroom is memory's.
-    let (kubepods, allocatable) = {
-        let m = r.resources.lock().unwrap();
-        (m.tree().kubepods.clone(), m.allocatable().enforced.memory)
-    };
+    let (kubepods, allocatable) =
+        r.ledger.call(|m| (m.tree().kubepods.clone(), m.allocatable().enforced.memory)).await.unwrap();
     let set = |r: &Rig, v: u64| {
         r.host.set_memory(1 << 30, v, v);
         r.host.set_usage(&kubepods, allocatable.saturating_sub(v), 0);
@@ -695,13 +692,13 @@ async fn a_pass_evicts_while_the_ledger_is_held_by_a_placement() {
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
     let holder = {
-        let (resources, released) = (r.resources.clone(), released.clone());
+        let (ledger, released) = (r.ledger.clone(), released.clone());
         std::thread::spawn(move || {
-            let busy = resources.lock().unwrap();
-            held_tx.send(()).unwrap();
-            let _ = done_rx.recv_timeout(Duration::from_secs(5));
-            released.store(true, Ordering::SeqCst);
-            drop(busy);
+            ledger.call_blocking(|_| {
+                held_tx.send(()).unwrap();
+                let _ = done_rx.recv_timeout(Duration::from_secs(5));
+                released.store(true, Ordering::SeqCst);
+            });
         })
     };
     held_rx.recv().unwrap();
@@ -749,7 +746,7 @@ async fn memory_falling_alone_does_not_read_kubepods_on_every_poll() {
     );
     s.poll_min = Duration::from_millis(1);
     let mut r = rig(s, vec![(pod("quiet", None, json!({})), 10 * MIB, 1)]);
-    let kubepods = r.resources.lock().unwrap().tree().kubepods.clone();
+    let kubepods = r.ledger.call(|m| m.tree().kubepods.clone()).await.unwrap();
     r.host.set_usage(&kubepods, 10 * MIB, 0);
     r.host.set_memory(1 << 30, 101 * MIB, 101 * MIB);
     let mut period = r.manager.pass_on(Wake::Poll).await;

@@ -56,9 +56,11 @@ impl<R: Runtime> Worker<R> {
         if found.saved.terminal.is_some() {
             return Some(Input::Restore(Box::new(found)));
         }
-        self.shared.resources().placement(&self.uid)?;
-        let res = self.shared.resources().place(&self.pod);
-        match res {
+        if !self.shared.ledger.view().is_placed(&self.uid) {
+            return None;
+        }
+        let pod = self.pod.clone();
+        match self.shared.ledger.try_call(move |m| m.place(&pod)).await {
             Ok(p) => self.placement = Some(p),
             Err(e) => {
                 tracing::warn!(pod_uid = %self.uid, error = %e, "cannot place an adopted pod again");

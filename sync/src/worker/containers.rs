@@ -122,13 +122,15 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Starts container `i` as a task; a spec that cannot be built fails at once.
-    pub(super) fn start_container(&mut self, index: usize, attempt: u32) -> Option<Input> {
+    pub(super) async fn start_container(&mut self, index: usize, attempt: u32) -> Option<Input> {
         let kind = match self.lifecycle.containers[index].role {
             Role::App => "container",
             Role::Init | Role::Sidecar => "init_container",
         };
+        let (uid, name) = (self.uid.clone(), self.lifecycle.containers[index].name.clone());
+        let ensured = self.shared.ledger.try_call(move |m| m.ensure_container(&uid, &name)).await;
         let name = &self.lifecycle.containers[index].name;
-        match self.shared.resources().ensure_container(&self.uid, name) {
+        match ensured {
             Ok(true) => {
                 tracing::warn!(pod = %self.full_name(), container = %name, "the container's cgroup had vanished; made it again")
             }

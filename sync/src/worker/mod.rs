@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_resources::{PlaceError, Placement, PodResources, QosClass, ResourceManager};
+use nodewarden_resources::{Ledger, PlaceError, Placement, PodResources, QosClass};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -52,7 +52,8 @@ pub struct SyncSettings {
 
 /// What the workers share.
 pub(crate) struct Shared<R> {
-    pub resources: Arc<Mutex<ResourceManager>>,
+    /// The ledger of placements (its single writer), and what it publishes.
+    pub ledger: Ledger,
     pub runtime: Arc<R>,
     pub settings: SyncSettings,
     pub store: Arc<StatusStore>,
@@ -61,12 +62,6 @@ pub(crate) struct Shared<R> {
     pub events: Arc<dyn crate::EventSink>,
     /// Where the grid of container log checks starts ([`crate::logs::first_check`]).
     pub log_epoch: Instant,
-}
-
-impl<R> Shared<R> {
-    fn resources(&self) -> std::sync::MutexGuard<'_, ResourceManager> {
-        self.resources.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 /// A request to terminate a pod.
@@ -289,7 +284,7 @@ impl<R: Runtime> Worker<R> {
             let awaiting_name = self.lifecycle.state == PodState::AwaitingName;
             // A pod an earlier daemon placed is taken over before it is terminated: a termination read first
             // would forget it and leave its containers running. Its terminations wait in their queue meanwhile.
-            let adoptable = awaiting_name && self.shared.resources().placement(&self.uid).is_some();
+            let adoptable = awaiting_name && self.shared.ledger.view().is_placed(&self.uid);
             while self.tasks.background.try_join_next().is_some() {}
             if let Some(ev) = deferred.take() {
                 if let Some(input) = self.event_input(ev) {
@@ -461,7 +456,7 @@ impl<R: Runtime> Worker<R> {
     /// Carries out one action; returns the input it produces at once, if any.
     async fn execute(&mut self, action: Action) -> Option<Input> {
         match action {
-            Action::Place => Some(self.place()),
+            Action::Place => Some(self.place().await),
             Action::PrepareVolumes => {
                 self.prepare_volumes();
                 None
@@ -469,8 +464,8 @@ impl<R: Runtime> Worker<R> {
             Action::RunSandbox => self.run_sandbox(),
             Action::UpdateResources => {
                 if self.placement.is_some() {
-                    let res = self.shared.resources().update(&self.pod);
-                    match res {
+                    let pod = self.pod.clone();
+                    match self.shared.ledger.try_call(move |m| m.update(&pod)).await {
                         Ok(p) => {
                             self.qos = Some(p.qos);
                             self.placement = Some(p);
@@ -482,7 +477,7 @@ impl<R: Runtime> Worker<R> {
                 }
                 None
             }
-            Action::StartContainer { index, attempt } => self.start_container(index, attempt),
+            Action::StartContainer { index, attempt } => self.start_container(index, attempt).await,
             Action::StopContainer { id, grace, why } => {
                 self.stop_container(id, grace, &why);
                 None
@@ -499,7 +494,10 @@ impl<R: Runtime> Worker<R> {
             }
             Action::MarkTerminating => {
                 tracing::info!(pod = %self.full_name(), state = ?self.lifecycle.state, "terminating pod");
-                self.shared.resources().set_terminating(&self.uid);
+                let uid = self.uid.clone();
+                if let Err(e) = self.shared.ledger.call(move |m| m.set_terminating(&uid)).await {
+                    tracing::warn!(pod_uid = %self.uid, error = %e, "cannot mark the pod terminating");
+                }
                 None
             }
             Action::StopAll { ids, deadline } => {
@@ -507,7 +505,7 @@ impl<R: Runtime> Worker<R> {
                 None
             }
             Action::KillAll { ids } => {
-                self.kill_all(ids);
+                self.kill_all(ids).await;
                 None
             }
             Action::CleanUp { deleted } => {
@@ -548,7 +546,7 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    fn place(&mut self) -> Input {
+    async fn place(&mut self) -> Input {
         let started = Instant::now();
         // The mark that this pod is nodewarden's goes down before its cgroup exists, so that a later start never
         // finds a cgroup of its own without it.
@@ -558,7 +556,8 @@ impl<R: Runtime> Worker<R> {
         {
             tracing::warn!(pod_uid = %self.uid, error = %e, "cannot mark the pod's directory as nodewarden's");
         }
-        let placed = self.shared.resources().place(&self.pod);
+        let pod = self.pod.clone();
+        let placed = self.shared.ledger.try_call(move |m| m.place(&pod)).await;
         self.shared.metrics.pod_worker_duration.with_label_values(&["create"]).observe(started.elapsed().as_secs_f64());
         match placed {
             Ok(p) => {

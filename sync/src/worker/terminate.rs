@@ -3,13 +3,13 @@
 
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::{Mutex, PoisonError};
+
 use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use k8s_openapi::api::core::v1::{Container, Pod};
-use nodewarden_resources::{PlaceError, ResourceManager};
+use nodewarden_resources::{Ledger, PlaceError};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -107,8 +107,9 @@ impl<R: Runtime> Worker<R> {
 
     /// After the grace period: `cgroup.kill` on the pod, and a kill of each container through the runtime (a
     /// runtime may keep them outside the pod cgroup).
-    pub(super) fn kill_all(&mut self, ids: Vec<ContainerId>) {
-        let killed = self.shared.resources().kill(&self.uid);
+    pub(super) async fn kill_all(&mut self, ids: Vec<ContainerId>) {
+        let uid = self.uid.clone();
+        let killed = self.shared.ledger.try_call(move |m| m.kill(&uid)).await;
         if let Err(e) = killed {
             tracing::warn!(pod = %self.full_name(), error = %e, "cgroup.kill failed");
         }
@@ -135,7 +136,7 @@ impl<R: Runtime> Worker<R> {
             sandboxes.remove_sandbox(&spec).await;
         }
         self.sandbox = Sandbox::None;
-        let released = self.placement.is_none() || kill_and_release(&self.shared.resources, &self.uid).await;
+        let released = self.placement.is_none() || kill_and_release(&self.shared.ledger, &self.uid).await;
         if released {
             self.placement = None;
         }
@@ -170,16 +171,15 @@ impl<R: Runtime> Worker<R> {
 
 /// Kills whatever is left in a pod's cgroup (`cgroup.kill`) and releases its cgroups, retrying while the killed
 /// processes exit, for at most [`KILL_WAIT`]. Returns true once the pod is no longer placed.
-pub(crate) async fn kill_and_release(resources: &Mutex<ResourceManager>, uid: &str) -> bool {
-    let lock = || resources.lock().unwrap_or_else(PoisonError::into_inner);
-    let kill = lock().kill(uid);
-    if let Err(e) = kill {
+pub(crate) async fn kill_and_release(ledger: &Ledger, uid: &str) -> bool {
+    let owned = uid.to_owned();
+    if let Err(e) = ledger.try_call(move |m| m.kill(&owned)).await {
         tracing::warn!(pod_uid = %uid, error = %e, "cgroup.kill failed");
     }
     let until = Instant::now() + KILL_WAIT;
     loop {
-        let released = lock().release(uid);
-        match released {
+        let owned = uid.to_owned();
+        match ledger.try_call(move |m| m.release(&owned)).await {
             Ok(()) | Err(PlaceError::NotPlaced(_)) => return true,
             Err(e) if Instant::now() >= until => {
                 tracing::warn!(pod_uid = %uid, error = %e, "cannot release the pod's cgroups yet");

@@ -262,7 +262,7 @@ fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let manager = PodManager::new(
-        Arc::new(Mutex::new(rm)),
+        nodewarden_resources::Ledger::new(rm),
         fake.clone(),
         settings,
         metrics,
