@@ -1,6 +1,8 @@
 //! The ledger of placements: admission, placement of pods in the kubepods tree with their limits, updates,
 //! release, and adoption of the pods whose cgroups exist when nodewarden starts.
 
+mod pending;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,8 @@ use crate::qos::{self, PodResources, PodSpecError, QosClass};
 use crate::systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 use crate::tree::{self, Tree};
 use crate::view::{self, LedgerView};
+use pending::CgroupWriter;
+pub use pending::PendingPlacement;
 
 /// The daemon cgroup's `cpu.weight`: ten times a default cgroup's, so the daemon keeps running when pods
 /// saturate the CPUs.
@@ -257,6 +261,9 @@ pub struct ResourceManager {
     allocatable: Allocatable,
     pods: BTreeMap<String, Placement>,
     terminating: BTreeSet<String>,
+    /// Pods placed for the first time whose cgroups are being written ([`ResourceManager::begin_place`]): counted
+    /// by admission, not shown in the view until they are confirmed.
+    writing: BTreeSet<String>,
     /// What the eviction loop reads (and the node's pressure, which it sets), published after each change.
     view: LedgerView,
     /// The systemd driver's way to systemd.
@@ -309,6 +316,7 @@ impl ResourceManager {
             allocatable,
             pods: BTreeMap::new(),
             terminating: BTreeSet::new(),
+            writing: BTreeSet::new(),
             view,
             units: None,
             shutting_down: false,
@@ -538,8 +546,19 @@ impl ResourceManager {
 
     /// Admits and places a pod: creates `kubepods/[qos/]pod<UID>/<container>` with the limits its QoS class and
     /// resources call for. Placing a placed pod again rewrites its limits (see [`ResourceManager::update`]). On a
-    /// failure the cgroups this call created are removed again.
+    /// failure the cgroups this call created are removed again. [`ResourceManager::begin_place`], the write and
+    /// [`ResourceManager::end_place`] in one go.
     pub fn place(&mut self, pod: &Pod) -> Result<Placement, PlaceError> {
+        let pending = self.begin_place(pod)?;
+        let written = pending.write();
+        self.end_place(pending, written)
+    }
+
+    /// Admits a pod and records its placement, whose cgroups are still to be written
+    /// ([`PendingPlacement::write`], which needs nothing of the ledger: the systemd driver's D-Bus round trips of
+    /// different pods overlap), then confirmed with [`ResourceManager::end_place`]. Admission counts it from now
+    /// on; the published view shows it once it is confirmed.
+    pub fn begin_place(&mut self, pod: &Pod) -> Result<PendingPlacement, PlaceError> {
         let res = self.admit(pod)?;
         let uid = pod_uid(pod)?;
         let qos = res.qos_class();
@@ -587,51 +606,42 @@ impl ResourceManager {
             grace_period: crate::pod::grace_period(pod),
             adopted: false,
         };
-        let mut created = Vec::new();
-        if let Err(e) = self.write_placement(&placement, &mut created) {
-            for cg in created.iter().rev() {
-                if let Err(re) = tree::remove(&self.fs, self.units(), &self.tree, cg) {
-                    tracing::warn!(cgroup = %cg, error = %re, "cannot remove cgroup after a failed placement");
-                }
-            }
-            return Err(cg_err(e));
+        let before = self.pods.insert(uid.clone(), placement.clone());
+        if before.is_none() {
+            self.writing.insert(uid);
         }
-        self.pods.insert(uid, placement.clone());
+        Ok(PendingPlacement { placement, before, writer: self.writer() })
+    }
+
+    /// Confirms a placement whose cgroups were written, or, when `written` failed, takes it back (a placed pod
+    /// keeps what it had).
+    pub fn end_place(
+        &mut self,
+        pending: PendingPlacement,
+        written: Result<(), CgroupError>,
+    ) -> Result<Placement, PlaceError> {
+        let PendingPlacement { placement, before, .. } = pending;
+        self.writing.remove(&placement.uid);
+        if let Err(source) = written {
+            match before {
+                Some(old) => self.pods.insert(placement.uid.clone(), old),
+                None => self.pods.remove(&placement.uid),
+            };
+            return Err(PlaceError::Cgroup { uid: placement.uid, source });
+        }
         self.publish();
         self.refresh_qos_parents();
         Ok(placement)
     }
 
-    fn write_placement(&self, p: &Placement, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
-        self.make(&p.cgroup, &p.limits, created)?;
-        // Pods do not swap (the kubelet's NoSwap): a pod that swapped past memory.max would hide its memory from
-        // the eviction signal. Where the kernel has no swap accounting, the file is not there. Under the systemd
-        // driver the slice also has it as `MemorySwapMax` (see `UnitLimits::of`).
-        if self.fs.file(&p.cgroup, "memory.swap.max").exists() {
-            self.fs.write(&p.cgroup, "memory.swap.max", "0")?;
+    /// What writing cgroups needs of the manager.
+    fn writer(&self) -> CgroupWriter {
+        CgroupWriter {
+            fs: self.fs.clone(),
+            units: self.units.clone(),
+            tree: self.tree.clone(),
+            container_cgroups: self.config.container_cgroups,
         }
-        tree::delegate(&self.fs, &self.tree, &p.cgroup)?;
-        if self.config.container_cgroups {
-            for c in &p.containers {
-                self.make(&c.cgroup, &c.limits, created)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Creates a pod's or a container's cgroup (recorded in `created`), or gives its slice the limits again where
-    /// it is there, and writes the limits.
-    fn make(&self, cg: &CgroupPath, limits: &CgroupLimits, created: &mut Vec<CgroupPath>) -> Result<(), CgroupError> {
-        let unit_limits = UnitLimits::of(limits);
-        let new = if self.fs.exists(cg) {
-            tree::set_unit_limits(self.units(), &self.tree, cg, &unit_limits)?;
-            false
-        } else {
-            // Recorded before it is asked for: a slice systemd started but whose cgroup never came is stopped too.
-            created.push(cg.clone());
-            tree::create(&self.fs, self.units(), &self.tree, cg, &unit_limits)?
-        };
-        tree::apply(&self.fs, cg, limits, new)
     }
 
     /// Makes a placed pod's container cgroup again, with its limits, where it has vanished (someone removed it):
@@ -643,18 +653,24 @@ impl ResourceManager {
         if !self.config.container_cgroups || self.fs.exists(&c.cgroup) {
             return Ok(false);
         }
-        let mut created = Vec::new();
-        self.make(&c.cgroup, &c.limits, &mut created).map_err(cg_err)?;
+        self.writer().make(&c.cgroup, &c.limits, &mut Vec::new()).map_err(cg_err)?;
         Ok(true)
     }
 
     /// Rewrites the limits of a placed pod from a changed spec (its QoS class must not change).
     pub fn update(&mut self, pod: &Pod) -> Result<Placement, PlaceError> {
+        let pending = self.begin_update(pod)?;
+        let written = pending.write();
+        self.end_place(pending, written)
+    }
+
+    /// [`ResourceManager::begin_place`] for a pod that must be placed already ([`ResourceManager::update`]).
+    pub fn begin_update(&mut self, pod: &Pod) -> Result<PendingPlacement, PlaceError> {
         let uid = pod_uid(pod)?;
         if !self.pods.contains_key(&uid) {
             return Err(PlaceError::NotPlaced(uid));
         }
-        self.place(pod)
+        self.begin_place(pod)
     }
 
     /// Removes a pod's cgroups (and any cgroup below them) once its processes are gone and drops it from the
@@ -830,7 +846,7 @@ impl ResourceManager {
 
     /// Shows the eviction loop the ledger as it is now.
     fn publish(&self) {
-        let placements = self.pods.values().cloned().collect();
+        let placements = self.pods.values().filter(|p| !self.writing.contains(&p.uid)).cloned().collect();
         let (terminating, critical) = (self.terminating.clone(), self.config.static_pods_critical);
         self.view.publish(placements, terminating, self.allocatable, critical, self.pending_memory_max.is_some());
     }

@@ -51,8 +51,8 @@ pub use host::{
     CGROUP2_SUPER_MAGIC, HostError, OPTIONAL_CONTROLLERS, REQUIRED_CONTROLLERS, check_controllers, check_host,
 };
 pub use ledger::{
-    AdmitError, ContainerPlacement, DAEMON_CPU_WEIGHT, EvictionCandidate, PlaceError, Placement, ResourceConfig,
-    ResourceManager,
+    AdmitError, ContainerPlacement, DAEMON_CPU_WEIGHT, EvictionCandidate, PendingPlacement, PlaceError, Placement,
+    ResourceConfig, ResourceManager,
 };
 pub use limits::{CgroupLimits, LimitSettings, container_limits, pod_limits};
 pub use names::{MAX_CONTAINER_NAME_LEN, MAX_NAME_LEN, MAX_UID_LEN, validate_container_name, validate_pod_uid};
@@ -74,4 +74,4 @@ pub use quantity::{Amount, Quantity, QuantityError, parse_millicores, parse_non_
 pub use systemd::{CgroupDriver, UnitError, UnitLimits, Units};
 pub use tree::Tree;
 pub use view::LedgerView;
-pub use writer::{Ledger, LedgerError};
+pub use writer::{Ledger, LedgerError, MAX_WRITES};

@@ -7,9 +7,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
 
-use crate::ledger::{PlaceError, ResourceManager};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::ledger::{PendingPlacement, PlaceError, Placement, ResourceManager};
 use crate::view::LedgerView;
 
 /// A request to the ledger did not complete: it panicked (the ledger carries on), or the async runtime is
@@ -24,11 +26,17 @@ impl From<LedgerError> for PlaceError {
     }
 }
 
+/// The most placements whose cgroups are written at once ([`Ledger::place`]): enough for systemd's round trips to
+/// overlap, few enough to leave the blocking pool to container starts and saves.
+pub const MAX_WRITES: usize = 8;
+
 /// The handle on the ledger; clones share it.
 #[derive(Debug, Clone)]
 pub struct Ledger {
     /// Fair: requests are served in the order they were made.
     manager: Arc<Mutex<ResourceManager>>,
+    /// Placements being written, at most [`MAX_WRITES`].
+    writes: Arc<Semaphore>,
     view: LedgerView,
 }
 
@@ -36,7 +44,7 @@ impl Ledger {
     /// The ledger of `manager`, which it owns from now on.
     pub fn new(manager: ResourceManager) -> Self {
         let view = manager.view();
-        Self { manager: Arc::new(Mutex::new(manager)), view }
+        Self { manager: Arc::new(Mutex::new(manager)), writes: Arc::new(Semaphore::new(MAX_WRITES)), view }
     }
 
     /// The ledger as published after its last change.
@@ -60,6 +68,37 @@ impl Ledger {
         f: impl FnOnce(&mut ResourceManager) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
         self.call(f).await?
+    }
+
+    /// Places a pod ([`ResourceManager::place`]): admitted and recorded in the ledger's turn, its cgroups written
+    /// after it (under the systemd driver, a D-Bus round trip per slice), so that other requests, and other pods'
+    /// writes, go on meanwhile; then confirmed in the ledger's turn.
+    pub async fn place(&self, pod: Pod) -> Result<Placement, PlaceError> {
+        let pending = self.try_call(move |m| m.begin_place(&pod)).await?;
+        self.write(pending).await
+    }
+
+    /// Rewrites a placed pod's limits ([`ResourceManager::update`]), as [`Ledger::place`] does.
+    pub async fn update(&self, pod: Pod) -> Result<Placement, PlaceError> {
+        let pending = self.try_call(move |m| m.begin_update(&pod)).await?;
+        self.write(pending).await
+    }
+
+    async fn write(&self, pending: PendingPlacement) -> Result<Placement, PlaceError> {
+        // The semaphore is never closed.
+        let permit = self.writes.clone().acquire_owned().await.map_err(|_| PlaceError::Ledger)?;
+        let writing = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let written = pending.write();
+            (pending, written)
+        });
+        let (pending, written) = match writing.await {
+            Ok(done) => done,
+            // A panic is the requester's, as if the write had run on its own thread.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => return Err(PlaceError::Ledger),
+        };
+        self.try_call(move |m| m.end_place(pending, written)).await
     }
 
     /// Runs `f` on the calling thread, once the requests made before have run: for a caller outside the async
@@ -121,7 +160,7 @@ mod tests {
     async fn each_request_sees_the_changes_of_those_before() {
         let (_host, ledger) = ledger();
         ledger.call(|m| m.set_shutting_down(true)).await.unwrap();
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
             "spec": {"containers": [{"name": "app"}]}
         }))

@@ -315,11 +315,17 @@ struct FakeSystemd {
     calls: std::sync::Mutex<Vec<String>>,
     /// Starting a unit whose name contains this fails.
     refuse: std::sync::Mutex<Option<&'static str>>,
+    /// Starting a unit whose name contains this waits until the receiver hears (a slow or hung systemd).
+    hold: std::sync::Mutex<Option<(&'static str, std::sync::mpsc::Receiver<()>)>>,
 }
 
 impl Units for FakeSystemd {
     fn start_slice(&self, unit: &str, limits: &UnitLimits) -> Result<(), UnitError> {
         self.calls.lock().unwrap().push(format!("start {unit} {limits:?}"));
+        let held = self.hold.lock().unwrap().take_if(|(marker, _)| unit.contains(*marker));
+        if let Some((_, release)) = held {
+            release.recv().unwrap();
+        }
         if self.refuse.lock().unwrap().is_some_and(|r| unit.contains(r)) {
             return Err(UnitError { unit: unit.to_owned(), reason: "refused by the test".into() });
         }
@@ -349,6 +355,7 @@ fn systemd_manager(f: &FakeHost) -> (ResourceManager, Arc<FakeSystemd>) {
         fs: CgroupFs::emulated(f.cgroup_mount(), root.clone()),
         calls: std::sync::Mutex::default(),
         refuse: std::sync::Mutex::default(),
+        hold: std::sync::Mutex::default(),
     });
     let config = ResourceConfig { cgroup_root: root.clone(), cgroup_driver: CgroupDriver::Systemd, ..config() };
     let fs = CgroupFs::emulated(f.cgroup_mount(), root);
@@ -554,4 +561,58 @@ fn the_qos_parents_are_written_when_their_values_change_or_a_write_failed() {
     m.release("e3").unwrap();
     m.place(&pod("e4", json!([{"name": "batch"}]))).unwrap();
     assert_eq!(sets(), before + 2, "written again after the tree was made again");
+}
+
+/// `f`, which must not wait for a held slice.
+async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(5), f).await.expect("held up by the slow slice")
+}
+
+/// Under the systemd driver a pod's slices are made outside the ledger's turn: a slice systemd is slow to start
+/// holds up neither another pod's placement nor any other request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_slice_holds_up_no_other_placement() {
+    let f = FakeHost::new();
+    let (m, units) = systemd_manager(&f);
+    let (release, held) = std::sync::mpsc::channel();
+    *units.hold.lock().unwrap() = Some(("slow", held));
+    let ledger = crate::Ledger::new(m);
+    let slow = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.place(guaranteed("slow", "64Mi")).await }
+    });
+    while !units.calls.lock().unwrap().iter().any(|c| c.contains("slow")) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let fast = within(ledger.place(guaranteed("fast", "64Mi"))).await;
+    assert_eq!(fast.unwrap().uid, "fast");
+    let count = within(ledger.call(|m| m.placements().count())).await.unwrap();
+    assert_eq!(count, 2, "the ledger counts the pod being written");
+    assert!(ledger.view().is_placed("fast") && !ledger.view().is_placed("slow"), "shown once written");
+    // Admission counted the pod being written: with maxPods 3, a third pod fits and a fourth does not.
+    within(ledger.place(guaranteed("third", "64Mi"))).await.unwrap();
+    let fourth = within(ledger.place(guaranteed("fourth", "64Mi"))).await.unwrap_err();
+    assert!(matches!(fourth, PlaceError::Admit(AdmitError::TooManyPods { .. })), "{fourth:?}");
+    release.send(()).unwrap();
+    assert_eq!(slow.await.unwrap().unwrap().uid, "slow");
+    assert!(ledger.view().is_placed("slow"));
+}
+
+/// A write that fails takes the placement back: a new pod is gone from the ledger, a placed one keeps its limits.
+#[test]
+fn a_failed_write_takes_the_placement_back() {
+    let f = FakeHost::new();
+    let (mut m, units) = systemd_manager(&f);
+    m.place(&guaranteed("kept", "64Mi")).unwrap();
+    *units.refuse.lock().unwrap() = Some("pod");
+    let pending = m.begin_place(&guaranteed("new", "64Mi")).unwrap();
+    let written = pending.write();
+    assert!(m.end_place(pending, written).is_err());
+    assert!(m.placement("new").is_none() && !m.view().is_placed("new"));
+    assert_eq!(m.admit(&guaranteed("again", "64Mi")).map(|_| ()), Ok(()), "the failed pod is not counted");
+    let pending = m.begin_update(&guaranteed("kept", "128Mi")).unwrap();
+    assert_eq!(m.placement("kept").unwrap().limits.memory_max, Limit::Value(128 * MIB), "recorded while written");
+    let failed = CgroupError::from(NameError::Empty { what: "a test's write" });
+    assert!(m.end_place(pending, Err(failed)).is_err());
+    assert_eq!(m.placement("kept").unwrap().limits.memory_max, Limit::Value(64 * MIB), "the old limits kept");
 }

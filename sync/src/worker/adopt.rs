@@ -59,8 +59,7 @@ impl<R: Runtime> Worker<R> {
         if !self.shared.ledger.view().is_placed(&self.uid) {
             return None;
         }
-        let pod = self.pod.clone();
-        match self.shared.ledger.try_call(move |m| m.place(&pod)).await {
+        match self.shared.ledger.place(self.pod.clone()).await {
             Ok(p) => self.placement = Some(p),
             Err(e) => {
                 tracing::warn!(pod_uid = %self.uid, error = %e, "cannot place an adopted pod again");

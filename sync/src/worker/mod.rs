@@ -464,8 +464,7 @@ impl<R: Runtime> Worker<R> {
             Action::RunSandbox => self.run_sandbox(),
             Action::UpdateResources => {
                 if self.placement.is_some() {
-                    let pod = self.pod.clone();
-                    match self.shared.ledger.try_call(move |m| m.update(&pod)).await {
+                    match self.shared.ledger.update(self.pod.clone()).await {
                         Ok(p) => {
                             self.qos = Some(p.qos);
                             self.placement = Some(p);
@@ -556,8 +555,7 @@ impl<R: Runtime> Worker<R> {
         {
             tracing::warn!(pod_uid = %self.uid, error = %e, "cannot mark the pod's directory as nodewarden's");
         }
-        let pod = self.pod.clone();
-        let placed = self.shared.ledger.try_call(move |m| m.place(&pod)).await;
+        let placed = self.shared.ledger.place(self.pod.clone()).await;
         self.shared.metrics.pod_worker_duration.with_label_values(&["create"]).observe(started.elapsed().as_secs_f64());
         match placed {
             Ok(p) => {
