@@ -118,8 +118,8 @@ pub fn run(pods: usize, runs: usize, out: &Path) -> Result<()> {
         "# Placing a pod under each cgroup driver\n\n{pods} Burstable pods with one container placed and then released \
          through the resources library, {runs} runs per driver taking turns in one VM boot with systemd {} as PID 1 \
          (TCG, 2 vCPUs). Per pod: the median of the runs' medians, and the worst single pod of all runs. At once: \
-         the same pods placed together through the ledger, each a task as pod workers are (their cgroups written \
-         {} at a time), until the last is placed: median (worst) of the runs.\n\n\
+         the same pods placed together through the ledger, each a task as pod workers are (under systemd their slices made \
+         {} at a time, outside the ledger's turn), until the last is placed: median (worst) of the runs.\n\n\
          | driver | place, median | place, worst | release, median | release, worst | {pods} at once | at once ÷ \
          one after the other |\n|---|---|---|---|---|---|---|\n",
         units.version(),

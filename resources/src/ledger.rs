@@ -634,6 +634,12 @@ impl ResourceManager {
         Ok(placement)
     }
 
+    /// Whether cgroups are made through systemd (the systemd driver), whose round trips a placement's write
+    /// waits for.
+    pub fn uses_systemd(&self) -> bool {
+        self.units.is_some()
+    }
+
     /// What writing cgroups needs of the manager.
     fn writer(&self) -> CgroupWriter {
         CgroupWriter {

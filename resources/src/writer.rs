@@ -30,6 +30,14 @@ impl From<LedgerError> for PlaceError {
 /// overlap, few enough to leave the blocking pool to container starts and saves.
 pub const MAX_WRITES: usize = 8;
 
+/// A placement after the ledger's turn.
+enum Begun {
+    /// Written and confirmed.
+    Done(Box<Placement>),
+    /// To be written outside the ledger's turn.
+    Writing(Box<PendingPlacement>),
+}
+
 /// The handle on the ledger; clones share it.
 #[derive(Debug, Clone)]
 pub struct Ledger {
@@ -74,14 +82,34 @@ impl Ledger {
     /// after it (under the systemd driver, a D-Bus round trip per slice), so that other requests, and other pods'
     /// writes, go on meanwhile; then confirmed in the ledger's turn.
     pub async fn place(&self, pod: Pod) -> Result<Placement, PlaceError> {
-        let pending = self.try_call(move |m| m.begin_place(&pod)).await?;
-        self.write(pending).await
+        self.placed(move |m| m.begin_place(&pod)).await
     }
 
     /// Rewrites a placed pod's limits ([`ResourceManager::update`]), as [`Ledger::place`] does.
     pub async fn update(&self, pod: Pod) -> Result<Placement, PlaceError> {
-        let pending = self.try_call(move |m| m.begin_update(&pod)).await?;
-        self.write(pending).await
+        self.placed(move |m| m.begin_update(&pod)).await
+    }
+
+    /// Begins a placement with `begin`; under the cgroupfs driver (file writes only: nothing to overlap) it is
+    /// written and confirmed in the same turn.
+    async fn placed(
+        &self,
+        begin: impl FnOnce(&mut ResourceManager) -> Result<PendingPlacement, PlaceError> + Send + 'static,
+    ) -> Result<Placement, PlaceError> {
+        let begun = self
+            .try_call(move |m| {
+                let pending = begin(m)?;
+                if m.uses_systemd() {
+                    return Ok(Begun::Writing(Box::new(pending)));
+                }
+                let written = pending.write();
+                m.end_place(pending, written).map(|placed| Begun::Done(Box::new(placed)))
+            })
+            .await?;
+        match begun {
+            Begun::Done(placed) => Ok(*placed),
+            Begun::Writing(pending) => self.write(*pending).await,
+        }
     }
 
     async fn write(&self, pending: PendingPlacement) -> Result<Placement, PlaceError> {
