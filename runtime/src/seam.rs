@@ -413,6 +413,13 @@ pub trait Runtime: RuntimeFacts + 'static {
     /// runtime).
     fn sandboxes(&self) -> Option<&Self::Sandboxes>;
 
+    /// The runtime's interactive sessions, where it serves them.
+    type Streaming: StreamingRuntime;
+
+    /// The interactive sessions (`kubectl exec`, `attach`, `port-forward`) of a runtime that serves them from a
+    /// streaming server of its own (CRI); `None` where it has none (the process runtime).
+    fn streaming(&self) -> Option<&Self::Streaming>;
+
     /// At start, once the pods are known: removes what the runtime holds for pods that are not in `keep`.
     fn reconcile(&self, keep: &BTreeSet<String>) -> impl Future<Output = ()> + Send {
         let _ = keep;
@@ -497,6 +504,83 @@ pub trait SandboxRuntime: Send + Sync + 'static {
 
     /// Stops and removes every sandbox of the pod (what is left of its containers with them).
     fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
+}
+
+/// Which standard streams an interactive session carries: at least one of `stdin`, `stdout` and `stderr`; with
+/// a `tty`, stderr goes with stdout and is not asked for on its own (the CRI's rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Streams {
+    /// The client's input goes to the container.
+    pub stdin: bool,
+    /// The container's standard output comes back.
+    pub stdout: bool,
+    /// The container's standard error comes back (never with a `tty`).
+    pub stderr: bool,
+    /// A terminal.
+    pub tty: bool,
+}
+
+impl Streams {
+    /// Why these streams make no session, if they do not.
+    pub fn check(self) -> Result<(), RuntimeError> {
+        if !(self.stdin || self.stdout || self.stderr) {
+            return Err(RuntimeError::Config("one of stdin, stdout and stderr must be streamed".into()));
+        }
+        if self.tty && self.stderr {
+            return Err(RuntimeError::Config("a tty carries stderr with stdout: stderr cannot be asked for".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A runtime that serves interactive sessions from a streaming server of its own: each call prepares one session
+/// and returns the URL a client is sent to (the kubelet API redirects or proxies `kubectl exec` to it).
+pub trait StreamingRuntime: Send + Sync + 'static {
+    /// A session running `cmd` in container `id`.
+    fn exec_session(
+        &self,
+        id: &ContainerId,
+        cmd: &[String],
+        streams: Streams,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// A session attached to the main process of container `id`.
+    fn attach_session(
+        &self,
+        id: &ContainerId,
+        streams: Streams,
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+
+    /// A session forwarding `ports` of the pod whose sandbox is `sandbox_id`.
+    fn port_forward_session(
+        &self,
+        sandbox_id: &str,
+        ports: &[u16],
+    ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+}
+
+/// The interactive sessions of a runtime that serves none: this type has no values, so [`Runtime::streaming`] can
+/// only be `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoStreaming {}
+
+impl StreamingRuntime for NoStreaming {
+    async fn exec_session(
+        &self,
+        _id: &ContainerId,
+        _cmd: &[String],
+        _streams: Streams,
+    ) -> Result<String, RuntimeError> {
+        match *self {}
+    }
+
+    async fn attach_session(&self, _id: &ContainerId, _streams: Streams) -> Result<String, RuntimeError> {
+        match *self {}
+    }
+
+    async fn port_forward_session(&self, _sandbox_id: &str, _ports: &[u16]) -> Result<String, RuntimeError> {
+        match *self {}
+    }
 }
 
 /// The sandboxes of a runtime that has none: this type has no values, so [`Runtime::sandboxes`] can only be `None`.

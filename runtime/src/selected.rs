@@ -58,6 +58,12 @@ impl Runtime for SelectedRuntime {
         }
     }
 
+    type Streaming = CriRuntime;
+
+    fn streaming(&self) -> Option<&CriRuntime> {
+        self.sandboxes()
+    }
+
     async fn reconcile(&self, keep: &BTreeSet<String>) {
         each!(self, r => r.reconcile(keep).await)
     }

@@ -9,16 +9,17 @@ use hyper_util::rt::TokioIo;
 use nodewarden_proto::v1::image_service_client::ImageServiceClient;
 use nodewarden_proto::v1::runtime_service_client::RuntimeServiceClient;
 use nodewarden_proto::v1::{
-    Container, ContainerFilter, ContainerStatusRequest, ContainerStatusResponse, CreateContainerRequest,
-    ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest, ListContainersRequest, ListImagesRequest,
-    ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxStatusRequest, PodSandboxStatusResponse,
-    PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest, ReopenContainerLogRequest, RunPodSandboxRequest,
-    StartContainerRequest, StatusRequest, StatusResponse, StopContainerRequest, StopPodSandboxRequest, VersionRequest,
-    VersionResponse,
+    AttachRequest, Container, ContainerFilter, ContainerStatusRequest, ContainerStatusResponse, CreateContainerRequest,
+    ExecRequest, ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest, ListContainersRequest,
+    ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxStatusRequest,
+    PodSandboxStatusResponse, PortForwardRequest, PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    ReopenContainerLogRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest, StatusResponse,
+    StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::metrics::RuntimeMetrics;
+use crate::seam::Streams;
 
 /// The CRI API version nodewarden speaks.
 pub const CRI_API_VERSION: &str = "v1";
@@ -290,6 +291,40 @@ impl CriClient {
             timeout: i64::try_from(secs).unwrap_or(i64::MAX),
         };
         rpc!(self, runtime.exec_sync("ExecSync", req, timeout + self.timeout))
+    }
+
+    /// `Exec`: the URL of the runtime's streaming server for a session running `cmd`.
+    pub async fn exec(&self, id: &str, cmd: &[String], streams: Streams) -> Result<String, CriError> {
+        let req = ExecRequest {
+            container_id: id.to_owned(),
+            cmd: cmd.to_vec(),
+            tty: streams.tty,
+            stdin: streams.stdin,
+            stdout: streams.stdout,
+            stderr: streams.stderr,
+        };
+        rpc!(self, runtime.exec("Exec", req, self.timeout)).map(|r| r.url)
+    }
+
+    /// `Attach`: the URL of a session attached to the container's main process.
+    pub async fn attach(&self, id: &str, streams: Streams) -> Result<String, CriError> {
+        let req = AttachRequest {
+            container_id: id.to_owned(),
+            stdin: streams.stdin,
+            tty: streams.tty,
+            stdout: streams.stdout,
+            stderr: streams.stderr,
+        };
+        rpc!(self, runtime.attach("Attach", req, self.timeout)).map(|r| r.url)
+    }
+
+    /// `PortForward`: the URL of a session forwarding `ports` of the pod's sandbox.
+    pub async fn port_forward(&self, sandbox_id: &str, ports: &[u16]) -> Result<String, CriError> {
+        let req = PortForwardRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+            port: ports.iter().map(|p| i32::from(*p)).collect(),
+        };
+        rpc!(self, runtime.port_forward("PortForward", req, self.timeout)).map(|r| r.url)
     }
 
     /// `ImageStatus`: `None` when the image is absent.

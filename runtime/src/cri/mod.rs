@@ -29,7 +29,7 @@ pub use metrics::RuntimeMetrics;
 
 use crate::seam::{
     ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, PullPolicy, RunningSandbox, Runtime,
-    RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
+    RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started, StreamingRuntime, Streams,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
@@ -324,6 +324,35 @@ impl CriRuntime {
     }
 }
 
+impl StreamingRuntime for CriRuntime {
+    async fn exec_session(&self, id: &ContainerId, cmd: &[String], streams: Streams) -> Result<String, RuntimeError> {
+        streams.check()?;
+        if cmd.is_empty() {
+            return Err(RuntimeError::Config("no command to run".into()));
+        }
+        let id = id.as_str();
+        self.client.exec(id, cmd, streams).await.map_err(|e| session_error(e, id))
+    }
+
+    async fn attach_session(&self, id: &ContainerId, streams: Streams) -> Result<String, RuntimeError> {
+        streams.check()?;
+        let id = id.as_str();
+        self.client.attach(id, streams).await.map_err(|e| session_error(e, id))
+    }
+
+    async fn port_forward_session(&self, sandbox_id: &str, ports: &[u16]) -> Result<String, RuntimeError> {
+        self.client.port_forward(sandbox_id, ports).await.map_err(|e| match e {
+            e if e.is_not_found() => RuntimeError::SandboxNotFound(sandbox_id.to_owned()),
+            e => runtime_error(e),
+        })
+    }
+}
+
+/// A streaming call's failure: an unknown container, or the runtime's error.
+fn session_error(e: CriError, id: &str) -> RuntimeError {
+    if e.is_not_found() { RuntimeError::NotFound(id.to_owned()) } else { runtime_error(e) }
+}
+
 impl SandboxRuntime for CriRuntime {
     async fn run_sandbox(&self, spec: &SandboxSpec) -> Result<RunningSandbox, RuntimeError> {
         // As the kubelet: a pod on the pod network waits for it; a host-network pod does not need it.
@@ -406,6 +435,12 @@ impl Runtime for CriRuntime {
     type Sandboxes = Self;
 
     fn sandboxes(&self) -> Option<&Self> {
+        Some(self)
+    }
+
+    type Streaming = Self;
+
+    fn streaming(&self) -> Option<&Self> {
         Some(self)
     }
 

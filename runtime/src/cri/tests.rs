@@ -41,6 +41,14 @@ impl Fake {
         self.state().calls.push(call.to_owned());
     }
 
+    /// Whether the runtime has container `id`.
+    fn known(&self, id: &str) -> Result<(), Status> {
+        match self.state().containers.iter().any(|c| c.0.id == id) {
+            true => Ok(()),
+            false => Err(Status::not_found("no such container")),
+        }
+    }
+
     fn exit(&self, id: &str, code: i32, reason: &str) {
         let mut s = self.state();
         let c = s.containers.iter_mut().find(|c| c.0.id == id).unwrap();
@@ -257,6 +265,31 @@ impl RuntimeService for Fake {
             return Err(Status::deadline_exceeded(format!("timeout {}s exceeded", r.timeout)));
         }
         Ok(Response::new(ExecSyncResponse { stdout: r.cmd.join(" ").into_bytes(), stderr: vec![], exit_code: 3 }))
+    }
+
+    async fn exec(&self, r: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
+        let r = r.into_inner();
+        self.known(&r.container_id)?;
+        let flags = [r.stdin, r.stdout, r.stderr, r.tty].map(u8::from);
+        let url = format!("http://stream/exec/{}?cmd={}&flags={flags:?}", r.container_id, r.cmd.join("+"));
+        Ok(Response::new(ExecResponse { url }))
+    }
+
+    async fn attach(&self, r: Request<AttachRequest>) -> Result<Response<AttachResponse>, Status> {
+        let r = r.into_inner();
+        self.known(&r.container_id)?;
+        let flags = [r.stdin, r.stdout, r.stderr, r.tty].map(u8::from);
+        Ok(Response::new(AttachResponse { url: format!("http://stream/attach/{}?flags={flags:?}", r.container_id) }))
+    }
+
+    async fn port_forward(&self, r: Request<PortForwardRequest>) -> Result<Response<PortForwardResponse>, Status> {
+        let r = r.into_inner();
+        if !self.state().sandboxes.iter().any(|s| s.0.id == r.pod_sandbox_id) {
+            return Err(Status::not_found("no such sandbox"));
+        }
+        Ok(Response::new(PortForwardResponse {
+            url: format!("http://stream/pf/{}?ports={:?}", r.pod_sandbox_id, r.port),
+        }))
     }
 
     async fn status(&self, _r: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
@@ -504,9 +537,9 @@ async fn stops_execs_adoption_and_reconciliation() {
     assert_eq!(ids, [keep.clone(), "foreign".to_owned()]);
     assert!(fake.state().calls.contains(&format!("StopPodSandbox {gone}")));
 
-    let out = rt.exec(&c.id, &["echo".into(), "hi".into()], Duration::from_secs(1)).await.unwrap();
+    let out = Runtime::exec(&*rt, &c.id, &["echo".into(), "hi".into()], Duration::from_secs(1)).await.unwrap();
     assert_eq!((out.exit_code, out.output.as_str()), (Some(3), "echo hi"));
-    let out = rt.exec(&c.id, &["sleep".into()], Duration::from_secs(1)).await.unwrap();
+    let out = Runtime::exec(&*rt, &c.id, &["sleep".into()], Duration::from_secs(1)).await.unwrap();
     assert_eq!(out.exit_code, None, "a timed-out probe command has no exit code");
 
     // A stop passes the grace period; a kill is a stop with none. Both are done when the call returns.
@@ -622,4 +655,53 @@ async fn a_pod_network_that_is_not_ready_holds_pods_off_it_and_not_host_network_
     let running = rt.run_sandbox(&pod_network).await.unwrap();
     assert_eq!(running.ips, ["10.88.0.9", "fd00::9"], "the pod's IPs, the primary first");
     assert!(rt.run_sandbox(&sandbox("host2")).await.unwrap().ips.is_empty(), "a host-network pod has the node's");
+}
+
+#[tokio::test]
+async fn interactive_sessions_come_from_the_runtimes_streaming_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    fake.state().images.insert("img:1".into());
+    let rt = started(&fake, dir.path());
+    let sb = rt.run_sandbox(&sandbox("u1")).await.unwrap().id;
+    let c = rt.start(&container(&sb, "u1", "img:1", PullPolicy::IfNotPresent)).await.unwrap();
+    let streaming = rt.streaming().expect("a CRI runtime serves sessions");
+    let out = Streams { stdout: true, stderr: true, ..Streams::default() };
+    let tty = Streams { stdin: true, stdout: true, tty: true, ..Streams::default() };
+    let sh = ["sh".to_owned(), "-c".to_owned(), "ls".to_owned()];
+    assert_eq!(
+        streaming.exec_session(&c.id, &sh, out).await.unwrap(),
+        format!("http://stream/exec/{}?cmd=sh+-c+ls&flags=[0, 1, 1, 0]", c.id)
+    );
+    assert_eq!(
+        streaming.attach_session(&c.id, tty).await.unwrap(),
+        format!("http://stream/attach/{}?flags=[1, 1, 0, 1]", c.id)
+    );
+    assert_eq!(
+        streaming.port_forward_session(&sb, &[80, 65535]).await.unwrap(),
+        format!("http://stream/pf/{sb}?ports=[80, 65535]")
+    );
+    // What the CRI refuses is refused before any call; unknown containers and sandboxes are said so.
+    let calls = fake.state().calls.len();
+    let none = Streams { tty: true, ..Streams::default() };
+    assert!(matches!(streaming.exec_session(&c.id, &sh, none).await, Err(RuntimeError::Config(_))));
+    assert!(matches!(
+        streaming.attach_session(&c.id, Streams { stderr: true, ..tty }).await,
+        Err(RuntimeError::Config(_))
+    ));
+    assert!(matches!(streaming.exec_session(&c.id, &[], out).await, Err(RuntimeError::Config(_))));
+    assert_eq!(fake.state().calls.len(), calls);
+    let gone = ContainerId::from("gone");
+    assert!(matches!(streaming.exec_session(&gone, &sh, out).await, Err(RuntimeError::NotFound(id)) if id == "gone"));
+    assert!(
+        matches!(streaming.port_forward_session("nope", &[80]).await, Err(RuntimeError::SandboxNotFound(id)) if id == "nope")
+    );
+}
+
+#[test]
+fn the_process_runtime_serves_no_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = nodewarden_resources::CgroupFs::new(dir.path(), CgroupPath::parse("/nw").unwrap());
+    let rt = crate::ProcessRuntime::new(fs, tokio_util::task::TaskTracker::new(), CancellationToken::new());
+    assert!(rt.streaming().is_none());
 }

@@ -134,6 +134,12 @@ impl Runtime for Fake {
         Some(self)
     }
 
+    type Streaming = nodewarden_runtime::NoStreaming;
+
+    fn streaming(&self) -> Option<&nodewarden_runtime::NoStreaming> {
+        None
+    }
+
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
         assert_eq!(spec.sandbox_id, format!("sb-{}", spec.pod_uid), "containers start in the pod's sandbox");
         if self.unpullable.lock().unwrap().contains(&spec.image) {
