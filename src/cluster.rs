@@ -82,17 +82,17 @@ fn quantities(r: &Resources, max_pods: u32) -> BTreeMap<String, String> {
 /// The node side's settings from the config.
 pub fn settings(c: &Config) -> ClusterSettings {
     ClusterSettings {
-        node_name: c.node_name.clone(),
-        register_node: c.register_node,
-        register_with_taints: c.register_with_taints.clone(),
-        node_labels: c.node_labels.clone(),
-        provider_id: c.provider_id.clone(),
-        lease_duration: c.node_lease_duration,
-        status_update_frequency: c.node_status_update_frequency,
-        status_report_frequency: c.node_status_report_frequency,
-        daemon_port: c.healthz.map_or(0, |a| a.port()),
+        node_name: c.pods.node_name.clone(),
+        register_node: c.cluster.register_node,
+        register_with_taints: c.cluster.register_with_taints.clone(),
+        node_labels: c.cluster.node_labels.clone(),
+        provider_id: c.cluster.provider_id.clone(),
+        lease_duration: c.cluster.node_lease_duration,
+        status_update_frequency: c.cluster.node_status_update_frequency,
+        status_report_frequency: c.cluster.node_status_report_frequency,
+        daemon_port: c.endpoints.healthz.map_or(0, |a| a.port()),
         node_ip: None,
-        max_images: c.node_status_max_images,
+        max_images: c.cluster.node_status_max_images,
     }
 }
 
@@ -113,7 +113,7 @@ pub async fn start(
     let facts = Arc::new(DaemonFacts { shared: shared.clone() });
     let (changed_tx, changed) = watch::channel(0u64);
     tasks.spawn(watch_changes(facts.clone(), shared.eviction.conditions_changed(), changed_tx, shutdown.clone()));
-    let (qps, burst, timeout) = (config.kube_api_qps, config.kube_api_burst, s.heartbeat_timeout());
+    let (qps, burst, timeout) = (config.cluster.kube_api_qps, config.cluster.kube_api_burst, s.heartbeat_timeout());
     let (status2, tasks2, shutdown2) = (status.clone(), tasks.clone(), shutdown.clone());
     let path = kubeconfig.to_path_buf();
     tasks.spawn(async move {

@@ -94,7 +94,7 @@ impl Shared {
 
     /// Whether the eviction loop completed a pass within 3 × housekeepingInterval (at least 3 s).
     pub fn eviction_health(&self) -> Result<(), String> {
-        self.eviction.readiness((self.config().housekeeping_interval * 3).max(Duration::from_secs(3)))
+        self.eviction.readiness((self.config().eviction.housekeeping_interval * 3).max(Duration::from_secs(3)))
     }
 
     /// The readiness checks with their results.
@@ -157,11 +157,11 @@ pub const SHUTTING_DOWN: &str = "node is shutting down";
 /// The eviction loop's settings from the config.
 fn eviction_settings(c: &Config) -> EvictionSettings {
     EvictionSettings {
-        thresholds: c.thresholds.clone(),
-        transition_period: c.pressure_transition_period,
-        max_pod_grace_period: Duration::from_secs(u64::from(c.max_pod_grace_period)),
-        poll_min: c.eviction_poll_min,
-        poll_max: c.housekeeping_interval,
+        thresholds: c.eviction.thresholds.clone(),
+        transition_period: c.eviction.pressure_transition_period,
+        max_pod_grace_period: Duration::from_secs(u64::from(c.eviction.max_pod_grace_period)),
+        poll_min: c.eviction.poll_min,
+        poll_max: c.eviction.housekeeping_interval,
     }
 }
 
@@ -197,15 +197,15 @@ async fn select_runtime(
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> Result<SelectedRuntime, DaemonError> {
-    let Some(endpoint) = &config.container_runtime_endpoint else {
+    let Some(endpoint) = &config.runtime.endpoint else {
         return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone(), tasks.clone(), shutdown.clone())));
     };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
-        request_timeout: config.runtime_request_timeout,
-        serialize_image_pulls: config.serialize_image_pulls,
+        request_timeout: config.runtime.request_timeout,
+        serialize_image_pulls: config.runtime.serialize_image_pulls,
         poll: CRI_POLL,
-        managed: managed_value(&config.root_dir),
+        managed: managed_value(&config.pods.root_dir),
     };
     let runtime_metrics = RuntimeMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let cri = Arc::new(CriRuntime::new(settings, Some(runtime_metrics)).context("containerRuntimeEndpoint")?);
@@ -250,19 +250,19 @@ fn raise_open_files(wanted: u64) {
 fn protect_self(manager: &ResourceManager, config: &Config) {
     // A systemd service stays in its unit's cgroup: journald files its log under the unit by that cgroup, and
     // the unit's own settings (MemoryMin=, OOMScoreAdjust=) protect it there.
-    if config.daemon_cgroup.is_some() && config.resources.cgroup_driver == CgroupDriver::Systemd {
+    if config.host.daemon_cgroup.is_some() && config.resources.cgroup_driver == CgroupDriver::Systemd {
         tracing::info!(
             "under the systemd cgroup driver the daemon stays where systemd put it (daemonCgroup is not used; run \
              it as a unit with MemoryMin=)"
         );
-    } else if config.daemon_cgroup.is_some() && std::env::var_os("INVOCATION_ID").is_some() {
+    } else if config.host.daemon_cgroup.is_some() && std::env::var_os("INVOCATION_ID").is_some() {
         tracing::info!(
             "running as a systemd service: the daemon stays in its unit's cgroup (daemonCgroup is not used)"
         );
-    } else if let Some(name) = &config.daemon_cgroup {
-        match manager.place_daemon(name, std::process::id(), config.daemon_memory_min) {
+    } else if let Some(name) = &config.host.daemon_cgroup {
+        match manager.place_daemon(name, std::process::id(), config.host.daemon_memory_min) {
             Ok(cg) => {
-                tracing::info!(cgroup = %cg, memory_min = config.daemon_memory_min, "moved the daemon into its own cgroup")
+                tracing::info!(cgroup = %cg, memory_min = config.host.daemon_memory_min, "moved the daemon into its own cgroup")
             }
             Err(e) => tracing::warn!(error = %e, "cannot move the daemon into its own cgroup; it runs unprotected"),
         }
@@ -352,7 +352,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
-    let fs = CgroupFs::new(&config.cgroup_mount, config.resources.cgroup_root.clone());
+    let fs = CgroupFs::new(&config.host.cgroup_mount, config.resources.cgroup_root.clone());
     let systemd_driver = config.resources.cgroup_driver == CgroupDriver::Systemd;
     // Under the systemd driver the root's slices are systemd's to make: the host is checked at the top, the
     // kubepods slice once it is there.
@@ -364,7 +364,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         return Err(e.clone().into());
     }
     // Before anything is touched (the check above only reads): a second daemon on this root changes nothing.
-    let _lock = crate::lock::lock(&config.root_dir)?;
+    let _lock = crate::lock::lock(&config.pods.root_dir)?;
     // The systemd driver asks systemd for every slice: refused, before anything is made, where it cannot.
     let slices = if systemd_driver { Some(Arc::new(nodewarden_systemd::SystemdSlices::connect()?)) } else { None };
     if !systemd_driver && Path::new("/run/systemd/system").exists() {
@@ -387,17 +387,17 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         }
         check_host(&fs, &config.resources.cgroup_root)?;
     }
-    raise_open_files(config.max_open_files);
+    raise_open_files(config.host.max_open_files);
     // Only on a host that can run pods: nothing is changed where the daemon will not run.
-    crate::kernel_defaults::ensure(Path::new("/proc/sys"), config.protect_kernel_defaults)?;
-    crate::swap::check(Path::new("/proc"), config.fail_swap_on)?;
+    crate::kernel_defaults::ensure(Path::new("/proc/sys"), config.host.protect_kernel_defaults)?;
+    crate::swap::check(Path::new("/proc"), config.host.fail_swap_on)?;
     if config.resources.memory_qos && !kernel_at_least(5, 9) {
         tracing::warn!("Memory QoS needs Linux 5.9 or newer; memory.min and memory.high are not set");
         config.resources.memory_qos = false;
     }
     let host = HostPaths {
-        nodefs: existing_ancestor(&config.nodefs_path),
-        imagefs: existing_ancestor(&config.imagefs_path),
+        nodefs: existing_ancestor(&config.host.nodefs_path),
+        imagefs: existing_ancestor(&config.host.imagefs_path),
         ..HostPaths::default()
     };
     let proc = host.proc.clone();
@@ -439,10 +439,10 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     };
     let node_ip = flags.node_ip.or_else(nodewarden_cluster::node_ip);
     let settings = SyncSettings {
-        root_dir: config.root_dir.clone(),
-        log_dir: config.pod_logs_dir.clone(),
-        node_name: config.node_name.clone(),
-        log_rotation: config.log_rotation,
+        root_dir: config.pods.root_dir.clone(),
+        log_dir: config.pods.pod_logs_dir.clone(),
+        node_name: config.pods.node_name.clone(),
+        log_rotation: config.pods.log_rotation,
         host_ips: node_ip.iter().map(ToString::to_string).collect(),
     };
     let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
@@ -457,15 +457,15 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         shutdown.clone(),
     );
     // Bound before pods start; a port that is held is tried again, while pods and eviction run (see `listen`).
-    let healthz = config.healthz;
+    let healthz = config.endpoints.healthz;
     let first_bind = match healthz {
         Some(addr) => Some((addr, tokio::net::TcpListener::bind(addr).await)),
         None => None,
     };
     let (tx, rx) = mpsc::channel(4);
-    if let Some(dir) = &config.static_pod_path {
+    if let Some(dir) = &config.pods.static_pod_path {
         tracing::info!(dir = %dir.display(), "watching static pod manifests");
-        let source = StaticPodSource::new(dir, &config.node_name, config.file_check_frequency);
+        let source = StaticPodSource::new(dir, &config.pods.node_name, config.pods.file_check_frequency);
         pods.expect_source(FILE_SOURCE);
         tasks.spawn(source.run(tx, shutdown.clone()));
     }
@@ -487,7 +487,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         shutdown.clone(),
     );
     let (wake_tx, wake_rx) = mpsc::channel(8);
-    let _wake_thread = if config_tx.borrow().pressure_events {
+    let _wake_thread = if config_tx.borrow().eviction.pressure_events {
         let kubepods = probe.1.clone();
         nodewarden_eviction::start_wakeups(&proc, &fs, &kubepods, wake_tx)
     } else {
@@ -510,7 +510,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     });
     // The pressure stall counters count from here; the adopted pods show from the first scrape.
     shared.refresh_gauges();
-    let realtime = shared.config.borrow().eviction_realtime_priority;
+    let realtime = shared.config.borrow().eviction.realtime_priority;
     let eviction = eviction.spawn(wake_rx, TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
@@ -528,7 +528,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         let app = crate::http::router(shared.clone());
         tokio::spawn(crate::listen::run(addr, first, app, shared.listen.clone(), shutdown.clone()))
     });
-    let shutdown_groups = shared.config().shutdown_groups.clone();
+    let shutdown_groups = shared.config().shutdown.groups.clone();
     if !shutdown_groups.is_empty() {
         tasks.spawn(crate::shutdown::run(shared.clone(), shutdown_groups, shutdown.clone()));
     }

@@ -132,8 +132,7 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+    use crate::section::HEAD;
 
     #[test]
     fn thresholds_reload_and_restart_fields_keep_their_running_value() {
@@ -144,9 +143,9 @@ mod tests {
         let r = reload(&running, &edited).unwrap();
         assert_eq!(r.needs_restart, ["cgroupRoot", "nodewarden.rootDir"]);
         assert_eq!(r.config.resources.cgroup_root.as_str(), "/a");
-        assert_eq!(r.config.root_dir, running.root_dir);
+        assert_eq!(r.config.pods.root_dir, running.pods.root_dir);
         assert_eq!(r.config.resources.max_pods, 20);
-        let mem = r.config.thresholds.hard_for(nodewarden_eviction::Signal::MemoryAvailable).unwrap();
+        let mem = r.config.eviction.thresholds.hard_for(nodewarden_eviction::Signal::MemoryAvailable).unwrap();
         assert_eq!(mem.amount, nodewarden_resources::Amount::Quantity(300 << 20));
     }
 

@@ -1,11 +1,15 @@
-use super::*;
-use nodewarden_eviction::Signal;
-use nodewarden_resources::Amount;
+use std::path::PathBuf;
+use std::time::Duration;
 
-const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+use nodewarden_eviction::Signal;
+use nodewarden_resources::{Amount, CgroupDriver, CgroupPath, Reserved};
+
+use super::*;
+
+use crate::section::HEAD;
 
 /// A kubelet config as kubeadm writes it, with a few eviction settings added.
-const KUBEADM: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
+pub(crate) const KUBEADM: &str = r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
   anonymous:
@@ -58,7 +62,7 @@ evictionHard:
   nodefs.available: "5%"
 "#;
 
-fn field_error(yaml: &str) -> (String, String) {
+pub(crate) fn field_error(yaml: &str) -> (String, String) {
     match parse(yaml) {
         Err(ConfigError::Field { field, reason }) => (field, reason),
         other => panic!("expected a field error for\n{yaml}\ngot {other:?}"),
@@ -68,103 +72,27 @@ fn field_error(yaml: &str) -> (String, String) {
 #[test]
 fn minimal_config_gets_kubelet_defaults() {
     let c = parse(HEAD).unwrap();
-    assert_eq!(c.healthz, Some("127.0.0.1:10248".parse().unwrap()));
+    assert_eq!(c.endpoints.healthz, Some("127.0.0.1:10248".parse().unwrap()));
     assert_eq!(c.resources.max_pods, 110);
-    assert_eq!(c.max_open_files, 1_000_000);
-    assert_eq!(c.log_rotation, nodewarden_sync::LogRotation::default());
-    assert_eq!((c.log_rotation.max_size, c.log_rotation.max_files), (10 << 20, 5));
+    assert_eq!(c.host.max_open_files, 1_000_000);
+    assert_eq!(c.pods.log_rotation, nodewarden_sync::LogRotation::default());
+    assert_eq!((c.pods.log_rotation.max_size, c.pods.log_rotation.max_files), (10 << 20, 5));
     assert_eq!(c.resources.pod_pids_limit, None);
     assert_eq!(c.resources.cgroup_root.as_str(), "/");
     assert!(c.resources.enforce_pods);
     assert!(!c.resources.memory_qos, "off by default, as in the kubelet");
     assert_eq!(c.resources.cpu_cfs_period_us, 100_000);
-    assert_eq!(c.pressure_transition_period, Duration::from_secs(300));
+    assert_eq!(c.eviction.pressure_transition_period, Duration::from_secs(300));
     // The kubelet's five, and allocatableMemory.available derived from memory.available (pods are enforced).
-    assert_eq!(c.thresholds.hard.len(), 6);
+    assert_eq!(c.eviction.thresholds.hard.len(), 6);
     assert_eq!(c.resources.eviction_reserve.memory_available, Some(Amount::Quantity(100 << 20)));
-    assert_eq!(c.static_pod_path, None);
-    assert_eq!(c.container_runtime_endpoint, None);
-    assert_eq!(c.cgroup_mount, PathBuf::from("/sys/fs/cgroup"));
-    assert_eq!(c.eviction_realtime_priority, 1);
+    assert_eq!(c.pods.static_pod_path, None);
+    assert_eq!(c.runtime.endpoint, None);
+    assert_eq!(c.host.cgroup_mount, PathBuf::from("/sys/fs/cgroup"));
+    assert_eq!(c.eviction.realtime_priority, 1);
     assert!(c.ignored.is_empty() && c.warnings.is_empty());
     let off = parse(&format!("{HEAD}nodewarden:\n  evictionRealtimePriority: 0\n")).unwrap();
-    assert_eq!(off.eviction_realtime_priority, 0);
-}
-
-#[test]
-fn shutdown_grace_periods_become_the_kubelets_priority_groups() {
-    assert!(parse(HEAD).unwrap().shutdown_groups.is_empty(), "off by default");
-    let c = parse(&format!("{HEAD}shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n")).unwrap();
-    assert_eq!(c.shutdown_groups, [(0, Duration::from_secs(20)), (2_000_000_000, Duration::from_secs(10))]);
-    let c = parse(&format!(
-        "{HEAD}shutdownGracePeriodByPodPriority:\n- {{priority: 100000, shutdownGracePeriodSeconds: 5}}\n\
-         - {{priority: 0, shutdownGracePeriodSeconds: 3}}\n"
-    ))
-    .unwrap();
-    assert_eq!(c.shutdown_groups, [(0, Duration::from_secs(3)), (100_000, Duration::from_secs(5))], "sorted");
-    for (text, field) in [
-        ("shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 20s\n", "shutdownGracePeriodCriticalPods"),
-        (
-            "shutdownGracePeriod: 10s\nshutdownGracePeriodByPodPriority:\n- {priority: 0, shutdownGracePeriodSeconds: 3}\n",
-            "shutdownGracePeriodByPodPriority",
-        ),
-    ] {
-        let (f, reason) = field_error(&format!("{HEAD}{text}"));
-        assert_eq!(f, field, "{text}: {reason}");
-    }
-}
-
-#[test]
-fn node_status_and_registration_fields_follow_the_kubelet() {
-    let c = parse(HEAD).unwrap();
-    assert_eq!(c.node_status_update_frequency, Duration::from_secs(10));
-    assert_eq!(c.node_status_report_frequency, Duration::from_secs(300));
-    assert_eq!(c.node_lease_duration, Duration::from_secs(40));
-    assert!(c.register_node);
-    assert_eq!((c.kube_api_qps, c.kube_api_burst), (50.0, 100));
-    assert_eq!(c.node_status_max_images, Some(50));
-    assert_eq!(parse(&format!("{HEAD}nodeStatusMaxImages: -1\n")).unwrap().node_status_max_images, None);
-    assert_eq!(parse(&format!("{HEAD}nodeStatusMaxImages: 0\n")).unwrap().node_status_max_images, Some(0));
-    // Only the update frequency given: the report frequency follows it.
-    let c = parse(&format!("{HEAD}nodeStatusUpdateFrequency: 4s\n")).unwrap();
-    assert_eq!(c.node_status_report_frequency, Duration::from_secs(4));
-    let c = parse(&format!("{HEAD}nodeStatusUpdateFrequency: 4s\nnodeStatusReportFrequency: 1m\n")).unwrap();
-    assert_eq!(c.node_status_report_frequency, Duration::from_secs(60));
-    // kubeadm's zeros mean the defaults.
-    let c = parse(KUBEADM).unwrap();
-    assert_eq!(
-        (c.node_status_update_frequency, c.node_status_report_frequency),
-        (Duration::from_secs(10), Duration::from_secs(300))
-    );
-    let c = parse(&format!(
-        "{HEAD}nodeLabels:\n  example.com/rack: r1\nregisterWithTaints:\n- {{key: dedicated, value: infra, effect: NoSchedule}}\nproviderID: x://1\n"
-    ))
-    .unwrap();
-    assert_eq!(c.node_labels.get("example.com/rack").map(String::as_str), Some("r1"));
-    assert_eq!(c.register_with_taints[0].key, "dedicated");
-    assert_eq!(c.provider_id.as_deref(), Some("x://1"));
-    for (text, field) in [
-        ("nodeLabels:\n  node-role.kubernetes.io/worker: \"\"\n", "nodeLabels.node-role.kubernetes.io/worker"),
-        ("nodeLabels:\n  example.com/x: -bad\n", "nodeLabels.example.com/x"),
-        ("registerWithTaints:\n- {key: a, effect: Sometimes}\n", "registerWithTaints[0].effect"),
-        ("nodeLeaseDurationSeconds: -1\n", "nodeLeaseDurationSeconds"),
-        ("kubeAPIQPS: -5\n", "kubeAPIQPS"),
-        ("nodeStatusMaxImages: -2\n", "nodeStatusMaxImages"),
-    ] {
-        let (f, reason) = field_error(&format!("{HEAD}{text}"));
-        assert_eq!(f, field, "{text}: {reason}");
-    }
-    let (_, reason) = field_error(&format!("{HEAD}nodeLabels:\n  node-role.kubernetes.io/worker: \"\"\n"));
-    assert!(reason.contains("NodeRestriction"), "{reason}");
-}
-
-#[test]
-fn a_non_loopback_healthz_address_is_warned_about() {
-    let c = parse(&format!("{HEAD}healthzBindAddress: 0.0.0.0\n")).unwrap();
-    assert!(c.warnings.iter().any(|w| w.contains("not a loopback address")), "{:?}", c.warnings);
-    let c = parse(&format!("{HEAD}healthzBindAddress: 0.0.0.0\nhealthzPort: 0\n")).unwrap();
-    assert!(c.warnings.is_empty(), "nothing is served: {:?}", c.warnings);
-    assert!(parse(&format!("{HEAD}healthzBindAddress: \"::1\"\n")).unwrap().warnings.is_empty());
+    assert_eq!(off.eviction.realtime_priority, 0);
 }
 
 #[test]
@@ -174,31 +102,34 @@ fn a_real_kubelet_config_loads() {
         assert!(c.ignored.iter().any(|i| i == f), "{f} not reported as ignored: {:?}", c.ignored);
     }
     // kubeadm's `memorySwap: {}` is the default: no swap for pods, and a node with swap refused.
-    assert!(c.fail_swap_on);
+    assert!(c.host.fail_swap_on);
     assert_eq!(c.effective.memory_swap.as_ref().and_then(|s| s.swap_behavior.as_deref()), Some("NoSwap"));
     // kubeadm's driver, with its default root: the kubelet's kubepods.slice.
     assert_eq!(c.resources.cgroup_driver, CgroupDriver::Systemd);
     assert_eq!(c.resources.cgroup_root, CgroupPath::root());
-    assert_eq!(c.static_pod_path, Some(PathBuf::from("/etc/kubernetes/manifests")));
+    assert_eq!(c.pods.static_pod_path, Some(PathBuf::from("/etc/kubernetes/manifests")));
     assert_eq!(
         c.resources.system_reserved,
         Reserved { cpu_millis: 500, memory: 512 << 20, pids: 1000, ephemeral_storage: 0 }
     );
     // A given evictionHard replaces the defaults, as in the kubelet.
-    let signals: Vec<Signal> = c.thresholds.hard.iter().map(|t| t.signal).collect();
+    let signals: Vec<Signal> = c.eviction.thresholds.hard.iter().map(|t| t.signal).collect();
     assert_eq!(signals, [Signal::MemoryAvailable, Signal::NodeFsAvailable, Signal::AllocatableMemoryAvailable]);
-    assert_eq!(c.pressure_transition_period, Duration::ZERO);
-    assert_eq!(c.container_runtime_endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
-    assert_eq!(c.runtime_request_timeout, Duration::from_secs(120), "0s is the kubelet's default");
-    assert!(c.serialize_image_pulls);
+    assert_eq!(c.eviction.pressure_transition_period, Duration::ZERO);
+    assert_eq!(c.runtime.endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
+    assert_eq!(c.runtime.request_timeout, Duration::from_secs(120), "0s is the kubelet's default");
+    assert!(c.runtime.serialize_image_pulls);
 }
 
 #[test]
 fn merge_default_eviction_settings_keeps_the_other_defaults() {
     let c =
         parse(&format!("{HEAD}mergeDefaultEvictionSettings: true\nevictionHard:\n  memory.available: 1Gi\n")).unwrap();
-    assert_eq!(c.thresholds.hard.len(), 6);
-    assert_eq!(c.thresholds.hard_for(Signal::MemoryAvailable).map(|t| t.amount), Some(Amount::Quantity(1 << 30)));
+    assert_eq!(c.eviction.thresholds.hard.len(), 6);
+    assert_eq!(
+        c.eviction.thresholds.hard_for(Signal::MemoryAvailable).map(|t| t.amount),
+        Some(Amount::Quantity(1 << 30))
+    );
 }
 
 #[test]
@@ -262,7 +193,7 @@ fn effective_config_round_trips() {
     let c = parse(KUBEADM).unwrap();
     let again = parse(&c.to_yaml()).unwrap();
     assert_eq!(again.resources, c.resources);
-    assert_eq!(again.thresholds, c.thresholds);
+    assert_eq!(again.eviction.thresholds, c.eviction.thresholds);
     assert!(again.ignored.is_empty());
 }
 
@@ -273,20 +204,6 @@ fn oversized_files_are_refused_before_parsing() {
     std::fs::write(&p, vec![b'#'; usize::try_from(MAX_CONFIG_BYTES + 1).unwrap()]).unwrap();
     assert!(matches!(load(&p), Err(ConfigError::Read { .. })));
     assert!(matches!(load(&dir.path().join("missing.yaml")), Err(ConfigError::Read { .. })));
-}
-
-#[test]
-fn under_the_systemd_driver_the_cgroup_root_names_a_slice() {
-    let root = |extra: &str| {
-        parse(&format!("{HEAD}cgroupDriver: systemd\n{extra}")).map(|c| c.resources.cgroup_root.as_str().to_owned())
-    };
-    assert_eq!(root("cgroupRoot: /nodewarden\n").unwrap(), "/nodewarden.slice");
-    assert_eq!(root("cgroupRoot: /my-root\n").unwrap(), "/my_root.slice");
-    assert_eq!(root("cgroupRoot: /a.slice/a-b.slice\n").unwrap(), "/a.slice/a-b.slice");
-    let err = root("cgroupRoot: /a-b.slice\n").unwrap_err().to_string();
-    assert!(err.contains("cgroupRoot"), "{err}");
-    let c = parse(&format!("{HEAD}cgroupRoot: /nodewarden\n")).unwrap();
-    assert_eq!((c.resources.cgroup_driver, c.resources.cgroup_root.as_str()), (CgroupDriver::Cgroupfs, "/nodewarden"));
 }
 
 #[test]
@@ -307,14 +224,4 @@ fn a_config_reloads_unchanged_and_prints_as_a_file_that_loads_as_itself() {
             panic!("the printed config loads as another config: {diff:#?}\n{printed}");
         }
     }
-}
-
-#[test]
-fn swap_settings_are_the_kubelets() {
-    let c = parse(&format!("{HEAD}failSwapOn: false\nmemorySwap:\n  swapBehavior: LimitedSwap\n")).unwrap();
-    assert!(!c.fail_swap_on);
-    assert!(c.warnings.iter().any(|w| w.contains("LimitedSwap is not implemented")), "{:?}", c.warnings);
-    let err = parse(&format!("{HEAD}memorySwap:\n  swapBehavior: Unlimited\n")).unwrap_err();
-    assert!(err.to_string().contains("memorySwap.swapBehavior"), "{err}");
-    assert!(parse(&format!("{HEAD}memorySwap:\n  swapLimit: 1\n")).is_err(), "not a memorySwap field");
 }
