@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{self, Config, Reloaded};
+use crate::config::{self, Config, Reloaded, Section};
 use crate::metrics::Metrics;
 use crate::pod_events::LoggedEvents;
 
@@ -127,25 +127,31 @@ impl Shared {
         checks
     }
 
-    /// Applies an edited config file: the reloadable fields take effect at once (resources first, so a refused
-    /// cgroup write leaves everything as it was); the others are reported as needing a restart.
+    /// Applies an edited config file: the reloadable fields take effect at once, each changed section handed to
+    /// its consumer and an unchanged one to none (the resources section to the ledger first, so a refused cgroup
+    /// write leaves everything as it was; the eviction section to the eviction loop); the others are reported as
+    /// needing a restart.
     pub async fn reload(&self, text: &str) -> Result<Vec<&'static str>, String> {
         let running = self.config();
-        let Reloaded { config, needs_restart } = config::reload(&running, text).map_err(|e| e.to_string())?;
+        let Reloaded { config, changed, needs_restart } = config::reload(&running, text).map_err(|e| e.to_string())?;
         if config == *running {
             return Ok(needs_restart);
         }
-        let resources = config.resources.clone();
-        let applied = self
-            .ledger
-            .call(move |m| m.reconfigure(resources).map(|()| (*m.allocatable(), NodeResources::of(m))))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
-        let (alloc, node) = applied.map_err(|e| format!("cannot apply the new resources: {e}"))?;
-        *self.node_resources.lock().unwrap_or_else(PoisonError::into_inner) = node;
-        self.metrics.set_allocatable(&alloc, config.resources.max_pods);
-        self.eviction_settings.send_replace(Arc::new(eviction_settings(&config)));
+        if changed.contains(&Section::Resources) {
+            let resources = config.resources.clone();
+            let applied = self
+                .ledger
+                .call(move |m| m.reconfigure(resources).map(|()| (*m.allocatable(), NodeResources::of(m))))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let (alloc, node) = applied.map_err(|e| format!("cannot apply the new resources: {e}"))?;
+            *self.node_resources.lock().unwrap_or_else(PoisonError::into_inner) = node;
+            self.metrics.set_allocatable(&alloc, config.resources.max_pods);
+        }
+        if changed.contains(&Section::Eviction) {
+            self.eviction_settings.send_replace(Arc::new(eviction_settings(&config)));
+        }
         self.config.send_replace(Arc::new(config));
         Ok(needs_restart)
     }
@@ -750,6 +756,26 @@ mod tests {
             text.contains(&format!("kubelet_eviction_stats{{eviction_signal=\"memory.available\"}} {}", 123u64 << 20)),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_reload_hands_each_consumer_only_a_section_of_its_own_that_changed() {
+        let r = rig();
+        let reload = |s: &Shared, text: &str| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(s.reload(&format!("{HEAD}{text}")))
+        };
+        let mut settings = r.shared.eviction_settings.subscribe();
+        settings.mark_unchanged();
+        // maxPods is the resources section's: the ledger takes it, the eviction loop is not woken.
+        assert_eq!(reload(&r.shared, "maxPods: 7\n"), Ok(Vec::new()));
+        assert_eq!(r.shared.ledger.call_blocking(|m| m.config().max_pods), 7);
+        assert!(!settings.has_changed().unwrap(), "the eviction settings were sent again unchanged");
+        // The transition period is the eviction section's: the loop takes it, and the ledger is not asked (the
+        // reload ends while a request holds it).
+        let edit = "maxPods: 7\nevictionPressureTransitionPeriod: 1m\n";
+        assert_eq!(with_the_manager_held(&r, move |s| reload(s, edit)), Ok(Vec::new()));
+        assert_eq!(settings.borrow_and_update().transition_period, Duration::from_secs(60));
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,6 +18,7 @@ use nodewarden_resources::ResourceConfig;
 
 pub use raw::{KubeletConfiguration, QuantityMap};
 pub use reload::{LIVE, Reloaded, reload, restart_only};
+pub use section::Section;
 pub use section::cluster::ClusterConfig;
 pub use section::endpoints::EndpointsConfig;
 pub use section::eviction::EvictionConfig;

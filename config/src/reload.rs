@@ -1,16 +1,22 @@
 //! Which fields a running daemon can take from an edited config file ([`LIVE`]): the eviction settings
 //! (thresholds, grace periods, minimum reclaim, transition period, poll bounds), reserved resources and
 //! `enforceNodeAllocatable`, `maxPods`, `podPidsLimit`, `staticPodsCritical`, the image GC thresholds. Everything
-//! else needs a restart ([`restart_only`]): such a change is reported and the running value kept.
+//! else needs a restart ([`restart_only`]): such a change is reported and the running value kept. A reload says
+//! which sections of the config changed, so that each consumer is handed only a section of its own that did.
 
-use super::{Config, ConfigError, KubeletConfiguration, parse, validate};
+use super::{Config, ConfigError, KubeletConfiguration, Section, parse, validate};
 use crate::raw::NodewardenSettings;
 
-/// The outcome of a reload: the config to run with, and the changed fields that need a restart.
+/// The outcome of a reload: the config to run with, the sections of it that changed, and the changed fields that
+/// need a restart.
 #[derive(Debug)]
 pub struct Reloaded {
     /// The new running config: the file's reloadable fields, the running values of the others.
     pub config: Config,
+    /// The sections of `config` that differ from the running config's, in [`Section`] order. Only sections with
+    /// a [`LIVE`] field can be here; an edit that changes no section (an image GC threshold, an ignored field)
+    /// leaves it empty while `config.effective` still changes.
+    pub changed: Vec<Section>,
     /// Fields whose change was not applied.
     pub needs_restart: Vec<&'static str>,
 }
@@ -126,7 +132,38 @@ pub fn reload(running: &Config, text: &str) -> Result<Reloaded, ConfigError> {
     config.ignored = fresh.ignored;
     // The kernel check at start may have turned Memory QoS off; that stays.
     config.resources.memory_qos = running.resources.memory_qos;
-    Ok(Reloaded { config, needs_restart })
+    let changed = changed(running, &config);
+    Ok(Reloaded { config, changed, needs_restart })
+}
+
+/// The sections that differ between two configs.
+fn changed(old: &Config, new: &Config) -> Vec<Section> {
+    let Config {
+        effective: _,
+        ignored: _,
+        warnings: _,
+        resources,
+        eviction,
+        cluster,
+        runtime,
+        pods,
+        shutdown,
+        host,
+        endpoints,
+    } = new;
+    [
+        (Section::Resources, *resources != old.resources),
+        (Section::Eviction, *eviction != old.eviction),
+        (Section::Cluster, *cluster != old.cluster),
+        (Section::Runtime, *runtime != old.runtime),
+        (Section::Pods, *pods != old.pods),
+        (Section::Shutdown, *shutdown != old.shutdown),
+        (Section::Host, *host != old.host),
+        (Section::Endpoints, *endpoints != old.endpoints),
+    ]
+    .into_iter()
+    .filter_map(|(section, differs)| differs.then_some(section))
+    .collect()
 }
 
 #[cfg(test)]
@@ -147,6 +184,37 @@ mod tests {
         assert_eq!(r.config.resources.max_pods, 20);
         let mem = r.config.eviction.thresholds.hard_for(nodewarden_eviction::Signal::MemoryAvailable).unwrap();
         assert_eq!(mem.amount, nodewarden_resources::Amount::Quantity(300 << 20));
+    }
+
+    #[test]
+    fn an_edit_of_one_live_section_changes_that_section_only() {
+        let running = parse(HEAD).unwrap();
+        let edit = |text: &str| reload(&running, &format!("{HEAD}{text}")).unwrap();
+        for text in [
+            "evictionPressureTransitionPeriod: 1m\n",
+            "evictionSoft:\n  memory.available: 1Gi\nevictionSoftGracePeriod:\n  memory.available: 30s\n",
+            "evictionHard:\n  imagefs.available: 10%\n  memory.available: 100Mi\n  nodefs.available: 10%\n",
+            "nodewarden:\n  housekeepingInterval: 2s\n",
+        ] {
+            let r = edit(text);
+            assert_eq!(r.changed, [Section::Eviction], "{text}");
+            assert_eq!(r.config.resources, running.resources, "{text}: the ledger has nothing to take");
+        }
+        for text in ["maxPods: 20\n", "systemReserved:\n  cpu: 100m\n", "nodewarden:\n  staticPodsCritical: true\n"] {
+            let r = edit(text);
+            assert_eq!(r.changed, [Section::Resources], "{text}");
+            assert_eq!(r.config.eviction, running.eviction, "{text}: the eviction loop has nothing to take");
+        }
+        // Allocatable subtracts the hard memory.available threshold, so both take it; without pods enforced, the
+        // eviction loop's allocatable threshold goes and kubepods' limit with it.
+        let r = edit("evictionHard:\n  memory.available: 300Mi\n");
+        assert_eq!(r.changed, [Section::Resources, Section::Eviction]);
+        assert_eq!(edit("enforceNodeAllocatable: [none]\n").changed, [Section::Resources, Section::Eviction]);
+        // A live field no section holds, and a restart-only field, change no section.
+        let r = edit("imageGCHighThresholdPercent: 90\n");
+        assert!(r.changed.is_empty() && r.config != running, "{:?}", r.changed);
+        let r = edit("maxOpenFiles: 4096\n");
+        assert!(r.changed.is_empty() && r.config == running, "{:?}", r.changed);
     }
 
     #[test]

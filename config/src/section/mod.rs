@@ -16,6 +16,27 @@ use std::time::Duration;
 
 use crate::{ConfigError, KubeletConfiguration, duration};
 
+/// A section of [`crate::Config`], as a reload reports it changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Section {
+    /// [`crate::Config::resources`]: the resource manager's.
+    Resources,
+    /// [`crate::Config::eviction`]: the eviction loop's.
+    Eviction,
+    /// [`crate::Config::cluster`]: the node's registration, status and lease.
+    Cluster,
+    /// [`crate::Config::runtime`]: the container runtime's.
+    Runtime,
+    /// [`crate::Config::pods`]: pod sync's.
+    Pods,
+    /// [`crate::Config::shutdown`]: the node's graceful shutdown.
+    Shutdown,
+    /// [`crate::Config::host`]: the start checks and the daemon's own place on the host.
+    Host,
+    /// [`crate::Config::endpoints`]: the HTTP endpoints.
+    Endpoints,
+}
+
 /// A defaulted field's value: after [`KubeletConfiguration::with_defaults`] every field is set, so `None` is a
 /// defaulting bug, reported with the field rather than a panic.
 pub(crate) fn required<'a, T>(v: &'a Option<T>, field: &str) -> Result<&'a T, ConfigError> {
