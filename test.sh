@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 export CARGO_TERM_COLOR=never
+# One build from scratch: incremental state would only double the size of target/ (a CI disk filled up with it).
+export CARGO_INCREMENTAL=0
 
 step() { printf '\n== %s\n' "$*"; }
 
