@@ -92,7 +92,7 @@ fn at_once(ledger: Ledger, pods: usize) -> Result<f64> {
     })?;
     let took = t0.elapsed().as_secs_f64() * 1000.0;
     for i in 0..pods {
-        ledger.call_blocking(|m| m.release(&format!("bench-{i:04}")))?;
+        ledger.call_blocking(move |m| m.release(&format!("bench-{i:04}")))?;
     }
     Ok(took)
 }

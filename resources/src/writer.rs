@@ -2,12 +2,15 @@
 //! the daemon ask of it runs one request at a time, in the order asked, on a thread of the blocking pool. No lock
 //! of the ledger is held on a thread of the async runtime, so a cgroup write, or a systemd D-Bus round trip under
 //! the systemd driver, never stalls the tasks that share that thread; at most one blocking thread works for the
-//! ledger at a time, however many pods wait for it. What the eviction loop and the scrapes read is the published
-//! [`LedgerView`], which no request waits for.
+//! ledger at a time, however many pods wait for it, and it runs the requests queued meanwhile one after the other
+//! without handing back to the runtime between them (100 pods starting at once cost one hand-off, not 200). What
+//! the eviction loop and the scrapes read is the published [`LedgerView`], which no request waits for.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::{Semaphore, oneshot};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -38,11 +41,77 @@ enum Begun {
     Writing(Box<PendingPlacement>),
 }
 
+/// A queued request, which answers its requester itself.
+type Request = Box<dyn FnOnce(&mut ResourceManager) + Send>;
+
+/// The requests not yet run, and whether a thread is running them.
+#[derive(Default)]
+struct Queue {
+    requests: VecDeque<Request>,
+    draining: bool,
+}
+
+/// What the handles share.
+struct Owner {
+    /// Locked only by the thread draining the queue.
+    manager: Mutex<ResourceManager>,
+    queue: Mutex<Queue>,
+}
+
+impl std::fmt::Debug for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Owner").finish_non_exhaustive()
+    }
+}
+
+/// A lock whose holder panicked is still good here: a request that panics is caught before it could leave the
+/// manager or the queue half changed by the ledger's own code.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Owner {
+    /// Queues `request`; whether the caller must start a thread to drain the queue (none is draining it).
+    fn push(&self, request: Request) -> bool {
+        let mut queue = lock(&self.queue);
+        queue.requests.push_back(request);
+        !std::mem::replace(&mut queue.draining, true)
+    }
+
+    /// Runs the queued requests in order until none is left. A request that panics fails alone: its requester
+    /// sees its answer dropped.
+    fn drain(&self) {
+        loop {
+            let request = {
+                let mut queue = lock(&self.queue);
+                match queue.requests.pop_front() {
+                    Some(r) => r,
+                    None => {
+                        queue.draining = false;
+                        return;
+                    }
+                }
+            };
+            let mut manager = lock(&self.manager);
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| request(&mut manager)));
+        }
+    }
+}
+
+/// Drains the queue when dropped: run on a blocking thread, or dropped unrun by a runtime shutting down, so that
+/// the queue is never left marked as drained by nobody.
+struct Drainer(Arc<Owner>);
+
+impl Drop for Drainer {
+    fn drop(&mut self) {
+        self.0.drain();
+    }
+}
+
 /// The handle on the ledger; clones share it.
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    /// Fair: requests are served in the order they were made.
-    manager: Arc<Mutex<ResourceManager>>,
+    owner: Arc<Owner>,
     /// Placements being written, at most [`MAX_WRITES`].
     writes: Arc<Semaphore>,
     view: LedgerView,
@@ -52,7 +121,8 @@ impl Ledger {
     /// The ledger of `manager`, which it owns from now on.
     pub fn new(manager: ResourceManager) -> Self {
         let view = manager.view();
-        Self { manager: Arc::new(Mutex::new(manager)), writes: Arc::new(Semaphore::new(MAX_WRITES)), view }
+        let owner = Owner { manager: Mutex::new(manager), queue: Mutex::default() };
+        Self { owner: Arc::new(owner), writes: Arc::new(Semaphore::new(MAX_WRITES)), view }
     }
 
     /// The ledger as published after its last change.
@@ -65,9 +135,15 @@ impl Ledger {
         &self,
         f: impl FnOnce(&mut ResourceManager) -> T + Send + 'static,
     ) -> Result<T, LedgerError> {
-        let mut manager = self.manager.clone().lock_owned().await;
-        // A request that panics is the requester's failure; the ledger is released and carries on.
-        tokio::task::spawn_blocking(move || f(&mut manager)).await.map_err(|_| LedgerError)
+        let (answer, answered) = oneshot::channel();
+        let request: Request = Box::new(move |m| {
+            let _ = answer.send(f(m));
+        });
+        if self.owner.push(request) {
+            let drainer = Drainer(self.owner.clone());
+            drop(tokio::task::spawn_blocking(move || drop(drainer)));
+        }
+        answered.await.map_err(|_| LedgerError)
     }
 
     /// [`Ledger::call`] of a fallible request, the ledger's failure folded into the request's error.
@@ -129,10 +205,23 @@ impl Ledger {
         self.try_call(move |m| m.end_place(pending, written)).await
     }
 
-    /// Runs `f` on the calling thread, once the requests made before have run: for a caller outside the async
-    /// runtime (the daemon's start, a blocking thread). Never call it from a task: it blocks the thread.
-    pub fn call_blocking<T>(&self, f: impl FnOnce(&mut ResourceManager) -> T) -> T {
-        f(&mut self.manager.blocking_lock())
+    /// Runs `f` once the requests made before have run, on the calling thread if no other is running the ledger's
+    /// requests: for a caller outside the async runtime (the daemon's start, a blocking thread). Never call it from
+    /// a task: it blocks the thread.
+    pub fn call_blocking<T: Send + 'static>(&self, f: impl FnOnce(&mut ResourceManager) -> T + Send + 'static) -> T {
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        let request: Request = Box::new(move |m| {
+            let _ = answer.send(std::panic::catch_unwind(AssertUnwindSafe(|| f(m))));
+        });
+        if self.owner.push(request) {
+            self.owner.drain();
+        }
+        match answered.recv() {
+            Ok(Ok(out)) => out,
+            // The caller's own request panicked: the panic is the caller's, as if it had run on its own.
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => unreachable!("a queued request is always run, and answers unless it panicked"),
+        }
     }
 }
 
@@ -155,7 +244,7 @@ mod tests {
     #[tokio::test]
     async fn requests_are_served_in_the_order_made() {
         let (_host, ledger) = ledger();
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let order = Arc::new(Mutex::new(Vec::new()));
         // The first request holds the ledger until the others have queued up behind it.
         let (release, held) = std::sync::mpsc::channel::<()>();
         let first = tokio::spawn({
@@ -207,10 +296,45 @@ mod tests {
     }
 
     #[test]
+    fn a_blocking_caller_behind_a_request_waits_its_turn_and_its_panic_is_its_own() {
+        let (_host, ledger) = ledger();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (inside, entered) = std::sync::mpsc::channel::<()>();
+        let first = rt.spawn({
+            let ledger = ledger.clone();
+            async move {
+                ledger
+                    .call(move |m| {
+                        inside.send(()).unwrap();
+                        held.recv().unwrap();
+                        m.view().set_pressure(NodePressure::of([Condition::MemoryPressure]));
+                    })
+                    .await
+            }
+        });
+        let driver = std::thread::spawn(move || rt.block_on(first));
+        entered.recv().unwrap();
+        let blocked = std::thread::spawn({
+            let ledger = ledger.clone();
+            move || ledger.call_blocking(|m| m.pressure().contains(Condition::MemoryPressure))
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!blocked.is_finished(), "the blocking caller jumped the queue");
+        release.send(()).unwrap();
+        driver.join().unwrap().unwrap().unwrap();
+        assert!(blocked.join().unwrap(), "the blocking caller ran before the request made before it");
+
+        let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| ledger.call_blocking(|_| panic!("a bug"))));
+        assert!(panicked.is_err(), "the blocking caller's panic reaches the caller");
+        assert!(ledger.call_blocking(|m| m.pressure().contains(Condition::MemoryPressure)), "the ledger carries on");
+    }
+
+    #[test]
     fn a_blocking_caller_is_served_and_the_view_follows_the_ledger() {
         let (_host, ledger) = ledger();
         let memory = NodePressure::of([Condition::MemoryPressure]);
-        ledger.call_blocking(|m| m.view().set_pressure(memory));
+        ledger.call_blocking(move |m| m.view().set_pressure(memory));
         assert!(ledger.view().pressure().contains(Condition::MemoryPressure));
     }
 }

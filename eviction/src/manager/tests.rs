@@ -694,7 +694,7 @@ async fn a_pass_evicts_while_the_ledger_is_held_by_a_placement() {
     let holder = {
         let (ledger, released) = (r.ledger.clone(), released.clone());
         std::thread::spawn(move || {
-            ledger.call_blocking(|_| {
+            ledger.call_blocking(move |_| {
                 held_tx.send(()).unwrap();
                 let _ = done_rx.recv_timeout(Duration::from_secs(5));
                 released.store(true, Ordering::SeqCst);
