@@ -338,6 +338,65 @@ pub enum DaemonError {
     Other(#[from] anyhow::Error),
 }
 
+/// The daemon's parts once the host is set up: what the endpoints and the loops share, and the eviction loop, not
+/// started yet. [`run`] and the tests build it the same way.
+pub(crate) struct Daemon {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) eviction: EvictionManager<PodManager<SelectedRuntime>>,
+}
+
+impl Daemon {
+    /// Wires pod sync and the eviction loop to the ledger made of `manager` (set up), on the daemon's one task
+    /// tracker and shutdown token. Nothing runs yet.
+    pub(crate) fn build(
+        config: Config,
+        manager: ResourceManager,
+        runtime: SelectedRuntime,
+        settings: SyncSettings,
+        metrics: Arc<Metrics>,
+        tasks: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) -> Result<Self, DaemonError> {
+        let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
+        let node_resources = Mutex::new(NodeResources::of(&manager));
+        // The node's address is the pods' host IP.
+        let node_ip = settings.host_ips.first().and_then(|ip| ip.parse().ok());
+        let ledger = Ledger::new(manager);
+        let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
+        let (t, s) = (tasks.clone(), shutdown.clone());
+        let pods =
+            PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, Arc::new(LoggedEvents), t, s);
+        let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
+        let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
+        let gauges: Arc<dyn PassObserver> = Arc::new(Gauges { metrics: metrics.clone() });
+        let eviction = EvictionManager::new(
+            ledger.clone(),
+            pods.clone(),
+            settings_rx,
+            eviction_metrics,
+            Some(gauges),
+            tasks.clone(),
+            shutdown.clone(),
+        );
+        let shared = Arc::new(Shared {
+            config: watch::Sender::new(Arc::new(config)),
+            ledger,
+            store: pods.store(),
+            pods,
+            metrics,
+            eviction: eviction.status(),
+            eviction_settings: settings_tx,
+            probe,
+            cluster: std::sync::OnceLock::new(),
+            node_resources,
+            node_ip,
+            node_shutdown: std::sync::atomic::AtomicBool::new(false),
+            listen: Arc::default(),
+        });
+        Ok(Self { shared, eviction })
+    }
+}
+
 /// The flags of `nodewarden run` beside the config file (the kubelet's, and restart-only as its are).
 #[derive(Debug, Clone, Default)]
 pub struct Flags {
@@ -432,10 +491,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     }
     let metrics = Arc::new(Metrics::new().context("cannot create metrics")?);
     metrics.set_allocatable(&alloc, config.resources.max_pods);
-    let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
     let fs = manager.cgroupfs().clone();
-    let node_resources = Mutex::new(NodeResources::of(&manager));
-    let ledger = Ledger::new(manager);
     // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
@@ -451,17 +507,6 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         log_rotation: config.pods.log_rotation,
         host_ips: node_ip.iter().map(ToString::to_string).collect(),
     };
-    let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
-    let events = Arc::new(LoggedEvents);
-    let pods = PodManager::new(
-        ledger.clone(),
-        Arc::new(runtime),
-        settings,
-        sync_metrics,
-        events,
-        tasks.clone(),
-        shutdown.clone(),
-    );
     // Bound before pods start; a port that is held is tried again, while pods and eviction run (see `listen`).
     let healthz = config.endpoints.healthz;
     let first_bind = match healthz {
@@ -469,54 +514,29 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         None => None,
     };
     let (tx, rx) = mpsc::channel(4);
-    if let Some(dir) = &config.pods.static_pod_path {
+    let static_pods = config
+        .pods
+        .static_pod_path
+        .clone()
+        .map(|dir| (StaticPodSource::new(&dir, &config.pods.node_name, config.pods.file_check_frequency), dir));
+    let pressure_events = config.eviction.pressure_events;
+    let realtime = config.eviction.realtime_priority;
+    let Daemon { shared, eviction } = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown)?;
+    if let Some((source, dir)) = static_pods {
         tracing::info!(dir = %dir.display(), "watching static pod manifests");
-        let source = StaticPodSource::new(dir, &config.pods.node_name, config.pods.file_check_frequency);
-        pods.expect_source(FILE_SOURCE);
+        shared.pods.expect_source(FILE_SOURCE);
         tasks.spawn(source.run(tx, shutdown.clone()));
     }
-    tasks.spawn(pods.clone().run(rx));
-    let store = pods.store();
-
-    let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
-    let config_tx = watch::Sender::new(Arc::new(config));
-    let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
-    let gauges = Arc::new(Gauges { metrics: metrics.clone() });
-    let evictor = pods.clone();
-    let eviction = EvictionManager::new(
-        ledger.clone(),
-        evictor,
-        settings_rx,
-        eviction_metrics,
-        Some(gauges),
-        tasks.clone(),
-        shutdown.clone(),
-    );
+    tasks.spawn(shared.pods.clone().run(rx));
     let (wake_tx, wake_rx) = mpsc::channel(8);
-    let _wake_thread = if config_tx.borrow().eviction.pressure_events {
-        let kubepods = probe.1.clone();
+    let _wake_thread = if pressure_events {
+        let kubepods = shared.probe.1.clone();
         nodewarden_eviction::start_wakeups(&proc, &fs, &kubepods, wake_tx)
     } else {
         None
     };
-    let shared = Arc::new(Shared {
-        eviction: eviction.status(),
-        eviction_settings: settings_tx,
-        probe,
-        ledger,
-        pods,
-        store,
-        metrics,
-        config: config_tx,
-        cluster: std::sync::OnceLock::new(),
-        node_resources,
-        node_ip,
-        node_shutdown: std::sync::atomic::AtomicBool::new(false),
-        listen: Arc::default(),
-    });
     // The pressure stall counters count from here; the adopted pods show from the first scrape.
     shared.refresh_gauges();
-    let realtime = shared.config.borrow().eviction.realtime_priority;
     let eviction = eviction.spawn(wake_rx, TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
     tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
 
@@ -644,15 +664,7 @@ mod tests {
                 .unwrap();
         manager.setup().unwrap();
         host.set_usage(&manager.tree().kubepods, 0, 0);
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
-        let config_tx = watch::Sender::new(Arc::new(config));
-        let (probe, node_resources) =
-            ((manager.cgroupfs().clone(), manager.tree().kubepods.clone()), Mutex::new(NodeResources::of(&manager)));
         let fs = manager.cgroupfs().clone();
-        let ledger = Ledger::new(manager);
-        let gauges = Arc::new(Gauges { metrics: metrics.clone() });
-        let eviction_metrics = EvictionMetrics::new(metrics.registry()).unwrap();
         let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
         let runtime = SelectedRuntime::Process(ProcessRuntime::new(fs, tasks.clone(), shutdown.clone()));
         let settings = SyncSettings {
@@ -662,28 +674,9 @@ mod tests {
             log_rotation: nodewarden_sync::LogRotation::default(),
             host_ips: Vec::new(),
         };
-        let sync_metrics = SyncMetrics::new(metrics.registry()).unwrap();
-        let events = Arc::new(LoggedEvents);
-        let (t, s) = (tasks.clone(), shutdown.clone());
-        let pods = PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, events, t, s);
-        let gauges: Option<Arc<dyn PassObserver>> = Some(gauges);
-        let eviction =
-            EvictionManager::new(ledger.clone(), pods.clone(), settings_rx, eviction_metrics, gauges, tasks, shutdown);
-        let shared = Arc::new(Shared {
-            config: config_tx,
-            ledger,
-            store: pods.store(),
-            pods,
-            metrics,
-            eviction: eviction.status(),
-            eviction_settings: settings_tx,
-            probe,
-            cluster: std::sync::OnceLock::new(),
-            node_resources,
-            node_ip: None,
-            node_shutdown: std::sync::atomic::AtomicBool::new(false),
-            listen: Arc::default(),
-        });
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let Daemon { shared, eviction } =
+            Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown).unwrap();
         Rig { host, shared, eviction }
     }
 
