@@ -130,14 +130,20 @@ impl Ledger {
         &self.view
     }
 
-    /// Runs `f` on a blocking thread once the requests made before have run; what it returned.
+    /// Runs `f` on a blocking thread once the requests made before have run; what it returned. A request whose
+    /// caller stopped waiting (its task aborted, as pod sync's workers are at shutdown) is skipped when its turn
+    /// comes, as it would not have run had it waited for a lock. The thread that runs a busy spell's requests is
+    /// one of the blocking pool of the runtime whose request began the spell (the eviction loop's own thread when
+    /// its request finds the ledger idle): a spell never waits for the OS to give it a thread.
     pub async fn call<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut ResourceManager) -> T + Send + 'static,
     ) -> Result<T, LedgerError> {
         let (answer, answered) = oneshot::channel();
         let request: Request = Box::new(move |m| {
-            let _ = answer.send(f(m));
+            if !answer.is_closed() {
+                let _ = answer.send(f(m));
+            }
         });
         if self.owner.push(request) {
             let drainer = Drainer(self.owner.clone());
@@ -207,7 +213,8 @@ impl Ledger {
 
     /// Runs `f` once the requests made before have run, on the calling thread if no other is running the ledger's
     /// requests: for a caller outside the async runtime (the daemon's start, a blocking thread). Never call it from
-    /// a task: it blocks the thread.
+    /// a task: it blocks the thread. A caller that finds the ledger idle runs the requests queued behind its own
+    /// too, until none is left.
     pub fn call_blocking<T: Send + 'static>(&self, f: impl FnOnce(&mut ResourceManager) -> T + Send + 'static) -> T {
         let (answer, answered) = std::sync::mpsc::sync_channel(1);
         let request: Request = Box::new(move |m| {
@@ -289,10 +296,81 @@ mod tests {
     #[tokio::test]
     async fn a_request_that_panics_fails_alone_and_the_ledger_carries_on() {
         let (_host, ledger) = ledger();
-        let panicked = ledger.call(|_| -> u32 { panic!("a bug in a request") }).await;
+        // The panicking request and the one behind it are queued while a first holds the ledger, so that one
+        // thread runs all three in one spell.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let first = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.call(move |_| held.recv().unwrap()).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let panicking = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.call(|_| -> u32 { panic!("a bug in a request") }).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let behind = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.try_call(|m| m.release("nobody")).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        release.send(()).unwrap();
+        let within = std::time::Duration::from_secs(10);
+        tokio::time::timeout(within, first).await.expect("the first request ran").unwrap().unwrap();
+        let panicked = tokio::time::timeout(within, panicking).await.expect("the panicking request ended").unwrap();
         assert_eq!(panicked, Err(LedgerError));
-        let released: Result<(), PlaceError> = ledger.try_call(|m| m.release("nobody")).await;
+        let released: Result<(), PlaceError> =
+            tokio::time::timeout(within, behind).await.expect("the request behind the panic ran").unwrap();
         assert!(matches!(released, Err(PlaceError::NotPlaced(_))), "the ledger still answers: {released:?}");
+        // And a request in a spell of its own after it.
+        let again = tokio::time::timeout(within, ledger.call(|m| m.config().max_pods)).await;
+        assert!(matches!(again, Ok(Ok(_))), "the ledger carries on: {again:?}");
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_caller_stopped_waiting_is_skipped() {
+        let (_host, ledger) = ledger();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let first = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.call(move |_| held.recv().unwrap()).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let abandoned = tokio::spawn({
+            let (ledger, ran) = (ledger.clone(), ran.clone());
+            async move { ledger.call(move |_| ran.store(true, std::sync::atomic::Ordering::SeqCst)).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        abandoned.abort();
+        assert!(abandoned.await.unwrap_err().is_cancelled());
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        // A request after it has run once the abandoned one had its turn.
+        ledger.call(|_| ()).await.unwrap();
+        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "the request of an aborted caller ran");
+    }
+
+    #[test]
+    fn requests_made_while_the_runtime_shuts_down_are_still_served() {
+        let (_host, ledger) = ledger();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let handle = rt.handle().clone();
+        drop(rt);
+        // The blocking pool refuses the drainer; dropping it unrun drains the queue on the caller's thread instead.
+        let (done, answered) = std::sync::mpsc::channel();
+        std::thread::spawn({
+            let ledger = ledger.clone();
+            move || {
+                let served = handle.block_on(ledger.call(|m| m.config().max_pods)).is_ok();
+                let again = ledger.call_blocking(|_| true);
+                let _ = done.send((served, again));
+            }
+        });
+        let within = std::time::Duration::from_secs(10);
+        let (served, again) = answered.recv_timeout(within).expect("the request was left queued");
+        assert!(served, "the request was dropped unrun");
+        assert!(again, "the queue is not left marked as drained by nobody");
     }
 
     #[test]
@@ -315,19 +393,30 @@ mod tests {
         });
         let driver = std::thread::spawn(move || rt.block_on(first));
         entered.recv().unwrap();
+        // A second request, queued but not running, whose change the blocking caller must see.
+        let second = {
+            let ledger = ledger.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(ledger.call(|m| m.view().set_pressure(NodePressure::of([Condition::DiskPressure]))))
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
         let blocked = std::thread::spawn({
             let ledger = ledger.clone();
-            move || ledger.call_blocking(|m| m.pressure().contains(Condition::MemoryPressure))
+            move || ledger.call_blocking(|m| m.pressure())
         });
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!blocked.is_finished(), "the blocking caller jumped the queue");
         release.send(()).unwrap();
         driver.join().unwrap().unwrap().unwrap();
-        assert!(blocked.join().unwrap(), "the blocking caller ran before the request made before it");
+        second.join().unwrap().unwrap();
+        let seen = blocked.join().unwrap();
+        assert!(seen.contains(Condition::DiskPressure), "the blocking caller ran before the queued request: {seen:?}");
 
         let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| ledger.call_blocking(|_| panic!("a bug"))));
         assert!(panicked.is_err(), "the blocking caller's panic reaches the caller");
-        assert!(ledger.call_blocking(|m| m.pressure().contains(Condition::MemoryPressure)), "the ledger carries on");
+        assert!(ledger.call_blocking(|m| m.pressure().contains(Condition::DiskPressure)), "the ledger carries on");
     }
 
     #[test]
