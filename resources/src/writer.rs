@@ -248,6 +248,24 @@ mod tests {
         (host, Ledger::new(m))
     }
 
+    /// A first request that holds the ledger until the returned sender is sent to (or dropped), made and running
+    /// when this returns, so that what is asked next queues up behind it.
+    async fn hold(ledger: &Ledger) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<Result<(), LedgerError>>) {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let first = tokio::spawn({
+            let ledger = ledger.clone();
+            async move {
+                ledger
+                    .call(move |_| {
+                        let _ = held.recv();
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        (release, first)
+    }
+
     #[tokio::test]
     async fn requests_are_served_in_the_order_made() {
         let (_host, ledger) = ledger();
@@ -298,12 +316,7 @@ mod tests {
         let (_host, ledger) = ledger();
         // The panicking request and the one behind it are queued while a first holds the ledger, so that one
         // thread runs all three in one spell.
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let first = tokio::spawn({
-            let ledger = ledger.clone();
-            async move { ledger.call(move |_| held.recv().unwrap()).await }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (release, first) = hold(&ledger).await;
         let panicking = tokio::spawn({
             let ledger = ledger.clone();
             async move { ledger.call(|_| -> u32 { panic!("a bug in a request") }).await }
@@ -330,12 +343,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_whose_caller_stopped_waiting_is_skipped() {
         let (_host, ledger) = ledger();
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let first = tokio::spawn({
-            let ledger = ledger.clone();
-            async move { ledger.call(move |_| held.recv().unwrap()).await }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (release, first) = hold(&ledger).await;
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let abandoned = tokio::spawn({
             let (ledger, ran) = (ledger.clone(), ran.clone());
