@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nodewarden_cluster::{
@@ -16,7 +16,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::daemon::{NodeResources, Shared};
+use nodewarden_eviction::EvictionStatus;
+use nodewarden_runtime::SelectedRuntime;
+use nodewarden_sync::PodManager;
+
+use crate::daemon::{NodeReport, NodeResources};
+use crate::health::Health;
 
 /// The readiness checks that make the Node's `Ready` condition besides the runtime's own, worded as the
 /// kubelet words its health checks (`<check> is not healthy: <why>`). The eviction inputs are left out: a
@@ -30,17 +35,30 @@ const READY_CHECKS: &[(&str, Option<&str>)] = &[
 ];
 
 /// The daemon's view, as the node side reads it.
-struct DaemonFacts {
-    shared: Arc<Shared>,
+pub struct DaemonFacts {
+    health: Health,
+    pods: Arc<PodManager<SelectedRuntime>>,
+    eviction: Arc<EvictionStatus>,
+    node: NodeReport,
 }
 
 impl DaemonFacts {
+    /// The facts of these parts of the daemon.
+    pub fn new(
+        health: Health,
+        pods: Arc<PodManager<SelectedRuntime>>,
+        eviction: Arc<EvictionStatus>,
+        node: NodeReport,
+    ) -> Self {
+        Self { health, pods, eviction, node }
+    }
+
     /// Why the node is not Ready now, in the kubelet's words and order: the runtime's own problem (`container
     /// runtime is down`, `container runtime not ready: ...`), the other checks of `/readyz` (as the kubelet's
     /// health checks), then the network's (`container runtime network not ready: NetworkReady=false ...`).
     fn not_ready(&self) -> Vec<String> {
-        let runtime = self.shared.pods.runtime_health();
-        let checks = self.shared.readiness_with(runtime.clone());
+        let runtime = self.pods.runtime_health();
+        let checks = self.health.readiness_with(runtime.clone());
         let others = READY_CHECKS.iter().filter_map(|(name, wording)| {
             let (_, result) = checks.iter().find(|(n, _)| n == name)?;
             result.as_ref().err().map(|e| wording.map_or_else(|| e.clone(), |w| format!("{w}: {e}")))
@@ -52,9 +70,8 @@ impl DaemonFacts {
 
 impl FactSource for DaemonFacts {
     fn facts(&self) -> NodeFacts {
-        let NodeResources { capacity, allocatable, max_pods } =
-            *self.shared.node_resources.lock().unwrap_or_else(PoisonError::into_inner);
-        let pressure = self.shared.eviction.evaluation().pressure;
+        let NodeResources { capacity, allocatable, max_pods } = self.node.get();
+        let pressure = self.eviction.evaluation().pressure;
         let not_ready = self.not_ready();
         NodeFacts {
             capacity: quantities(&capacity, max_pods),
@@ -63,8 +80,8 @@ impl FactSource for DaemonFacts {
             disk_pressure: pressure.contains(Condition::DiskPressure),
             pid_pressure: pressure.contains(Condition::PidPressure),
             not_ready,
-            runtime_version: self.shared.pods.runtime_version(),
-            images: self.shared.pods.runtime_images().into_iter().map(|i| (i.names, i.size_bytes)).collect(),
+            runtime_version: self.pods.runtime_version(),
+            images: self.pods.runtime_images().into_iter().map(|i| (i.names, i.size_bytes)).collect(),
         }
     }
 }
@@ -101,18 +118,20 @@ pub fn settings(c: &Config) -> ClusterSettings {
 /// for. The status is `/readyz`'s `apiserver` check from the start.
 pub async fn start(
     kubeconfig: &Path,
-    shared: &Arc<Shared>,
+    config: &Config,
+    node_ip: Option<std::net::IpAddr>,
+    facts: DaemonFacts,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Arc<ClusterStatus>> {
-    let config = shared.config();
-    let s = ClusterSettings { node_ip: shared.node_ip, ..settings(&config) };
+    let s = ClusterSettings { node_ip, ..settings(config) };
     let kube_config = Clients::read_kubeconfig(kubeconfig).await?;
     tracing::info!(node = %s.node_name, apiserver = %kube_config.cluster_url, "joining the cluster");
     let status = Arc::new(ClusterStatus::new(s.lease_duration));
-    let facts = Arc::new(DaemonFacts { shared: shared.clone() });
+    let conditions = facts.eviction.conditions_changed();
+    let facts = Arc::new(facts);
     let (changed_tx, changed) = watch::channel(0u64);
-    tasks.spawn(watch_changes(facts.clone(), shared.eviction.conditions_changed(), changed_tx, shutdown.clone()));
+    tasks.spawn(watch_changes(facts.clone(), conditions, changed_tx, shutdown.clone()));
     let (qps, burst, timeout) = (config.cluster.kube_api_qps, config.cluster.kube_api_burst, s.heartbeat_timeout());
     let (status2, tasks2, shutdown2) = (status.clone(), tasks.clone(), shutdown.clone());
     let path = kubeconfig.to_path_buf();

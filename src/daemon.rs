@@ -17,48 +17,18 @@ use nodewarden_resources::{
     ResourceManager, check_host,
 };
 use nodewarden_runtime::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
-use nodewarden_runtime::{ProcessRuntime, RuntimeHealth, SelectedRuntime};
-use nodewarden_sync::{FILE_SOURCE, PodManager, PodSource, StaticPodSource, StatusStore, SyncMetrics, SyncSettings};
+use nodewarden_runtime::{ProcessRuntime, SelectedRuntime};
+use nodewarden_sync::{FILE_SOURCE, PodManager, PodSource, StaticPodSource, SyncMetrics, SyncSettings};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{self, Config, Reloaded, Section};
+use crate::config::Config;
+use crate::health::{Health, NodeShutdown};
+use crate::http::Endpoints;
 use crate::metrics::Metrics;
 use crate::pod_events::LoggedEvents;
-
-/// State shared by the endpoints and the loops.
-pub struct Shared {
-    /// The configuration in force; replaced by a reload.
-    config: watch::Sender<Arc<Config>>,
-    /// The ledger of placements, the only writer of cgroupfs, and what it publishes (read by the gauges set when
-    /// `/metrics` is scraped, without waiting for the ledger).
-    pub ledger: Ledger,
-    /// Pod sync; `None` when no runtime is available.
-    pub pods: Arc<PodManager<SelectedRuntime>>,
-    /// Pods and their status (`/pods`).
-    pub store: Arc<StatusStore>,
-    /// The metrics.
-    pub metrics: Arc<Metrics>,
-    /// The eviction loop's state: its last pass and the recent evictions.
-    pub eviction: Arc<EvictionStatus>,
-    /// The eviction settings the loop follows; replaced by a reload.
-    eviction_settings: watch::Sender<Arc<EvictionSettings>>,
-    /// A handle on cgroupfs and the kubepods cgroup for the readiness check, which must never wait for the
-    /// ledger: a request stuck on a hung write would otherwise hang `/readyz` too.
-    probe: (CgroupFs, CgroupPath),
-    /// The node side's heartbeats, when the daemon was started with `--kubeconfig`.
-    cluster: std::sync::OnceLock<Arc<nodewarden_cluster::ClusterStatus>>,
-    /// Capacity, the reported allocatable and maxPods, as the Node reports them: kept here (and replaced by a
-    /// reload) so that reporting never waits for the ledger.
-    pub node_resources: Mutex<NodeResources>,
-    /// The node's address, found once at start: the Node's `InternalIP` and every pod's `hostIP`.
-    pub node_ip: Option<std::net::IpAddr>,
-    /// Set while the node shuts down (logind's `PrepareForShutdown`): `/readyz` and the Node's `Ready` say so.
-    pub node_shutdown: std::sync::atomic::AtomicBool,
-    /// Why the endpoints are not served while their port is held.
-    pub listen: Arc<crate::listen::ListenState>,
-}
+use crate::reload::Reloader;
 
 /// What the Node reports of the ledger.
 #[derive(Debug, Clone, Copy)]
@@ -72,96 +42,32 @@ pub struct NodeResources {
 }
 
 impl NodeResources {
-    fn of(m: &ResourceManager) -> NodeResources {
+    /// What `m` reports now.
+    pub fn of(m: &ResourceManager) -> NodeResources {
         let a = m.allocatable();
         NodeResources { capacity: a.capacity, allocatable: a.reported, max_pods: m.config().max_pods }
     }
 }
 
-impl Shared {
-    /// The configuration in force.
-    pub fn config(&self) -> Arc<Config> {
-        self.config.borrow().clone()
+/// Capacity, the reported allocatable and maxPods, kept apart from the ledger (and replaced by a reload) so that
+/// reporting them never waits for it; clones share it.
+#[derive(Debug, Clone)]
+pub struct NodeReport(Arc<Mutex<NodeResources>>);
+
+impl NodeReport {
+    /// What the Node reports now.
+    pub fn get(&self) -> NodeResources {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sets the gauges that are read when they are scraped rather than on every pass: the pressure stall files
-    /// and the pods by QoS class.
-    pub fn refresh_gauges(&self) {
-        let view = self.ledger.view();
-        self.metrics.set_pressure(&view.pressure_stall());
-        self.metrics.set_pods(&view.pods_by_qos());
-    }
-
-    /// Whether the eviction loop completed a pass within 3 × housekeepingInterval (at least 3 s).
-    pub fn eviction_health(&self) -> Result<(), String> {
-        self.eviction.readiness((self.config().eviction.housekeeping_interval * 3).max(Duration::from_secs(3)))
-    }
-
-    /// The readiness checks with their results.
-    pub fn readiness(&self) -> Vec<(&'static str, Result<(), String>)> {
-        self.readiness_with(self.pods.runtime_health())
-    }
-
-    /// [`Shared::readiness`] with the runtime's health already read.
-    pub fn readiness_with(&self, runtime: RuntimeHealth) -> Vec<(&'static str, Result<(), String>)> {
-        let eviction = self.eviction_health();
-        let (fs, kubepods) = &self.probe;
-        let cgroupfs = fs.read(kubepods, "memory.max").map(|_| ()).map_err(|e| e.to_string());
-        let podsync = self.pods.readiness();
-        let problem = |p: Option<nodewarden_runtime::Problem>| p.map_or(Ok(()), |p| Err(p.to_string()));
-        let inputs = self.eviction.inputs();
-        let mut checks = vec![
-            ("eviction", eviction),
-            ("cgroupfs", cgroupfs),
-            ("podsync", podsync),
-            ("runtime", problem(runtime.runtime)),
-            ("network", problem(runtime.network)),
-            ("evictioninputs", inputs),
-        ];
-        if self.node_shutdown.load(std::sync::atomic::Ordering::Relaxed) {
-            checks.push(("shutdown", Err(SHUTTING_DOWN.to_owned())));
-        }
-        if let Some(cluster) = self.cluster.get() {
-            checks.push(("apiserver", cluster.readiness()));
-        }
-        checks
-    }
-
-    /// Applies an edited config file: the reloadable fields take effect at once, each changed section handed to
-    /// its consumer and an unchanged one to none (the resources section to the ledger first, so a refused cgroup
-    /// write leaves everything as it was; the eviction section to the eviction loop); the others are reported as
-    /// needing a restart.
-    pub async fn reload(&self, text: &str) -> Result<Vec<&'static str>, String> {
-        let running = self.config();
-        let Reloaded { config, changed, needs_restart } = config::reload(&running, text).map_err(|e| e.to_string())?;
-        if config == *running {
-            return Ok(needs_restart);
-        }
-        if changed.contains(&Section::Resources) {
-            let resources = config.resources.clone();
-            let applied = self
-                .ledger
-                .call(move |m| m.reconfigure(resources).map(|()| (*m.allocatable(), NodeResources::of(m))))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()));
-            let (alloc, node) = applied.map_err(|e| format!("cannot apply the new resources: {e}"))?;
-            *self.node_resources.lock().unwrap_or_else(PoisonError::into_inner) = node;
-            self.metrics.set_allocatable(&alloc, config.resources.max_pods);
-        }
-        if changed.contains(&Section::Eviction) {
-            self.eviction_settings.send_replace(Arc::new(eviction_settings(&config)));
-        }
-        self.config.send_replace(Arc::new(config));
-        Ok(needs_restart)
+    /// Replaces it.
+    pub fn set(&self, r: NodeResources) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = r;
     }
 }
 
-/// The kubelet's words for a node that shuts down (its shutdown manager's status), in `/readyz` and `Ready`.
-pub const SHUTTING_DOWN: &str = "node is shutting down";
-
 /// The eviction loop's settings from the config.
-fn eviction_settings(c: &Config) -> EvictionSettings {
+pub(crate) fn eviction_settings(c: &Config) -> EvictionSettings {
     EvictionSettings {
         thresholds: c.eviction.thresholds.clone(),
         transition_period: c.eviction.pressure_transition_period,
@@ -338,10 +244,30 @@ pub enum DaemonError {
     Other(#[from] anyhow::Error),
 }
 
-/// The daemon's parts once the host is set up: what the endpoints and the loops share, and the eviction loop, not
-/// started yet. [`run`] and the tests build it the same way.
+/// The daemon's parts once the host is set up, each a handle that its consumers share, and the eviction loop, not
+/// started yet. [`run`] and the tests build it the same way, and each consumer is handed the parts it uses.
 pub(crate) struct Daemon {
-    pub(crate) shared: Arc<Shared>,
+    /// The ledger, the only writer of cgroupfs.
+    pub(crate) ledger: Ledger,
+    /// Pod sync.
+    pub(crate) pods: Arc<PodManager<SelectedRuntime>>,
+    /// The metrics.
+    pub(crate) metrics: Arc<Metrics>,
+    /// The eviction loop's state: its last pass and the recent evictions.
+    pub(crate) eviction_status: Arc<EvictionStatus>,
+    /// The readiness and progress checks.
+    pub(crate) health: Health,
+    /// What a reload changes.
+    pub(crate) reloader: Arc<Reloader>,
+    /// What the Node reports of the ledger.
+    pub(crate) node: NodeReport,
+    /// Set while the node shuts down.
+    pub(crate) node_shutdown: NodeShutdown,
+    /// The node's address, found once at start: the Node's `InternalIP` and every pod's `hostIP`.
+    pub(crate) node_ip: Option<std::net::IpAddr>,
+    /// The kubepods cgroup.
+    pub(crate) kubepods: CgroupPath,
+    /// The eviction loop.
     pub(crate) eviction: EvictionManager<PodManager<SelectedRuntime>>,
 }
 
@@ -357,8 +283,9 @@ impl Daemon {
         tasks: &TaskTracker,
         shutdown: &CancellationToken,
     ) -> Result<Self, DaemonError> {
-        let probe = (manager.cgroupfs().clone(), manager.tree().kubepods.clone());
-        let node_resources = Mutex::new(NodeResources::of(&manager));
+        let kubepods = manager.tree().kubepods.clone();
+        let probe = (manager.cgroupfs().clone(), kubepods.clone());
+        let node = NodeReport(Arc::new(Mutex::new(NodeResources::of(&manager))));
         // The node's address is the pods' host IP.
         let node_ip = settings.host_ips.first().and_then(|ip| ip.parse().ok());
         let ledger = Ledger::new(manager);
@@ -378,22 +305,43 @@ impl Daemon {
             tasks.clone(),
             shutdown.clone(),
         );
-        let shared = Arc::new(Shared {
-            config: watch::Sender::new(Arc::new(config)),
+        let eviction_status = eviction.status();
+        let config = watch::Sender::new(Arc::new(config));
+        let node_shutdown = NodeShutdown::default();
+        let health =
+            Health::new(config.subscribe(), eviction_status.clone(), pods.clone(), probe, node_shutdown.clone());
+        let reloader = Arc::new(Reloader {
+            config,
+            ledger: ledger.clone(),
+            node: node.clone(),
+            metrics: metrics.clone(),
+            eviction: settings_tx,
+        });
+        Ok(Self {
             ledger,
-            store: pods.store(),
             pods,
             metrics,
-            eviction: eviction.status(),
-            eviction_settings: settings_tx,
-            probe,
-            cluster: std::sync::OnceLock::new(),
-            node_resources,
+            eviction_status,
+            health,
+            reloader,
+            node,
+            node_shutdown,
             node_ip,
-            node_shutdown: std::sync::atomic::AtomicBool::new(false),
-            listen: Arc::default(),
-        });
-        Ok(Self { shared, eviction })
+            kubepods,
+            eviction,
+        })
+    }
+
+    /// The state of the HTTP endpoints.
+    pub(crate) fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            health: self.health.clone(),
+            metrics: self.metrics.clone(),
+            view: self.ledger.view().clone(),
+            store: self.pods.store(),
+            eviction: self.eviction_status.clone(),
+            config: self.reloader.config.subscribe(),
+        }
     }
 }
 
@@ -521,46 +469,47 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         .map(|dir| (StaticPodSource::new(&dir, &config.pods.node_name, config.pods.file_check_frequency), dir));
     let pressure_events = config.eviction.pressure_events;
     let realtime = config.eviction.realtime_priority;
-    let Daemon { shared, eviction } = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown)?;
+    let daemon = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown)?;
     if let Some((source, dir)) = static_pods {
         tracing::info!(dir = %dir.display(), "watching static pod manifests");
-        shared.pods.expect_source(FILE_SOURCE);
+        daemon.pods.expect_source(FILE_SOURCE);
         tasks.spawn(source.run(tx, shutdown.clone()));
     }
-    tasks.spawn(shared.pods.clone().run(rx));
+    tasks.spawn(daemon.pods.clone().run(rx));
     let (wake_tx, wake_rx) = mpsc::channel(8);
-    let _wake_thread = if pressure_events {
-        let kubepods = shared.probe.1.clone();
-        nodewarden_eviction::start_wakeups(&proc, &fs, &kubepods, wake_tx)
-    } else {
-        None
-    };
+    let _wake_thread =
+        if pressure_events { nodewarden_eviction::start_wakeups(&proc, &fs, &daemon.kubepods, wake_tx) } else { None };
     // The pressure stall counters count from here; the adopted pods show from the first scrape.
-    shared.refresh_gauges();
+    daemon.metrics.refresh(daemon.ledger.view());
+    let endpoints = daemon.endpoints();
+    let Daemon { ledger, pods, eviction_status, health, reloader, node, node_shutdown, node_ip, eviction, .. } = daemon;
     let eviction = eviction.spawn(wake_rx, TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
-    tasks.spawn(crate::reload::watch(path, shared.clone(), shutdown.clone()));
+    let config = reloader.config();
+    tasks.spawn(crate::reload::watch(path, reloader, shutdown.clone()));
 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.
     if let Some(kubeconfig) = &flags.kubeconfig {
-        let started = signals.unless(crate::cluster::start(kubeconfig, &shared, &tasks, &shutdown)).await;
-        match started {
-            Ok(status) => {
-                let _ = shared.cluster.set(status.context("--kubeconfig")?);
-            }
+        let facts = crate::cluster::DaemonFacts::new(health.clone(), pods.clone(), eviction_status, node);
+        let started = signals.unless(crate::cluster::start(kubeconfig, &config, node_ip, facts, &tasks, &shutdown));
+        match started.await {
+            Ok(status) => health.set_cluster(status.context("--kubeconfig")?),
             Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
         }
     }
+    let listen = Arc::<crate::listen::ListenState>::default();
     let server = first_bind.map(|(addr, first)| {
-        let app = crate::http::router(shared.clone());
-        tokio::spawn(crate::listen::run(addr, first, app, shared.listen.clone(), shutdown.clone()))
+        let app = crate::http::router(endpoints);
+        tokio::spawn(crate::listen::run(addr, first, app, listen.clone(), shutdown.clone()))
     });
-    let shutdown_groups = shared.config().shutdown.groups.clone();
+    let shutdown_groups = config.shutdown.groups.clone();
     if !shutdown_groups.is_empty() {
-        tasks.spawn(crate::shutdown::run(shared.clone(), shutdown_groups, shutdown.clone()));
+        let node = crate::shutdown::Node { ledger, pods: pods.clone(), shutting_down: node_shutdown };
+        tasks.spawn(crate::shutdown::run(node, shutdown_groups, shutdown.clone()));
     }
     // Under a systemd unit of Type=notify: READY=1 after the first pod sync and eviction pass, and the watchdog.
     if let Some(notifier) = crate::notify::Notifier::from_env() {
-        tasks.spawn(crate::notify::run(notifier, shared.clone(), shutdown.clone()));
+        let watched = crate::notify::Watched { health, store: pods.store(), listen };
+        tasks.spawn(crate::notify::run(notifier, watched, shutdown.clone()));
     }
 
     let signal = signals.recv().await;
@@ -651,14 +600,13 @@ mod tests {
 
     struct Rig {
         host: FakeHost,
-        shared: Arc<Shared>,
-        eviction: EvictionManager<PodManager<SelectedRuntime>>,
+        daemon: Daemon,
     }
 
     /// A daemon state over a stand-in host, with its eviction loop (not running; passes are made by hand).
     fn rig() -> Rig {
         let host = FakeHost::new();
-        let config = config::parse(HEAD).unwrap();
+        let config = crate::config::parse(HEAD).unwrap();
         let mut manager =
             ResourceManager::new(host.cgroupfs(&config.resources.cgroup_root), host.host(), config.resources.clone())
                 .unwrap();
@@ -675,16 +623,20 @@ mod tests {
             host_ips: Vec::new(),
         };
         let metrics = Arc::new(Metrics::new().unwrap());
-        let Daemon { shared, eviction } =
-            Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown).unwrap();
-        Rig { host, shared, eviction }
+        let daemon = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown).unwrap();
+        Rig { host, daemon }
     }
 
-    /// Runs `f` on a thread of its own while a request holds the ledger; fails the test if `f` waits for it.
-    fn with_the_manager_held<T: Send + 'static>(r: &Rig, f: impl FnOnce(&Shared) -> T + Send + 'static) -> T {
+    /// Runs `f` of `handle` on a thread of its own while a request holds the ledger; fails the test if `f` waits
+    /// for it.
+    fn with_the_manager_held<H: Send + 'static, T: Send + 'static>(
+        r: &Rig,
+        handle: H,
+        f: impl FnOnce(&H) -> T + Send + 'static,
+    ) -> T {
         let (release, held) = std::sync::mpsc::channel::<()>();
         let (inside, entered) = std::sync::mpsc::channel();
-        let ledger = r.shared.ledger.clone();
+        let ledger = r.daemon.ledger.clone();
         let holder = std::thread::spawn(move || {
             ledger.call_blocking(move |_| {
                 inside.send(()).unwrap();
@@ -693,8 +645,7 @@ mod tests {
         });
         entered.recv_timeout(Duration::from_secs(5)).expect("the ledger was never held");
         let (tx, rx) = std::sync::mpsc::channel();
-        let shared = r.shared.clone();
-        std::thread::spawn(move || tx.send(f(&shared)).unwrap());
+        std::thread::spawn(move || tx.send(f(&handle)).unwrap());
         let out = rx.recv_timeout(Duration::from_secs(5)).expect("blocked on the ledger");
         release.send(()).unwrap();
         holder.join().unwrap();
@@ -703,15 +654,17 @@ mod tests {
 
     #[test]
     fn readiness_never_waits_for_the_manager() {
-        let checks = with_the_manager_held(&rig(), Shared::readiness);
+        let r = rig();
+        let checks = with_the_manager_held(&r, r.daemon.health.clone(), Health::readiness);
         assert_eq!(checks[1], ("cgroupfs", Ok(())));
     }
 
     #[test]
     fn a_scrape_never_waits_for_the_manager() {
-        let text = with_the_manager_held(&rig(), |s| {
-            s.refresh_gauges();
-            s.metrics.render().unwrap()
+        let r = rig();
+        let text = with_the_manager_held(&r, r.daemon.endpoints(), |e| {
+            e.metrics.refresh(&e.view);
+            e.metrics.render().unwrap()
         });
         assert!(text.contains("nodewarden_pods{qos_class=\"BestEffort\"} 0"), "{text}");
     }
@@ -719,9 +672,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn readiness_goes_stale_when_passes_stop() {
         let mut r = rig();
-        let s = r.shared.clone();
+        let s = r.daemon.health.clone();
         assert_eq!(s.readiness()[0], ("eviction", Err("the eviction loop has not completed a pass yet".into())));
-        r.eviction.pass().await;
+        r.daemon.eviction.pass().await;
         assert_eq!(s.readiness()[0], ("eviction", Ok(())));
         tokio::time::advance(Duration::from_secs(4)).await;
         let (name, result) = &s.readiness()[0];
@@ -737,13 +690,13 @@ mod tests {
         // The gauges follow the eviction settings of the pass itself: a reload sends those before it replaces
         // the config, and the pass it wakes must not show the old thresholds for another second.
         let mut r = rig();
-        let s = r.shared.clone();
-        r.eviction.pass().await;
-        let mut edited = (*s.eviction_settings.borrow().clone()).clone();
+        let s = r.daemon.reloader.clone();
+        r.daemon.eviction.pass().await;
+        let mut edited = (*s.eviction.borrow().clone()).clone();
         let th = edited.thresholds.hard.iter_mut().find(|t| t.signal == Signal::MemoryAvailable).unwrap();
         th.amount = nodewarden_resources::Amount::Quantity(123 << 20);
-        s.eviction_settings.send_replace(Arc::new(edited));
-        r.eviction.pass().await;
+        s.eviction.send_replace(Arc::new(edited));
+        r.daemon.eviction.pass().await;
         let text = s.metrics.render().unwrap();
         assert!(
             text.contains(&format!("kubelet_eviction_stats{{eviction_signal=\"memory.available\"}} {}", 123u64 << 20)),
@@ -754,29 +707,29 @@ mod tests {
     #[test]
     fn a_reload_hands_each_consumer_only_a_section_of_its_own_that_changed() {
         let r = rig();
-        let reload = |s: &Shared, text: &str| {
+        let reload = |s: &Arc<Reloader>, text: &str| {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            runtime.block_on(s.reload(&format!("{HEAD}{text}")))
+            runtime.block_on(s.apply(&format!("{HEAD}{text}")))
         };
-        let mut settings = r.shared.eviction_settings.subscribe();
+        let mut settings = r.daemon.reloader.eviction.subscribe();
         settings.mark_unchanged();
         // maxPods is the resources section's: the ledger takes it, the eviction loop is not woken.
-        assert_eq!(reload(&r.shared, "maxPods: 7\n"), Ok(Vec::new()));
-        assert_eq!(r.shared.ledger.call_blocking(|m| m.config().max_pods), 7);
+        assert_eq!(reload(&r.daemon.reloader, "maxPods: 7\n"), Ok(Vec::new()));
+        assert_eq!(r.daemon.ledger.call_blocking(|m| m.config().max_pods), 7);
         assert!(!settings.has_changed().unwrap(), "the eviction settings were sent again unchanged");
         // The transition period is the eviction section's: the loop takes it, and the ledger is not asked (the
         // reload ends while a request holds it).
         let edit = "maxPods: 7\nevictionPressureTransitionPeriod: 1m\n";
-        assert_eq!(with_the_manager_held(&r, move |s| reload(s, edit)), Ok(Vec::new()));
+        assert_eq!(with_the_manager_held(&r, r.daemon.reloader.clone(), move |s| reload(s, edit)), Ok(Vec::new()));
         assert_eq!(settings.borrow_and_update().transition_period, Duration::from_secs(60));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_reload_applies_thresholds_and_limits_and_a_bad_one_changes_nothing() {
         let mut r = rig();
-        let s = r.shared.clone();
-        r.eviction.pass().await;
-        let stats = |s: &Shared| {
+        let s = r.daemon.reloader.clone();
+        r.daemon.eviction.pass().await;
+        let stats = |s: &Reloader| {
             let text = s.metrics.render().unwrap();
             text.lines()
                 .find(|l| l.starts_with("kubelet_eviction_stats{eviction_signal=\"memory.available\"}"))
@@ -789,13 +742,13 @@ mod tests {
         let edited = HEAD.replace("/nw", "/elsewhere") + "maxPods: 7\nevictionHard:\n  memory.available: 300Mi\n";
         // A negative threshold is refused; the running config stays.
         let bad = format!("{HEAD}maxPods: 3\nevictionHard:\n  memory.available: -1Mi\n");
-        assert!(s.reload(&bad).await.is_err());
+        assert!(s.apply(&bad).await.is_err());
         assert_eq!(s.config().resources.max_pods, 110);
-        assert_eq!(s.reload(&edited).await.unwrap(), ["cgroupRoot"]);
+        assert_eq!(s.apply(&edited).await.unwrap(), ["cgroupRoot"]);
         assert_eq!(s.config().resources.max_pods, 7);
         assert_eq!(s.ledger.call(|m| m.config().max_pods).await.unwrap(), 7);
         assert_eq!(s.config().resources.cgroup_root.as_str(), "/nw");
-        r.eviction.pass().await;
+        r.daemon.eviction.pass().await;
         assert_eq!(
             stats(&s).as_deref(),
             Some("kubelet_eviction_stats{eviction_signal=\"memory.available\"} 314572800")

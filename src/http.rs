@@ -9,11 +9,34 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::daemon::Shared;
-use crate::metrics::CONTENT_TYPE;
+use nodewarden_eviction::EvictionStatus;
+use nodewarden_resources::LedgerView;
+use nodewarden_sync::StatusStore;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::health::Health;
+use crate::metrics::{CONTENT_TYPE, Metrics};
+
+/// What the endpoints read: what the loops publish, never the ledger itself.
+pub struct Endpoints {
+    /// The readiness checks.
+    pub health: Health,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// The ledger as published, for the gauges set when scraped.
+    pub view: LedgerView,
+    /// Pods and their status.
+    pub store: Arc<StatusStore>,
+    /// The eviction loop's conditions and recent evictions.
+    pub eviction: Arc<EvictionStatus>,
+    /// The configuration in force.
+    pub config: watch::Receiver<Arc<Config>>,
+}
 
 /// The router of every endpoint.
-pub fn router(shared: Arc<Shared>) -> Router {
+pub fn router(endpoints: Endpoints) -> Router {
+    let state = Arc::new(endpoints);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -21,7 +44,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/configz", get(configz))
         .route("/pods", get(pods))
         .route("/evictions", get(evictions))
-        .with_state(shared)
+        .with_state(state)
 }
 
 /// The process is alive and serving.
@@ -31,8 +54,8 @@ async fn healthz() -> &'static str {
 
 /// Ready only when nodewarden can really run pods: its eviction loop completed a pass recently and the
 /// kubepods cgroup is there. Each check is listed as the kubelet lists them (`[+]name ok`, `[-]name failed: why`).
-async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    let checks = shared.readiness();
+async fn readyz(State(state): State<Arc<Endpoints>>) -> Response {
+    let checks = state.health.readiness();
     let mut body = String::new();
     let mut ok = true;
     for (name, result) in &checks {
@@ -53,19 +76,19 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    shared.refresh_gauges();
-    match shared.metrics.render() {
+async fn metrics(State(state): State<Arc<Endpoints>>) -> Response {
+    state.metrics.refresh(&state.view);
+    match state.metrics.render() {
         Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot render metrics: {e}\n")).into_response(),
     }
 }
 
 /// Every pod with its status as a `v1.PodList`, plus an entry per refused manifest, as the kubelet's `/pods`.
-async fn pods(State(shared): State<Arc<Shared>>) -> Response {
+async fn pods(State(state): State<Arc<Endpoints>>) -> Response {
     // Written one pod at a time under the store's lock (never the whole list under it), and sent with its length:
     // a chunked body would break the plain HTTP clients scripts use against this port.
-    match shared.store.pod_list_json() {
+    match state.store.pod_list_json() {
         Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot render the pods: {e}\n")).into_response(),
     }
@@ -73,17 +96,17 @@ async fn pods(State(shared): State<Arc<Shared>>) -> Response {
 
 /// The node conditions, the thresholds met and the recent evictions (oldest first), each with the signal, its
 /// value and threshold, and the ranked candidates.
-async fn evictions(State(shared): State<Arc<Shared>>) -> Response {
-    let evaluation = shared.eviction.evaluation();
+async fn evictions(State(state): State<Arc<Endpoints>>) -> Response {
+    let evaluation = state.eviction.evaluation();
     axum::Json(serde_json::json!({
         "conditions": evaluation.pressure.names(),
         "thresholdsMet": evaluation.met,
-        "evictions": shared.eviction.history(),
+        "evictions": state.eviction.history(),
     }))
     .into_response()
 }
 
 /// The effective configuration, as the kubelet serves it: `{"kubeletconfig": {...}}`.
-async fn configz(State(shared): State<Arc<Shared>>) -> Response {
-    axum::Json(serde_json::json!({ "kubeletconfig": shared.config().effective })).into_response()
+async fn configz(State(state): State<Arc<Endpoints>>) -> Response {
+    axum::Json(serde_json::json!({ "kubeletconfig": state.config.borrow().effective })).into_response()
 }

@@ -7,6 +7,7 @@
 mod cluster;
 mod cri;
 mod daemon;
+mod health;
 mod http;
 mod kernel_defaults;
 mod listen;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 
 use nodewarden_eviction::{Signal, SignalObservation, Thresholds};
-use nodewarden_resources::{Allocatable, Observations, Pressure, Psi, QosClass};
+use nodewarden_resources::{Allocatable, LedgerView, Observations, Pressure, Psi, QosClass};
 use prometheus::{
     CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -235,6 +235,13 @@ impl Metrics {
     /// The registry, for the metrics other crates register (pod sync).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Sets the gauges that are read when they are scraped rather than on every pass, from the ledger's published
+    /// view: the pressure stall files and the pods by QoS class.
+    pub fn refresh(&self, view: &LedgerView) {
+        self.set_pressure(&view.pressure_stall());
+        self.set_pods(&view.pods_by_qos());
     }
 
     /// The metrics in the Prometheus text format.

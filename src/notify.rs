@@ -11,7 +11,20 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::Shared;
+use nodewarden_sync::StatusStore;
+
+use crate::health::Health;
+use crate::listen::ListenState;
+
+/// What the notifications say and wait for.
+pub struct Watched {
+    /// The progress checks, the conditions and the node's shutdown.
+    pub health: Health,
+    /// The pods, counted in the status line.
+    pub store: Arc<StatusStore>,
+    /// Why the endpoints are not served, said in the status line.
+    pub listen: Arc<ListenState>,
+}
 
 /// How often the status line is sent again when there is no watchdog to feed.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
@@ -90,38 +103,32 @@ fn stalled(checks: &[(&'static str, Result<(), String>)]) -> Option<String> {
     (!failing.is_empty()).then(|| failing.join("; "))
 }
 
-/// What the watchdog is fed on: the pod sync loop ticks and the eviction loop passes. A pod's slow image pull, a
-/// runtime or an apiserver that is away is not the daemon's fault, and a restart would not mend it.
-fn progress(shared: &Shared) -> Vec<(&'static str, Result<(), String>)> {
-    vec![("podsync", shared.pods.loop_health()), ("eviction", shared.eviction_health())]
-}
-
 /// How long `READY=1` waits for the pod sources' first pods: a source that cannot be listed (it is retried, and
 /// the pods it had keep running) must not keep the unit from starting (systemd's start timeout is 90 s).
 const SOURCES_WAIT: Duration = Duration::from_secs(60);
 
 /// What `READY=1` waits for: progress, and the first full sync (every pod source's first pods have workers) for
 /// at most [`SOURCES_WAIT`] after `started`.
-fn startup(shared: &Shared, started: tokio::time::Instant) -> Vec<(&'static str, Result<(), String>)> {
-    let mut checks = progress(shared);
+fn startup(health: &Health, started: tokio::time::Instant) -> Vec<(&'static str, Result<(), String>)> {
+    let mut checks = health.progress();
     if started.elapsed() < SOURCES_WAIT {
-        checks.push(("sources", shared.pods.synced()));
+        checks.push(("sources", health.synced()));
     }
     checks
 }
 
 /// The `STATUS=` line of a daemon that runs.
-fn status_line(shared: &Shared) -> String {
-    let (running, _) = shared.store.counts();
-    let pressure = shared.eviction.evaluation().pressure.names();
+fn status_line(watched: &Watched) -> String {
+    let (running, _) = watched.store.counts();
+    let pressure = watched.health.pressure().names();
     let conditions = if pressure.is_empty() { "no pressure".to_owned() } else { pressure.join(", ") };
-    let what = if shared.node_shutdown.load(std::sync::atomic::Ordering::Relaxed) {
+    let what = if watched.health.shutting_down() {
         "Shutting down: terminating pods before the node shuts down"
     } else {
         "Running"
     };
     let mut line = format!("{what}: {running} pods running; node conditions: {conditions}");
-    if let Some(problem) = shared.listen.problem() {
+    if let Some(problem) = watched.listen.problem() {
         line.push_str("; ");
         line.push_str(&problem);
     }
@@ -130,7 +137,7 @@ fn status_line(shared: &Shared) -> String {
 
 /// Tells systemd the daemon is ready once the first full pod sync and eviction pass are done, then keeps the
 /// status line current and feeds the watchdog while the daemon makes progress, until `shutdown`.
-pub async fn run(notifier: Notifier, shared: Arc<Shared>, shutdown: CancellationToken) {
+pub async fn run(notifier: Notifier, watched: Watched, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let started = tokio::time::Instant::now();
     let mut said = String::new();
@@ -139,16 +146,16 @@ pub async fn run(notifier: Notifier, shared: Arc<Shared>, shutdown: Cancellation
             _ = tick.tick() => {}
             () = shutdown.cancelled() => return notifier.send("STOPPING=1\nSTATUS=Stopping"),
         }
-        let Some(why) = stalled(&startup(&shared, started)) else { break };
+        let Some(why) = stalled(&startup(&watched.health, started)) else { break };
         if why != said {
             notifier.send(&format!("STATUS=Starting: {why}"));
             said = why;
         }
     }
-    if let Err(why) = shared.pods.synced() {
+    if let Err(why) = watched.health.synced() {
         tracing::warn!(reason = %why, "the pod sources have not synced; telling systemd the daemon is ready");
     }
-    let mut said = status_line(&shared);
+    let mut said = status_line(&watched);
     notifier.send(&format!("READY=1\nSTATUS={said}"));
     tracing::info!(watchdog = ?notifier.watchdog, "told systemd the daemon is ready");
     let mut feed = tokio::time::interval(notifier.watchdog.map_or(STATUS_EVERY, feed_every));
@@ -161,8 +168,8 @@ pub async fn run(notifier: Notifier, shared: Arc<Shared>, shutdown: Cancellation
             _ = look.tick() => false,
             () = shutdown.cancelled() => break,
         };
-        let (line, progress) = match stalled(&progress(&shared)) {
-            None => (status_line(&shared), true),
+        let (line, progress) = match stalled(&watched.health.progress()) {
+            None => (status_line(&watched), true),
             Some(why) => (format!("Stalled: {why}"), false),
         };
         if feeding && progress && notifier.watchdog.is_some() {

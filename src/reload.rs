@@ -12,10 +12,64 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use inotify::{Inotify, WatchMask, Watches};
+use nodewarden_eviction::EvictionSettings;
+use nodewarden_resources::Ledger;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::MAX_CONFIG_BYTES;
-use crate::daemon::Shared;
+use crate::config::{self, Config, MAX_CONFIG_BYTES, Reloaded, Section};
+use crate::daemon::{NodeReport, NodeResources, eviction_settings};
+use crate::metrics::Metrics;
+
+/// What a reload changes: the config in force, and each live section's consumer.
+pub struct Reloader {
+    /// The configuration in force, which the readers of the config follow.
+    pub config: watch::Sender<Arc<Config>>,
+    /// The resources section's consumer.
+    pub ledger: Ledger,
+    /// What the Node reports of the resources section.
+    pub node: NodeReport,
+    /// The allocatable gauges, and the reloads counted.
+    pub metrics: Arc<Metrics>,
+    /// The eviction section's consumer.
+    pub eviction: watch::Sender<Arc<EvictionSettings>>,
+}
+
+impl Reloader {
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.borrow().clone()
+    }
+
+    /// Applies an edited config file: the reloadable fields take effect at once, each changed section handed to
+    /// its consumer and an unchanged one to none (the resources section to the ledger first, so a refused cgroup
+    /// write leaves everything as it was; the eviction section to the eviction loop); the others are reported as
+    /// needing a restart.
+    pub async fn apply(&self, text: &str) -> Result<Vec<&'static str>, String> {
+        let running = self.config();
+        let Reloaded { config, changed, needs_restart } = config::reload(&running, text).map_err(|e| e.to_string())?;
+        if config == *running {
+            return Ok(needs_restart);
+        }
+        if changed.contains(&Section::Resources) {
+            let resources = config.resources.clone();
+            let applied = self
+                .ledger
+                .call(move |m| m.reconfigure(resources).map(|()| (*m.allocatable(), NodeResources::of(m))))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            let (alloc, node) = applied.map_err(|e| format!("cannot apply the new resources: {e}"))?;
+            self.node.set(node);
+            self.metrics.set_allocatable(&alloc, config.resources.max_pods);
+        }
+        if changed.contains(&Section::Eviction) {
+            self.eviction.send_replace(Arc::new(eviction_settings(&config)));
+        }
+        self.config.send_replace(Arc::new(config));
+        Ok(needs_restart)
+    }
+}
 
 /// Events closer together than this are one edit.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -47,13 +101,13 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 /// Watches `path` until drained, applying each changed version to the daemon.
-pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken) {
+pub async fn watch(path: PathBuf, reloader: Arc<Reloader>, shutdown: CancellationToken) {
     let mut last = read(&path).ok();
     let inotify = match Inotify::init() {
         Ok(i) => i,
         Err(e) => {
             tracing::warn!(error = %e, "cannot use inotify; the config file is checked every 10s");
-            return recheck_only(path, shared, shutdown, last).await;
+            return recheck_only(path, reloader, shutdown, last).await;
         }
     };
     watch_paths(inotify.watches(), &path);
@@ -61,7 +115,7 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read inotify events; the config file is checked every 10s");
-            return recheck_only(path, shared, shutdown, last).await;
+            return recheck_only(path, reloader, shutdown, last).await;
         }
     };
     let mut tick = tokio::time::interval(RECHECK);
@@ -124,9 +178,9 @@ pub async fn watch(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationTok
             tracing::warn!(file = %path.display(), "the config file has been open for writing, idle, for 30s; reading it");
             writing = None;
         }
-        check(&path, &shared, &mut last).await;
+        check(&path, &reloader, &mut last).await;
     }
-    recheck_only(path, shared, shutdown, last).await;
+    recheck_only(path, reloader, shutdown, last).await;
 }
 
 /// Whether `ev` is a file renamed over the config (`name`) in its directory (`sed -i`, an editor's save, a write
@@ -137,18 +191,18 @@ fn renamed_over(ev: &std::io::Result<inotify::EventOwned>, name: Option<&std::ff
     })
 }
 
-async fn recheck_only(path: PathBuf, shared: Arc<Shared>, shutdown: CancellationToken, mut last: Option<Vec<u8>>) {
+async fn recheck_only(path: PathBuf, reloader: Arc<Reloader>, shutdown: CancellationToken, mut last: Option<Vec<u8>>) {
     let mut tick = tokio::time::interval(RECHECK);
     loop {
         tokio::select! {
-            _ = tick.tick() => check(&path, &shared, &mut last).await,
+            _ = tick.tick() => check(&path, &reloader, &mut last).await,
             () = shutdown.cancelled() => return,
         }
     }
 }
 
 /// Reads the file; when its bytes changed, reloads it.
-async fn check(path: &Path, shared: &Shared, last: &mut Option<Vec<u8>>) {
+async fn check(path: &Path, reloader: &Reloader, last: &mut Option<Vec<u8>>) {
     let bytes = match read(path) {
         Ok(b) => b,
         // Mid-replace, or deleted: keep running with what is in force.
@@ -162,19 +216,19 @@ async fn check(path: &Path, shared: &Shared, last: &mut Option<Vec<u8>>) {
     }
     *last = Some(bytes.clone());
     let result = match String::from_utf8(bytes) {
-        Ok(text) => shared.reload(&text).await,
+        Ok(text) => reloader.apply(&text).await,
         Err(_) => Err("the file is not UTF-8".to_owned()),
     };
     match result {
         Ok(needs_restart) => {
-            shared.metrics.config_reloaded(true);
+            reloader.metrics.config_reloaded(true);
             tracing::info!(file = %path.display(), "config reloaded");
             for field in needs_restart {
                 tracing::warn!(field, "config field changed, but it only takes effect after a restart");
             }
         }
         Err(e) => {
-            shared.metrics.config_reloaded(false);
+            reloader.metrics.config_reloaded(false);
             tracing::error!(file = %path.display(), error = %e, "config reload refused; the running config stays");
         }
     }

@@ -9,14 +9,27 @@
 mod logind;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use nodewarden_sync::RunningPod;
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::Shared;
+use nodewarden_resources::Ledger;
+use nodewarden_runtime::SelectedRuntime;
+use nodewarden_sync::PodManager;
+
+use crate::health::NodeShutdown;
+
+/// What a node shutdown changes: the ledger admits no more pods, the pods are terminated, and the node says so.
+pub struct Node {
+    /// Refuses new pods while the node shuts down.
+    pub ledger: Ledger,
+    /// Terminates the pods.
+    pub pods: Arc<PodManager<SelectedRuntime>>,
+    /// What `/readyz` and the Node's `Ready` say.
+    pub shutting_down: NodeShutdown,
+}
 use logind::Logind;
 
 /// How long past its share a group may take (the kill and the clean-up that follow the grace period).
@@ -62,7 +75,7 @@ const SYNC_WAIT: Duration = Duration::from_secs(5);
 /// Runs the node's graceful shutdown until `cancel`: takes the delay lock and handles `PrepareForShutdown`. When
 /// logind cannot be reached, or the connection to the system bus is lost (a D-Bus restart), it connects again
 /// every second, as the kubelet does; a node shutdown meanwhile does not wait for the pods.
-pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: CancellationToken) {
+pub async fn run(node: Node, groups: Vec<(i32, Duration)>, cancel: CancellationToken) {
     // Each group ends a little after its share (the kill and clean-up after the grace period): logind is asked
     // to wait a second more per group, so it never cuts the last (critical) group short.
     let total: Duration =
@@ -72,7 +85,7 @@ pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: Canc
     let mut failures = 0u32;
     loop {
         let lost = match Logind::connect().await {
-            Ok(logind) => match watch(&shared, &groups, total, &logind, &mut lock, &mut failures, &cancel).await {
+            Ok(logind) => match watch(&node, &groups, total, &logind, &mut lock, &mut failures, &cancel).await {
                 Some(lost) => lost,
                 None => return,
             },
@@ -97,7 +110,7 @@ pub async fn run(shared: Arc<Shared>, groups: Vec<(i32, Duration)>, cancel: Canc
 /// before anything slower; logind's `PreparingForShutdown` says what happened while the daemon was not
 /// listening (it started during a shutdown, or a cancel came while the bus was away).
 async fn watch(
-    shared: &Shared,
+    node: &Node,
     groups: &[(i32, Duration)],
     total: Duration,
     logind: &Logind,
@@ -113,7 +126,7 @@ async fn watch(
         tracing::info!("logind answers again; graceful node shutdown is on");
     }
     *failures = 0;
-    let shutting_down = shared.node_shutdown.load(Ordering::Relaxed);
+    let shutting_down = node.shutting_down.get();
     let mut pending = match logind.preparing_for_shutdown().await {
         Ok(true) if !shutting_down => {
             tracing::warn!("logind is already shutting the node down");
@@ -145,31 +158,31 @@ async fn watch(
             }
         };
         if start {
-            if shared.node_shutdown.load(Ordering::Relaxed) {
+            if node.shutting_down.get() {
                 continue; // announced again: the pods are terminated already
             }
             tracing::warn!(period = ?total, "the node is shutting down; terminating the pods in priority order");
             // Admission first: once /readyz says so, no new pod gets in.
-            if let Err(e) = shared.ledger.call(|m| m.set_shutting_down(true)).await {
+            if let Err(e) = node.ledger.call(|m| m.set_shutting_down(true)).await {
                 tracing::warn!(error = %e, "cannot stop admitting pods");
             }
-            shared.node_shutdown.store(true, Ordering::Relaxed);
+            node.shutting_down.set(true);
             // A daemon that has just started knows its pods once their source's first snapshot is applied (for a
             // few seconds at most: a source that cannot be listed must not hold the running pods up).
             let synced = tokio::time::Instant::now() + SYNC_WAIT;
-            while shared.pods.synced().is_err() && tokio::time::Instant::now() < synced {
+            while node.pods.synced().is_err() && tokio::time::Instant::now() < synced {
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(100)) => {}
                     () = cancel.cancelled() => return None,
                 }
             }
-            terminate_in_order(shared, groups).await;
+            terminate_in_order(node, groups).await;
             drop(lock.take());
             tracing::info!("the pods are terminated; released the shutdown delay lock");
         } else {
             tracing::info!("the node's shutdown was cancelled");
-            shared.node_shutdown.store(false, Ordering::Relaxed);
-            if let Err(e) = shared.ledger.call(|m| m.set_shutting_down(false)).await {
+            node.shutting_down.set(false);
+            if let Err(e) = node.ledger.call(|m| m.set_shutting_down(false)).await {
                 tracing::warn!(error = %e, "cannot admit pods again");
             }
             if lock.is_none() {
@@ -219,14 +232,14 @@ async fn check_inhibit_delay(logind: &Logind, total: Duration) {
 }
 
 /// Terminates the pods group by group, each group within its share.
-async fn terminate_in_order(shared: &Shared, groups: &[(i32, Duration)]) {
-    for step in plan(shared.pods.running_pods(), groups) {
+async fn terminate_in_order(node: &Node, groups: &[(i32, Duration)]) {
+    for step in plan(node.pods.running_pods(), groups) {
         let names: Vec<&str> = step.pods.iter().map(|(p, _)| p.name.as_str()).collect();
         tracing::info!(priority = step.priority, share = ?step.grace, pods = ?names, "terminating a shutdown group");
         let started = tokio::time::Instant::now();
         let mut waits = Vec::new();
         for (pod, grace) in &step.pods {
-            match shared.pods.shut_down(&pod.uid, *grace) {
+            match node.pods.shut_down(&pod.uid, *grace) {
                 Ok(e) => waits.push(e.terminated),
                 Err(e) => tracing::warn!(pod = %pod.name, error = %e, "cannot terminate a pod for the shutdown"),
             }
