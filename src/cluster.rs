@@ -110,6 +110,8 @@ pub fn settings(c: &Config) -> ClusterSettings {
         daemon_port: c.endpoints.healthz.map_or(0, |a| a.port()),
         node_ip: None,
         max_images: c.cluster.node_status_max_images,
+        event_qps: c.cluster.event_record_qps,
+        event_burst: c.cluster.event_burst,
     }
 }
 

@@ -1,21 +1,18 @@
-//! core/v1 Events about the Node, posted by a task of their own so that no loop waits on them, through a spam
-//! filter like client-go's: a burst of 25 per object, then one every 5 minutes.
-
-use std::time::Duration;
+//! core/v1 Events about the Node, posted by a task of their own so that no loop waits on them, correlated as
+//! client-go's recorder does ([`crate::correlate`]: repeats counted, similar events combined, a spam filter per
+//! object) and within `eventRecordQPS`/`eventBurst`.
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::Clients;
+use crate::client::RateLimiter;
+use crate::correlate::{Correlated, Correlator};
 
-/// The events a node may post in a burst.
-const BURST: f64 = 25.0;
-/// One more event allowed per this long.
-const REFILL: Duration = Duration::from_secs(300);
 /// Events waiting to be posted; more are dropped (with a log line) rather than stall a loop.
 const QUEUE: usize = 256;
 /// The `source.component` and `reportingComponent`, as the kubelet's: what `kubectl describe node` shows in
@@ -40,10 +37,12 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A recorder and the task that posts what it is given, for node `node`.
-    pub fn new(node: &str, clients: Clients) -> (Recorder, Poster) {
+    /// A recorder and the task that posts what it is given, for node `node`, at most as fast as `limit` allows
+    /// (`eventRecordQPS`, `eventBurst`; `None` for no limit).
+    pub fn new(node: &str, clients: Clients, limit: Option<RateLimiter>) -> (Recorder, Poster) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (Recorder { tx }, Poster { node: node.to_owned(), clients, rx })
+        let poster = Poster { node: node.to_owned(), clients, limit, correlator: Correlator::default(), rx };
+        (Recorder { tx }, poster)
     }
 
     /// Queues an event; never waits.
@@ -58,6 +57,8 @@ impl Recorder {
 pub struct Poster {
     node: String,
     clients: Clients,
+    limit: Option<RateLimiter>,
+    correlator: Correlator,
     rx: mpsc::Receiver<NodeEvent>,
 }
 
@@ -93,31 +94,128 @@ impl Poster {
     /// Posts events until `shutdown`; a failed post is logged and dropped (events are best effort, as in the
     /// kubelet).
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let (mut tokens, mut at) = (BURST, Instant::now());
         loop {
             let e = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 e = self.rx.recv() => match e { Some(e) => e, None => return },
             };
-            tokens = (tokens + at.elapsed().as_secs_f64() / REFILL.as_secs_f64()).min(BURST);
-            at = Instant::now();
-            if tokens < 1.0 {
-                tracing::debug!(reason = %e.reason, "node event filtered as spam");
-                continue;
-            }
-            tokens -= 1.0;
-            self.clients.limiter.acquire().await;
-            let object = event_object(&self.node, &e, jiff::Timestamp::now());
-            let params = PostParams::default();
-            let api: Api<Event> = Api::namespaced(self.clients.main(), "default");
+            let wall = jiff::Timestamp::now();
+            let object = event_object(&self.node, &e, wall);
+            let correlated = self.correlator.correlate(object, Instant::now(), wall);
             let posted = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                r = api.create(&params, &object) => r,
+                r = self.post(correlated) => r,
             };
             match posted {
-                Ok(_) => tracing::debug!(reason = %e.reason, "node event posted"),
+                Ok(Some(answer)) => {
+                    tracing::debug!(reason = %e.reason, count = answer.count, "node event posted");
+                    self.correlator.posted(&answer);
+                }
+                Ok(None) => tracing::debug!(reason = %e.reason, "node event filtered as spam"),
                 Err(err) => tracing::warn!(reason = %e.reason, error = %err, "cannot post a node event"),
             }
         }
+    }
+
+    /// Creates or patches the event as correlated; what the apiserver answered, or `None` for an event skipped.
+    async fn post(&self, correlated: Correlated) -> Result<Option<Event>, kube::Error> {
+        let (mut event, patch) = match correlated {
+            Correlated::Skip => return Ok(None),
+            Correlated::Create(event) => (event, None),
+            Correlated::Patch(event, patch) => (event, Some(patch)),
+        };
+        // Events have a limit of their own, as the kubelet's event client has, apart from kubeAPIQPS.
+        if let Some(limit) = &self.limit {
+            limit.acquire().await;
+        }
+        let api: Api<Event> = Api::namespaced(self.clients.main(), "default");
+        let name = event.metadata.name.clone().unwrap_or_default();
+        if let Some(patch) = patch {
+            match api.patch(&name, &PatchParams::default(), &Patch::Strategic(patch)).await {
+                Ok(answer) => return Ok(Some(answer)),
+                // The event was removed (its TTL passed): it is made again, with its count.
+                Err(kube::Error::Api(s)) if s.code == 404 => event.metadata.resource_version = None,
+                Err(e) => return Err(e),
+            }
+        }
+        api.create(&PostParams::default(), &event).await.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use nodewarden_testapi::TestApi;
+    use serde_json::Value;
+
+    async fn recorder(
+        api: &TestApi,
+        dir: &std::path::Path,
+        limit: Option<RateLimiter>,
+    ) -> (Recorder, CancellationToken) {
+        api.add_token("token-e1", Some("e1"));
+        let kubeconfig = api.write_kubeconfig(dir, "token-e1").unwrap();
+        let clients = Clients::from_kubeconfig(&kubeconfig, 50.0, 100, Duration::from_secs(5)).await.unwrap();
+        let (recorder, poster) = Recorder::new("e1", clients, limit);
+        let stop = CancellationToken::new();
+        tokio::spawn(poster.run(stop.clone()));
+        (recorder, stop)
+    }
+
+    fn with_reason(api: &TestApi, reason: &str) -> Vec<Value> {
+        api.list("events", Some("default")).into_iter().filter(|e| e["reason"] == reason).collect()
+    }
+
+    async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(start.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_repeated_event_is_counted_on_one_object_and_made_again_if_it_was_removed() {
+        let api = TestApi::start(0).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (events, stop) = recorder(&api, dir.path(), None).await;
+        for _ in 0..3 {
+            events.record("Warning", "ContainerGCFailed", "rpc error".into());
+        }
+        wait_for("one event counted 3 times", || {
+            let found = with_reason(&api, "ContainerGCFailed");
+            found.len() == 1 && found[0]["count"] == 3
+        })
+        .await;
+        let found = with_reason(&api, "ContainerGCFailed");
+        assert_ne!(found[0]["firstTimestamp"], Value::Null);
+        let patches = api.requests().iter().filter(|r| r.method == "PATCH" && r.path.contains("/events/")).count();
+        assert_eq!(patches, 2, "the repeats are patches of the first");
+        // Removed meanwhile (an event's TTL): the next repeat makes it again, with its count.
+        let name = found[0]["metadata"]["name"].as_str().unwrap().to_owned();
+        api.delete("events", Some("default"), &name, None).unwrap();
+        events.record("Warning", "ContainerGCFailed", "rpc error".into());
+        wait_for("the event made again", || {
+            with_reason(&api, "ContainerGCFailed").first().is_some_and(|e| e["count"] == 4)
+        })
+        .await;
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn events_are_posted_within_their_rate() {
+        let api = TestApi::start(0).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (events, stop) = recorder(&api, dir.path(), Some(RateLimiter::new(1.0, 2))).await;
+        let start = Instant::now();
+        for i in 0..4 {
+            events.record("Normal", &format!("Reason{i}"), "m".into());
+        }
+        wait_for("four events", || api.list("events", Some("default")).len() == 4).await;
+        // Two at once, then one a second.
+        assert!(start.elapsed() >= Duration::from_millis(1500), "posted in {:?}", start.elapsed());
+        stop.cancel();
     }
 }

@@ -209,9 +209,11 @@ mod tests {
             daemon_port: 0,
             node_ip: None,
             max_images: None,
+            event_qps: None,
+            event_burst: 100,
         };
         let status = Arc::new(ClusterStatus::new(settings.lease_duration));
-        let (events, _poster) = events::Recorder::new("n1", clients.clone());
+        let (events, _poster) = events::Recorder::new("n1", clients.clone(), None);
         let facts: Arc<dyn FactSource> = Arc::new(NoFacts);
         let ctx = Arc::new(Ctx { settings, clients, host: HostInfo::default(), facts, status: status.clone(), events });
         let start = Instant::now();

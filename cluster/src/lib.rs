@@ -10,6 +10,7 @@ mod backoff;
 mod bounded;
 mod client;
 mod conditions;
+mod correlate;
 mod credentials;
 mod events;
 mod host;
@@ -79,6 +80,10 @@ pub struct ClusterSettings {
     pub node_ip: Option<IpAddr>,
     /// `nodeStatusMaxImages`: the most images `status.images` lists, the largest first; `None` for all.
     pub max_images: Option<usize>,
+    /// `eventRecordQPS`: the events posted per second at most; `None` for no limit.
+    pub event_qps: Option<f64>,
+    /// `eventBurst`: the events posted in a burst at most, with a limit.
+    pub event_burst: u32,
 }
 
 impl ClusterSettings {
@@ -257,7 +262,8 @@ pub fn start(
 ) {
     // As the kubelet's: the node name is the host name unless overridden, and the override names both.
     let host = HostInfo { hostname: settings.node_name.clone(), ..HostInfo::read(settings.node_ip) };
-    let (events, poster) = events::Recorder::new(&settings.node_name, clients.clone());
+    let limit = settings.event_qps.map(|qps| RateLimiter::new(qps, settings.event_burst));
+    let (events, poster) = events::Recorder::new(&settings.node_name, clients.clone(), limit);
     tasks.spawn(poster.run(shutdown.clone()));
     let ctx = Arc::new(Ctx { settings, clients, host, facts, status, events });
     tasks.spawn(lease::run(ctx.clone(), shutdown.clone()));

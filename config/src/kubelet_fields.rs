@@ -25,8 +25,6 @@ pub const IGNORED: &[&str] = &[
     "registryBurst",
     "imagePullCredentialsVerificationPolicy",
     "preloadedImagesVerificationAllowlist",
-    "eventRecordQPS",
-    "eventBurst",
     "enableDebuggingHandlers",
     "enableContentionProfiling",
     "oomScoreAdj",

@@ -85,6 +85,10 @@ pub struct KubeletConfiguration {
     pub kube_api_qps: Option<i64>,
     #[serde(rename = "kubeAPIBurst", skip_serializing_if = "Option::is_none")]
     pub kube_api_burst: Option<i64>,
+    #[serde(rename = "eventRecordQPS", skip_serializing_if = "Option::is_none")]
+    pub event_record_qps: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_burst: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cgroup_root: Option<String>,
     #[serde(rename = "cgroupsPerQOS", skip_serializing_if = "Option::is_none")]
@@ -241,6 +245,11 @@ impl KubeletConfiguration {
         }
         if self.kube_api_burst.is_none_or(|b| b == 0) {
             self.kube_api_burst = Some(100);
+        }
+        // An explicit 0 is the kubelet's "no limit"; an unset or 0 burst is its default.
+        or(&mut self.event_record_qps, 50);
+        if self.event_burst.is_none_or(|b| b == 0) {
+            self.event_burst = Some(100);
         }
         or(&mut self.cgroup_root, "/".into());
         or(&mut self.cgroups_per_qos, true);

@@ -90,6 +90,8 @@ restart_only!(KUBELET_RESTART_ONLY, keep_kubelet, KubeletConfiguration;
     shutdown_grace_period_by_pod_priority => "shutdownGracePeriodByPodPriority",
     kube_api_qps => "kubeAPIQPS",
     kube_api_burst => "kubeAPIBurst",
+    event_record_qps => "eventRecordQPS",
+    event_burst => "eventBurst",
     cgroup_root => "cgroupRoot",
     cgroups_per_qos => "cgroupsPerQOS",
     cgroup_driver => "cgroupDriver",

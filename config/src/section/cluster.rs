@@ -1,6 +1,6 @@
 //! The cluster section: how the node registers and reports to the apiserver, from `nodeStatusUpdateFrequency`,
 //! `nodeStatusReportFrequency`, `nodeLeaseDurationSeconds`, `registerNode`, `registerWithTaints`, `nodeLabels`,
-//! `providerID`, `nodeStatusMaxImages`, `kubeAPIQPS` and `kubeAPIBurst`.
+//! `providerID`, `nodeStatusMaxImages`, `kubeAPIQPS`, `kubeAPIBurst`, `eventRecordQPS` and `eventBurst`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,6 +33,10 @@ pub struct ClusterConfig {
     pub kube_api_qps: f64,
     /// `kubeAPIBurst`.
     pub kube_api_burst: u32,
+    /// `eventRecordQPS`: the events posted per second at most; `None` (0) for no limit.
+    pub event_record_qps: Option<f64>,
+    /// `eventBurst`: the events posted in a burst at most (with a limit).
+    pub event_burst: u32,
 }
 
 impl ClusterConfig {
@@ -77,6 +81,13 @@ impl ClusterConfig {
         let burst = *required(&c.kube_api_burst, "kubeAPIBurst")?;
         let kube_api_burst =
             u32::try_from(burst).map_err(|_| ConfigError::field("kubeAPIBurst", format!("{burst} is out of range")))?;
+        let event_qps = *required(&c.event_record_qps, "eventRecordQPS")?;
+        if event_qps < 0 {
+            return Err(ConfigError::field("eventRecordQPS", format!("{event_qps} must not be a negative number")));
+        }
+        let burst = *required(&c.event_burst, "eventBurst")?;
+        let event_burst = u32::try_from(burst)
+            .map_err(|_| ConfigError::field("eventBurst", format!("{burst} must not be a negative number")))?;
         let provider_id = required(&c.provider_id, "providerID")?;
         let node_status_max_images = match *required(&c.node_status_max_images, "nodeStatusMaxImages")? {
             -1 => None,
@@ -95,6 +106,8 @@ impl ClusterConfig {
             node_status_max_images,
             kube_api_qps: qps as f64,
             kube_api_burst,
+            event_record_qps: (event_qps > 0).then_some(event_qps as f64),
+            event_burst,
         })
     }
 }
@@ -141,6 +154,8 @@ mod tests {
             ("registerWithTaints:\n- {key: a, effect: Sometimes}\n", "registerWithTaints[0].effect"),
             ("nodeLeaseDurationSeconds: -1\n", "nodeLeaseDurationSeconds"),
             ("kubeAPIQPS: -5\n", "kubeAPIQPS"),
+            ("eventRecordQPS: -1\n", "eventRecordQPS"),
+            ("eventBurst: -1\n", "eventBurst"),
             ("nodeStatusMaxImages: -2\n", "nodeStatusMaxImages"),
         ] {
             let (f, reason) = field_error(&format!("{HEAD}{text}"));
@@ -148,5 +163,18 @@ mod tests {
         }
         let (_, reason) = field_error(&format!("{HEAD}nodeLabels:\n  node-role.kubernetes.io/worker: \"\"\n"));
         assert!(reason.contains("NodeRestriction"), "{reason}");
+    }
+
+    #[test]
+    fn event_limits_follow_the_kubelet() {
+        let c = parse(HEAD).unwrap();
+        assert_eq!((c.cluster.event_record_qps, c.cluster.event_burst), (Some(50.0), 100));
+        // An explicit 0 is no limit; a 0 burst is the default.
+        let c = parse(&format!("{HEAD}eventRecordQPS: 0\neventBurst: 0\n")).unwrap();
+        assert_eq!((c.cluster.event_record_qps, c.cluster.event_burst), (None, 100));
+        let c = parse(&format!("{HEAD}eventRecordQPS: 5\neventBurst: 10\n")).unwrap();
+        assert_eq!((c.cluster.event_record_qps, c.cluster.event_burst), (Some(5.0), 10));
+        let (_, reason) = field_error(&format!("{HEAD}eventRecordQPS: -1\n"));
+        assert!(reason.contains("must not be a negative number"), "{reason}");
     }
 }
