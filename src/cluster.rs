@@ -22,6 +22,7 @@ use nodewarden_sync::PodManager;
 
 use crate::daemon::{NodeReport, NodeResources};
 use crate::health::Health;
+use crate::pod_events::PodEvents;
 
 /// The readiness checks that make the Node's `Ready` condition besides the runtime's own, worded as the
 /// kubelet words its health checks (`<check> is not healthy: <why>`). The eviction inputs are left out: a
@@ -123,6 +124,7 @@ pub async fn start(
     config: &Config,
     node_ip: Option<std::net::IpAddr>,
     facts: DaemonFacts,
+    pod_events: Arc<PodEvents>,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Arc<ClusterStatus>> {
@@ -143,7 +145,9 @@ pub async fn start(
             Ok(Ok(clients)) => {
                 // A renewed client certificate (or token) is taken up without a restart.
                 tasks2.spawn(watch_credentials(path, clients.clone(), qps, burst, timeout, shutdown2.clone()));
-                return nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2);
+                let recorder = nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2);
+                pod_events.join(recorder);
+                return;
             }
             Ok(Err(e)) => e.to_string(),
             Err(e) => format!("building the clients failed: {e}"),

@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::health::{Health, NodeShutdown};
 use crate::http::Endpoints;
 use crate::metrics::Metrics;
-use crate::pod_events::LoggedEvents;
+use crate::pod_events::PodEvents;
 use crate::reload::Reloader;
 
 /// What the Node reports of the ledger.
@@ -267,6 +267,8 @@ pub(crate) struct Daemon {
     pub(crate) node_ip: Option<std::net::IpAddr>,
     /// The kubepods cgroup.
     pub(crate) kubepods: CgroupPath,
+    /// Where pod events go: the log, and the apiserver once the node joined a cluster.
+    pub(crate) pod_events: Arc<PodEvents>,
     /// The eviction loop.
     pub(crate) eviction: EvictionManager<PodManager<SelectedRuntime>>,
 }
@@ -291,8 +293,8 @@ impl Daemon {
         let ledger = Ledger::new(manager);
         let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
         let (t, s) = (tasks.clone(), shutdown.clone());
-        let pods =
-            PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, Arc::new(LoggedEvents), t, s);
+        let pod_events = Arc::new(PodEvents::default());
+        let pods = PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, pod_events.clone(), t, s);
         let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
         let gauges: Arc<dyn PassObserver> = Arc::new(Gauges { metrics: metrics.clone() });
@@ -328,6 +330,7 @@ impl Daemon {
             node_shutdown,
             node_ip,
             kubepods,
+            pod_events,
             eviction,
         })
     }
@@ -470,6 +473,10 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     let pressure_events = config.eviction.pressure_events;
     let realtime = config.eviction.realtime_priority;
     let daemon = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown)?;
+    if flags.kubeconfig.is_some() {
+        // The first pods' events are kept until the node side can post them.
+        daemon.pod_events.expect_cluster();
+    }
     if let Some((source, dir)) = static_pods {
         tracing::info!(dir = %dir.display(), "watching static pod manifests");
         daemon.pods.expect_source(FILE_SOURCE);
@@ -482,7 +489,19 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     // The pressure stall counters count from here; the adopted pods show from the first scrape.
     daemon.metrics.refresh(daemon.ledger.view());
     let endpoints = daemon.endpoints();
-    let Daemon { ledger, pods, eviction_status, health, reloader, node, node_shutdown, node_ip, eviction, .. } = daemon;
+    let Daemon {
+        ledger,
+        pods,
+        eviction_status,
+        health,
+        reloader,
+        node,
+        node_shutdown,
+        node_ip,
+        pod_events,
+        eviction,
+        ..
+    } = daemon;
     let eviction = eviction.spawn(wake_rx, TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
     let config = reloader.config();
     tasks.spawn(crate::reload::watch(path, reloader, shutdown.clone()));
@@ -490,7 +509,8 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.
     if let Some(kubeconfig) = &flags.kubeconfig {
         let facts = crate::cluster::DaemonFacts::new(health.clone(), pods.clone(), eviction_status, node);
-        let started = signals.unless(crate::cluster::start(kubeconfig, &config, node_ip, facts, &tasks, &shutdown));
+        let joining = crate::cluster::start(kubeconfig, &config, node_ip, facts, pod_events, &tasks, &shutdown);
+        let started = signals.unless(joining);
         match started.await {
             Ok(status) => health.set_cluster(status.context("--kubeconfig")?),
             Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,

@@ -1,14 +1,49 @@
 //! Where pod sync's events go: the daemon's log, one line each (a warning at `info`, a normal event at `debug`),
-//! with the pod and container they are about. Once pods come from an apiserver, its Events follow from here.
+//! with the pod and container they are about; and, once the node has joined a cluster, the apiserver's Events
+//! (through the node side's recorder, correlated as client-go does). A daemon that is joining keeps the events
+//! of its first moments until the recorder is there, as the kubelet's broadcaster queues them.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
+use nodewarden_cluster::{PodRef, Recorder};
 use nodewarden_sync::{EventSink, EventType, PodEvent};
 
-/// Pod events as log lines.
-#[derive(Debug, Default)]
-pub struct LoggedEvents;
+/// Events kept until the recorder is there; more are dropped.
+const KEPT: usize = 1000;
 
-impl EventSink for LoggedEvents {
+/// An event for the recorder.
+type Pending = (PodRef, &'static str, String, String);
+
+/// Pod events as log lines, and as Events once a cluster is joined.
+#[derive(Debug, Default)]
+pub struct PodEvents {
+    cluster: OnceLock<Recorder>,
+    /// Whether a cluster is being joined: events are kept for it meanwhile.
+    joining: AtomicBool,
+    pending: Mutex<VecDeque<Pending>>,
+}
+
+impl PodEvents {
+    /// Keeps the events from now on until [`PodEvents::join`].
+    pub fn expect_cluster(&self) {
+        self.joining.store(true, Ordering::SeqCst);
+    }
+
+    /// Posts the events kept and those from now on through `recorder` (once; a second call is ignored).
+    pub fn join(&self, recorder: Recorder) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        for (pod, kind, reason, message) in pending.drain(..) {
+            recorder.record_pod(pod, kind, &reason, message);
+        }
+        let _ = self.cluster.set(recorder);
+        self.joining.store(true, Ordering::SeqCst);
+    }
+}
+
+impl EventSink for PodEvents {
     fn pod_event(&self, pod: &Pod, e: PodEvent) {
         let name = nodewarden_resources::pod::full_name(pod);
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -21,5 +56,94 @@ impl EventSink for LoggedEvents {
                 tracing::debug!(pod = %name, pod_uid = %uid, container, reason = %e.reason, "{}", e.message);
             }
         }
+        if !self.joining.load(Ordering::SeqCst) {
+            return;
+        }
+        let about = PodRef {
+            namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.to_owned(),
+            container: e.container,
+        };
+        // Under the lock that `join` takes: an event is either kept and posted by it, or posted after it.
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.cluster.get() {
+            Some(recorder) => recorder.record_pod(about, e.event_type.as_str(), &e.reason, e.message),
+            None if pending.len() < KEPT => pending.push_back((about, e.event_type.as_str(), e.reason, e.message)),
+            None => tracing::debug!(reason = %e.reason, "pod event dropped: too many kept before the cluster joined"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use nodewarden_cluster::Clients;
+    use nodewarden_testapi::TestApi;
+    use serde_json::Value;
+    use tokio_util::sync::CancellationToken;
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns1", "uid": "u-1"},
+            "spec": {"containers": [{"name": "app"}]}
+        }))
+        .unwrap()
+    }
+
+    fn event(reason: &str, container: Option<&str>) -> PodEvent {
+        PodEvent {
+            event_type: EventType::Normal,
+            reason: reason.into(),
+            message: format!("{reason} container app"),
+            container: container.map(str::to_owned),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_events_of_a_joining_node_are_kept_then_posted_about_the_pod_in_its_namespace() {
+        let api = TestApi::start(0).await.unwrap();
+        api.add_token("t", Some("n1"));
+        let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns1"}});
+        api.create("namespaces", None, ns).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = api.write_kubeconfig(dir.path(), "t").unwrap();
+        let clients = Clients::from_kubeconfig(&kubeconfig, 50.0, 100, Duration::from_secs(5)).await.unwrap();
+        let (recorder, poster) = Recorder::new("n1", clients, None);
+        let stop = CancellationToken::new();
+        tokio::spawn(poster.run(stop.clone()));
+
+        let events = PodEvents::default();
+        // Not joining: only logged.
+        events.pod_event(&pod(), event("Pulled", Some("app")));
+        events.expect_cluster();
+        events.pod_event(&pod(), event("Created", Some("app")));
+        events.pod_event(&pod(), event("Started", Some("app")));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(api.list("events", Some("ns1")).is_empty(), "posted before the node side was there");
+        events.join(recorder);
+        events.pod_event(&pod(), event("Killing", None));
+        let reasons =
+            || -> Vec<Value> { api.list("events", Some("ns1")).iter().map(|e| e["reason"].clone()).collect() };
+        let start = tokio::time::Instant::now();
+        while reasons().len() < 3 {
+            assert!(start.elapsed() < Duration::from_secs(10), "the events: {:?}", reasons());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let all = api.list("events", Some("ns1"));
+        let started = all.iter().find(|e| e["reason"] == "Started").unwrap();
+        let o = &started["involvedObject"];
+        assert_eq!(
+            (&o["kind"], &o["name"], &o["namespace"], &o["uid"]),
+            (&"Pod".into(), &"web".into(), &"ns1".into(), &"u-1".into())
+        );
+        assert_eq!(o["fieldPath"], "spec.containers{app}");
+        assert_eq!(started["source"]["host"], "n1");
+        let killing = all.iter().find(|e| e["reason"] == "Killing").unwrap();
+        assert_eq!(killing["involvedObject"]["fieldPath"], Value::Null);
+        assert!(!reasons().contains(&"Pulled".into()), "an event from before the join was kept: {:?}", reasons());
+        stop.cancel();
     }
 }

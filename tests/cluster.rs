@@ -115,6 +115,25 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     let quiet_pid = || first_container(port);
     wait_until(30, "the quiet pod running", || quiet_pid().is_some());
     let pid = quiet_pid();
+    // Its events reach the apiserver about the pod, as a kubelet's do: those from before the node side had joined
+    // were kept for it.
+    let quiet_name = format!("quiet-{NODE}");
+    wait_until(10, "the quiet pod's Started event", || {
+        let events = api.list("events", Some("default"));
+        events.iter().any(|e| e["reason"] == "Started" && e["involvedObject"]["name"] == quiet_name.as_str())
+    });
+    let events: Value =
+        serde_json::from_str(&kubectl(&kubectl_bin, &admin, &["get", "events", "-n", "default", "-o", "json"]))
+            .unwrap();
+    let started = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "Started" && e["involvedObject"]["name"] == quiet_name.as_str())
+        .unwrap_or_else(|| panic!("no Started event of {quiet_name}: {events:#}"));
+    assert_eq!(started["involvedObject"]["kind"], "Pod", "{started:#}");
+    assert_eq!(started["involvedObject"]["fieldPath"], "spec.containers{app}", "{started:#}");
+    assert_eq!(started["message"], "Started container app", "{started:#}");
     // A pod of the process runtime is on the host's network: its IP is the node's, as is its hostIP.
     let pods: Value = serde_json::from_str(&get(port, "/pods").unwrap().1).unwrap();
     let status = &pods["items"][0]["status"];

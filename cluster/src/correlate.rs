@@ -268,7 +268,7 @@ mod tests {
 
     /// An event about Node `object` from its own kubelet, as the node side makes them.
     fn event(object: &str, reason: &str, message: &str, wall: jiff::Timestamp) -> Event {
-        let e = NodeEvent { kind: "Normal", reason: reason.into(), message: message.into() };
+        let e = NodeEvent { kind: "Normal", reason: reason.into(), message: message.into(), pod: None };
         event_object(object, &e, wall)
     }
 

@@ -1,4 +1,4 @@
-//! core/v1 Events about the Node, posted by a task of their own so that no loop waits on them, correlated as
+//! core/v1 Events about the Node and its pods, posted by a task of their own so that no loop waits on them, correlated as
 //! client-go's recorder does ([`crate::correlate`]: repeats counted, similar events combined, a spam filter per
 //! object) and within `eventRecordQPS`/`eventBurst`.
 
@@ -13,13 +13,14 @@ use crate::Clients;
 use crate::client::RateLimiter;
 use crate::correlate::{Correlated, Correlator};
 
-/// Events waiting to be posted; more are dropped (with a log line) rather than stall a loop.
-const QUEUE: usize = 256;
+/// Events waiting to be posted (client-go's broadcaster queues as many); more are dropped (with a log line)
+/// rather than stall a loop.
+const QUEUE: usize = 1000;
 /// The `source.component` and `reportingComponent`, as the kubelet's: what `kubectl describe node` shows in
 /// FROM, and what dashboards filter on.
 pub const COMPONENT: &str = "kubelet";
 
-/// One event to post.
+/// One event the node posts, about itself or one of its pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeEvent {
     /// `Normal` or `Warning`.
@@ -28,6 +29,21 @@ pub struct NodeEvent {
     pub reason: String,
     /// The message.
     pub message: String,
+    /// The pod it is about; `None` for the node.
+    pub pod: Option<PodRef>,
+}
+
+/// The pod an event is about, and where in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// The pod's namespace, where its events are.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID.
+    pub uid: String,
+    /// The container it is about (`involvedObject.fieldPath` `spec.containers{name}`), if any.
+    pub container: Option<String>,
 }
 
 /// Where the loops hand events over.
@@ -45,10 +61,22 @@ impl Recorder {
         (Recorder { tx }, poster)
     }
 
-    /// Queues an event; never waits.
+    /// Queues an event about the node; never waits.
     pub fn record(&self, kind: &'static str, reason: &str, message: String) {
-        if self.tx.try_send(NodeEvent { kind, reason: reason.to_owned(), message }).is_err() {
-            tracing::warn!(reason, "node event dropped: too many waiting to be posted");
+        self.send(NodeEvent { kind, reason: reason.to_owned(), message, pod: None });
+    }
+
+    /// Queues an event about a pod; never waits.
+    pub fn record_pod(&self, pod: PodRef, kind: &'static str, reason: &str, message: String) {
+        self.send(NodeEvent { kind, reason: reason.to_owned(), message, pod: Some(pod) });
+    }
+
+    fn send(&self, e: NodeEvent) {
+        if let Err(e) = self.tx.try_send(e) {
+            let reason = match &e {
+                mpsc::error::TrySendError::Full(e) | mpsc::error::TrySendError::Closed(e) => e.reason.clone(),
+            };
+            tracing::warn!(reason, "event dropped: too many waiting to be posted");
         }
     }
 }
@@ -62,21 +90,40 @@ pub struct Poster {
     rx: mpsc::Receiver<NodeEvent>,
 }
 
-/// The Event object for `e` about node `node`: in namespace `default`, referring to the Node by name with the
-/// name as its UID (as the kubelet refers to its Node).
+/// The Event object for `e` from node `node`. About the node: in namespace `default`, referring to the Node by
+/// name with the name as its UID (as the kubelet refers to its Node). About a pod: in the pod's namespace.
 pub fn event_object(node: &str, e: &NodeEvent, now: jiff::Timestamp) -> Event {
+    let (namespace, involved_object) = match &e.pod {
+        None => (
+            "default".to_owned(),
+            ObjectReference {
+                kind: Some("Node".into()),
+                name: Some(node.to_owned()),
+                uid: Some(node.to_owned()),
+                ..ObjectReference::default()
+            },
+        ),
+        Some(pod) => (
+            pod.namespace.clone(),
+            ObjectReference {
+                kind: Some("Pod".into()),
+                api_version: Some("v1".into()),
+                namespace: Some(pod.namespace.clone()),
+                name: Some(pod.name.clone()),
+                uid: Some(pod.uid.clone()),
+                field_path: pod.container.as_ref().map(|c| format!("spec.containers{{{c}}}")),
+                ..ObjectReference::default()
+            },
+        ),
+    };
+    let object = involved_object.name.clone().unwrap_or_default();
     Event {
         metadata: ObjectMeta {
-            name: Some(format!("{node}.{:x}", now.as_nanosecond())),
-            namespace: Some("default".into()),
+            name: Some(format!("{object}.{:x}", now.as_nanosecond())),
+            namespace: Some(namespace.clone()),
             ..ObjectMeta::default()
         },
-        involved_object: ObjectReference {
-            kind: Some("Node".into()),
-            name: Some(node.to_owned()),
-            uid: Some(node.to_owned()),
-            ..ObjectReference::default()
-        },
+        involved_object,
         reason: Some(e.reason.clone()),
         message: Some(e.message.clone()),
         type_: Some(e.kind.to_owned()),
@@ -128,7 +175,8 @@ impl Poster {
         if let Some(limit) = &self.limit {
             limit.acquire().await;
         }
-        let api: Api<Event> = Api::namespaced(self.clients.main(), "default");
+        let namespace = event.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let api: Api<Event> = Api::namespaced(self.clients.main(), &namespace);
         let name = event.metadata.name.clone().unwrap_or_default();
         if let Some(patch) = patch {
             match api.patch(&name, &PatchParams::default(), &Patch::Strategic(patch)).await {

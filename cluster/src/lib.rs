@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 pub use client::{Clients, RateLimiter};
 pub use conditions::aggregate;
 pub use credentials::watch as watch_credentials;
+pub use events::{PodRef, Recorder};
 pub use host::{HostInfo, node_ip};
 pub use labels::{check_label_syntax, check_node_label};
 pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};
@@ -245,12 +246,13 @@ pub(crate) struct Ctx {
     pub(crate) host: HostInfo,
     pub(crate) facts: Arc<dyn FactSource>,
     pub(crate) status: Arc<ClusterStatus>,
-    pub(crate) events: events::Recorder,
+    pub(crate) events: Recorder,
 }
 
 /// Starts registration, the Lease and the node status loops (and the event poster) as tracked tasks that end
 /// on `shutdown`, reporting to `status`. `changed` is bumped by the daemon when a condition changes, so the
-/// status is computed (and, if it changed, posted) at once instead of at the next tick.
+/// status is computed (and, if it changed, posted) at once instead of at the next tick. The recorder returned
+/// takes the events of the node's pods.
 pub fn start(
     status: Arc<ClusterStatus>,
     settings: ClusterSettings,
@@ -259,13 +261,14 @@ pub fn start(
     changed: watch::Receiver<u64>,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
-) {
+) -> Recorder {
     // As the kubelet's: the node name is the host name unless overridden, and the override names both.
     let host = HostInfo { hostname: settings.node_name.clone(), ..HostInfo::read(settings.node_ip) };
     let limit = settings.event_qps.map(|qps| RateLimiter::new(qps, settings.event_burst));
-    let (events, poster) = events::Recorder::new(&settings.node_name, clients.clone(), limit);
+    let (events, poster) = Recorder::new(&settings.node_name, clients.clone(), limit);
     tasks.spawn(poster.run(shutdown.clone()));
-    let ctx = Arc::new(Ctx { settings, clients, host, facts, status, events });
+    let ctx = Arc::new(Ctx { settings, clients, host, facts, status, events: events.clone() });
     tasks.spawn(lease::run(ctx.clone(), shutdown.clone()));
     tasks.spawn(status::run(ctx, changed, shutdown));
+    events
 }
