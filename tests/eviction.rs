@@ -40,6 +40,12 @@ fn oom_kills() -> usize {
     out.unwrap_or_default().lines().filter(|l| l.contains("Killed process")).count()
 }
 
+/// The pod's `DisruptionTarget` condition, or null.
+fn disruption(p: &Value) -> Value {
+    let conditions = p["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    conditions.into_iter().find(|c| c["type"] == "DisruptionTarget").unwrap_or(Value::Null)
+}
+
 fn evicted(p: &Value) -> bool {
     phase(p) == "Failed" && p["status"]["reason"] == "Evicted"
 }
@@ -84,6 +90,9 @@ fn memory_pressure_evicts_the_besteffort_hog_and_holds_the_condition() {
     let p = n.wait_pod("hog", 90, "was evicted", evicted);
     let message = p["status"]["message"].as_str().unwrap();
     assert!(message.starts_with("The node was low on resource: memory. Threshold quantity: "), "{message}");
+    // The condition that tells controllers (a Job's podFailurePolicy) the kubelet disrupted the pod.
+    assert_eq!(disruption(&p)["reason"], "TerminationByKubelet", "{p:#}");
+    assert_eq!(disruption(&p)["message"], message);
     for p in ["guaranteed", "burstable"] {
         assert_eq!(phase(&n.pod(p).unwrap()), "Running", "{p} was disturbed:\n{}", n.d.log());
     }
@@ -113,6 +122,7 @@ fn memory_pressure_evicts_the_besteffort_hog_and_holds_the_condition() {
     let late = n.wait_pod("late", 30, "was refused", |v| phase(v) == "Failed");
     assert_eq!(late["status"]["reason"], "Evicted");
     assert_eq!(late["status"]["message"], "The node had condition: [MemoryPressure]. ");
+    assert_eq!(disruption(&late), Value::Null, "a pod refused at admission was not disrupted: {late:#}");
     n.wait_pod("late-burstable", 30, "ran", |v| phase(v) == "Running");
     let cleared = wait_until(30, "MemoryPressure cleared", || !condition(&n, "MemoryPressure"));
     eprintln!("MemoryPressure cleared {cleared:?} after the check");

@@ -73,7 +73,7 @@ fn terminal_or_array<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Te
                 // A deleted pod's placeholder: nothing to keep.
                 _ => return None,
             };
-            Some(Terminal { phase, reason, message })
+            Some(Terminal { reason, message, ..Terminal::ended(phase) })
         }
     }))
 }

@@ -90,7 +90,28 @@ pub struct Terminal {
     pub reason: Option<String>,
     /// `status.message`.
     pub message: Option<String>,
+    /// The kubelet itself terminated the pod (an eviction, the node's shutdown; not an admission refusal, though
+    /// one under pressure says `Evicted` too): its status carries the [`DISRUPTION_TARGET`] condition.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_kubelet: bool,
 }
+
+impl Terminal {
+    /// A pod that ended on its own in `phase`, with no reason or message.
+    pub fn ended(phase: PodPhase) -> Self {
+        Self { phase, reason: None, message: None, by_kubelet: false }
+    }
+}
+
+/// The kubelet's `status.reason` of a pod its eviction manager evicted.
+pub const EVICTED_REASON: &str = "Evicted";
+
+/// The condition the kubelet adds to a pod it terminates, evicting it or shutting the node down, so that
+/// controllers tell a disruption from a failure (a Job's `podFailurePolicy` matches on it).
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// That condition's reason when the kubelet is the one terminating.
+pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
 
 /// The kubelet's `status.reason` of a pod terminated because the node shuts down.
 pub const SHUTDOWN_REASON: &str = "Terminated";
@@ -101,12 +122,17 @@ pub const SHUTDOWN_MESSAGE: &str = "Pod was terminated in response to imminent n
 impl Terminal {
     /// A pod that failed with this reason and message.
     pub fn failed(reason: Option<String>, message: Option<String>) -> Self {
-        Self { phase: PodPhase::Failed, reason, message }
+        Self { phase: PodPhase::Failed, reason, message, by_kubelet: false }
+    }
+
+    /// A pod the eviction manager evicted, with its message.
+    pub fn evicted(message: String) -> Self {
+        Self { by_kubelet: true, ..Self::failed(Some(EVICTED_REASON.into()), Some(message)) }
     }
 
     /// A pod terminated because the node shuts down.
     pub fn shutdown() -> Self {
-        Self::failed(Some(SHUTDOWN_REASON.into()), Some(SHUTDOWN_MESSAGE.into()))
+        Self { by_kubelet: true, ..Self::failed(Some(SHUTDOWN_REASON.into()), Some(SHUTDOWN_MESSAGE.into())) }
     }
 
     /// Whether the pod ended because the node shut down: it runs again when the node is back, so its end is not

@@ -45,7 +45,7 @@ impl Reason {
     pub(crate) fn terminal(&self) -> Option<Terminal> {
         match self {
             Self::Deleted => None,
-            Self::Evicted(message) => Some(Terminal::failed(Some("Evicted".into()), Some(message.clone()))),
+            Self::Evicted(message) => Some(Terminal::evicted(message.clone())),
             Self::Shutdown => Some(Terminal::shutdown()),
             Self::Completed(t) => Some(t.clone()),
         }

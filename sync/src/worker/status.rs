@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::Worker;
 use super::lifecycle::{ContainerSlot, ContainerState, Lifecycle, Readiness, Role};
-use crate::status::{Observed, PodPhase, condition, pod_phase, terminated};
+use crate::status::{DISRUPTION_TARGET, Observed, PodPhase, TERMINATION_BY_KUBELET, condition, pod_phase, terminated};
 use nodewarden_runtime::Runtime;
 
 /// When each condition last changed.
@@ -146,9 +146,16 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
         pod_ips: listed(view.pod_ips).map(|l| l.into_iter().map(|ip| PodIP { ip }).collect()),
         ..PodStatus::default()
     };
-    if let Some(t) = terminal {
-        status.reason = t.reason;
-        status.message = t.message;
+    let t = Timestamp::now();
+    // From the moment the kubelet decides to terminate the pod, as the kubelet's status manager adds it.
+    let disruption = terminal.as_ref().filter(|term| term.by_kubelet).map(|term| core::PodCondition {
+        reason: Some(TERMINATION_BY_KUBELET.to_owned()),
+        message: term.message.clone(),
+        ..times.set(DISRUPTION_TARGET, true, t)
+    });
+    if let Some(term) = terminal {
+        status.reason = term.reason;
+        status.message = term.message;
     } else if let Some(r) = &pod.retry {
         status.message = Some(r.message.clone());
     }
@@ -158,13 +165,17 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
         .filter(|c| c.role != Role::Init)
         .all(|c| c.running().is_some_and(|r| r.readiness == Readiness::Ready))
         && phase == PodPhase::Running;
-    let t = Timestamp::now();
-    status.conditions = Some(vec![
-        times.set("PodScheduled", true, t),
-        times.set("Initialized", pod.initialized(), t),
-        times.set("ContainersReady", ready, t),
-        times.set("Ready", ready, t),
-    ]);
+    status.conditions = Some(
+        [
+            times.set("PodScheduled", true, t),
+            times.set("Initialized", pod.initialized(), t),
+            times.set("ContainersReady", ready, t),
+            times.set("Ready", ready, t),
+        ]
+        .into_iter()
+        .chain(disruption)
+        .collect(),
+    );
     let init = statuses(true);
     if !init.is_empty() {
         status.init_container_statuses = Some(init);

@@ -444,7 +444,7 @@ impl Lifecycle {
         let apps = || self.containers.iter().filter(|c| c.role == Role::App);
         if apps().all(|c| c.state == ContainerState::Exited) {
             let phase = if apps().all(|c| c.exited_ok()) { PodPhase::Succeeded } else { PodPhase::Failed };
-            self.finish(Terminal { phase, reason: None, message: None }, now, out);
+            self.finish(Terminal::ended(phase), now, out);
         }
     }
 

@@ -424,8 +424,10 @@ async fn init_containers_run_in_order_before_the_app() {
     assert_eq!(v["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"], "Completed");
     // OnFailure: a clean exit of the only app container ends the pod, and its cgroup is released.
     h.fake.finish("app", 0);
-    h.until("u2", "succeeds", |v| phase(v) == "Succeeded").await;
+    let v = h.until("u2", "succeeds", |v| phase(v) == "Succeeded").await;
     assert!(!h.cg.join("burstable/podu2").exists() && !h.cg.join("besteffort/podu2").exists());
+    let conditions = v["status"]["conditions"].as_array().unwrap();
+    assert!(!conditions.iter().any(|c| c["type"] == "DisruptionTarget"), "a pod that ended on its own: {conditions:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -726,6 +728,18 @@ async fn an_evicted_pod_with_a_pre_stop_hook_is_signalled_by_its_worker_after_th
     assert_eq!(signals, [SIGTERM, SIGTERM], "each container once");
     let v = h.until("u13", "is evicted", |v| phase(v) == "Failed").await;
     assert_eq!(v["status"]["reason"], "Evicted");
+    assert_disrupted(&v, "evicted");
+}
+
+/// The `DisruptionTarget` condition the kubelet adds to a pod it terminates, with `message`.
+fn assert_disrupted(v: &serde_json::Value, message: &str) {
+    let conditions = v["status"]["conditions"].as_array().unwrap();
+    let c = conditions.iter().find(|c| c["type"] == "DisruptionTarget").unwrap_or_else(|| panic!("{conditions:?}"));
+    assert_eq!(
+        (&c["status"], &c["reason"], &c["message"]),
+        (&json!("True"), &json!("TerminationByKubelet"), &json!(message))
+    );
+    assert!(c["lastTransitionTime"].is_string(), "{c}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1117,6 +1131,7 @@ async fn a_pod_the_node_shutdown_terminated_runs_again_with_the_next_daemon() {
     let v = h.until("u30", "is shut down", |v| phase(v) == "Failed").await;
     assert_eq!(v["status"]["reason"], "Terminated");
     assert_eq!(v["status"]["message"], "Pod was terminated in response to imminent node shutdown.");
+    assert_disrupted(&v, "Pod was terminated in response to imminent node shutdown.");
     // The node comes back: the next daemon starts the pod again (an evicted pod would stay Failed).
     let Harness { _host: host, _drain: drain, .. } = h;
     drop(drain);

@@ -98,7 +98,7 @@ fn transitions() {
             "an evicted pod that was never placed fails at once",
             pod(PodState::Admitting, vec![app(ContainerState::Pending)]),
             terminate(5, evicted()),
-            PodState::Finished(Terminal::failed(Some("Evicted".into()), Some("low on memory".into()))),
+            PodState::Finished(Terminal::evicted("low on memory".into())),
             vec![Action::ReleaseName],
         ),
         (
@@ -201,7 +201,7 @@ fn transitions() {
             "an evicted pod is kept once cleaned up",
             pod(terminating(evicted(), secs(10), Stage::CleaningUp), vec![app(ContainerState::Exited)]),
             Input::CleanedUp,
-            PodState::Finished(Terminal::failed(Some("Evicted".into()), Some("low on memory".into()))),
+            PodState::Finished(Terminal::evicted("low on memory".into())),
             vec![Action::Save, Action::ReleaseName],
         ),
         (
@@ -428,7 +428,7 @@ fn all_app_containers_done_ends_the_pod() {
     let now = Instant::now();
     let p = never(pod(PodState::Running, vec![slot("app", Role::App, running("c1", now))]));
     let (p, _) = step(p, Input::ContainerExited { id: "c1".into(), info: exit(0) }, now);
-    let done = Terminal { phase: PodPhase::Succeeded, reason: None, message: None };
+    let done = Terminal::ended(PodPhase::Succeeded);
     assert_eq!(p.state, terminating(Reason::Completed(done.clone()), now + GRACE, Stage::CleaningUp));
     let (p, _) = step(p, Input::CleanedUp, now);
     assert_eq!(p.state, PodState::Finished(done));

@@ -97,7 +97,7 @@ fn restore_table() {
     use Role::{App, Init, Sidecar};
     let now = Instant::now();
     let over = Terminal::failed(Some("Evicted".into()), Some("low on memory".into()));
-    let unseen_failed = Terminal { phase: PodPhase::Failed, reason: None, message: None };
+    let unseen_failed = Terminal::ended(PodPhase::Failed);
     let rows = vec![
         Row {
             what: "a pod that was over stays over, and nothing of it runs",
