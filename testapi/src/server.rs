@@ -275,7 +275,12 @@ pub(crate) struct Request<'a> {
     pub(crate) who: Option<&'a str>,
 }
 
-async fn serve(state: &Arc<State>, method: &Method, target: &Target, req: Request<'_>) -> Result<Response, ApiError> {
+async fn serve(
+    state: &Arc<State>,
+    method: &Method,
+    target: &Target,
+    mut req: Request<'_>,
+) -> Result<Response, ApiError> {
     let r = &target.resource;
     let ns = target.namespace.as_deref();
     let q = req.query;
@@ -314,7 +319,7 @@ async fn serve(state: &Arc<State>, method: &Method, target: &Target, req: Reques
             format!("the server does not allow this method on the requested resource ({method})"),
         ));
     }
-    if let Some(body) = &req.body
+    if let Some(body) = &mut req.body
         && matches!(verb, "create" | "update")
     {
         let (kind, api_version) = match target.subresource.as_deref() {
@@ -323,7 +328,8 @@ async fn serve(state: &Arc<State>, method: &Method, target: &Target, req: Reques
             Some("token") => ("TokenRequest", "authentication.k8s.io/v1".to_owned()),
             _ => (r.kind, r.api_version()),
         };
-        typed::check(kind, &api_version, body)?;
+        let unknown = typed::check(kind, &api_version, body)?;
+        typed::validate_fields(kind, &api_version, q.get("fieldValidation").map(String::as_str), &unknown)?;
     }
     match (verb, target.subresource.as_deref()) {
         ("create", Some("binding")) => return writes::bind(state, target, req.body).map(|s| json_response(201, &s)),

@@ -22,6 +22,7 @@ pub fn write(state: &Arc<State>, verb: &str, target: &Target, mut req: Request<'
     let ns = target.namespace.as_deref();
     let name = target.name.as_deref().unwrap_or("");
     let status = target.subresource.as_deref() == Some("status");
+    let validation = req.query.get("fieldValidation").map(String::as_str);
     let body = req.body.take().ok_or_else(|| ApiError::new(400, "BadRequest", format!("an {verb} needs a body")))?;
     // What a write would make of the object is checked under the store's lock: a node's (a PUT that drops a
     // taint, a patch that nulls a label) and the update rules of the kind.
@@ -82,7 +83,9 @@ pub fn write(state: &Arc<State>, verb: &str, target: &Target, mut req: Request<'
                 return Err(ApiError::new(422, "Invalid", "the patch does not leave an object with metadata"));
             }
             // What the patch made must still be the kind's type.
-            typed::check(r.kind, &r.api_version(), &new).map_err(|e| ApiError::new(422, "Invalid", e.message))?;
+            let unknown =
+                typed::check(r.kind, &r.api_version(), &mut new).map_err(|e| ApiError::new(422, "Invalid", e.message))?;
+            typed::validate_fields(r.kind, &r.api_version(), validation, &unknown)?;
             guard(old, &new)?;
             Ok(new)
         },
@@ -180,7 +183,7 @@ fn apply(
     state: &Arc<State>,
     target: &Target,
     req: &Request<'_>,
-    config: Value,
+    mut config: Value,
     guard: &dyn Fn(&Value, &Value) -> Result<(), ApiError>,
 ) -> Result<Value, ApiError> {
     let r: &Resource = &target.resource;
@@ -202,13 +205,15 @@ fn apply(
     }
     let force = q.get("force").is_some_and(|f| f == "true");
     let status = target.subresource.as_deref() == Some("status");
+    // Decoded first: the fields the kind does not have are refused or dropped before anyone owns them.
+    let unknown = typed::check(r.kind, &r.api_version(), &mut config)?;
+    typed::validate_fields(r.kind, &r.api_version(), q.get("fieldValidation").map(String::as_str), &unknown)?;
     let mut paths = Vec::new();
     fields(&config, &mut Vec::new(), &mut paths);
     let entry = json!({
         "manager": manager, "operation": "Apply", "apiVersion": r.api_version(),
         "time": store::now(), "fieldsType": "FieldsV1", "fieldsV1": fields_v1(&paths),
     });
-    typed::check(r.kind, &r.api_version(), &config)?;
     if state.store.get(r, ns, name).is_err() {
         // A missing object is created, with the create's rules; through a subresource it is not found.
         if status {

@@ -203,3 +203,25 @@ async fn kubectl_watches_applies_and_patches() {
     let token = k.ok(&["create", "token", "default", "--duration=1h"]).await;
     assert_eq!(token.trim().split('.').count(), 3, "{token}");
 }
+
+#[tokio::test]
+async fn kubectl_is_refused_a_field_the_kind_does_not_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((api, k)) = setup(dir.path()).await else { return };
+    let typo = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "typo"},
+        "spec": {"containers": [{"name": "app", "image": "busybox", "imagee": "busybox:1.37"}]}})
+    .to_string();
+    // kubectl asks for strict validation by default: a 400 naming the field, nothing made.
+    let (ok, _, err) = k.run(&["create", "-f", "-"], Some(&typo)).await;
+    assert!(!ok, "created");
+    assert!(err.contains(r#"strict decoding error: unknown field "spec.containers[0].imagee""#), "{err}");
+    assert!(api.get("pods", Some("default"), "typo").is_none());
+    let (ok, _, err) = k.run(&["apply", "--server-side", "-f", "-"], Some(&typo)).await;
+    assert!(!ok && err.contains(r#"unknown field "spec.containers[0].imagee""#), "{err}");
+    // Without validation the field is dropped, as the decode drops it.
+    let (ok, _, err) = k.run(&["create", "--validate=false", "-f", "-"], Some(&typo)).await;
+    assert!(ok, "{err}");
+    let made = api.get("pods", Some("default"), "typo").unwrap();
+    let container = &made["spec"]["containers"][0];
+    assert_eq!((&container["image"], &container["imagee"]), (&json!("busybox"), &Value::Null), "{container}");
+}
