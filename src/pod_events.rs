@@ -8,14 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_cluster::{PodRef, Recorder};
+use nodewarden_cluster::{NodeEvent, PodRef, Recorder};
 use nodewarden_sync::{EventSink, EventType, PodEvent};
 
 /// Events kept until the recorder is there; more are dropped.
 const KEPT: usize = 1000;
-
-/// An event for the recorder.
-type Pending = (PodRef, &'static str, String, String);
 
 /// Pod events as log lines, and as Events once a cluster is joined.
 #[derive(Debug, Default)]
@@ -23,7 +20,7 @@ pub struct PodEvents {
     cluster: OnceLock<Recorder>,
     /// Whether a cluster is being joined: events are kept for it meanwhile.
     joining: AtomicBool,
-    pending: Mutex<VecDeque<Pending>>,
+    pending: Mutex<VecDeque<NodeEvent>>,
 }
 
 impl PodEvents {
@@ -35,12 +32,20 @@ impl PodEvents {
     /// Posts the events kept and those from now on through `recorder` (once; a second call is ignored).
     pub fn join(&self, recorder: Recorder) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        for (pod, kind, reason, message) in pending.drain(..) {
-            recorder.record_pod(pod, kind, &reason, message);
+        for e in pending.drain(..) {
+            recorder.send(e);
         }
         let _ = self.cluster.set(recorder);
         self.joining.store(true, Ordering::SeqCst);
     }
+}
+
+/// Where container `name` is in the pod, as the kubelet's object references say it: `spec.initContainers{name}`
+/// for an init container (a sidecar is one), else `spec.containers{name}`.
+fn field_path(pod: &Pod, name: &str) -> String {
+    let init =
+        pod.spec.as_ref().and_then(|s| s.init_containers.as_ref()).is_some_and(|i| i.iter().any(|c| c.name == name));
+    if init { format!("spec.initContainers{{{name}}}") } else { format!("spec.containers{{{name}}}") }
 }
 
 impl EventSink for PodEvents {
@@ -63,14 +68,22 @@ impl EventSink for PodEvents {
             namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned()),
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: uid.to_owned(),
-            container: e.container,
+            field_path: e.container.as_deref().map(|c| field_path(pod, c)),
         };
-        // Under the lock that `join` takes: an event is either kept and posted by it, or posted after it.
+        // Stamped now, as client-go stamps an event when it is recorded, however long it waits to be posted.
+        let event = NodeEvent::now(e.event_type.as_str(), &e.reason, e.message, Some(about));
+        // The recorder is set only once the events kept have gone to it: from then on, no lock.
+        if let Some(recorder) = self.cluster.get() {
+            return recorder.send(event);
+        }
+        // Under the lock that `join` takes: an event is either kept and sent by it, or sent after it.
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         match self.cluster.get() {
-            Some(recorder) => recorder.record_pod(about, e.event_type.as_str(), &e.reason, e.message),
-            None if pending.len() < KEPT => pending.push_back((about, e.event_type.as_str(), e.reason, e.message)),
-            None => tracing::debug!(reason = %e.reason, "pod event dropped: too many kept before the cluster joined"),
+            Some(recorder) => recorder.send(event),
+            None if pending.len() < KEPT => pending.push_back(event),
+            None => {
+                tracing::debug!(reason = %event.reason, "pod event dropped: too many kept before the cluster joined")
+            }
         }
     }
 }
@@ -88,7 +101,7 @@ mod tests {
     fn pod() -> Pod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "web", "namespace": "ns1", "uid": "u-1"},
-            "spec": {"containers": [{"name": "app"}]}
+            "spec": {"containers": [{"name": "app"}], "initContainers": [{"name": "setup"}]}
         }))
         .unwrap()
     }
@@ -121,14 +134,16 @@ mod tests {
         events.expect_cluster();
         events.pod_event(&pod(), event("Created", Some("app")));
         events.pod_event(&pod(), event("Started", Some("app")));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        events.pod_event(&pod(), event("Pulled", Some("setup")));
+        let kept_at = jiff::Timestamp::now();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
         assert!(api.list("events", Some("ns1")).is_empty(), "posted before the node side was there");
         events.join(recorder);
         events.pod_event(&pod(), event("Killing", None));
         let reasons =
             || -> Vec<Value> { api.list("events", Some("ns1")).iter().map(|e| e["reason"].clone()).collect() };
         let start = tokio::time::Instant::now();
-        while reasons().len() < 3 {
+        while reasons().len() < 4 {
             assert!(start.elapsed() < Duration::from_secs(10), "the events: {:?}", reasons());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -143,7 +158,12 @@ mod tests {
         assert_eq!(started["source"]["host"], "n1");
         let killing = all.iter().find(|e| e["reason"] == "Killing").unwrap();
         assert_eq!(killing["involvedObject"]["fieldPath"], Value::Null);
-        assert!(!reasons().contains(&"Pulled".into()), "an event from before the join was kept: {:?}", reasons());
+        let pulled: Vec<&Value> = all.iter().filter(|e| e["reason"] == "Pulled").collect();
+        assert_eq!(pulled.len(), 1, "only the event from after expect_cluster was kept: {pulled:?}");
+        assert_eq!(pulled[0]["involvedObject"]["fieldPath"], "spec.initContainers{setup}");
+        // Kept events carry the time they happened, not the time they were posted.
+        let stamped: jiff::Timestamp = started["lastTimestamp"].as_str().unwrap().parse().unwrap();
+        assert!(stamped <= kept_at, "stamped {stamped} after it was kept ({kept_at})");
         stop.cancel();
     }
 }

@@ -268,8 +268,8 @@ mod tests {
 
     /// An event about Node `object` from its own kubelet, as the node side makes them.
     fn event(object: &str, reason: &str, message: &str, wall: jiff::Timestamp) -> Event {
-        let e = NodeEvent { kind: "Normal", reason: reason.into(), message: message.into(), pod: None };
-        event_object(object, &e, wall)
+        let e = NodeEvent { at: wall, ..NodeEvent::now("Normal", reason, message.into(), None) };
+        event_object(object, &e)
     }
 
     fn wall(second: i64) -> jiff::Timestamp {

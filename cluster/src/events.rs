@@ -31,6 +31,18 @@ pub struct NodeEvent {
     pub message: String,
     /// The pod it is about; `None` for the node.
     pub pod: Option<PodRef>,
+    /// When it happened: its first and last timestamps (client-go stamps an event when it is recorded, not when
+    /// it is posted).
+    pub at: jiff::Timestamp,
+    /// When it happened, on the clock the correlation's windows are measured by.
+    pub seen: Instant,
+}
+
+impl NodeEvent {
+    /// An event about `pod` (`None` for the node) happening now.
+    pub fn now(kind: &'static str, reason: &str, message: String, pod: Option<PodRef>) -> Self {
+        Self { kind, reason: reason.to_owned(), message, pod, at: jiff::Timestamp::now(), seen: Instant::now() }
+    }
 }
 
 /// The pod an event is about, and where in it.
@@ -42,8 +54,9 @@ pub struct PodRef {
     pub name: String,
     /// The pod's UID.
     pub uid: String,
-    /// The container it is about (`involvedObject.fieldPath` `spec.containers{name}`), if any.
-    pub container: Option<String>,
+    /// Where in the pod (`involvedObject.fieldPath`: `spec.containers{name}`, `spec.initContainers{name}`), if
+    /// it is about a container.
+    pub field_path: Option<String>,
 }
 
 /// Where the loops hand events over.
@@ -61,17 +74,13 @@ impl Recorder {
         (Recorder { tx }, poster)
     }
 
-    /// Queues an event about the node; never waits.
+    /// Queues an event about the node, happening now; never waits.
     pub fn record(&self, kind: &'static str, reason: &str, message: String) {
-        self.send(NodeEvent { kind, reason: reason.to_owned(), message, pod: None });
+        self.send(NodeEvent::now(kind, reason, message, None));
     }
 
-    /// Queues an event about a pod; never waits.
-    pub fn record_pod(&self, pod: PodRef, kind: &'static str, reason: &str, message: String) {
-        self.send(NodeEvent { kind, reason: reason.to_owned(), message, pod: Some(pod) });
-    }
-
-    fn send(&self, e: NodeEvent) {
+    /// Queues an event (about a pod, or one recorded earlier); never waits.
+    pub fn send(&self, e: NodeEvent) {
         if let Err(e) = self.tx.try_send(e) {
             let reason = match &e {
                 mpsc::error::TrySendError::Full(e) | mpsc::error::TrySendError::Closed(e) => e.reason.clone(),
@@ -92,7 +101,8 @@ pub struct Poster {
 
 /// The Event object for `e` from node `node`. About the node: in namespace `default`, referring to the Node by
 /// name with the name as its UID (as the kubelet refers to its Node). About a pod: in the pod's namespace.
-pub fn event_object(node: &str, e: &NodeEvent, now: jiff::Timestamp) -> Event {
+pub fn event_object(node: &str, e: &NodeEvent) -> Event {
+    let now = e.at;
     let (namespace, involved_object) = match &e.pod {
         None => (
             "default".to_owned(),
@@ -111,7 +121,7 @@ pub fn event_object(node: &str, e: &NodeEvent, now: jiff::Timestamp) -> Event {
                 namespace: Some(pod.namespace.clone()),
                 name: Some(pod.name.clone()),
                 uid: Some(pod.uid.clone()),
-                field_path: pod.container.as_ref().map(|c| format!("spec.containers{{{c}}}")),
+                field_path: pod.field_path.clone(),
                 ..ObjectReference::default()
             },
         ),
@@ -146,9 +156,8 @@ impl Poster {
                 _ = shutdown.cancelled() => return,
                 e = self.rx.recv() => match e { Some(e) => e, None => return },
             };
-            let wall = jiff::Timestamp::now();
-            let object = event_object(&self.node, &e, wall);
-            let correlated = self.correlator.correlate(object, Instant::now(), wall);
+            let object = event_object(&self.node, &e);
+            let correlated = self.correlator.correlate(object, e.seen, e.at);
             let posted = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 r = self.post(correlated) => r,

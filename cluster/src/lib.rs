@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 pub use client::{Clients, RateLimiter};
 pub use conditions::aggregate;
 pub use credentials::watch as watch_credentials;
-pub use events::{PodRef, Recorder};
+pub use events::{NodeEvent, PodRef, Recorder};
 pub use host::{HostInfo, node_ip};
 pub use labels::{check_label_syntax, check_node_label};
 pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};
