@@ -193,3 +193,14 @@ async fn watch_changes(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn probes_say_the_kubernetes_release_the_node_reports() {
+        // The kubelet's prober names its own release in its User-Agent; pod sync's and the Node's must agree.
+        let request = nodewarden_sync::http_probe_request("127.0.0.1", 80, "/", &[]);
+        let agent = format!("User-Agent: kube-probe/{}\r\n", nodewarden_cluster::KUBERNETES_VERSION);
+        assert!(request.contains(&agent), "{request}");
+    }
+}

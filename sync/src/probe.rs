@@ -184,7 +184,8 @@ pub fn http_probe_request(host: &str, port: u16, path: &str, headers: &[(String,
     let mut req = String::with_capacity(REQUEST_CAPACITY + path.len() + host.len());
     let _ = write!(
         req,
-        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n"
+        // The release is the Node's (`nodewarden_cluster::KUBERNETES_VERSION`; a test of the daemon holds them equal).
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.34\r\nAccept: */*\r\nConnection: close\r\n"
     );
     for (k, v) in headers {
         let _ = write!(req, "{k}: {v}\r\n");
