@@ -40,13 +40,17 @@ pub fn retry_after(e: &kube::Error) -> Option<Duration> {
     (asked > 0 && (s.code == 429 || s.code >= 500)).then(|| Duration::from_secs(u64::from(asked)).min(MAX_RETRY_AFTER))
 }
 
-/// `period` plus up to `fraction` of it, drawn from the clock's nanoseconds (good enough to spread nodes
-/// apart; nothing depends on its quality).
+/// `period` plus up to `fraction` of it, drawn at random ([`random_part`]).
 pub fn jittered(period: Duration, fraction: f64) -> Duration {
+    period + random_part(period.mul_f64(fraction))
+}
+
+/// A part of `period`, from none to nearly all of it, drawn from the clock's nanoseconds (good enough to spread
+/// nodes apart; nothing depends on its quality).
+pub fn random_part(period: Duration) -> Duration {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    let unit = f64::from(nanos % 1_000_000) / 1_000_000.0;
-    period + period.mul_f64(fraction * unit)
+    period.mul_f64(f64::from(nanos % 1_000_000) / 1_000_000.0)
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //! client-go's recorder does ([`crate::correlate`]: repeats counted, similar events combined, a spam filter per
 //! object) and within `eventRecordQPS`/`eventBurst`.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -10,12 +12,19 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::Clients;
+use crate::backoff::random_part;
 use crate::client::RateLimiter;
 use crate::correlate::{Correlated, Correlator};
 
 /// Events waiting to be posted (client-go's broadcaster queues as many); more are dropped (with a log line)
 /// rather than stall a loop.
 const QUEUE: usize = 1000;
+/// Tries of an event whose post failed on its way (the apiserver away, a connection cut), as client-go's.
+const MAX_TRIES: u32 = 12;
+/// The wait between them; the first is a random part of it, so nodes that lost the apiserver together do not
+/// come back together.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+
 /// The `source.component` and `reportingComponent`, as the kubelet's: what `kubectl describe node` shows in
 /// FROM, and what dashboards filter on.
 pub const COMPONENT: &str = "kubelet";
@@ -148,8 +157,9 @@ pub fn event_object(node: &str, e: &NodeEvent) -> Event {
 }
 
 impl Poster {
-    /// Posts events until `shutdown`; a failed post is logged and dropped (events are best effort, as in the
-    /// kubelet).
+    /// Posts events until `shutdown`, one after the other. A post the apiserver refused is logged and dropped;
+    /// one that failed on its way is tried again every [`RETRY_AFTER`], [`MAX_TRIES`] times in all, as client-go
+    /// does (events are best effort, as in the kubelet).
     pub async fn run(mut self, shutdown: CancellationToken) {
         loop {
             let e = tokio::select! {
@@ -158,9 +168,24 @@ impl Poster {
             };
             let object = event_object(&self.node, &e);
             let correlated = self.correlator.correlate(object, e.seen, e.at);
-            let posted = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = self.post(correlated) => r,
+            let mut tries = 0;
+            let posted = loop {
+                let posted = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    r = self.post(correlated.clone()) => r,
+                };
+                tries += 1;
+                match posted {
+                    Err(err) if !matches!(err, kube::Error::Api(_)) && tries < MAX_TRIES => {
+                        tracing::debug!(reason = %e.reason, error = %err, tries, "cannot post an event; trying again");
+                        let wait = if tries == 1 { random_part(RETRY_AFTER) } else { RETRY_AFTER };
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                    other => break other,
+                }
             };
             match posted {
                 Ok(Some(answer)) => {
@@ -202,7 +227,7 @@ impl Poster {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::sync::{Arc, Mutex};
 
     use nodewarden_testapi::TestApi;
     use serde_json::Value;
@@ -274,5 +299,62 @@ mod tests {
         // Two at once, then one a second.
         assert!(start.elapsed() >= Duration::from_millis(1500), "posted in {:?}", start.elapsed());
         stop.cancel();
+    }
+
+    /// The times (since the start) of the requests of a fake apiserver whose n-th request (from 1) `answer`
+    /// answers: `None` for a connection that fails, else (status, body).
+    async fn posts(answer: fn(usize) -> Option<(u16, &'static str)>, events: usize, secs: u64) -> Vec<f64> {
+        let log: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        let seen = log.clone();
+        let service = tower::service_fn(move |_req: http::Request<kube::client::Body>| {
+            let seen = seen.clone();
+            async move {
+                let n = {
+                    let mut l = seen.lock().unwrap();
+                    l.push(Instant::now());
+                    l.len()
+                };
+                let Some((code, body)) = answer(n) else {
+                    return Err(std::io::Error::other("connection reset by peer"));
+                };
+                http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.as_bytes().to_vec()))
+                    .map_err(std::io::Error::other)
+            }
+        });
+        let client = kube::Client::new(service, "default");
+        let clients = Clients::new(client.clone(), client, Arc::new(RateLimiter::new(100.0, 100)));
+        let (recorder, poster) = Recorder::new("n1", clients, None);
+        let stop = CancellationToken::new();
+        let start = Instant::now();
+        let task = tokio::spawn(poster.run(stop.clone()));
+        for i in 0..events {
+            recorder.record("Normal", &format!("Reason{i}"), "m".into());
+        }
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        stop.cancel();
+        task.await.unwrap();
+        log.lock().unwrap().iter().map(|t| (*t - start).as_secs_f64()).collect()
+    }
+
+    const CREATED: &str = r#"{"apiVersion":"v1","kind":"Event","metadata":{"name":"n1.1","namespace":"default","resourceVersion":"1"},"involvedObject":{},"count":1}"#;
+    const FORBIDDEN: &str =
+        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"no","reason":"Forbidden","code":403}"#;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_post_that_fails_on_its_way_is_tried_again_every_10_s_and_a_refused_one_is_not() {
+        // Two connections fail, then the event is created.
+        let times = posts(|n| (n > 2).then_some((201, CREATED)), 1, 60).await;
+        assert_eq!(times.len(), 3, "{times:?}");
+        assert!(times[1] - times[0] < 10.0 + 1e-6, "the first wait is a part of 10 s: {times:?}");
+        assert!((times[2] - times[1] - 10.0).abs() < 0.01, "then 10 s: {times:?}");
+        // An apiserver that stays away: 12 tries in all, then the next event.
+        let times = posts(|_| None, 2, 300).await;
+        assert_eq!(times.len(), 24, "{times:?}");
+        // A refusal is the apiserver's answer: not tried again.
+        let times = posts(|_| Some((403, FORBIDDEN)), 2, 60).await;
+        assert_eq!(times.len(), 2, "{times:?}");
     }
 }
