@@ -92,9 +92,12 @@ pub fn wants_table(accept: &str) -> bool {
 }
 
 fn age(object: &Value) -> String {
-    let Some(created) =
-        object["metadata"]["creationTimestamp"].as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok())
-    else {
+    since(&object["metadata"]["creationTimestamp"])
+}
+
+/// How long ago the timestamp `t` was, as kubectl shows ages (`45s`, `3m`, `2h`, `5d`).
+fn since(t: &Value) -> String {
+    let Some(created) = t.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok()) else {
         return "<unknown>".into();
     };
     let secs = (jiff::Timestamp::now() - created).get_seconds().max(0);
@@ -164,7 +167,8 @@ fn pod_status(pod: &Value) -> String {
 /// How a Table's cells are read off an object.
 type Cells = Box<dyn Fn(&Value) -> Vec<Value>>;
 
-/// A Table of `items` for `r` (NAME and AGE, plus the columns `kubectl get` shows for nodes and leases).
+/// A Table of `items` for `r` (NAME and AGE, plus the columns `kubectl get` shows for nodes, pods, events and
+/// leases).
 pub fn table(r: &Resource, items: &[Value], rv: u64) -> Value {
     let col = |name: &str, ty: &str| json!({"name": name, "type": ty, "format": if name == "Name" { "name" } else { "" }, "description": "", "priority": 0});
     // Columns `kubectl get -o wide` adds.
@@ -227,6 +231,49 @@ pub fn table(r: &Resource, items: &[Value], rv: u64) -> Value {
                     json!(or_none(&p["spec"]["nodeName"])),
                     json!(or_none(&p["status"]["nominatedNodeName"])),
                     json!("<none>"),
+                ]
+            }),
+        ),
+        // The core group's Event, as the apiserver prints it for `kubectl get events`.
+        "Event" if r.group.is_empty() => (
+            vec![
+                col("Last Seen", "string"),
+                col("Type", "string"),
+                col("Reason", "string"),
+                col("Object", "string"),
+                wide("Subobject"),
+                wide("Source"),
+                col("Message", "string"),
+                wide("First Seen"),
+                wide("Count"),
+                wide("Name"),
+            ],
+            Box::new(|e: &Value| {
+                let last = [&e["lastTimestamp"], &e["eventTime"], &e["metadata"]["creationTimestamp"]]
+                    .into_iter()
+                    .find(|t| t.is_string())
+                    .map_or_else(|| "<unknown>".to_owned(), since);
+                let first = since(&e["firstTimestamp"]);
+                let count = e["count"].as_i64().unwrap_or(0);
+                let last_seen = if count > 1 { format!("{last} (x{count} over {first})") } else { last };
+                let o = &e["involvedObject"];
+                let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+                let object = format!("{}/{}", text(&o["kind"]).to_lowercase(), text(&o["name"]));
+                let source = match (text(&e["source"]["component"]), text(&e["source"]["host"])) {
+                    (c, h) if h.is_empty() => c,
+                    (c, h) => format!("{c}, {h}"),
+                };
+                vec![
+                    json!(last_seen),
+                    e["type"].clone(),
+                    e["reason"].clone(),
+                    json!(object),
+                    json!(text(&o["fieldPath"])),
+                    json!(source),
+                    json!(text(&e["message"]).trim()),
+                    json!(first),
+                    json!(count.to_string()),
+                    e["metadata"]["name"].clone(),
                 ]
             }),
         ),

@@ -225,3 +225,26 @@ async fn kubectl_is_refused_a_field_the_kind_does_not_have() {
     let container = &made["spec"]["containers"][0];
     assert_eq!((&container["image"], &container["imagee"]), (&json!("busybox"), &Value::Null), "{container}");
 }
+
+#[tokio::test]
+async fn kubectl_lists_events_as_the_apiserver_prints_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((api, k)) = setup(dir.path()).await else { return };
+    let now = jiff::Timestamp::now();
+    let event = json!({"metadata": {"name": "web.1"}, "type": "Warning", "reason": "BackOff",
+        "message": "Back-off restarting failed container app in pod web_default(u1)", "count": 3,
+        "involvedObject": {"kind": "Pod", "name": "web", "namespace": "default", "fieldPath": "spec.containers{app}"},
+        "source": {"component": "kubelet", "host": "n1"},
+        "firstTimestamp": (now - jiff::SignedDuration::from_secs(300)).to_string(), "lastTimestamp": now.to_string()});
+    api.create("events", Some("default"), event).unwrap();
+    let table = k.ok(&["get", "events"]).await;
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], "{table}");
+    let row = lines.next().unwrap();
+    for cell in ["(x3 over 5m)", "Warning", "BackOff", "pod/web", "Back-off restarting failed container app"] {
+        assert!(row.contains(cell), "{cell} missing from {row:?}");
+    }
+    let wide = k.ok(&["get", "events", "-o", "wide"]).await;
+    assert!(wide.contains("spec.containers{app}") && wide.contains("kubelet, n1"), "{wide}");
+}
