@@ -91,10 +91,7 @@ impl Recorder {
     /// Queues an event (about a pod, or one recorded earlier); never waits.
     pub fn send(&self, e: NodeEvent) {
         if let Err(e) = self.tx.try_send(e) {
-            let reason = match &e {
-                mpsc::error::TrySendError::Full(e) | mpsc::error::TrySendError::Closed(e) => e.reason.clone(),
-            };
-            tracing::warn!(reason, "event dropped: too many waiting to be posted");
+            tracing::warn!(reason = %e.into_inner().reason, "event dropped: too many waiting to be posted");
         }
     }
 }
@@ -139,7 +136,7 @@ pub fn event_object(node: &str, e: &NodeEvent) -> Event {
     Event {
         metadata: ObjectMeta {
             name: Some(format!("{object}.{:x}", now.as_nanosecond())),
-            namespace: Some(namespace.clone()),
+            namespace: Some(namespace),
             ..ObjectMeta::default()
         },
         involved_object,
@@ -168,25 +165,7 @@ impl Poster {
             };
             let object = event_object(&self.node, &e);
             let correlated = self.correlator.correlate(object, e.seen, e.at);
-            let mut tries = 0;
-            let posted = loop {
-                let posted = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    r = self.post(correlated.clone()) => r,
-                };
-                tries += 1;
-                match posted {
-                    Err(err) if !matches!(err, kube::Error::Api(_)) && tries < MAX_TRIES => {
-                        tracing::debug!(reason = %e.reason, error = %err, tries, "cannot post an event; trying again");
-                        let wait = if tries == 1 { random_part(RETRY_AFTER) } else { RETRY_AFTER };
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(wait) => {}
-                        }
-                    }
-                    other => break other,
-                }
-            };
+            let Some(posted) = self.post_with_retries(&correlated, &e.reason, &shutdown).await else { return };
             match posted {
                 Ok(Some(answer)) => {
                     tracing::debug!(reason = %e.reason, count = answer.count, "node event posted");
@@ -196,6 +175,33 @@ impl Poster {
                 Err(err) => tracing::warn!(reason = %e.reason, error = %err, "cannot post a node event"),
             }
         }
+    }
+
+    /// [`Poster::post`], tried again while it fails on its way; `None` once `shutdown` comes.
+    async fn post_with_retries(
+        &self,
+        correlated: &Correlated,
+        reason: &str,
+        shutdown: &CancellationToken,
+    ) -> Option<Result<Option<Event>, kube::Error>> {
+        for tries in 1.. {
+            let posted = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                r = self.post(correlated.clone()) => r,
+            };
+            match posted {
+                Err(err) if !matches!(err, kube::Error::Api(_)) && tries < MAX_TRIES => {
+                    tracing::debug!(reason, error = %err, tries, "cannot post an event; trying again");
+                    let wait = if tries == 1 { random_part(RETRY_AFTER) } else { RETRY_AFTER };
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+                done => return Some(done),
+            }
+        }
+        None
     }
 
     /// Creates or patches the event as correlated; what the apiserver answered, or `None` for an event skipped.
