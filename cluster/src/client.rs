@@ -1,7 +1,7 @@
-//! The two clients the kubelet keeps: the main one, rate limited by `kubeAPIQPS`/`kubeAPIBurst`, and the
-//! heartbeat one, unlimited and with a short timeout, so that a busy or slow main client never delays a Lease
-//! renewal or a status report. Each request is bounded as a whole, to its last byte, by its client's timeout,
-//! and each answer by [`MAX_ANSWER_BYTES`].
+//! The clients the kubelet keeps: the main one, rate limited by `kubeAPIQPS`/`kubeAPIBurst`, and the heartbeat
+//! one, unlimited and with a short timeout, so that a busy or slow main client never delays a Lease renewal or a
+//! status report; and one for watches, whose answers stream for minutes. Each request is bounded as a whole, to
+//! its last byte, by its client's timeout, and each answer by its client's size cap.
 
 use std::path::Path;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -61,10 +61,17 @@ pub struct Clients {
 struct Pair {
     main: kube::Client,
     heartbeat: kube::Client,
+    watch: kube::Client,
 }
 
 /// How long the main client waits to connect and for a whole answer.
 const MAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the apiserver keeps a watch open (`timeoutSeconds`): it ends it, and the watcher starts the next.
+pub const WATCH_SECONDS: u32 = 290;
+/// The watch client's bound on a whole watch: past the apiserver's own end of it.
+const WATCH_DEADLINE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 30);
+/// The most bytes one watch streams before it is cut (and the watcher starts the next from where it was).
+const MAX_WATCH_BYTES: usize = 64 << 20;
 /// The largest answer either client takes: above the largest object etcd stores by default (1.5 MiB) with room
 /// for a list of the node's own objects, far below what would grow the daemon's locked memory much.
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
@@ -97,25 +104,29 @@ impl Clients {
         burst: u32,
         heartbeat_timeout: Duration,
     ) -> Result<Clients, ClusterError> {
-        let client = |timeout: Duration| {
+        let client = |timeout: Duration, deadline: Duration, max_bytes: usize| {
             let mut c = config.clone();
             // Retries are the loops' own, with the kubelet's back-offs: the client's retry layer would hold a
             // status update for minutes while the apiserver answers 503.
             c.default_retry = false;
             c.connect_timeout = Some(timeout);
-            c.read_timeout = Some(timeout);
+            c.read_timeout = Some(deadline);
             c.write_timeout = Some(timeout);
             c.reset_reader_on_write = true;
             let builder = kube::client::ClientBuilder::try_from(c).map_err(|e| ClusterError::Client(e.to_string()))?;
-            let bounds = Bounds { deadline: timeout, max_bytes: MAX_ANSWER_BYTES };
-            Ok(builder.with_layer(&bounds).build())
+            Ok(builder.with_layer(&Bounds { deadline, max_bytes }).build())
         };
-        Ok(Clients::new(client(MAIN_TIMEOUT)?, client(heartbeat_timeout)?, Arc::new(RateLimiter::new(qps, burst))))
+        let main = client(MAIN_TIMEOUT, MAIN_TIMEOUT, MAX_ANSWER_BYTES)?;
+        let heartbeat = client(heartbeat_timeout, heartbeat_timeout, MAX_ANSWER_BYTES)?;
+        let watch = client(MAIN_TIMEOUT, WATCH_DEADLINE, MAX_WATCH_BYTES)?;
+        let pair = Pair { main, heartbeat, watch };
+        Ok(Clients { pair: Arc::new(RwLock::new(pair)), limiter: Arc::new(RateLimiter::new(qps, burst)) })
     }
 
-    /// Clients from a main and a heartbeat client.
+    /// Clients from a main and a heartbeat client; watches go through the main one.
     pub fn new(main: kube::Client, heartbeat: kube::Client, limiter: Arc<RateLimiter>) -> Clients {
-        Clients { pair: Arc::new(RwLock::new(Pair { main, heartbeat })), limiter }
+        let watch = main.clone();
+        Clients { pair: Arc::new(RwLock::new(Pair { main, heartbeat, watch })), limiter }
     }
 
     fn pair(&self) -> Pair {
@@ -131,6 +142,11 @@ impl Clients {
     /// nodeLeaseDurationSeconds).
     pub fn heartbeat(&self) -> kube::Client {
         self.pair().heartbeat
+    }
+
+    /// List and watch: no rate limit (a watch is one long request), the answer bounded by the watch's duration.
+    pub fn watch(&self) -> kube::Client {
+        self.pair().watch
     }
 
     /// Takes `other`'s clients (new credentials) for every request from now on; the rate limit stays.

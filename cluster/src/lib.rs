@@ -17,6 +17,7 @@ mod host;
 mod labels;
 mod lease;
 mod node;
+mod pods;
 mod register;
 mod status;
 
@@ -37,8 +38,11 @@ pub use conditions::aggregate;
 pub use credentials::watch as watch_credentials;
 pub use events::{NodeEvent, PodRef, Recorder};
 pub use host::{HostInfo, node_ip};
+/// An error of a request to the apiserver.
+pub use kube::Error as KubeError;
 pub use labels::{check_label_syntax, check_node_label};
 pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};
+pub use pods::{MIRROR_ANNOTATION, PodSet, PodWriter, Written, config_hash, is_mirror, watch_pods};
 
 /// Why the node side cannot start.
 #[derive(Debug, thiserror::Error)]
