@@ -8,21 +8,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nodewarden_cluster::{
-    Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, binary_si, cpu, watch_credentials,
+    Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, PodWriter, binary_si, cpu, watch_credentials,
+    watch_pods,
 };
 use nodewarden_resources::{Condition, Resources};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use nodewarden_eviction::EvictionStatus;
 use nodewarden_runtime::SelectedRuntime;
-use nodewarden_sync::PodManager;
+use nodewarden_sync::{PodManager, PodSource, SourceSnapshot};
 
+use crate::api_source::ApiPodSource;
 use crate::daemon::{NodeReport, NodeResources};
 use crate::health::Health;
 use crate::pod_events::PodEvents;
+use crate::pod_status::StatusManager;
 
 /// The readiness checks that make the Node's `Ready` condition besides the runtime's own, worded as the
 /// kubelet words its health checks (`<check> is not healthy: <why>`). The eviction inputs are left out: a
@@ -118,13 +121,18 @@ pub fn settings(c: &Config) -> ClusterSettings {
 
 /// Reads the kubeconfig (an unusable one is an error now) and starts registration, heartbeats and node status
 /// in the background: building the clients loads the root certificates, which no other part of the start waits
-/// for. The status is `/readyz`'s `apiserver` check from the start.
+/// for. Once the Node is registered, the node's pods are watched and sent to `pod_source` (as source `api`, which
+/// the pod manager must expect), and their statuses reported. The status is `/readyz`'s `apiserver` check from
+/// the start.
+#[expect(clippy::too_many_arguments, reason = "the parts of the daemon the cluster side joins, each once")]
 pub async fn start(
     kubeconfig: &Path,
     config: &Config,
     node_ip: Option<std::net::IpAddr>,
     facts: DaemonFacts,
     pod_events: Arc<PodEvents>,
+    pod_source: mpsc::Sender<SourceSnapshot>,
+    start_sli: prometheus::Histogram,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Arc<ClusterStatus>> {
@@ -145,8 +153,33 @@ pub async fn start(
             Ok(Ok(clients)) => {
                 // A renewed client certificate (or token) is taken up without a restart.
                 tasks2.spawn(watch_credentials(path, clients.clone(), qps, burst, timeout, shutdown2.clone()));
-                let recorder = nodewarden_cluster::start(status2, s, clients, facts, changed, &tasks2, shutdown2);
+                let node = s.node_name.clone();
+                let store = facts.pods.store();
+                let (c, st) = (clients.clone(), status2.clone());
+                let recorder =
+                    nodewarden_cluster::start(status2, s, clients.clone(), facts, changed, &tasks2, shutdown2.clone());
                 pod_events.join(recorder);
+                let (set_tx, set) = watch::channel(None);
+                let mirrors = PodWriter::new(clients.clone());
+                let mirroring = crate::mirror::run(
+                    store.clone(),
+                    mirrors,
+                    st.clone(),
+                    node.clone(),
+                    set.clone(),
+                    shutdown2.clone(),
+                );
+                tasks2.spawn(mirroring);
+                tasks2.spawn(watch_pods(c, st, node, set_tx, shutdown2.clone()));
+                let source = ApiPodSource { pods: set.clone(), start_sli };
+                tasks2.spawn(source.run(pod_source, shutdown2.clone()));
+                match store.reader() {
+                    Some(reader) => {
+                        let manager = StatusManager::new(reader, PodWriter::new(clients), set);
+                        tasks2.spawn(manager.run(shutdown2));
+                    }
+                    None => tracing::error!("the pod status feed has another reader; pod statuses are not reported"),
+                }
                 return;
             }
             Ok(Err(e)) => e.to_string(),

@@ -18,7 +18,7 @@ use nodewarden_resources::{
 };
 use nodewarden_runtime::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
 use nodewarden_runtime::{ProcessRuntime, SelectedRuntime};
-use nodewarden_sync::{FILE_SOURCE, PodManager, PodSource, StaticPodSource, SyncMetrics, SyncSettings};
+use nodewarden_sync::{API_SOURCE, FILE_SOURCE, PodManager, PodSource, StaticPodSource, SyncMetrics, SyncSettings};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -476,11 +476,18 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     if flags.kubeconfig.is_some() {
         // The first pods' events are kept until the node side can post them.
         daemon.pod_events.expect_cluster();
+        // Pods adopted at start may be the apiserver's: none is cleaned up before its first list.
+        daemon.pods.expect_source(API_SOURCE);
     }
-    if let Some((source, dir)) = static_pods {
-        tracing::info!(dir = %dir.display(), "watching static pod manifests");
-        daemon.pods.expect_source(FILE_SOURCE);
-        tasks.spawn(source.run(tx, shutdown.clone()));
+    // The pod manager knows there is no source at all once every sender is gone.
+    let api_tx = flags.kubeconfig.is_some().then(|| tx.clone());
+    match static_pods {
+        Some((source, dir)) => {
+            tracing::info!(dir = %dir.display(), "watching static pod manifests");
+            daemon.pods.expect_source(FILE_SOURCE);
+            tasks.spawn(source.run(tx, shutdown.clone()));
+        }
+        None => drop(tx),
     }
     tasks.spawn(daemon.pods.clone().run(rx));
     let (wake_tx, wake_rx) = mpsc::channel(8);
@@ -489,6 +496,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     // The pressure stall counters count from here; the adopted pods show from the first scrape.
     daemon.metrics.refresh(daemon.ledger.view());
     let endpoints = daemon.endpoints();
+    let start_sli = daemon.metrics.pod_start_sli.clone();
     let Daemon {
         ledger,
         pods,
@@ -507,9 +515,11 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     tasks.spawn(crate::reload::watch(path, reloader, shutdown.clone()));
 
     // Before the endpoints are served: /readyz names the apiserver from its first answer.
-    if let Some(kubeconfig) = &flags.kubeconfig {
+    if let (Some(kubeconfig), Some(api_tx)) = (&flags.kubeconfig, api_tx) {
         let facts = crate::cluster::DaemonFacts::new(health.clone(), pods.clone(), eviction_status, node);
-        let joining = crate::cluster::start(kubeconfig, &config, node_ip, facts, pod_events, &tasks, &shutdown);
+        let joining = crate::cluster::start(
+            kubeconfig, &config, node_ip, facts, pod_events, api_tx, start_sli, &tasks, &shutdown,
+        );
         let started = signals.unless(joining);
         match started.await {
             Ok(status) => health.set_cluster(status.context("--kubeconfig")?),

@@ -4,6 +4,7 @@
 //! kubeconfig); `nodewarden check-config PATH` validates a config and prints
 //! the effective values.
 
+mod api_source;
 mod cluster;
 mod cri;
 mod daemon;
@@ -13,8 +14,10 @@ mod kernel_defaults;
 mod listen;
 mod lock;
 mod metrics;
+mod mirror;
 mod notify;
 mod pod_events;
+mod pod_status;
 mod reload;
 mod serve;
 mod shutdown;

@@ -28,6 +28,8 @@ pub struct Metrics {
     housekeeping_errors: IntCounter,
     config_reloads: IntCounterVec,
     config_last_reload_ok: IntGauge,
+    /// `kubelet_pod_start_sli_duration_seconds`: observed by the apiserver pod source.
+    pub pod_start_sli: Histogram,
 }
 
 /// Registration can fail only on a programming error (a duplicate or invalid name); tests cover it.
@@ -69,6 +71,18 @@ impl Metrics {
                 .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
         )?;
         r.register(Box::new(housekeeping_duration.clone()))?;
+        let pod_start_sli = Histogram::with_opts(
+            HistogramOpts::new(
+                "kubelet_pod_start_sli_duration_seconds",
+                "Duration in seconds to start a pod bound to the node, from its creation to all its containers \
+                 running as observed through the watch of the node's pods",
+            )
+            .buckets(vec![
+                0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0,
+                360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+            ]),
+        )?;
+        r.register(Box::new(pod_start_sli.clone()))?;
         let housekeeping_errors =
             IntCounter::new("nodewarden_housekeeping_errors_total", "Observation passes that failed.")?;
         r.register(Box::new(housekeeping_errors.clone()))?;
@@ -130,6 +144,7 @@ impl Metrics {
             last_stall_total: std::sync::Mutex::new(BTreeMap::new()),
             pods,
             housekeeping_duration,
+            pod_start_sli,
             housekeeping_errors,
             registry: r,
         })

@@ -53,12 +53,24 @@ fn logged_at(log: &str, needle: &str) -> Option<jiff::Timestamp> {
     log.lines().find(|l| l.contains(needle)).and_then(|l| l.split_whitespace().next()?.parse().ok())
 }
 
-#[test]
-fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
+/// A test apiserver in this process and a daemon joining it (started, maybe not ready yet), with the quiet static
+/// pod and `extra` config lines.
+struct Joined {
+    api: TestApi,
+    /// A kubeconfig of the cluster's admin.
+    admin: PathBuf,
+    kubectl: PathBuf,
+    d: Daemon,
+    dir: tempfile::TempDir,
+    _rt: tokio::runtime::Runtime,
+}
+
+/// [`Joined`], unless the test is skipped here (no cgroup v2, no kubectl).
+fn join(name: &str, extra: &str) -> Option<Joined> {
     if !cgroup2_available() {
-        return;
+        return None;
     }
-    let Some(kubectl_bin) = kubectl_binary() else { return };
+    let kubectl = kubectl_binary()?;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let api = rt.block_on(TestApi::start(0)).unwrap();
     api.add_token("node-token", Some(NODE));
@@ -67,14 +79,19 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     let node_kubeconfig = api.write_kubeconfig(dir.path(), "node-token").unwrap();
     let admin = api.write_kubeconfig(dir.path(), "admin-token").unwrap();
     let manifests = quiet_manifests(dir.path());
-    let top = format!(
-        "  nodeName: {NODE}\nstaticPodPath: {}\nnodeLeaseDurationSeconds: 8\n\
-         evictionPressureTransitionPeriod: 5s\nnodeLabels:\n  example.com/rack: r1\n",
-        manifests.display()
-    );
-    let mut d = Daemon::new("cluster", &top);
+    let mut d = Daemon::new(name, &format!("  nodeName: {NODE}\nstaticPodPath: {}\n{extra}", manifests.display()));
     d.args = vec!["--kubeconfig".into(), node_kubeconfig.display().to_string(), "--node-ip".into(), NODE_IP.into()];
     d.start();
+    Some(Joined { api, admin, kubectl, d, dir, _rt: rt })
+}
+
+#[test]
+fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
+    let extra =
+        "nodeLeaseDurationSeconds: 8\nevictionPressureTransitionPeriod: 5s\nnodeLabels:\n  example.com/rack: r1\n";
+    let Some(Joined { api, admin, kubectl: kubectl_bin, mut d, dir: _dir, _rt }) = join("cluster", extra) else {
+        return;
+    };
     // /readyz includes the apiserver check: ready means registered and heartbeating.
     d.wait_ready();
     // Ready is reported within a second of the daemon being ready (not at the next 10 s update).
@@ -310,5 +327,125 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
         !api.requests().iter().any(|r| r.method == "POST" && r.path == "/api/v1/nodes" && r.at > trickled.into()),
         "a create was tried after the deletion"
     );
+    assert_eq!(d.stop(), Some(0));
+}
+
+/// A pod bound to the node, as the scheduler binds one (no service account token: nodewarden does not mount
+/// projected volumes yet).
+fn bound_pod(name: &str, grace: u32, command: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \
+         automountServiceAccountToken: false\n  terminationGracePeriodSeconds: {grace}\n  containers:\n  \
+         - name: app\n    image: busybox\n    command: [sh, -c, '{command}']\n"
+    )
+}
+
+/// The container of the daemon's pod `name` (from `/pods`), as its ID and start time.
+fn container_of(port: u16, name: &str) -> Option<String> {
+    let (_, body) = get(port, "/pods")?;
+    let pods: Value = serde_json::from_str(&body).ok()?;
+    let pod = pods["items"].as_array()?.iter().find(|p| p["metadata"]["name"] == name)?.clone();
+    let c = &pod["status"]["containerStatuses"][0];
+    Some(format!("{} {}", c["containerID"], c["state"]["running"]["startedAt"].as_str()?))
+}
+
+#[test]
+fn pods_bound_to_the_node_run_report_and_are_deleted_as_on_a_kubelet() {
+    let Some(Joined { api, admin, kubectl: kubectl_bin, mut d, dir, _rt }) = join("apipods", "") else { return };
+    d.wait_ready();
+
+    // Two pods applied with kubectl: Running in the apiserver, with the node's IP (the process runtime's pods
+    // are on the host's network), as kubectl get -o wide shows them.
+    let stubborn = bound_pod("stubborn", 30, "trap \"\" TERM; while true; do sleep 0.2; done");
+    let steady = bound_pod("steady", 30, "exec sleep 1000");
+    let file = dir.path().join("pods.yaml");
+    std::fs::write(&file, format!("{stubborn}---\n{steady}")).unwrap();
+    kubectl(&kubectl_bin, &admin, &["apply", "-f", file.to_str().unwrap()]);
+    let running = |name: &str| {
+        api.get("pods", Some("default"), name)
+            .is_some_and(|p| p["status"]["phase"] == "Running" && condition(&p, "Ready")["status"] == "True")
+    };
+    let took =
+        wait_until(30, "both pods Running and Ready in the apiserver", || running("stubborn") && running("steady"));
+    eprintln!("two pods bound to the node: Running and Ready in the apiserver after {took:?}");
+    let p = api.get("pods", Some("default"), "stubborn").unwrap();
+    assert_eq!((&p["status"]["podIP"], &p["status"]["hostIP"]), (&json!(NODE_IP), &json!(NODE_IP)), "{p:#}");
+    assert_eq!(p["status"]["podIPs"], json!([{"ip": NODE_IP}]), "{p:#}");
+    assert!(p["status"]["startTime"].is_string(), "{p:#}");
+    assert_eq!(p["status"]["qosClass"], "BestEffort");
+    assert!(p["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].is_string(), "{p:#}");
+    let table = kubectl(&kubectl_bin, &admin, &["get", "pods", "-o", "wide"]);
+    assert!(
+        table.lines().any(|l| l.starts_with("stubborn ") && l.contains("Running") && l.contains(NODE_IP)),
+        "{table}"
+    );
+    let (_, pods) = get(d.port, "/pods").unwrap();
+    assert!(pods.contains("\"kubernetes.io/config.source\":\"api\""), "{pods}");
+
+    // The static pod's mirror: listed with the static pod's status, made again when kubectl deletes it, and the
+    // static pod untouched.
+    let quiet = format!("quiet-{NODE}");
+    let mirror = || api.get("pods", Some("default"), &quiet);
+    wait_until(20, "the static pod's mirror Running", || {
+        mirror().is_some_and(|m| m["status"]["phase"] == "Running" && condition(&m, "Ready")["status"] == "True")
+    });
+    let m = mirror().unwrap();
+    assert!(m["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string(), "{m:#}");
+    let owner = &m["metadata"]["ownerReferences"][0];
+    assert_eq!((&owner["kind"], &owner["name"], &owner["controller"]), (&json!("Node"), &json!(NODE), &json!(true)));
+    let static_container = container_of(d.port, &quiet).unwrap();
+    let first_uid = m["metadata"]["uid"].clone();
+    kubectl(&kubectl_bin, &admin, &["delete", "pod", &quiet, "--wait=false"]);
+    let took = wait_until(20, "the mirror made again", || {
+        mirror().is_some_and(|m| m["metadata"]["uid"] != first_uid && m["metadata"]["deletionTimestamp"].is_null())
+    });
+    eprintln!("a mirror pod deleted with kubectl was made again after {took:?}");
+    assert_eq!(container_of(d.port, &quiet), Some(static_container), "the static pod was touched");
+
+    // kubectl delete with a 3 s grace period, waiting as it does by default: the container ignores SIGTERM, is
+    // killed when the 3 s are over, and the node deletes the pod for good once its final status is in.
+    let t0 = Instant::now();
+    kubectl(&kubectl_bin, &admin, &["delete", "pod", "stubborn", "--grace-period=3"]);
+    let took = t0.elapsed();
+    eprintln!("kubectl delete --grace-period=3 of a pod that ignores SIGTERM returned after {took:?}");
+    assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(15), "{took:?}");
+    assert!(api.get("pods", Some("default"), "stubborn").is_none());
+    let deleted = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && r.path.ends_with("/pods/stubborn"))
+        .map(|r| r.body)
+        .collect::<Vec<_>>();
+    assert!(deleted.iter().any(|b| b.contains("\"gracePeriodSeconds\":0") && b.contains("\"uid\"")), "{deleted:?}");
+    wait_until(10, "the deleted pod gone from the node", || container_of(d.port, "stubborn").is_none());
+
+    // The apiserver away while one pod is deleted and another created: nothing changes on the node meanwhile,
+    // and both are applied once it is back.
+    let before = container_of(d.port, "steady").unwrap();
+    api.set_up(false);
+    std::thread::sleep(Duration::from_secs(2));
+    api.delete("pods", Some("default"), "steady", Some(2)).unwrap();
+    let later = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "later", "namespace": "default"},
+        "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                 "containers": [{"name": "app", "image": "busybox", "command": ["sleep", "1000"]}]},
+    });
+    api.create("pods", Some("default"), later).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        container_of(d.port, "steady").as_ref(),
+        Some(&before),
+        "the pod was touched while the apiserver was away"
+    );
+    assert!(container_of(d.port, "later").is_none());
+    api.set_up(true);
+    let took = wait_until(60, "the deletion and the creation applied", || {
+        api.get("pods", Some("default"), "steady").is_none() && running("later")
+    });
+    eprintln!("after the apiserver's return: a deletion and a creation made meanwhile applied in {took:?}");
+
+    // A forced deletion: gone from the apiserver at once, and the node stops the pod.
+    kubectl(&kubectl_bin, &admin, &["delete", "pod", "later", "--force", "--grace-period=0"]);
+    wait_until(40, "the force-deleted pod stopped on the node", || container_of(d.port, "later").is_none());
     assert_eq!(d.stop(), Some(0));
 }

@@ -29,12 +29,14 @@ pub use feed::{StatusReader, StatusUpdate};
 pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{
-    CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, MAX_MANIFEST_BYTES, ManifestError, parse_static_pod,
-    read_manifest,
+    CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, MAX_MANIFEST_BYTES, ManifestError, check_api_pod,
+    parse_static_pod, read_manifest,
 };
 pub use metrics::SyncMetrics;
 pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};
-pub use source::{FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file};
+pub use source::{
+    API_SOURCE, FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file,
+};
 pub use spec::{PodContext, PodIps, container_spec, sandbox_spec};
 pub use state::{
     SavedContainer, SavedPod, WriteError as StateWriteError, mark as mark_pod_dir, save as save_pod_state,

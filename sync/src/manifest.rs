@@ -137,8 +137,27 @@ fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
-/// The checks Kubernetes' API validation makes that nodewarden depends on.
+/// Checks a pod from the apiserver (which validated it already) for what nodewarden builds paths, cgroups and
+/// requests from: its UID (required), names, containers, probes and resources. Its volumes' kinds are not
+/// checked here: a volume nodewarden cannot make fails the pod's mount (`FailedMount`), as on a kubelet.
+pub fn check_api_pod(pod: &Pod) -> Result<(), ManifestError> {
+    if pod.metadata.uid.as_deref().is_none_or(str::is_empty) {
+        return Err(invalid("metadata.uid", "required"));
+    }
+    validate_common(pod)
+}
+
+/// The checks Kubernetes' API validation makes that nodewarden depends on, for a manifest.
 fn validate(pod: &Pod) -> Result<(), ManifestError> {
+    validate_common(pod)?;
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        crate::volumes::VolumeSource::from_volume(v).map_err(|m| invalid(format!("spec.volumes[{}]", v.name), m))?;
+    }
+    Ok(())
+}
+
+/// The checks of both a manifest and a pod from the apiserver.
+fn validate_common(pod: &Pod) -> Result<(), ManifestError> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     if !is_dns_subdomain(name) {
         return Err(invalid(
@@ -185,7 +204,6 @@ fn validate(pod: &Pod) -> Result<(), ManifestError> {
         if !is_dns_label(&v.name) || !seen.insert(v.name.as_str()) {
             return Err(invalid(format!("spec.volumes[{i}].name"), format!("{:?} is not a unique DNS label", v.name)));
         }
-        crate::volumes::VolumeSource::from_volume(v).map_err(|m| invalid(format!("spec.volumes[{}]", v.name), m))?;
     }
     match spec.restart_policy.as_deref() {
         None | Some("Always" | "OnFailure" | "Never") => {}

@@ -38,6 +38,9 @@ pub struct SourceSnapshot {
 /// The static pod directory's name as a source.
 pub const FILE_SOURCE: &str = "file";
 
+/// The apiserver's name as a source (the `kubernetes.io/config.source` of its pods).
+pub const API_SOURCE: &str = "api";
+
 /// A source of pods: runs until shutdown, sending a snapshot after each change.
 pub trait PodSource: Send + 'static {
     /// Runs the source. The first snapshot is the initial state; the manager treats pods it adopted and that no

@@ -92,6 +92,11 @@ impl StatusStore {
         self.pods.read().unwrap_or_else(PoisonError::into_inner).get(uid).map(|p| Pod::clone(p))
     }
 
+    /// Every pod the store has.
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.read().unwrap_or_else(PoisonError::into_inner).values().cloned().collect()
+    }
+
     /// The pods that are over (phase `Succeeded` or `Failed`: finished or evicted).
     pub fn finished(&self) -> Vec<Pod> {
         let over = [PodPhase::Succeeded.as_str(), PodPhase::Failed.as_str()];

@@ -1,0 +1,201 @@
+//! The apiserver as a source of pods: each set of the node's pods the watch hands over (see
+//! `nodewarden_cluster::watch_pods`) becomes a snapshot of source `api` for pod sync. Mirror pods are left out
+//! (they are the apiserver's copies of static pods), each pod carries `kubernetes.io/config.source: api`, and
+//! what only the apiserver keeps (the status it was last told, the resource version) is dropped, so that the
+//! node's own status writes do not read as changes of the pod.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_cluster::{PodSet, is_mirror};
+use nodewarden_sync::{
+    API_SOURCE, CONFIG_SOURCE_ANNOTATION, InvalidManifest, PodSource, SourceSnapshot, check_api_pod,
+};
+use prometheus::Histogram;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// The node's pods from the apiserver, as a pod source.
+pub struct ApiPodSource {
+    /// The latest complete set (none before the first list is complete).
+    pub pods: watch::Receiver<Option<Arc<PodSet>>>,
+    /// `kubelet_pod_start_sli_duration_seconds`.
+    pub start_sli: Histogram,
+}
+
+impl PodSource for ApiPodSource {
+    async fn run(mut self, tx: mpsc::Sender<SourceSnapshot>, shutdown: CancellationToken) {
+        let mut starts = Starts::default();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = self.pods.changed() => if changed.is_err() { return },
+            }
+            // The latest set only: sets that came while the manager was busy are passed over.
+            let Some(set) = self.pods.borrow_and_update().clone() else { continue };
+            for (pod, took) in starts.observe(&set, Timestamp::now()) {
+                tracing::info!(pod = %pod, seconds = took, "observed the pod's start through the watch");
+                self.start_sli.observe(took);
+            }
+            let snapshot = snapshot(&set);
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                sent = tx.send(snapshot) => if sent.is_err() { return },
+            }
+        }
+    }
+}
+
+/// The pod startup SLI as the kubelet measures it: from a pod's creation to the moment the watch shows all its
+/// containers running, for pods first seen not running. (Image pulls are not taken out yet.)
+#[derive(Debug, Default)]
+struct Starts {
+    /// Every pod of the last set.
+    seen: BTreeSet<String>,
+    /// The pods not running yet, with their creation time.
+    waiting: BTreeMap<String, Timestamp>,
+}
+
+impl Starts {
+    /// The pods of `set` whose start is observed now: their namespaced names and seconds from their creation.
+    fn observe(&mut self, set: &PodSet, now: Timestamp) -> Vec<(String, f64)> {
+        let mut out = Vec::new();
+        for (uid, pod) in set.iter().filter(|(_, p)| !is_mirror(p)) {
+            let new = self.seen.insert(uid.clone());
+            if all_running(pod) {
+                if let Some(created) = self.waiting.remove(uid) {
+                    let took = now.duration_since(created).as_secs_f64().max(0.0);
+                    let meta = &pod.metadata;
+                    let name = format!(
+                        "{}/{}",
+                        meta.namespace.as_deref().unwrap_or_default(),
+                        meta.name.as_deref().unwrap_or_default()
+                    );
+                    out.push((name, took));
+                }
+            } else if new && let Some(created) = &pod.metadata.creation_timestamp {
+                self.waiting.insert(uid.clone(), created.0);
+            }
+        }
+        self.seen.retain(|uid| set.contains_key(uid));
+        self.waiting.retain(|uid, _| set.contains_key(uid));
+        out
+    }
+}
+
+/// Whether each of the pod's containers is running, as its status in the apiserver says.
+fn all_running(pod: &Pod) -> bool {
+    let wanted = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+    statuses.is_some_and(|c| {
+        wanted > 0 && c.len() == wanted && c.iter().all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    })
+}
+
+/// The snapshot of a set of the apiserver's pods.
+pub fn snapshot(set: &PodSet) -> SourceSnapshot {
+    let mut pods = Vec::with_capacity(set.len());
+    let mut invalid = Vec::new();
+    for pod in set.values().filter(|p| !is_mirror(p)) {
+        if let Err(error) = check_api_pod(pod) {
+            let meta = &pod.metadata;
+            let path = PathBuf::from(format!(
+                "{}/{}",
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default()
+            ));
+            tracing::warn!(pod = %path.display(), error = %error, "a pod from the apiserver is refused");
+            invalid.push(InvalidManifest { path, error });
+            continue;
+        }
+        pods.push(as_source_pod(pod));
+    }
+    SourceSnapshot { source: API_SOURCE, pods, invalid }
+}
+
+/// The pod as pod sync takes it: its spec and metadata, marked as the apiserver's.
+fn as_source_pod(pod: &Pod) -> Pod {
+    let mut p = Pod { metadata: pod.metadata.clone(), spec: pod.spec.clone(), status: None };
+    p.metadata.resource_version = None;
+    p.metadata.managed_fields = None;
+    p.metadata.annotations.get_or_insert_default().insert(CONFIG_SOURCE_ANNOTATION.into(), API_SOURCE.into());
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, uid: &str, extra: serde_json::Value) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "default", "uid": uid, "resourceVersion": "7"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "app", "image": "busybox"}]},
+            "status": {"phase": "Running"},
+        });
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            for (k, x) in e {
+                o.insert(k.clone(), x.clone());
+            }
+        }
+        serde_json::from_value(v).unwrap_or_default()
+    }
+
+    #[test]
+    fn mirror_pods_are_left_out_and_the_rest_marked_as_the_apiservers() {
+        let mirror = pod(
+            "static-n1",
+            "m1",
+            json!({"metadata": {"name": "static-n1", "namespace": "kube-system", "uid": "m1",
+                    "annotations": {"kubernetes.io/config.mirror": "abc"}}}),
+        );
+        let bad = pod("bad", "u2", json!({"spec": {"containers": []}}));
+        let set = PodSet::from([("u1".into(), pod("web", "u1", json!({}))), ("m1".into(), mirror), ("u2".into(), bad)]);
+        let s = snapshot(&set);
+        assert_eq!(s.source, "api");
+        assert_eq!(s.pods.len(), 1, "{:?}", s.pods);
+        let p = &s.pods[0];
+        assert_eq!(p.metadata.name.as_deref(), Some("web"));
+        assert_eq!(p.metadata.annotations.as_ref().unwrap()["kubernetes.io/config.source"], "api");
+        assert!(p.status.is_none() && p.metadata.resource_version.is_none(), "the apiserver's own fields: {p:?}");
+        assert_eq!(s.invalid.len(), 1);
+        assert_eq!(s.invalid[0].path, PathBuf::from("default/bad"));
+    }
+
+    #[test]
+    fn a_start_is_observed_from_creation_to_all_containers_running_for_pods_first_seen_waiting() {
+        let created = json!({"metadata": {"name": "web", "namespace": "default", "uid": "u1",
+            "creationTimestamp": "2026-12-06T10:00:00Z"}});
+        let mut waiting = pod("web", "u1", created.clone());
+        waiting.status = None;
+        let running = pod(
+            "web",
+            "u1",
+            json!({"metadata": created["metadata"].clone(),
+            "status": {"phase": "Running", "containerStatuses": [{"name": "app", "image": "busybox", "imageID": "",
+                "ready": true, "restartCount": 0, "state": {"running": {"startedAt": "2026-12-06T10:00:01Z"}}}]}}),
+        );
+        let at = |s: &str| -> Timestamp { s.parse().unwrap() };
+        let mut starts = Starts::default();
+        assert!(starts.observe(&PodSet::from([("u1".into(), waiting.clone())]), at("2026-12-06T10:00:01Z")).is_empty());
+        let seen = starts.observe(&PodSet::from([("u1".into(), running.clone())]), at("2026-12-06T10:00:02.5Z"));
+        assert_eq!(seen, [("default/web".to_owned(), 2.5)]);
+        assert!(starts.observe(&PodSet::from([("u1".into(), running.clone())]), at("2026-12-06T10:00:09Z")).is_empty());
+        // Running when first seen (the node restarted): not a start this node saw.
+        let mut fresh = Starts::default();
+        assert!(fresh.observe(&PodSet::from([("u1".into(), running)]), at("2026-12-06T10:00:09Z")).is_empty());
+        assert!(fresh.waiting.is_empty());
+    }
+
+    #[test]
+    fn a_status_write_echoed_by_the_watch_is_no_change_of_the_pod() {
+        let before = pod("web", "u1", json!({}));
+        let mut after = before.clone();
+        after.metadata.resource_version = Some("8".into());
+        after.status.get_or_insert_default().phase = Some("Succeeded".into());
+        assert_eq!(as_source_pod(&before), as_source_pod(&after));
+    }
+}

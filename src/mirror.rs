@@ -1,0 +1,163 @@
+//! Mirror pods: the apiserver's copy of each static pod (manifest or URL), so that a cluster sees the pods the
+//! node runs on its own, as the kubelet makes them. A mirror is made for each static pod, made again when the
+//! static pod's hash changes or an operator deletes it, and deleted once its static pod is gone; mirror pods are
+//! never run (the apiserver source leaves them out). Deletions carry the mirror's UID as a precondition.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use nodewarden_cluster::{ClusterStatus, PodSet, PodWriter, config_hash, is_mirror};
+use nodewarden_sync::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, StatusStore};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How often the mirrors are compared with the static pods (and at once when the apiserver's pods change).
+const PERIOD: Duration = Duration::from_secs(2);
+
+/// What one pass does about one pod.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Make the mirror of this static pod.
+    Create(Arc<Pod>),
+    /// Delete this mirror (stale, or its static pod is gone).
+    Delete(Box<Pod>),
+}
+
+fn key(p: &Pod) -> (String, String) {
+    (p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default())
+}
+
+fn is_static(p: &Pod) -> bool {
+    p.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION)).is_some_and(|s| s != API_SOURCE)
+}
+
+/// What to do to bring the mirrors of `apiserver` in line with the static pods of `pods`: stale ones deleted,
+/// then, once a name is free, the missing ones made.
+pub fn plan(pods: &[Arc<Pod>], apiserver: &PodSet) -> Vec<Step> {
+    let statics: BTreeMap<(String, String), &Arc<Pod>> =
+        pods.iter().filter(|p| is_static(p)).map(|p| (key(p), p)).collect();
+    let mirrors: BTreeMap<(String, String), &Pod> =
+        apiserver.values().filter(|p| is_mirror(p)).map(|p| (key(p), p)).collect();
+    let mut steps = Vec::new();
+    for (k, m) in &mirrors {
+        // One an operator deletes (it carries a deletion time) is deleted for good and made again, as the
+        // kubelet does.
+        let wanted =
+            statics.get(k).is_some_and(|s| config_hash(s) == config_hash(m)) && m.metadata.deletion_timestamp.is_none();
+        if !wanted {
+            steps.push(Step::Delete(Box::new((*m).clone())));
+        }
+    }
+    for (k, s) in &statics {
+        // A pod of the apiserver under that name (not a mirror) is left alone, as the apiserver would refuse it.
+        let taken = apiserver.values().any(|p| key(p) == *k);
+        if !taken {
+            steps.push(Step::Create(Arc::clone(s)));
+        }
+    }
+    steps
+}
+
+/// Keeps the mirrors in line with the static pods until `shutdown`, once the Node is registered and the first
+/// list of the node's pods is complete.
+pub async fn run(
+    store: Arc<StatusStore>,
+    writer: PodWriter,
+    status: Arc<ClusterStatus>,
+    node: String,
+    mut apiserver: watch::Receiver<Option<Arc<PodSet>>>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+            changed = apiserver.changed() => if changed.is_err() { return },
+        }
+        let (Some(node_uid), Some(set)) = (status.node_uid(), apiserver.borrow_and_update().clone()) else {
+            continue;
+        };
+        for step in plan(&store.pods(), &set) {
+            let done = match &step {
+                Step::Create(p) => writer.create_mirror(p, &node, &node_uid).await,
+                Step::Delete(m) => writer.delete(m).await.map(drop),
+            };
+            match done {
+                Ok(()) => tracing::info!(step = ?StepName(&step), "mirror pod updated"),
+                Err(e) => {
+                    tracing::warn!(step = ?StepName(&step), error = %e, "cannot update a mirror pod; trying again");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A step as the log names it.
+struct StepName<'a>(&'a Step);
+
+impl std::fmt::Debug for StepName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, p) = match self.0 {
+            Step::Create(p) => ("create", &**p),
+            Step::Delete(p) => ("delete", &**p),
+        };
+        let (ns, name) = key(p);
+        write!(f, "{what} {ns}/{name}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, uid: &str, annotations: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "kube-system", "uid": uid,
+            "annotations": annotations}}))
+        .unwrap()
+    }
+
+    fn statics(hash: &str) -> Arc<Pod> {
+        Arc::new(pod(
+            "etcd-n1",
+            "s1",
+            json!({"kubernetes.io/config.source": "file", "kubernetes.io/config.hash": hash}),
+        ))
+    }
+
+    fn mirror(hash: &str, uid: &str) -> Pod {
+        pod("etcd-n1", uid, json!({"kubernetes.io/config.mirror": hash, "kubernetes.io/config.hash": hash}))
+    }
+
+    fn names(steps: &[Step]) -> Vec<String> {
+        steps.iter().map(|s| format!("{:?}", StepName(s))).collect()
+    }
+
+    #[test]
+    fn a_mirror_is_made_replaced_on_a_new_hash_and_deleted_with_its_static_pod() {
+        let none = PodSet::new();
+        assert_eq!(names(&plan(&[statics("h1")], &none)), ["create kube-system/etcd-n1"]);
+        let current = PodSet::from([("m1".to_owned(), mirror("h1", "m1"))]);
+        assert!(plan(&[statics("h1")], &current).is_empty(), "in line");
+        // The manifest edited: the stale mirror goes first, and the new one is made once it is gone.
+        assert_eq!(names(&plan(&[statics("h2")], &current)), ["delete kube-system/etcd-n1"]);
+        let mut deleting = mirror("h1", "m1");
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
+        let deleting = PodSet::from([("m1".to_owned(), deleting)]);
+        assert_eq!(names(&plan(&[statics("h1")], &deleting)), ["delete kube-system/etcd-n1"], "kubectl delete");
+        // The static pod gone: its mirror too.
+        assert_eq!(names(&plan(&[], &current)), ["delete kube-system/etcd-n1"]);
+        // An apiserver pod (not a mirror) under the name is left alone, and nothing is made over it.
+        let api_pod = pod("etcd-n1", "a1", json!({}));
+        assert!(plan(&[statics("h1")], &PodSet::from([("a1".to_owned(), api_pod)])).is_empty());
+        // The apiserver's own pods make no mirror.
+        let from_api = Arc::new(pod("web", "w1", json!({"kubernetes.io/config.source": "api"})));
+        assert!(plan(&[from_api], &none).is_empty());
+    }
+}
