@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodewarden_cluster::{PodSet, is_mirror};
 use nodewarden_sync::{
     API_SOURCE, CONFIG_SOURCE_ANNOTATION, InvalidManifest, PodSource, SourceSnapshot, check_api_pod,
@@ -29,6 +29,8 @@ pub struct ApiPodSource {
 impl PodSource for ApiPodSource {
     async fn run(mut self, tx: mpsc::Sender<SourceSnapshot>, shutdown: CancellationToken) {
         let mut starts = Starts::default();
+        // The refusals logged already (each is logged once, not on every change of the set).
+        let mut logged = BTreeSet::new();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -41,6 +43,10 @@ impl PodSource for ApiPodSource {
                 self.start_sli.observe(took);
             }
             let snapshot = snapshot(&set);
+            for refused in snapshot.invalid.iter().filter(|r| !logged.contains(&r.path)) {
+                tracing::warn!(pod = %refused.path.display(), error = %refused.error, "a pod from the apiserver is refused");
+            }
+            logged = snapshot.invalid.iter().map(|r| r.path.clone()).collect();
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 sent = tx.send(snapshot) => if sent.is_err() { return },
@@ -107,7 +113,6 @@ pub fn snapshot(set: &PodSet) -> SourceSnapshot {
                 meta.namespace.as_deref().unwrap_or_default(),
                 meta.name.as_deref().unwrap_or_default()
             ));
-            tracing::warn!(pod = %path.display(), error = %error, "a pod from the apiserver is refused");
             invalid.push(InvalidManifest { path, error });
             continue;
         }
@@ -116,9 +121,12 @@ pub fn snapshot(set: &PodSet) -> SourceSnapshot {
     SourceSnapshot { source: API_SOURCE, pods, invalid }
 }
 
-/// The pod as pod sync takes it: its spec and metadata, marked as the apiserver's.
+/// The pod as pod sync takes it: its spec and metadata, marked as the apiserver's, and of its status only a
+/// terminal phase (a pod over is not run again).
 fn as_source_pod(pod: &Pod) -> Pod {
-    let mut p = Pod { metadata: pod.metadata.clone(), spec: pod.spec.clone(), status: None };
+    let status = nodewarden_resources::pod::is_terminal_phase(pod)
+        .then(|| PodStatus { phase: pod.status.as_ref().and_then(|s| s.phase.clone()), ..PodStatus::default() });
+    let mut p = Pod { metadata: pod.metadata.clone(), spec: pod.spec.clone(), status };
     p.metadata.resource_version = None;
     p.metadata.managed_fields = None;
     p.metadata.annotations.get_or_insert_default().insert(CONFIG_SOURCE_ANNOTATION.into(), API_SOURCE.into());
@@ -141,7 +149,7 @@ mod tests {
                 o.insert(k.clone(), x.clone());
             }
         }
-        serde_json::from_value(v).unwrap_or_default()
+        serde_json::from_value(v).unwrap()
     }
 
     #[test]
@@ -153,7 +161,11 @@ mod tests {
                     "annotations": {"kubernetes.io/config.mirror": "abc"}}}),
         );
         let bad = pod("bad", "u2", json!({"spec": {"containers": []}}));
-        let set = PodSet::from([("u1".into(), pod("web", "u1", json!({}))), ("m1".into(), mirror), ("u2".into(), bad)]);
+        let set = PodSet::from([
+            ("u1".into(), Arc::new(pod("web", "u1", json!({})))),
+            ("m1".into(), Arc::new(mirror)),
+            ("u2".into(), Arc::new(bad)),
+        ]);
         let s = snapshot(&set);
         assert_eq!(s.source, "api");
         assert_eq!(s.pods.len(), 1, "{:?}", s.pods);
@@ -180,22 +192,38 @@ mod tests {
         );
         let at = |s: &str| -> Timestamp { s.parse().unwrap() };
         let mut starts = Starts::default();
-        assert!(starts.observe(&PodSet::from([("u1".into(), waiting.clone())]), at("2026-12-06T10:00:01Z")).is_empty());
-        let seen = starts.observe(&PodSet::from([("u1".into(), running.clone())]), at("2026-12-06T10:00:02.5Z"));
+        assert!(
+            starts
+                .observe(&PodSet::from([("u1".into(), Arc::new(waiting.clone()))]), at("2026-12-06T10:00:01Z"))
+                .is_empty()
+        );
+        let seen =
+            starts.observe(&PodSet::from([("u1".into(), Arc::new(running.clone()))]), at("2026-12-06T10:00:02.5Z"));
         assert_eq!(seen, [("default/web".to_owned(), 2.5)]);
-        assert!(starts.observe(&PodSet::from([("u1".into(), running.clone())]), at("2026-12-06T10:00:09Z")).is_empty());
+        assert!(
+            starts
+                .observe(&PodSet::from([("u1".into(), Arc::new(running.clone()))]), at("2026-12-06T10:00:09Z"))
+                .is_empty()
+        );
         // Running when first seen (the node restarted): not a start this node saw.
         let mut fresh = Starts::default();
-        assert!(fresh.observe(&PodSet::from([("u1".into(), running)]), at("2026-12-06T10:00:09Z")).is_empty());
+        assert!(
+            fresh.observe(&PodSet::from([("u1".into(), Arc::new(running))]), at("2026-12-06T10:00:09Z")).is_empty()
+        );
         assert!(fresh.waiting.is_empty());
     }
 
     #[test]
-    fn a_status_write_echoed_by_the_watch_is_no_change_of_the_pod() {
+    fn a_status_write_echoed_by_the_watch_is_no_change_of_the_pod_until_it_is_over() {
         let before = pod("web", "u1", json!({}));
         let mut after = before.clone();
         after.metadata.resource_version = Some("8".into());
-        after.status.get_or_insert_default().phase = Some("Succeeded".into());
+        after.metadata.managed_fields = Some(vec![Default::default()]);
+        after.status.get_or_insert_default().pod_ip = Some("10.0.0.7".into());
         assert_eq!(as_source_pod(&before), as_source_pod(&after));
+        // Over: the terminal phase is handed on (a pod over is never run again).
+        after.status.get_or_insert_default().phase = Some("Succeeded".into());
+        let over = as_source_pod(&after);
+        assert_eq!(over.status.and_then(|s| s.phase).as_deref(), Some("Succeeded"));
     }
 }

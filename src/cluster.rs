@@ -154,28 +154,21 @@ pub async fn start(
                 // A renewed client certificate (or token) is taken up without a restart.
                 tasks2.spawn(watch_credentials(path, clients.clone(), qps, burst, timeout, shutdown2.clone()));
                 let node = s.node_name.clone();
-                let store = facts.pods.store();
+                let pods = facts.pods.clone();
                 let (c, st) = (clients.clone(), status2.clone());
                 let recorder =
                     nodewarden_cluster::start(status2, s, clients.clone(), facts, changed, &tasks2, shutdown2.clone());
                 pod_events.join(recorder);
                 let (set_tx, set) = watch::channel(None);
                 let mirrors = PodWriter::new(clients.clone());
-                let mirroring = crate::mirror::run(
-                    store.clone(),
-                    mirrors,
-                    st.clone(),
-                    node.clone(),
-                    set.clone(),
-                    shutdown2.clone(),
-                );
+                let mirroring =
+                    crate::mirror::run(pods.clone(), mirrors, st.clone(), node.clone(), set.clone(), shutdown2.clone());
                 tasks2.spawn(mirroring);
                 tasks2.spawn(watch_pods(c, st, node, set_tx, shutdown2.clone()));
                 let source = ApiPodSource { pods: set.clone(), start_sli };
                 tasks2.spawn(source.run(pod_source, shutdown2.clone()));
-                match store.reader() {
-                    Some(reader) => {
-                        let manager = StatusManager::new(reader, PodWriter::new(clients), set);
+                match StatusManager::new(pods.store(), PodWriter::new(clients), set) {
+                    Some(manager) => {
                         tasks2.spawn(manager.run(shutdown2));
                     }
                     None => tracing::error!("the pod status feed has another reader; pod statuses are not reported"),
@@ -187,6 +180,10 @@ pub async fn start(
         };
         tracing::error!(error = %error, "cannot join the cluster");
         status2.register_failed(error);
+        // The apiserver's source stays open without speaking: the pods adopted at start may be the apiserver's,
+        // and none is cleaned up for a join that failed.
+        shutdown2.cancelled().await;
+        drop(pod_source);
     });
     Ok(status)
 }

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use nodewarden_cluster::{ClusterStatus, PodSet, PodWriter, config_hash, is_mirror};
-use nodewarden_sync::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, StatusStore};
+use nodewarden_cluster::{ClusterStatus, KubeError, PodSet, PodWriter, config_hash, is_mirror};
+use nodewarden_runtime::SelectedRuntime;
+use nodewarden_sync::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, PodManager};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// How often the mirrors are compared with the static pods (and at once when the apiserver's pods change).
-const PERIOD: Duration = Duration::from_secs(2);
+/// How often the mirrors are compared with the static pods.
+const PERIOD: Duration = Duration::from_secs(1);
 
 /// What one pass does about one pod.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,7 +23,7 @@ pub enum Step {
     /// Make the mirror of this static pod.
     Create(Arc<Pod>),
     /// Delete this mirror (stale, or its static pod is gone).
-    Delete(Box<Pod>),
+    Delete(Arc<Pod>),
 }
 
 fn key(p: &Pod) -> (String, String) {
@@ -38,7 +39,7 @@ fn is_static(p: &Pod) -> bool {
 pub fn plan(pods: &[Arc<Pod>], apiserver: &PodSet) -> Vec<Step> {
     let statics: BTreeMap<(String, String), &Arc<Pod>> =
         pods.iter().filter(|p| is_static(p)).map(|p| (key(p), p)).collect();
-    let mirrors: BTreeMap<(String, String), &Pod> =
+    let mirrors: BTreeMap<(String, String), &Arc<Pod>> =
         apiserver.values().filter(|p| is_mirror(p)).map(|p| (key(p), p)).collect();
     let mut steps = Vec::new();
     for (k, m) in &mirrors {
@@ -47,7 +48,7 @@ pub fn plan(pods: &[Arc<Pod>], apiserver: &PodSet) -> Vec<Step> {
         let wanted =
             statics.get(k).is_some_and(|s| config_hash(s) == config_hash(m)) && m.metadata.deletion_timestamp.is_none();
         if !wanted {
-            steps.push(Step::Delete(Box::new((*m).clone())));
+            steps.push(Step::Delete(Arc::clone(m)));
         }
     }
     for (k, s) in &statics {
@@ -60,14 +61,16 @@ pub fn plan(pods: &[Arc<Pod>], apiserver: &PodSet) -> Vec<Step> {
     steps
 }
 
-/// Keeps the mirrors in line with the static pods until `shutdown`, once the Node is registered and the first
-/// list of the node's pods is complete.
+/// Keeps the mirrors in line with the static pods until `shutdown`, once the Node is registered, the first list
+/// of the node's pods is complete and every pod source has delivered its first pods (a static pod not listed
+/// yet must not lose its mirror). A pass every [`PERIOD`] at most: a step that fails is tried at the next one,
+/// and the others go on.
 pub async fn run(
-    store: Arc<StatusStore>,
+    pods: Arc<PodManager<SelectedRuntime>>,
     writer: PodWriter,
     status: Arc<ClusterStatus>,
     node: String,
-    mut apiserver: watch::Receiver<Option<Arc<PodSet>>>,
+    apiserver: watch::Receiver<Option<Arc<PodSet>>>,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(PERIOD);
@@ -76,21 +79,20 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
-            changed = apiserver.changed() => if changed.is_err() { return },
         }
-        let (Some(node_uid), Some(set)) = (status.node_uid(), apiserver.borrow_and_update().clone()) else {
-            continue;
-        };
-        for step in plan(&store.pods(), &set) {
+        let set = apiserver.borrow().clone();
+        let (Some(node_uid), Some(set), Ok(())) = (status.node_uid(), set, pods.synced()) else { continue };
+        for step in plan(&pods.store().pods(), &set) {
             let done = match &step {
                 Step::Create(p) => writer.create_mirror(p, &node, &node_uid).await,
                 Step::Delete(m) => writer.delete(m).await.map(drop),
             };
             match done {
                 Ok(()) => tracing::info!(step = ?StepName(&step), "mirror pod updated"),
+                // Made already (the set had not shown it yet).
+                Err(KubeError::Api(e)) if e.code == 409 => {}
                 Err(e) => {
-                    tracing::warn!(step = ?StepName(&step), error = %e, "cannot update a mirror pod; trying again");
-                    break;
+                    tracing::warn!(step = ?StepName(&step), error = %e, "cannot update a mirror pod; trying again")
                 }
             }
         }
@@ -142,20 +144,20 @@ mod tests {
     fn a_mirror_is_made_replaced_on_a_new_hash_and_deleted_with_its_static_pod() {
         let none = PodSet::new();
         assert_eq!(names(&plan(&[statics("h1")], &none)), ["create kube-system/etcd-n1"]);
-        let current = PodSet::from([("m1".to_owned(), mirror("h1", "m1"))]);
+        let current = PodSet::from([("m1".to_owned(), Arc::new(mirror("h1", "m1")))]);
         assert!(plan(&[statics("h1")], &current).is_empty(), "in line");
         // The manifest edited: the stale mirror goes first, and the new one is made once it is gone.
         assert_eq!(names(&plan(&[statics("h2")], &current)), ["delete kube-system/etcd-n1"]);
         let mut deleting = mirror("h1", "m1");
         deleting.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH));
-        let deleting = PodSet::from([("m1".to_owned(), deleting)]);
+        let deleting = PodSet::from([("m1".to_owned(), Arc::new(deleting))]);
         assert_eq!(names(&plan(&[statics("h1")], &deleting)), ["delete kube-system/etcd-n1"], "kubectl delete");
         // The static pod gone: its mirror too.
         assert_eq!(names(&plan(&[], &current)), ["delete kube-system/etcd-n1"]);
         // An apiserver pod (not a mirror) under the name is left alone, and nothing is made over it.
         let api_pod = pod("etcd-n1", "a1", json!({}));
-        assert!(plan(&[statics("h1")], &PodSet::from([("a1".to_owned(), api_pod)])).is_empty());
+        assert!(plan(&[statics("h1")], &PodSet::from([("a1".to_owned(), Arc::new(api_pod))])).is_empty());
         // The apiserver's own pods make no mirror.
         let from_api = Arc::new(pod("web", "w1", json!({"kubernetes.io/config.source": "api"})));
         assert!(plan(&[from_api], &none).is_empty());

@@ -447,5 +447,25 @@ fn pods_bound_to_the_node_run_report_and_are_deleted_as_on_a_kubelet() {
     // A forced deletion: gone from the apiserver at once, and the node stops the pod.
     kubectl(&kubectl_bin, &admin, &["delete", "pod", "later", "--force", "--grace-period=0"]);
     wait_until(40, "the force-deleted pod stopped on the node", || container_of(d.port, "later").is_none());
+
+    // Restarted while the apiserver is away: the apiserver's pod runs on (nothing is cleaned up before the
+    // apiserver's first list), and once it is back the same process is adopted.
+    std::fs::write(&file, bound_pod("survivor", 30, "sleep 100007")).unwrap();
+    kubectl(&kubectl_bin, &admin, &["apply", "-f", file.to_str().unwrap()]);
+    wait_until(30, "the survivor Running", || running("survivor"));
+    let before = container_of(d.port, "survivor").unwrap();
+    let pid = pid_of("100007").expect("the survivor's process");
+    api.set_up(false);
+    assert_eq!(d.stop(), Some(0));
+    d.start();
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(alive(pid), "the apiserver's pod was cleaned up while the apiserver was away:\n{}", d.log());
+    let (status, body) = get(d.port, "/readyz?verbose").unwrap();
+    assert!(status != 200 && body.contains("[-]apiserver failed"), "{body}");
+    api.set_up(true);
+    d.wait_ready();
+    wait_until(30, "the survivor adopted", || container_of(d.port, "survivor").is_some());
+    assert_eq!(container_of(d.port, "survivor"), Some(before), "the survivor was started again");
+    assert!(alive(pid));
     assert_eq!(d.stop(), Some(0));
 }

@@ -23,11 +23,6 @@ fn procs(cg: &Path) -> Vec<u32> {
         .collect()
 }
 
-fn alive(pid: u32) -> bool {
-    // A zombie has no command line.
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
-}
-
 fn recorded_pids(file: &Path) -> Vec<u32> {
     std::fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
 }

@@ -42,7 +42,9 @@ pub use host::{HostInfo, node_ip};
 pub use kube::Error as KubeError;
 pub use labels::{check_label_syntax, check_node_label};
 pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};
-pub use pods::{MIRROR_ANNOTATION, PodSet, PodWriter, Written, config_hash, is_mirror, watch_pods};
+pub use pods::{
+    MIRROR_ANNOTATION, OWNED_STATUS_FIELDS, PodSet, PodWriter, Written, config_hash, is_mirror, watch_pods,
+};
 
 /// Why the node side cannot start.
 #[derive(Debug, thiserror::Error)]

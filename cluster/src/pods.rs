@@ -27,8 +27,9 @@ use crate::{Clients, ClusterStatus};
 /// The annotation of a mirror pod: the apiserver's copy of a static pod, never run.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// The node's pods in the apiserver, by UID: the last complete list and the watch's changes since.
-pub type PodSet = BTreeMap<String, Pod>;
+/// The node's pods in the apiserver, by UID: the last complete list and the watch's changes since. Shared, so
+/// that handing over a set after each change copies no pod.
+pub type PodSet = BTreeMap<String, Arc<Pod>>;
 
 /// How often the watch looks whether the Node is registered yet.
 const NODE_POLL: Duration = Duration::from_millis(200);
@@ -104,9 +105,11 @@ pub async fn watch_pods(
     }
 }
 
-fn insert(set: &mut PodSet, pod: Pod) {
+fn insert(set: &mut PodSet, mut pod: Pod) {
+    // Kept for every pod and read by nobody here.
+    pod.metadata.managed_fields = None;
     if let Some(uid) = pod.metadata.uid.clone().filter(|u| !u.is_empty()) {
-        set.insert(uid, pod);
+        set.insert(uid, Arc::new(pod));
     }
 }
 
@@ -114,6 +117,20 @@ fn insert(set: &mut PodSet, pod: Pod) {
 pub fn is_mirror(pod: &Pod) -> bool {
     pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
 }
+
+/// The fields of a pod's status the node writes: one it no longer has is removed from the apiserver's copy.
+pub const OWNED_STATUS_FIELDS: &[&str] = &[
+    "message",
+    "reason",
+    "podIP",
+    "podIPs",
+    "hostIP",
+    "hostIPs",
+    "startTime",
+    "initContainerStatuses",
+    "containerStatuses",
+    "ephemeralContainerStatuses",
+];
 
 /// What a write about a pod came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,12 +158,22 @@ impl PodWriter {
     }
 
     /// Patches `pod`'s status into `pods/<name>/status` (a strategic merge, as the kubelet's status manager
-    /// does), with its UID as a precondition.
-    pub async fn patch_status(&self, pod: &Pod) -> Result<Written, kube::Error> {
+    /// does), with its UID as a precondition. `theirs` is the apiserver's copy, if known: the fields the node
+    /// owns ([`OWNED_STATUS_FIELDS`]) that it holds and `pod` no longer has are removed.
+    pub async fn patch_status(&self, pod: &Pod, theirs: Option<&Pod>) -> Result<Written, kube::Error> {
         let (Some(name), Some(uid)) = (pod.metadata.name.as_deref(), pod.metadata.uid.as_deref()) else {
             return Ok(Written::Gone);
         };
-        let body = json!({ "metadata": { "uid": uid }, "status": pod.status });
+        let mut status = serde_json::to_value(&pod.status).unwrap_or_default();
+        if let (Some(ours), Some(theirs)) = (status.as_object_mut(), theirs.and_then(|t| t.status.as_ref())) {
+            let theirs = serde_json::to_value(theirs).unwrap_or_default();
+            for field in OWNED_STATUS_FIELDS {
+                if !ours.contains_key(*field) && theirs.get(*field).is_some_and(|v| !v.is_null()) {
+                    ours.insert((*field).to_owned(), serde_json::Value::Null);
+                }
+            }
+        }
+        let body = json!({ "metadata": { "uid": uid }, "status": status });
         self.clients.limiter.acquire().await;
         let patched = self.api(pod).patch_status(name, &PatchParams::default(), &Patch::Strategic(body)).await;
         gone_or(patched.map(drop))

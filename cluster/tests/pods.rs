@@ -133,7 +133,7 @@ async fn the_nodes_pods_are_watched_and_their_status_and_deletion_written() {
         "podIPs": [{"ip": "10.0.0.5"}], "conditions": [{"type": "Ready", "status": "True"}]}))
         .unwrap(),
     );
-    assert_eq!(writer.patch_status(&second).await.unwrap(), Written::Done);
+    assert_eq!(writer.patch_status(&second, None).await.unwrap(), Written::Done);
     let stored = api.get("pods", Some("default"), "second").unwrap();
     assert_eq!(stored["status"]["phase"], "Running");
     assert_eq!(stored["status"]["podIP"], "10.0.0.5");
@@ -155,7 +155,7 @@ async fn the_nodes_pods_are_watched_and_their_status_and_deletion_written() {
 
     // Made again under its name: the old UID's status and deletion do not reach the new pod.
     api.create("pods", Some("default"), pod("second", NODE)).unwrap();
-    assert_eq!(writer.patch_status(&second).await.unwrap(), Written::Gone);
+    assert_eq!(writer.patch_status(&second, None).await.unwrap(), Written::Gone);
     assert_eq!(writer.delete(&second).await.unwrap(), Written::Gone);
     let again = api.get("pods", Some("default"), "second").unwrap();
     assert!(again["status"]["phase"] != "Running" && again["metadata"]["deletionTimestamp"].is_null(), "{again:#}");

@@ -44,6 +44,12 @@ pub fn is_deleting(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
+/// True for a pod whose status says it is over (phase `Succeeded` or `Failed`): the kubelet never runs such a
+/// pod again.
+pub fn is_terminal_phase(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
 /// The grace period a deletion gives the pod, as the kubelet reckons it: `deletionGracePeriodSeconds` where the
 /// apiserver set one, else the spec's ([`grace_period`]); never under 1 s, so that a container always gets its
 /// stop signal before SIGKILL. A later deletion may only shorten it (the pod worker's rule).

@@ -263,6 +263,9 @@ impl<R: Runtime> PodManager<R> {
                     });
                     h
                 }
+                // A pod the apiserver lists as over that this node has no worker for (one a node shutdown ended
+                // before a reboot, one another node ran): never run again, as the kubelet does.
+                Entry::Vacant(_) if pod::is_terminal_phase(&p) => continue,
                 Entry::Vacant(e) => e.insert(self.spawn_worker(p, snap.source, None)),
             };
             if let Some(grace) = deleting.filter(|g| h.deleted.is_none_or(|told| *g < told)) {

@@ -30,6 +30,20 @@ pub fn cgroup2_available() -> bool {
 #[allow(unused_imports)] // each test crate uses a different subset
 pub use nodewarden_testkit::{get, metric, remove_tree};
 
+/// Whether process `pid` runs (a zombie has no command line).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+}
+
+/// A process with `arg` among its arguments, if one runs.
+pub fn pid_of(arg: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes()).then_some(pid)
+    })
+}
+
 pub fn free_port() -> u16 {
     nodewarden_testkit::free_port().unwrap()
 }

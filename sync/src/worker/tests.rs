@@ -1264,3 +1264,23 @@ async fn a_pod_that_is_over_is_reported_so_only_after_its_save() {
     drop(held);
     h.until("u1", "is reported Succeeded once saved", |v| phase(v) == "Succeeded").await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_its_source_lists_as_over_is_not_run_unless_the_node_runs_it_already() {
+    let h = harness();
+    let over = |uid: &str| {
+        let mut p = pod(uid, json!({"containers": [app("app")]}));
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus { phase: Some("Failed".into()), ..Default::default() });
+        p
+    };
+    // Failed in the apiserver before this node knew it (a node shutdown ended it before a reboot): never started.
+    h.set(vec![over("u90"), pod("u91", json!({"containers": [app("app")]}))]).await;
+    h.until("u91", "runs", |v| phase(v) == "Running").await;
+    assert!(h.manager.store().get("u90").is_none(), "a pod over was started");
+    assert!(!h.fake.sandboxes.lock().unwrap().iter().any(|s| s.contains("u90")));
+    // One the node runs, which its source lists with a terminal phase afterwards (its own report echoed): kept.
+    h.set(vec![over("u91")]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let v = serde_json::to_value(h.manager.store().get("u91").unwrap()).unwrap();
+    assert_eq!(phase(&v), "Running", "the node's own pod was stopped");
+}
