@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::{StaticNode, cpu_ticks, median, pods, rss_kib, wait, worst, write};
+use crate::{StaticNode, cpu_ticks, median, percentile, pods, rss_kib, wait, worst, write};
 use bare::BareStart;
 
 const ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
@@ -115,13 +115,6 @@ fn one_run(bin: &Path, runtime: Runtime, n: usize, seconds: u64) -> Result<Run> 
     wait("removal of every pod", 300, || pods(port).is_empty())?;
     drop(node);
     Ok(run)
-}
-
-fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v.get(i).copied().unwrap_or(f64::NAN)
 }
 
 /// Starts containerd, runs the benchmark for both runtimes, and writes a Markdown table.

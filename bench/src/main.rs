@@ -15,6 +15,9 @@
 //! `cluster`: the daemon joined to the test apiserver: requests per minute when idle, and a condition change →
 //! the apiserver's copy (see `cluster.rs`).
 //!
+//! `api-pods`: pods created through the test apiserver: startup p50/p99, requests per pod, deletion, and the
+//! static start for comparison (see `apipods.rs`).
+//!
 //! `placement`: the time to place a pod under each cgroup driver (see `placement.rs`).
 //!
 //! `saves`: the pod state saves of pods starting together, on the host's disk (see `saves.rs`; no VM needed).
@@ -24,6 +27,7 @@
 
 #![expect(clippy::disallowed_types, reason = "benchmarks measure real time")]
 
+mod apipods;
 mod cluster;
 mod cri;
 mod eviction;
@@ -142,7 +146,7 @@ enum Cmd {
         #[arg(long, default_value = "results")]
         out: PathBuf,
     },
-    /// Writes eviction.md and the plots from the runs in <out>/eviction-raw/ (on the host, no VM needed).
+    /// The daemon joined to the test apiserver: idle requests, a condition change → the apiserver, an outage.
     Cluster {
         #[arg(long, default_value = "target/release/nodewarden")]
         nodewarden: PathBuf,
@@ -160,6 +164,22 @@ enum Cmd {
         #[arg(long, default_value = "results/cluster.md")]
         out: PathBuf,
     },
+    /// Pods bound to the node through the test apiserver: startup p50/p99, requests per pod, deletion.
+    ApiPods {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// Pods created at once (the kubelet's default maxPods).
+        #[arg(long, default_value_t = 110)]
+        pods: usize,
+        /// Runs; the table reports the median and the worst.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/api-pods.md")]
+        out: PathBuf,
+    },
+    /// Writes eviction.md and the plots from the runs in <out>/eviction-raw/ (on the host, no VM needed).
     EvictionReport {
         /// The directory holding eviction-raw/; the report is written there.
         #[arg(long, default_value = "results")]
@@ -229,6 +249,7 @@ fn main() -> Result<()> {
         Cmd::Cluster { nodewarden, pods, seconds, runs, edits, outage, out } => {
             cluster::run(&nodewarden, pods, seconds, runs, edits, outage, &out)
         }
+        Cmd::ApiPods { nodewarden, pods, runs, out } => apipods::run(&nodewarden, pods, runs, &out),
         Cmd::Hog(args) => hog::run(&args),
         Cmd::Placement { pods, runs, out } => placement::run(pods, runs, &out),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
@@ -388,6 +409,14 @@ fn write(dir: &Path, file: &str, text: &str) -> Result<()> {
 }
 
 /// Polls `f` every 50 ms until it holds, for at most `secs`.
+/// The `p` quantile (0..=1) of `v`, the nearest rank.
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
 fn wait(what: &str, secs: u64, f: impl FnMut() -> bool) -> Result<()> {
     if !nodewarden_testkit::poll(Duration::from_secs(secs), Duration::from_millis(50), f) {
         bail!("{what} did not happen within {secs} s");

@@ -30,6 +30,14 @@ pub struct ApiError {
     pub causes: Vec<(String, String)>,
 }
 
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.code, self.reason, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
 impl ApiError {
     /// The error with `code` and `reason`.
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
