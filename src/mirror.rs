@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_cluster::{ClusterStatus, KubeError, PodSet, PodWriter, config_hash, is_mirror};
 use nodewarden_runtime::SelectedRuntime;
-use nodewarden_sync::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, PodManager};
+use nodewarden_sync::{PodManager, from_apiserver};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -30,15 +30,11 @@ fn key(p: &Pod) -> (String, String) {
     (p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default())
 }
 
-fn is_static(p: &Pod) -> bool {
-    p.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION)).is_some_and(|s| s != API_SOURCE)
-}
-
 /// What to do to bring the mirrors of `apiserver` in line with the static pods of `pods`: stale ones deleted,
 /// then, once a name is free, the missing ones made.
 pub fn plan(pods: &[Arc<Pod>], apiserver: &PodSet) -> Vec<Step> {
     let statics: BTreeMap<(String, String), &Arc<Pod>> =
-        pods.iter().filter(|p| is_static(p)).map(|p| (key(p), p)).collect();
+        pods.iter().filter(|p| !from_apiserver(p)).map(|p| (key(p), p)).collect();
     let mirrors: BTreeMap<(String, String), &Arc<Pod>> =
         apiserver.values().filter(|p| is_mirror(p)).map(|p| (key(p), p)).collect();
     let mut steps = Vec::new();

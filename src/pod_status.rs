@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodewarden_cluster::{KubeError, OWNED_STATUS_FIELDS, PodSet, PodWriter, Written, config_hash, is_mirror};
-use nodewarden_sync::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, StatusReader, StatusStore, StatusUpdate, check_api_pod};
+use nodewarden_sync::{StatusReader, StatusStore, StatusUpdate, check_api_pod, from_apiserver};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -30,11 +30,6 @@ pub struct StatusManager {
     to_delete: BTreeMap<String, Arc<Pod>>,
     /// The apiserver's pods reported `Failed` because the node cannot run them.
     refused: BTreeSet<String>,
-}
-
-fn from_api(pod: &Pod) -> bool {
-    pod.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION)).map(String::as_str)
-        == Some(API_SOURCE)
 }
 
 /// The reason of the status of a pod from the apiserver that nodewarden cannot run.
@@ -84,7 +79,7 @@ impl StatusManager {
         }
         self.delete_due(apiserver.as_deref()).await?;
         for u in if all { self.reader.all() } else { self.reader.unreported() } {
-            let api_pod = from_api(&u.pod);
+            let api_pod = from_apiserver(&u.pod);
             let theirs = if api_pod {
                 apiserver.as_ref().and_then(|s| s.get(&u.uid)).map(|p| &**p)
             } else {
@@ -253,6 +248,7 @@ fn contains(big: &Value, small: &Value) -> bool {
 mod tests {
     use super::*;
     use nodewarden_cluster::Clients;
+    use nodewarden_sync::{API_SOURCE, CONFIG_SOURCE_ANNOTATION};
     use nodewarden_testapi::{Fault, TestApi};
     use serde_json::json;
 

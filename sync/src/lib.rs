@@ -35,7 +35,8 @@ pub use manifest::{
 pub use metrics::SyncMetrics;
 pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};
 pub use source::{
-    API_SOURCE, FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, is_ignored_file,
+    API_SOURCE, FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, from_apiserver,
+    is_ignored_file,
 };
 pub use spec::{PodContext, PodIps, container_spec, sandbox_spec};
 pub use state::{

@@ -41,6 +41,12 @@ pub const FILE_SOURCE: &str = "file";
 /// The apiserver's name as a source (the `kubernetes.io/config.source` of its pods).
 pub const API_SOURCE: &str = "api";
 
+/// Whether a pod came from the apiserver (not a static pod, from a manifest or a URL).
+pub fn from_apiserver(pod: &Pod) -> bool {
+    let source = pod.metadata.annotations.as_ref().and_then(|a| a.get(crate::CONFIG_SOURCE_ANNOTATION));
+    source.map(String::as_str) == Some(API_SOURCE)
+}
+
 /// A source of pods: runs until shutdown, sending a snapshot after each change.
 pub trait PodSource: Send + 'static {
     /// Runs the source. The first snapshot is the initial state; the manager treats pods it adopted and that no

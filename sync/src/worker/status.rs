@@ -12,7 +12,7 @@ use nodewarden_resources::QosClass;
 use tokio::time::Instant;
 
 use super::Worker;
-use super::lifecycle::{ContainerSlot, ContainerState, Lifecycle, Readiness, Role};
+use super::lifecycle::{ContainerSlot, ContainerState, Lifecycle, PodState, Readiness, Reason, Role};
 use crate::status::{DISRUPTION_TARGET, Observed, PodPhase, TERMINATION_BY_KUBELET, condition, pod_phase, terminated};
 use nodewarden_runtime::Runtime;
 
@@ -117,6 +117,14 @@ fn observed(c: &ContainerSlot) -> Observed {
     }
 }
 
+/// Whether the pod is deleted (terminating for its deletion, or past it).
+fn deleted(pod: &Lifecycle) -> bool {
+    matches!(
+        pod.state,
+        PodState::Terminating { reason: Reason::Deleted, .. } | PodState::Finalizing | PodState::Removed
+    )
+}
+
 /// The pod's status: a function of its lifecycle (and, for the conditions' transition times, of when they last
 /// changed).
 pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut ConditionTimes, now: Instant) -> PodStatus {
@@ -132,7 +140,15 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
         Some(t) if stopped => t.phase,
         _ => {
             let apps: Vec<Observed> = pod.containers.iter().filter(|c| c.role == Role::App).map(observed).collect();
-            pod_phase(pod.policy, !pod.initialized(), &apps)
+            // As the kubelet (since 1.27): a deleted pod of the apiserver whose containers have all ended is over,
+            // whatever its restart policy (a static pod is not: its mirror is not the pod).
+            let ended = !apps.is_empty() && apps.iter().all(|a| matches!(a, Observed::Terminated { .. }));
+            if ended && deleted(pod) && crate::from_apiserver(view.pod) {
+                let ok = apps.iter().all(|a| *a == Observed::Terminated { ok: true });
+                if ok { PodPhase::Succeeded } else { PodPhase::Failed }
+            } else {
+                pod_phase(pod.policy, !pod.initialized(), &apps)
+            }
         }
     };
     let listed = |ips: &[String]| (!ips.is_empty()).then(|| ips.to_vec());

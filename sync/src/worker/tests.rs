@@ -1284,3 +1284,25 @@ async fn a_pod_its_source_lists_as_over_is_not_run_unless_the_node_runs_it_alrea
     let v = serde_json::to_value(h.manager.store().get("u91").unwrap()).unwrap();
     assert_eq!(phase(&v), "Running", "the node's own pod was stopped");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_apiserver_pod_whose_containers_ended_is_over() {
+    let h = harness();
+    let mut feed = h.manager.store().reader().unwrap();
+    let spec = || {
+        let mut p = pod("u42", json!({"terminationGracePeriodSeconds": 30, "containers": [app("stubborn")]}));
+        p.metadata.annotations =
+            Some([(crate::CONFIG_SOURCE_ANNOTATION.to_owned(), crate::API_SOURCE.to_owned())].into());
+        p
+    };
+    h.send(crate::API_SOURCE, vec![spec()]).await;
+    h.until("u42", "runs", |v| phase(v) == "Running").await;
+    h.fake.stubborn.lock().unwrap().push("stubborn".into());
+    let t0 = Instant::now();
+    h.send(crate::API_SOURCE, vec![deleting(spec(), 2)]).await;
+    finalized(&mut feed, "u42", t0).await;
+    // As the kubelet since 1.27, unlike a static pod: killed at the end of its grace, the pod is Failed, so that
+    // the final status a controller reads before the deletion says it is over.
+    let last = feed.unreported().into_iter().find(|u| u.uid == "u42").unwrap();
+    assert_eq!(last.pod.status.as_ref().unwrap().phase.as_deref(), Some("Failed"));
+}
