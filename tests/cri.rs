@@ -356,6 +356,35 @@ fn the_pod_network_gives_pods_their_ips_and_its_absence_makes_the_node_not_ready
     wait_until(30, "the Node Ready again", || ready().is_some_and(|(s, _)| s == "True"));
     let p = n.wait_pod("later", 120, "ran once the network was ready", running);
     assert!(p["status"]["podIP"].as_str().is_some_and(|a| a.starts_with("10.88.") && a != ip), "{p:#}");
+
+    // A pod bound to the node through the apiserver runs through containerd on the pod network: the apiserver's
+    // copy says Running and Ready with its address from CNI; deleted there, it is stopped, its sandbox removed,
+    // and deleted for good.
+    let bound = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bound", "namespace": "default"},
+        "spec": {"nodeName": "vm", "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 2,
+                 "containers": [{"name": "app", "image": BUSYBOX, "command": ["sh", "-c", "exec httpd -f -p 8082"],
+                                 "readinessProbe": {"tcpSocket": {"port": 8082}, "periodSeconds": 1}}]},
+    });
+    api.create("pods", Some("default"), bound).unwrap();
+    let in_api = || api.get("pods", Some("default"), "bound");
+    wait_until(120, "the bound pod Running and Ready in the apiserver", || {
+        in_api().is_some_and(|p| {
+            let ready = p["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+            running(&p) && ready
+        })
+    });
+    let p = in_api().unwrap();
+    let bound_ip = p["status"]["podIP"].as_str().unwrap().to_owned();
+    assert!(bound_ip.starts_with("10.88."), "{p:#}");
+    assert!(container(&p, "app")["containerID"].as_str().unwrap().starts_with("containerd://"), "{p:#}");
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    api.delete("pods", Some("default"), "bound", Some(2)).unwrap();
+    wait_until(60, "the bound pod deleted for good", || in_api().is_none());
+    wait_until(30, "its sandbox removed", || sandboxes(&uid).is_empty());
+
     for (file, name) in [("web.yaml", "web"), ("later.yaml", "later"), ("host.yaml", "host")] {
         remove_pod(&n, file, name);
     }
