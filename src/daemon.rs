@@ -18,7 +18,9 @@ use nodewarden_resources::{
 };
 use nodewarden_runtime::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
 use nodewarden_runtime::{ProcessRuntime, SelectedRuntime};
-use nodewarden_sync::{API_SOURCE, FILE_SOURCE, PodManager, PodSource, StaticPodSource, SyncMetrics, SyncSettings};
+use nodewarden_sync::{
+    API_SOURCE, FILE_SOURCE, HTTP_SOURCE, PodManager, PodSource, StaticPodSource, SyncMetrics, SyncSettings,
+};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,6 +31,7 @@ use crate::http::Endpoints;
 use crate::metrics::Metrics;
 use crate::pod_events::PodEvents;
 use crate::reload::Reloader;
+use crate::url_source::UrlPodSource;
 
 /// What the Node reports of the ledger.
 #[derive(Debug, Clone, Copy)]
@@ -470,6 +473,15 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         .static_pod_path
         .clone()
         .map(|dir| (StaticPodSource::new(&dir, &config.pods.node_name, config.pods.file_check_frequency), dir));
+    let url_pods = match &config.pods.static_pod_url {
+        Some(url) => {
+            let p = &config.pods;
+            let source = UrlPodSource::new(url, p.static_pod_url_header.clone(), &p.node_name, p.http_check_frequency)
+                .context("staticPodURL: cannot load the system's root certificates")?;
+            Some((source, url.clone()))
+        }
+        None => None,
+    };
     let pressure_events = config.eviction.pressure_events;
     let realtime = config.eviction.realtime_priority;
     let daemon = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown)?;
@@ -481,6 +493,11 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     }
     // The pod manager knows there is no source at all once every sender is gone.
     let api_tx = flags.kubeconfig.is_some().then(|| tx.clone());
+    if let Some((source, url)) = url_pods {
+        tracing::info!(url = %url, "fetching static pods from staticPodURL");
+        daemon.pods.expect_source(HTTP_SOURCE);
+        tasks.spawn(source.run(tx.clone(), shutdown.clone()));
+    }
     match static_pods {
         Some((source, dir)) => {
             tracing::info!(dir = %dir.display(), "watching static pod manifests");

@@ -22,6 +22,7 @@ mod reload;
 mod serve;
 mod shutdown;
 mod swap;
+mod url_source;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -506,3 +506,66 @@ fn a_hundred_static_pods_run() {
     assert!(metrics.contains("kubelet_running_pods 100"), "{metrics}");
     assert!(metrics.contains("kubelet_running_containers{container_state=\"running\"} 100"), "{metrics}");
 }
+
+/// A tiny HTTP server on 127.0.0.1 answering every request with `answer`'s status and body; the requests' heads
+/// are kept in `heads`.
+fn serve_http(
+    answer: std::sync::Arc<std::sync::Mutex<(u16, String)>>,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let n = conn.read(&mut buf).unwrap_or(0);
+            heads.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            let (status, body) = answer.lock().unwrap().clone();
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn pods_from_a_static_pod_url_run_and_an_unreachable_url_keeps_them() {
+    if !cgroup2_available() {
+        return;
+    }
+    let answer = std::sync::Arc::new(std::sync::Mutex::new((200, String::new())));
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let list = |names: &[&str]| {
+        let items: Vec<String> = names
+            .iter()
+            .map(|n| {
+                format!(
+                    r#"{{"metadata": {{"name": "{n}"}}, "spec": {{"containers": [{{"name": "app", "image": "busybox", "command": ["sleep", "1000"]}}]}}}}"#
+                )
+            })
+            .collect();
+        format!(r#"{{"apiVersion": "v1", "kind": "PodList", "items": [{}]}}"#, items.join(","))
+    };
+    *answer.lock().unwrap() = (200, list(&["from-url"]));
+    let port = serve_http(answer.clone(), heads.clone());
+    let top = format!(
+        "staticPodURL: http://127.0.0.1:{port}/pods\nstaticPodURLHeader:\n  X-Node-Token: [secret-1]\nhttpCheckFrequency: 1s\n"
+    );
+    let n = node_with("url", "", &top);
+    let p = n.wait_pod("from-url", 30, "ran", |p| phase(p) == "Running");
+    assert_eq!(p["metadata"]["annotations"]["kubernetes.io/config.source"], "http", "{p:#}");
+    assert!(heads.lock().unwrap().iter().any(|h| h.contains("x-node-token: secret-1")), "{:?}", heads.lock().unwrap());
+    // The server fails: the pod stays, untouched.
+    let before = n.pod("from-url").unwrap()["status"]["containerStatuses"][0]["containerID"].clone();
+    *answer.lock().unwrap() = (503, String::new());
+    std::thread::sleep(Duration::from_secs(4));
+    let still = n.pod("from-url").expect("the pod went away with its URL");
+    assert_eq!((phase(&still), &still["status"]["containerStatuses"][0]["containerID"]), ("Running", &before));
+    // It answers again without the pod: the pod is terminated.
+    *answer.lock().unwrap() = (200, String::new());
+    wait_until(30, "the pod the URL dropped is gone", || n.pod("from-url").is_none());
+}

@@ -6,9 +6,6 @@
 pub const IGNORED: &[&str] = &[
     "enableServer",
     "syncFrequency",
-    "httpCheckFrequency",
-    "staticPodURL",
-    "staticPodURLHeader",
     "address",
     "port",
     "readOnlyPort",

@@ -44,6 +44,15 @@ pub struct KubeletConfiguration {
     /// `fileCheckFrequency`: how often the static pod directory is rescanned besides inotify events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file_check_frequency: Option<String>,
+    /// `staticPodURL`: a URL serving a pod manifest or a `v1.PodList`, the third source of static pods.
+    #[serde(rename = "staticPodURL", skip_serializing_if = "Option::is_none")]
+    pub static_pod_url: Option<String>,
+    /// `staticPodURLHeader`: the headers of each request to `staticPodURL`.
+    #[serde(rename = "staticPodURLHeader", skip_serializing_if = "Option::is_none")]
+    pub static_pod_url_header: Option<BTreeMap<String, Vec<String>>>,
+    /// `httpCheckFrequency`: how often `staticPodURL` is fetched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_check_frequency: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_logs_dir: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -209,6 +218,9 @@ impl KubeletConfiguration {
         or(&mut self.container_runtime_endpoint, String::new());
         or(&mut self.static_pod_path, String::new());
         or(&mut self.file_check_frequency, "20s".into());
+        or(&mut self.static_pod_url, String::new());
+        or(&mut self.static_pod_url_header, BTreeMap::new());
+        or(&mut self.http_check_frequency, "20s".into());
         or(&mut self.serialize_image_pulls, true);
         or(&mut self.runtime_request_timeout, "2m".into());
         or(&mut self.healthz_bind_address, "127.0.0.1".into());

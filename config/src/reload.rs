@@ -64,6 +64,9 @@ macro_rules! restart_only {
 restart_only!(KUBELET_RESTART_ONLY, keep_kubelet, KubeletConfiguration;
     static_pod_path => "staticPodPath",
     file_check_frequency => "fileCheckFrequency",
+    static_pod_url => "staticPodURL",
+    static_pod_url_header => "staticPodURLHeader",
+    http_check_frequency => "httpCheckFrequency",
     protect_kernel_defaults => "protectKernelDefaults",
     fail_swap_on => "failSwapOn",
     memory_swap => "memorySwap",

@@ -29,8 +29,8 @@ pub use feed::{StatusReader, StatusUpdate};
 pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{
-    CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, MAX_MANIFEST_BYTES, ManifestError, check_api_pod,
-    parse_static_pod, read_manifest,
+    CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, HTTP_SOURCE, MAX_MANIFEST_BYTES, ManifestError, check_api_pod,
+    parse_static_pod, parse_url_pods, read_manifest,
 };
 pub use metrics::SyncMetrics;
 pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};

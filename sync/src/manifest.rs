@@ -114,6 +114,47 @@ pub fn parse_static_pod(bytes: &[u8], source: &Path, node_name: &str) -> Result<
     Ok(pod)
 }
 
+/// The name of `staticPodURL` as a source (the `kubernetes.io/config.source` of its pods).
+pub const HTTP_SOURCE: &str = "http";
+
+/// Parses what `staticPodURL` served: a pod manifest or a `v1.PodList` (YAML or JSON), each pod a static pod of
+/// `url` as [`parse_static_pod`] makes one (its UID from its content, the node and the URL), marked
+/// `kubernetes.io/config.source: http`. An empty answer is no pods; one invalid pod refuses the whole answer, as
+/// the kubelet refuses it (the set served before stands).
+pub fn parse_url_pods(bytes: &[u8], url: &str, node_name: &str) -> Result<Vec<Pod>, ManifestError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| ManifestError::Syntax(format!("not UTF-8: {e}")))?;
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let value: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
+    let source = Path::new(url);
+    let mut pods = if value.get("kind").and_then(serde_json::Value::as_str) == Some("PodList") {
+        let items = value.get("items").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
+        let mut pods = Vec::with_capacity(items.len());
+        for (i, mut item) in items.into_iter().enumerate() {
+            // A list's items often leave out their apiVersion and kind.
+            if let Some(o) = item.as_object_mut() {
+                o.entry("apiVersion").or_insert_with(|| "v1".into());
+                o.entry("kind").or_insert_with(|| "Pod".into());
+            }
+            let pod = parse_static_pod(item.to_string().as_bytes(), source, node_name)
+                .map_err(|e| invalid(format!("items[{i}]"), e.to_string()))?;
+            pods.push(pod);
+        }
+        pods
+    } else {
+        vec![parse_static_pod(bytes, source, node_name)?]
+    };
+    for p in &mut pods {
+        p.metadata.annotations.get_or_insert_default().insert(CONFIG_SOURCE_ANNOTATION.into(), HTTP_SOURCE.into());
+    }
+    let mut names = BTreeSet::new();
+    if let Some(dup) = pods.iter().filter_map(|p| p.metadata.name.as_deref()).find(|n| !names.insert(*n)) {
+        return Err(invalid("items", format!("two pods named {dup:?}")));
+    }
+    Ok(pods)
+}
+
 /// A static pod's UID: a hash of the manifest's content (not its formatting), the node and the file, as the
 /// kubelet derives one, in the 32 hex digits of the kubelet's.
 fn content_uid(value: &serde_json::Value, source: &Path, node_name: &str) -> String {

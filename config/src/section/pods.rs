@@ -1,5 +1,5 @@
 //! The pods section: where pod sync finds static pods and keeps pods' state and logs, from `staticPodPath`,
-//! `fileCheckFrequency`, `podLogsDir`, `containerLogMaxSize`, `containerLogMaxFiles`,
+//! `fileCheckFrequency`, `staticPodURL`, `staticPodURLHeader`, `httpCheckFrequency`, `podLogsDir`, `containerLogMaxSize`, `containerLogMaxFiles`,
 //! `containerLogMonitorInterval` and nodewarden's `rootDir` and `nodeName`.
 
 use std::path::PathBuf;
@@ -18,6 +18,12 @@ pub struct PodsConfig {
     pub static_pod_path: Option<PathBuf>,
     /// `fileCheckFrequency` (`0s` means the default, 20s).
     pub file_check_frequency: Duration,
+    /// `staticPodURL`, if set: an `http` or `https` URL.
+    pub static_pod_url: Option<String>,
+    /// `staticPodURLHeader`: each header of the requests, once per value.
+    pub static_pod_url_header: Vec<(String, String)>,
+    /// `httpCheckFrequency` (`0s` means the default, 20s).
+    pub http_check_frequency: Duration,
     /// `podLogsDir`.
     pub pod_logs_dir: PathBuf,
     /// `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval`.
@@ -33,13 +39,32 @@ impl PodsConfig {
     pub fn validate(c: &KubeletConfiguration) -> Result<Self, ConfigError> {
         let log_rotation = log_rotation(c)?;
         // As in the kubelet, zero (kubeadm writes `0s`) means the default.
-        let file_check_frequency = match duration_field("fileCheckFrequency", &c.file_check_frequency)? {
-            d if d.is_zero() => Duration::from_secs(20),
-            d if d < Duration::from_secs(1) => {
-                return Err(ConfigError::field("fileCheckFrequency", "must be at least 1s"));
+        let file_check_frequency = check_frequency("fileCheckFrequency", &c.file_check_frequency)?;
+        let http_check_frequency = check_frequency("httpCheckFrequency", &c.http_check_frequency)?;
+        let url = required(&c.static_pod_url, "staticPodURL")?;
+        let static_pod_url = (!url.is_empty()).then(|| url.clone());
+        if let Some(u) = &static_pod_url {
+            let rest = u.strip_prefix("http://").or_else(|| u.strip_prefix("https://"));
+            if rest.is_none_or(|r| r.is_empty() || r.starts_with('/'))
+                || u.chars().any(|ch| ch.is_control() || ch == ' ')
+            {
+                return Err(ConfigError::field("staticPodURL", format!("{u:?} is not an http:// or https:// URL")));
             }
-            d => d,
-        };
+        }
+        let mut static_pod_url_header = Vec::new();
+        for (name, values) in required(&c.static_pod_url_header, "staticPodURLHeader")? {
+            let bad = |s: &str| s.chars().any(char::is_control);
+            if name.is_empty() || bad(name) || name.contains(':') || values.iter().any(|v| bad(v)) {
+                return Err(ConfigError::field(
+                    "staticPodURLHeader",
+                    format!(
+                        "header {:?}: a name must be non-empty without ':', and no control characters",
+                        name.escape_debug().to_string()
+                    ),
+                ));
+            }
+            static_pod_url_header.extend(values.iter().map(|v| (name.clone(), v.clone())));
+        }
         let nw = nodewarden(c)?;
         let pod_logs_dir = absolute("podLogsDir", required(&c.pod_logs_dir, "podLogsDir")?)?;
         let root_dir = absolute("nodewarden.rootDir", required(&nw.root_dir, "nodewarden.rootDir")?)?;
@@ -54,11 +79,23 @@ impl PodsConfig {
         Ok(PodsConfig {
             static_pod_path: (!static_pod_path.is_empty()).then(|| PathBuf::from(static_pod_path)),
             file_check_frequency,
+            static_pod_url,
+            static_pod_url_header,
+            http_check_frequency,
             pod_logs_dir,
             log_rotation,
             root_dir,
             node_name,
         })
+    }
+}
+
+/// A check frequency: as in the kubelet, zero (kubeadm writes `0s`) means the default, 20 s; at least 1 s.
+fn check_frequency(field: &str, v: &Option<String>) -> Result<Duration, ConfigError> {
+    match duration_field(field, v)? {
+        d if d.is_zero() => Ok(Duration::from_secs(20)),
+        d if d < Duration::from_secs(1) => Err(ConfigError::field(field, "must be at least 1s")),
+        d => Ok(d),
     }
 }
 
@@ -104,6 +141,9 @@ mod tests {
             PodsConfig {
                 static_pod_path: None,
                 file_check_frequency: Duration::from_secs(20),
+                static_pod_url: None,
+                static_pod_url_header: Vec::new(),
+                http_check_frequency: Duration::from_secs(20),
                 pod_logs_dir: PathBuf::from("/var/log/pods"),
                 log_rotation: LogRotation::default(),
                 root_dir: PathBuf::from("/var/lib/nodewarden"),
@@ -112,6 +152,18 @@ mod tests {
         );
         let p = PodsConfig::validate(&raw("staticPodPath: /m\nfileCheckFrequency: 0s\n")).unwrap();
         assert_eq!((p.static_pod_path, p.file_check_frequency), (Some(PathBuf::from("/m")), Duration::from_secs(20)));
+        let p = PodsConfig::validate(&raw("staticPodURL: https://config.example/pods
+staticPodURLHeader:
+  Authorization: [Bearer x]
+  \
+             X-Node: [a, b]
+httpCheckFrequency: 5s
+"))
+        .unwrap();
+        assert_eq!(p.static_pod_url.as_deref(), Some("https://config.example/pods"));
+        assert_eq!(p.http_check_frequency, Duration::from_secs(5));
+        let headers = [("Authorization", "Bearer x"), ("X-Node", "a"), ("X-Node", "b")];
+        assert_eq!(p.static_pod_url_header, headers.map(|(n, v)| (n.to_owned(), v.to_owned())));
     }
 
     #[test]
@@ -124,6 +176,10 @@ mod tests {
                 ("containerLogMaxFiles: 1\n", "containerLogMaxFiles"),
                 ("containerLogMonitorInterval: 10ms\n", "containerLogMonitorInterval"),
                 ("fileCheckFrequency: 10ms\n", "fileCheckFrequency"),
+                ("httpCheckFrequency: 10ms\n", "httpCheckFrequency"),
+                ("staticPodURL: ftp://x/pods\n", "staticPodURL"),
+                ("staticPodURL: http://\n", "staticPodURL"),
+                ("staticPodURLHeader:\n  \"X-A\": [\"a\\r\\nB: c\"]\n", "staticPodURLHeader"),
                 ("podLogsDir: logs\n", "podLogsDir"),
                 ("nodewarden:\n  rootDir: state\n", "nodewarden.rootDir"),
                 ("nodewarden:\n  nodeName: Not_A_Name\n", "nodewarden.nodeName"),

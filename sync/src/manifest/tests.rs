@@ -126,3 +126,37 @@ fn huge_files_are_refused_before_reading() {
     std::fs::write(&path, WEB).unwrap();
     assert_eq!(read_manifest(&path).unwrap(), WEB.as_bytes());
 }
+
+#[test]
+fn a_url_serves_a_manifest_or_a_pod_list_of_static_pods() {
+    let url = "http://config.example/pods";
+    let one = parse_url_pods(
+        b"apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: a, image: b}]}\n",
+        url,
+        "n1",
+    )
+    .unwrap();
+    assert_eq!(one.len(), 1);
+    let annotations = one[0].metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations[CONFIG_SOURCE_ANNOTATION], "http");
+    assert_eq!(one[0].metadata.name.as_deref(), Some("web-n1"));
+    let list = r#"{"apiVersion": "v1", "kind": "PodList", "items": [
+        {"metadata": {"name": "a"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+        {"metadata": {"name": "b"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}]}"#;
+    let pods = parse_url_pods(list.as_bytes(), url, "n1").unwrap();
+    let names: Vec<_> = pods.iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    assert_eq!(names, ["a-n1", "b-n1"]);
+    // The UID follows the URL too: the same manifest from another URL is another pod.
+    let elsewhere = parse_url_pods(list.as_bytes(), "http://other.example/pods", "n1").unwrap();
+    assert_ne!(pods[0].metadata.uid, elsewhere[0].metadata.uid);
+    assert_eq!(parse_url_pods(b"  \n", url, "n1").unwrap(), Vec::<Pod>::new(), "an empty answer is no pods");
+    // One bad item refuses the whole answer.
+    let bad = list.replace(
+        r#""name": "b"}, "spec": {"containers": [{"name": "c", "image": "i"}]}"#,
+        r#""name": "b"}, "spec": {"containers": []}"#,
+    );
+    let e = parse_url_pods(bad.as_bytes(), url, "n1").unwrap_err().to_string();
+    assert!(e.starts_with("items[1]"), "{e}");
+    let twice = list.replace(r#""name": "b""#, r#""name": "a""#);
+    assert!(parse_url_pods(twice.as_bytes(), url, "n1").unwrap_err().to_string().contains("two pods named"));
+}
