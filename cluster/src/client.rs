@@ -70,6 +70,10 @@ const MAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const WATCH_SECONDS: u32 = 290;
 /// The watch client's bound on a whole watch: past the apiserver's own end of it.
 const WATCH_DEADLINE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 30);
+/// The longest a watch may stay silent: the apiserver sends a bookmark about every minute to a watch that asks
+/// for them (kube's watcher does), so a connection silent for longer is dead (a half-open one after a network
+/// cut) and a new watch starts, instead of one blind until the watch's end.
+const WATCH_IDLE: Duration = Duration::from_secs(120);
 /// The most bytes one watch streams before it is cut (and the watcher starts the next from where it was).
 const MAX_WATCH_BYTES: usize = 64 << 20;
 /// The largest answer either client takes: above the largest object etcd stores by default (1.5 MiB) with room
@@ -104,21 +108,21 @@ impl Clients {
         burst: u32,
         heartbeat_timeout: Duration,
     ) -> Result<Clients, ClusterError> {
-        let client = |timeout: Duration, deadline: Duration, max_bytes: usize| {
+        let client = |timeout: Duration, idle: Duration, deadline: Duration, max_bytes: usize| {
             let mut c = config.clone();
             // Retries are the loops' own, with the kubelet's back-offs: the client's retry layer would hold a
             // status update for minutes while the apiserver answers 503.
             c.default_retry = false;
             c.connect_timeout = Some(timeout);
-            c.read_timeout = Some(deadline);
+            c.read_timeout = Some(idle);
             c.write_timeout = Some(timeout);
             c.reset_reader_on_write = true;
             let builder = kube::client::ClientBuilder::try_from(c).map_err(|e| ClusterError::Client(e.to_string()))?;
             Ok(builder.with_layer(&Bounds { deadline, max_bytes }).build())
         };
-        let main = client(MAIN_TIMEOUT, MAIN_TIMEOUT, MAX_ANSWER_BYTES)?;
-        let heartbeat = client(heartbeat_timeout, heartbeat_timeout, MAX_ANSWER_BYTES)?;
-        let watch = client(MAIN_TIMEOUT, WATCH_DEADLINE, MAX_WATCH_BYTES)?;
+        let main = client(MAIN_TIMEOUT, MAIN_TIMEOUT, MAIN_TIMEOUT, MAX_ANSWER_BYTES)?;
+        let heartbeat = client(heartbeat_timeout, heartbeat_timeout, heartbeat_timeout, MAX_ANSWER_BYTES)?;
+        let watch = client(MAIN_TIMEOUT, WATCH_IDLE, WATCH_DEADLINE, MAX_WATCH_BYTES)?;
         let pair = Pair { main, heartbeat, watch };
         Ok(Clients { pair: Arc::new(RwLock::new(pair)), limiter: Arc::new(RateLimiter::new(qps, burst)) })
     }
