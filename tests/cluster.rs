@@ -467,5 +467,36 @@ fn pods_bound_to_the_node_run_report_and_are_deleted_as_on_a_kubelet() {
     wait_until(30, "the survivor adopted", || container_of(d.port, "survivor").is_some());
     assert_eq!(container_of(d.port, "survivor"), Some(before), "the survivor was started again");
     assert!(alive(pid));
+
+    // kill -9 in the middle of starting five pods: after the restart each runs exactly one process, none was
+    // restarted, and every status is in the apiserver.
+    let names: Vec<String> = (0..5).map(|i| format!("burst{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                     "containers": [{"name": "app", "image": "busybox", "command": ["sleep", format!("20000{i}")]}]},
+        });
+        api.create("pods", Some("default"), pod).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    d.kill();
+    d.start();
+    d.wait_ready();
+    wait_until(60, "the burst Running after the restart", || names.iter().all(|n| running(n)));
+    for (i, name) in names.iter().enumerate() {
+        let arg = format!("20000{i}");
+        let procs = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes())
+            })
+            .count();
+        assert_eq!(procs, 1, "{name} runs {procs} processes after kill -9 mid-start");
+        let p = api.get("pods", Some("default"), name).unwrap();
+        assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0, "{p:#}");
+    }
     assert_eq!(d.stop(), Some(0));
 }
