@@ -18,6 +18,9 @@
 //! `api-pods`: pods created through the test apiserver: startup p50/p99, requests per pod, deletion, and the
 //! static start for comparison (see `apipods.rs`).
 //!
+//! `many-nodes`: N nodes joined to one test apiserver: requests and bytes per node per minute, idle and under
+//! churn, extrapolated to 5,000 nodes (see `manynodes.rs`).
+//!
 //! `placement`: the time to place a pod under each cgroup driver (see `placement.rs`).
 //!
 //! `saves`: the pod state saves of pods starting together, on the host's disk (see `saves.rs`; no VM needed).
@@ -32,6 +35,7 @@ mod cluster;
 mod cri;
 mod eviction;
 mod hog;
+mod manynodes;
 mod placement;
 mod pods;
 mod reload;
@@ -179,6 +183,27 @@ enum Cmd {
         #[arg(long, default_value = "results/api-pods.md")]
         out: PathBuf,
     },
+    /// N nodes joined to one test apiserver: requests and bytes per node per minute, idle and under churn.
+    ManyNodes {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// Nodes, each a daemon of its own.
+        #[arg(long, default_value_t = 20)]
+        nodes: usize,
+        /// Seconds of each window (idle, churn).
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Pods created and deleted per node in the churn window.
+        #[arg(long, default_value_t = 5)]
+        pods: usize,
+        /// Runs; the table reports the median and the worst.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/many-nodes.md")]
+        out: PathBuf,
+    },
     /// Writes eviction.md and the plots from the runs in <out>/eviction-raw/ (on the host, no VM needed).
     EvictionReport {
         /// The directory holding eviction-raw/; the report is written there.
@@ -250,6 +275,9 @@ fn main() -> Result<()> {
             cluster::run(&nodewarden, pods, seconds, runs, edits, outage, &out)
         }
         Cmd::ApiPods { nodewarden, pods, runs, out } => apipods::run(&nodewarden, pods, runs, &out),
+        Cmd::ManyNodes { nodewarden, nodes, seconds, pods, runs, out } => {
+            manynodes::run(&nodewarden, nodes, seconds, pods, runs, &out)
+        }
         Cmd::Hog(args) => hog::run(&args),
         Cmd::Placement { pods, runs, out } => placement::run(pods, runs, &out),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
