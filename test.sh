@@ -68,7 +68,11 @@ found = {}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in order:
-        found[m["target"]["name"]] = m["executable"]
+        name = m["target"]["name"]
+        # Another crate'"'"'s test of the same name would stand in for the VM test silently.
+        if name in found and found[name] != m["executable"]:
+            sys.exit("two test targets are named " + name + ": " + found[name] + " and " + m["executable"])
+        found[name] = m["executable"]
 for name in order:
     if name in found:
         print(found[name])
