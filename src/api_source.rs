@@ -11,6 +11,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodewarden_cluster::{PodSet, is_mirror};
+use nodewarden_resources::pod::full_name;
 use nodewarden_sync::{
     API_SOURCE, CONFIG_SOURCE_ANNOTATION, InvalidManifest, PodSource, SourceSnapshot, check_api_pod,
 };
@@ -74,13 +75,7 @@ impl Starts {
             if all_running(pod) {
                 if let Some(created) = self.waiting.remove(uid) {
                     let took = now.duration_since(created).as_secs_f64().max(0.0);
-                    let meta = &pod.metadata;
-                    let name = format!(
-                        "{}/{}",
-                        meta.namespace.as_deref().unwrap_or_default(),
-                        meta.name.as_deref().unwrap_or_default()
-                    );
-                    out.push((name, took));
+                    out.push((full_name(pod), took));
                 }
             } else if new && let Some(created) = &pod.metadata.creation_timestamp {
                 self.waiting.insert(uid.clone(), created.0);
@@ -107,13 +102,7 @@ pub fn snapshot(set: &PodSet) -> SourceSnapshot {
     let mut invalid = Vec::new();
     for pod in set.values().filter(|p| !is_mirror(p)) {
         if let Err(error) = check_api_pod(pod) {
-            let meta = &pod.metadata;
-            let path = PathBuf::from(format!(
-                "{}/{}",
-                meta.namespace.as_deref().unwrap_or_default(),
-                meta.name.as_deref().unwrap_or_default()
-            ));
-            invalid.push(InvalidManifest { path, error });
+            invalid.push(InvalidManifest { path: PathBuf::from(full_name(pod)), error });
             continue;
         }
         pods.push(as_source_pod(pod));

@@ -3,12 +3,13 @@
 //! static pod's hash changes or an operator deletes it, and deleted once its static pod is gone; mirror pods are
 //! never run (the apiserver source leaves them out). Deletions carry the mirror's UID as a precondition.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_cluster::{ClusterStatus, KubeError, PodSet, PodWriter, config_hash, is_mirror};
+use nodewarden_resources::pod::full_name;
 use nodewarden_runtime::SelectedRuntime;
 use nodewarden_sync::{PodManager, from_apiserver};
 use tokio::sync::watch;
@@ -26,17 +27,16 @@ pub enum Step {
     Delete(Arc<Pod>),
 }
 
-fn key(p: &Pod) -> (String, String) {
-    (p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default())
-}
-
 /// What to do to bring the mirrors of `apiserver` in line with the static pods of `pods`: stale ones deleted,
 /// then, once a name is free, the missing ones made.
 pub fn plan(pods: &[Arc<Pod>], apiserver: &PodSet) -> Vec<Step> {
-    let statics: BTreeMap<(String, String), &Arc<Pod>> =
-        pods.iter().filter(|p| !from_apiserver(p)).map(|p| (key(p), p)).collect();
-    let mirrors: BTreeMap<(String, String), &Arc<Pod>> =
-        apiserver.values().filter(|p| is_mirror(p)).map(|p| (key(p), p)).collect();
+    let statics: BTreeMap<String, &Arc<Pod>> =
+        pods.iter().filter(|p| !from_apiserver(p)).map(|p| (full_name(p), p)).collect();
+    let mirrors: BTreeMap<String, &Arc<Pod>> =
+        apiserver.values().filter(|p| is_mirror(p)).map(|p| (full_name(p), p)).collect();
+    // A pod of the apiserver under a static pod's name (not a mirror) is left alone: the apiserver would refuse
+    // a mirror over it.
+    let taken: BTreeSet<String> = apiserver.values().map(|p| full_name(p)).collect();
     let mut steps = Vec::new();
     for (k, m) in &mirrors {
         // One an operator deletes (it carries a deletion time) is deleted for good and made again, as the
@@ -48,9 +48,7 @@ pub fn plan(pods: &[Arc<Pod>], apiserver: &PodSet) -> Vec<Step> {
         }
     }
     for (k, s) in &statics {
-        // A pod of the apiserver under that name (not a mirror) is left alone, as the apiserver would refuse it.
-        let taken = apiserver.values().any(|p| key(p) == *k);
-        if !taken {
+        if !taken.contains(k) {
             steps.push(Step::Create(Arc::clone(s)));
         }
     }
@@ -104,8 +102,7 @@ impl std::fmt::Debug for StepName<'_> {
             Step::Create(p) => ("create", &**p),
             Step::Delete(p) => ("delete", &**p),
         };
-        let (ns, name) = key(p);
-        write!(f, "{what} {ns}/{name}")
+        write!(f, "{what} {}", full_name(p))
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodewarden_cluster::{KubeError, OWNED_STATUS_FIELDS, PodSet, PodWriter, Written, config_hash, is_mirror};
+use nodewarden_resources::pod::full_name;
 use nodewarden_sync::{StatusReader, StatusStore, StatusUpdate, check_api_pod, from_apiserver};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -212,14 +213,6 @@ fn mirror_of<'a>(pod: &Pod, apiserver: &'a PodSet) -> Option<&'a Pod> {
             && config_hash(m) == Some(hash)
     });
     mirror.map(|m| &**m)
-}
-
-fn full_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// Whether the apiserver's pod `theirs` holds every field of `ours`'s status (it may hold more: conditions

@@ -463,6 +463,17 @@ impl Drop for KeepLog<'_> {
     }
 }
 
+/// Writes `config` as `<dir>/config.yaml` and starts `nodewarden run` on it with `args`, its log in
+/// `<dir>/daemon.log`.
+fn spawn_daemon(bin: &Path, dir: &Path, config: &str, args: &[&str]) -> Result<Child> {
+    let cfg = dir.join("config.yaml");
+    std::fs::write(&cfg, config)?;
+    let log = std::fs::File::create(dir.join("daemon.log"))?;
+    let child =
+        Command::new(bin).args(["run", "--config"]).arg(&cfg).args(args).stdout(Stdio::null()).stderr(log).spawn()?;
+    Ok(child)
+}
+
 /// A daemon with its own static pod directory, logs and root below a fresh temporary directory, ready to serve.
 /// Dropping it stops the daemon and removes the directory and the cgroup tree.
 struct StaticNode {
@@ -486,26 +497,15 @@ impl StaticNode {
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let cfg = dir.join("config.yaml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\n\
-                 healthzPort: {port}\nstaticPodPath: {}\npodLogsDir: {}\n{extra}nodewarden:\n  rootDir: {}\n  \
-                 nodeName: bench\n",
-                manifests.display(),
-                dir.join("logs").display(),
-                dir.join("root").display()
-            ),
-        )?;
-        let log = std::fs::File::create(dir.join("daemon.log"))?;
-        let child = Command::new(bin)
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?;
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\n\
+             healthzPort: {port}\nstaticPodPath: {}\npodLogsDir: {}\n{extra}nodewarden:\n  rootDir: {}\n  \
+             nodeName: bench\n",
+            manifests.display(),
+            dir.join("logs").display(),
+            dir.join("root").display()
+        );
+        let child = spawn_daemon(bin, &dir, &config, args)?;
         let node = Self { guard: Guard(child), dir, manifests, port };
         wait("readiness", 60, || get(port, "/readyz").is_some())?;
         Ok(node)

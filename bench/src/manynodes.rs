@@ -3,7 +3,7 @@
 //! churn, extrapolated to 5,000 nodes against the kubelet's budget (a Lease every 10 s, a status every 5 min).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -11,7 +11,7 @@ use nodewarden_resources::CgroupPath;
 use nodewarden_testapi::{Logged, TestApi};
 use serde_json::json;
 
-use crate::{median, wait, worst};
+use crate::{median, spawn_daemon, wait, worst};
 
 /// One node's daemon; dropping it stops the daemon and removes its directory and cgroup tree.
 struct Member {
@@ -44,25 +44,14 @@ fn start_member(bin: &Path, api: &TestApi, i: usize) -> Result<Member> {
     let token = format!("token-{name}");
     api.add_token(&token, Some(&name));
     let kubeconfig = api.write_kubeconfig(&dir, &token)?;
-    let cfg = dir.join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {root}\n\
-             healthzPort: {port}\npodLogsDir: {}\nnodewarden:\n  rootDir: {}\n  nodeName: {name}\n",
-            dir.join("logs").display(),
-            dir.join("root").display()
-        ),
-    )?;
-    let log = std::fs::File::create(dir.join("daemon.log"))?;
-    let child = Command::new(bin)
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()?;
+    let config = format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {root}\n\
+         healthzPort: {port}\npodLogsDir: {}\nnodewarden:\n  rootDir: {}\n  nodeName: {name}\n",
+        dir.join("logs").display(),
+        dir.join("root").display()
+    );
+    let kubeconfig = kubeconfig.display().to_string();
+    let child = spawn_daemon(bin, &dir, &config, &["--kubeconfig", &kubeconfig])?;
     Ok(Member { child, dir, root })
 }
 

@@ -193,9 +193,7 @@ impl PodWriter {
         self.clients.limiter.acquire().await;
         gone_or(self.api(pod).delete(name, &params).await.map(drop))
     }
-}
 
-impl PodWriter {
     /// Creates the mirror pod of `static_pod` (whose `kubernetes.io/config.hash` it carries as its mirror
     /// annotation): the static pod's metadata and spec, owned by the node's own Node (`node`, `node_uid`), as the
     /// apiserver's NodeRestriction admits it.

@@ -1,6 +1,7 @@
 //! The pods section: where pod sync finds static pods and keeps pods' state and logs, from `staticPodPath`,
-//! `fileCheckFrequency`, `staticPodURL`, `staticPodURLHeader`, `httpCheckFrequency`, `podLogsDir`, `containerLogMaxSize`, `containerLogMaxFiles`,
-//! `containerLogMonitorInterval` and nodewarden's `rootDir` and `nodeName`.
+//! `fileCheckFrequency`, `staticPodURL`, `staticPodURLHeader`, `httpCheckFrequency`, `podLogsDir`,
+//! `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval` and nodewarden's `rootDir` and
+//! `nodeName`.
 
 use std::path::PathBuf;
 use std::time::Duration;
