@@ -78,13 +78,26 @@ pub fn read_manifest(path: &Path) -> Result<Vec<u8>, ManifestError> {
 /// name `<name>-<node>`, `spec.nodeName`, and, when the manifest has no UID, one derived from the manifest's
 /// content, the node and the file, so that an edit makes a new pod and an unchanged file keeps its pod.
 pub fn parse_static_pod(bytes: &[u8], source: &Path, node_name: &str) -> Result<Pod, ManifestError> {
+    static_pod(manifest_value(bytes)?, source, node_name, crate::FILE_SOURCE)
+}
+
+/// A manifest's text as a value: JSON is YAML, so one parser reads both. Going through a value first lets the kind
+/// be checked before the Pod schema, which gives a better message for a Deployment dropped into the directory.
+fn manifest_value(bytes: &[u8]) -> Result<serde_json::Value, ManifestError> {
     let text = std::str::from_utf8(bytes).map_err(|e| ManifestError::Syntax(format!("not UTF-8: {e}")))?;
     if text.trim().is_empty() {
         return Err(ManifestError::Empty);
     }
-    // JSON is YAML, so one parser reads both. Going through a Value first lets the kind be checked before the
-    // Pod schema, which gives a better message for a Deployment dropped into the directory.
-    let value: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
+    serde_saphyr::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))
+}
+
+/// [`parse_static_pod`] of a manifest read already, for source `source_name`.
+fn static_pod(
+    value: serde_json::Value,
+    source: &Path,
+    node_name: &str,
+    source_name: &str,
+) -> Result<Pod, ManifestError> {
     let field = |k: &str| value.get(k).and_then(serde_json::Value::as_str).unwrap_or_default().to_owned();
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     if api_version != "v1" || kind != "Pod" {
@@ -107,7 +120,7 @@ pub fn parse_static_pod(bytes: &[u8], source: &Path, node_name: &str) -> Result<
     meta.uid = Some(uid.clone());
     let annotations = meta.annotations.get_or_insert_default();
     annotations.insert(CONFIG_HASH_ANNOTATION.into(), uid);
-    annotations.insert(CONFIG_SOURCE_ANNOTATION.into(), "file".into());
+    annotations.insert(CONFIG_SOURCE_ANNOTATION.into(), source_name.into());
     if let Some(spec) = pod.spec.as_mut() {
         spec.node_name = Some(node_name.to_owned());
     }
@@ -122,13 +135,12 @@ pub const HTTP_SOURCE: &str = "http";
 /// `kubernetes.io/config.source: http`. An empty answer is no pods; one invalid pod refuses the whole answer, as
 /// the kubelet refuses it (the set served before stands).
 pub fn parse_url_pods(bytes: &[u8], url: &str, node_name: &str) -> Result<Vec<Pod>, ManifestError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| ManifestError::Syntax(format!("not UTF-8: {e}")))?;
-    if text.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    let value: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
+    let value = match manifest_value(bytes) {
+        Err(ManifestError::Empty) => return Ok(Vec::new()),
+        v => v?,
+    };
     let source = Path::new(url);
-    let mut pods = if value.get("kind").and_then(serde_json::Value::as_str) == Some("PodList") {
+    let pods = if value.get("kind").and_then(serde_json::Value::as_str) == Some("PodList") {
         let items = value.get("items").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
         let mut pods = Vec::with_capacity(items.len());
         for (i, mut item) in items.into_iter().enumerate() {
@@ -137,17 +149,14 @@ pub fn parse_url_pods(bytes: &[u8], url: &str, node_name: &str) -> Result<Vec<Po
                 o.entry("apiVersion").or_insert_with(|| "v1".into());
                 o.entry("kind").or_insert_with(|| "Pod".into());
             }
-            let pod = parse_static_pod(item.to_string().as_bytes(), source, node_name)
+            let pod = static_pod(item, source, node_name, HTTP_SOURCE)
                 .map_err(|e| invalid(format!("items[{i}]"), e.to_string()))?;
             pods.push(pod);
         }
         pods
     } else {
-        vec![parse_static_pod(bytes, source, node_name)?]
+        vec![static_pod(value, source, node_name, HTTP_SOURCE)?]
     };
-    for p in &mut pods {
-        p.metadata.annotations.get_or_insert_default().insert(CONFIG_SOURCE_ANNOTATION.into(), HTTP_SOURCE.into());
-    }
     let mut names = BTreeSet::new();
     if let Some(dup) = pods.iter().filter_map(|p| p.metadata.name.as_deref()).find(|n| !names.insert(*n)) {
         return Err(invalid("items", format!("two pods named {dup:?}")));
