@@ -454,6 +454,8 @@ fn pods_bound_to_the_node_run_report_and_are_deleted_as_on_a_kubelet() {
     kubectl(&kubectl_bin, &admin, &["apply", "-f", file.to_str().unwrap()]);
     wait_until(30, "the survivor Running", || running("survivor"));
     let before = container_of(d.port, "survivor").unwrap();
+    // Running as soon as its shell runs; the shell then starts the sleep.
+    wait_until(10, "the survivor's sleep started", || pid_of("100007").is_some());
     let pid = pid_of("100007").expect("the survivor's process");
     api.set_up(false);
     assert_eq!(d.stop(), Some(0));
