@@ -113,7 +113,8 @@ async fn select_runtime(
     shutdown: &CancellationToken,
 ) -> Result<SelectedRuntime, DaemonError> {
     let Some(endpoint) = &config.runtime.endpoint else {
-        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone(), tasks.clone(), shutdown.clone())));
+        let scratch = config.pods.root_dir.join("process-runtime");
+        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone(), scratch, tasks.clone(), shutdown.clone())));
     };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
@@ -661,7 +662,8 @@ mod tests {
         host.set_usage(&manager.tree().kubepods, 0, 0);
         let fs = manager.cgroupfs().clone();
         let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-        let runtime = SelectedRuntime::Process(ProcessRuntime::new(fs, tasks.clone(), shutdown.clone()));
+        let scratch = host.path().join("root/process-runtime");
+        let runtime = SelectedRuntime::Process(ProcessRuntime::new(fs, scratch, tasks.clone(), shutdown.clone()));
         let settings = SyncSettings {
             root_dir: host.path().join("root"),
             log_dir: host.path().join("logs"),

@@ -569,3 +569,76 @@ fn pods_from_a_static_pod_url_run_and_an_unreachable_url_keeps_them() {
     *answer.lock().unwrap() = (200, String::new());
     wait_until(30, "the pod the URL dropped is gone", || n.pod("from-url").is_none());
 }
+
+/// The first mount point strictly below `/run` in this process's mount table (the VM's share, `/run/nodewarden-vm`).
+fn a_mount_below_run() -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .find(|p| p.starts_with("/run/") && !p.contains('\\'))
+        .map(str::to_owned)
+}
+
+#[test]
+fn a_mount_path_missing_on_the_node_is_made_in_the_container_only() {
+    if !cgroup2_available() {
+        return;
+    }
+    assert!(!Path::new("/var/run/secrets/nodewarden-test").exists() && !Path::new("/nonexistent-nw").exists());
+    let n = node("missing-mount");
+    // Seen in the container only if the node's mounts below the overlaid /run are attached again in its overlay.
+    let sub = a_mount_below_run();
+    let sa = "/var/run/secrets/nodewarden-test/sa";
+    let check_sub = sub
+        .as_ref()
+        .map_or(String::new(), |s| format!("grep -q \" {s} \" /proc/self/mountinfo && echo submount-visible; "));
+    // `app`, not root, writes both volumes: one below /run (through the /var/run link), one below a directory
+    // missing at the top of the node's tree (so its container's root is an overlay). Its readiness probe, an exec,
+    // gets the overlays of its own. `run` has the first volume only.
+    let body = format!(
+        "  securityContext:\n    runAsUser: 65534\n    runAsGroup: 65534\n  containers:\n  - name: app\n    image: busybox\n    \
+         command: [sh, -c, 'echo from-app > {sa}/token && cat {sa}/token; echo deep > /nonexistent-nw/a/b/f && \
+         cat /nonexistent-nw/a/b/f; {check_sub}exec sleep 1000']\n    \
+         readinessProbe:\n      exec:\n        command: [cat, {sa}/token]\n      periodSeconds: 1\n    \
+         volumeMounts:\n    - name: sa\n      mountPath: {sa}\n    - name: deep\n      mountPath: /nonexistent-nw/a/b\n  \
+         - name: run\n    image: busybox\n    command: [sh, -c, 'echo from-run > {sa}/run && cat {sa}/run; exec sleep 1000']\n    \
+         volumeMounts:\n    - name: sa\n      mountPath: {sa}\n  volumes:\n  - name: sa\n    emptyDir: {{}}\n  \
+         - name: deep\n    emptyDir: {{}}\n"
+    );
+    n.write("sa.yaml", &pod_yaml("sa", &body));
+    let p = n.wait_pod("sa", 60, "ran with its containers ready", |p| {
+        phase(p) == "Running" && container(p, "app")["ready"] == true && container(p, "run")["ready"] == true
+    });
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    let log =
+        |c: &str| std::fs::read_to_string(n.logs.join(format!("default_sa-vm_{uid}/{c}/0.log"))).unwrap_or_default();
+    let want = format!("from-app\ndeep\n{}", if sub.is_some() { "submount-visible\n" } else { "" });
+    wait_until(10, "the containers logged", || log("app") == want && log("run") == "from-run\n");
+    let volumes = n.root.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir"));
+    assert_eq!(std::fs::read_to_string(volumes.join("sa/token")).unwrap(), "from-app\n");
+    assert_eq!(std::fs::read_to_string(volumes.join("sa/run")).unwrap(), "from-run\n");
+    assert_eq!(std::fs::read_to_string(volumes.join("deep/f")).unwrap(), "deep\n");
+    match &sub {
+        Some(s) => eprintln!("{s}, mounted below /run, is visible in the container"),
+        None => eprintln!("no mount below /run on this node: not checked"),
+    }
+    assert!(!Path::new("/var/run/secrets/nodewarden-test").exists(), "nothing is made on the node");
+    assert!(!Path::new("/nonexistent-nw").exists(), "nothing is made on the node");
+    let scratch = |c: &str| n.root.join(format!("process-runtime/{uid}_{c}_0"));
+    assert!(scratch("app").is_dir() && scratch("run").is_dir(), "the overlays' directories are the runtime's");
+    std::fs::remove_file(n.manifests.join("sa.yaml")).unwrap();
+    wait_until(30, "the pod is gone", || n.pod("sa").is_none());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (scratch("app").exists() || scratch("run").exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = Command::new("find").arg(n.root.join("process-runtime")).output().unwrap();
+    assert!(
+        !scratch("app").exists() && !scratch("run").exists(),
+        "the containers' scratch directories are removed with them:\n{}\n{}",
+        String::from_utf8_lossy(&left.stdout),
+        n.d.log()
+    );
+    assert!(!Path::new("/var/run/secrets/nodewarden-test").exists() && !Path::new("/nonexistent-nw").exists());
+}

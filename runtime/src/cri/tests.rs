@@ -702,6 +702,7 @@ async fn interactive_sessions_come_from_the_runtimes_streaming_server() {
 fn the_process_runtime_serves_no_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let fs = nodewarden_resources::CgroupFs::new(dir.path(), CgroupPath::parse("/nw").unwrap());
-    let rt = crate::ProcessRuntime::new(fs, tokio_util::task::TaskTracker::new(), CancellationToken::new());
+    let scratch = dir.path().join("scratch");
+    let rt = crate::ProcessRuntime::new(fs, scratch, tokio_util::task::TaskTracker::new(), CancellationToken::new());
     assert!(rt.streaming().is_none());
 }

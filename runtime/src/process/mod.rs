@@ -5,10 +5,12 @@
 
 mod confine;
 mod exec;
+mod overlay;
 mod sys;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::path::Component;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -57,6 +59,9 @@ struct Entry {
 /// The process runtime.
 pub struct ProcessRuntime {
     fs: CgroupFs,
+    /// The runtime's own directory on the node's disk (`<rootDir>/process-runtime`): each container's overlay
+    /// directories, for its mountPaths that do not exist on the node, are in `<scratch>/<container id>`.
+    scratch: std::path::PathBuf,
     containers: Arc<Mutex<HashMap<String, Entry>>>,
     /// The daemon's task tracker and shutdown token: the exit watches run on them and end with the daemon (the
     /// containers run on, for the next daemon to adopt).
@@ -66,7 +71,10 @@ pub struct ProcessRuntime {
 
 impl std::fmt::Debug for ProcessRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProcessRuntime").field("cgroup_root", &self.fs.scope()).finish_non_exhaustive()
+        f.debug_struct("ProcessRuntime")
+            .field("cgroup_root", &self.fs.scope())
+            .field("scratch", &self.scratch)
+            .finish_non_exhaustive()
     }
 }
 
@@ -74,11 +82,23 @@ fn container_id(spec: &ContainerSpec) -> String {
     format!("{}_{}_{}", spec.pod_uid, spec.name, spec.attempt)
 }
 
+/// A container's scratch directory in `scratch`, when its ID is one plain file name (it always is for the IDs this
+/// runtime makes; anything else names no directory, so nothing outside `scratch` is ever made or removed).
+fn scratch_dir(scratch: &std::path::Path, id: &str) -> Option<std::path::PathBuf> {
+    let mut parts = std::path::Path::new(id).components();
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(name)), None) if name == id => Some(scratch.join(name)),
+        _ => None,
+    }
+}
+
 impl ProcessRuntime {
     /// A runtime that starts containers in cgroups of `fs`, which reads `memory.events` for OOM kills; its exit
-    /// watches are tasks of `tasks` that end on `shutdown`.
-    pub fn new(fs: CgroupFs, tasks: TaskTracker, shutdown: CancellationToken) -> Self {
-        Self { fs, containers: Arc::new(Mutex::new(HashMap::new())), tasks, shutdown }
+    /// watches are tasks of `tasks` that end on `shutdown`. `scratch` is a directory of its own on the node's disk
+    /// (made when first needed): the upper and work directories of the overlays that give a container the
+    /// mountPaths missing on the node are there, removed with the container.
+    pub fn new(fs: CgroupFs, scratch: std::path::PathBuf, tasks: TaskTracker, shutdown: CancellationToken) -> Self {
+        Self { fs, scratch, containers: Arc::new(Mutex::new(HashMap::new())), tasks, shutdown }
     }
 
     /// Runs an exit watch, which tells `exit` of the container's exit, on the daemon's tracker until the daemon
@@ -119,6 +139,7 @@ impl ProcessRuntime {
             drop_capabilities: confine::dropped(&spec.security.drop_capabilities)
                 - confine::dropped(&spec.security.add_capabilities),
             mounts: spec.mounts.clone(),
+            scratch: scratch_dir(&self.scratch, &container_id(spec)),
         }
     }
 
@@ -131,8 +152,12 @@ impl ProcessRuntime {
     }
 
     /// The command for a process run in container `spec` (an exec), which starts in the container's cgroup, mount
-    /// namespace and user.
-    fn command(&self, spec: &ContainerSpec, req: &ExecRequest) -> Result<tokio::process::Command, RuntimeError> {
+    /// namespace and user; with the overlay directories made for it, to be removed once it has exited.
+    fn command(
+        &self,
+        spec: &ContainerSpec,
+        req: &ExecRequest,
+    ) -> Result<(tokio::process::Command, exec::OverlayDirs), RuntimeError> {
         self.within_root(spec)?;
         req.command().map_err(RuntimeError::Start)
     }
@@ -308,6 +333,47 @@ async fn drain(from: &mut (impl tokio::io::AsyncRead + Unpin), kept: &mut Vec<u8
                 kept.extend_from_slice(&buf[..room]);
             }
         }
+    }
+}
+
+/// Runs an exec's command to its end, or until `timeout` (then it is killed).
+async fn run_exec(
+    cmd: &mut tokio::process::Command,
+    argv: &[String],
+    timeout: Duration,
+) -> Result<ExecOutput, RuntimeError> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| RuntimeError::Start(format!("cannot start {:?}: {e}", argv[0])))?;
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let run = async {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let read_out = async {
+            if let Some(s) = stdout.as_mut() {
+                drain(s, &mut out).await;
+            }
+        };
+        let read_err = async {
+            if let Some(s) = stderr.as_mut() {
+                drain(s, &mut err).await;
+            }
+        };
+        tokio::join!(read_out, read_err);
+        let status = child.wait().await;
+        (status, out, err)
+    };
+    match tokio::time::timeout(timeout, run).await {
+        Ok((Ok(status), out, err)) => {
+            use std::os::unix::process::ExitStatusExt;
+            Ok(ExecOutput::from_streams(Some(decode(status.code(), status.signal()).0), &out, &err))
+        }
+        Ok((Err(e), _, _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
+        Err(_) => Ok(ExecOutput::timed_out(timeout)),
     }
 }
 
@@ -491,45 +557,35 @@ impl Runtime for ProcessRuntime {
             return Err(RuntimeError::Config("exec: no command".into()));
         }
         let req = self.request(&spec, argv);
-        let mut child = self
-            .command(&spec, &req)?
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| RuntimeError::Start(format!("cannot start {:?}: {e}", argv[0])))?;
-        let mut stdout = child.stdout.take();
-        let mut stderr = child.stderr.take();
-        let run = async {
-            let mut out = Vec::new();
-            let mut err = Vec::new();
-            let read_out = async {
-                if let Some(s) = stdout.as_mut() {
-                    drain(s, &mut out).await;
-                }
-            };
-            let read_err = async {
-                if let Some(s) = stderr.as_mut() {
-                    drain(s, &mut err).await;
-                }
-            };
-            tokio::join!(read_out, read_err);
-            let status = child.wait().await;
-            (status, out, err)
-        };
-        match tokio::time::timeout(timeout, run).await {
-            Ok((Ok(status), out, err)) => {
-                use std::os::unix::process::ExitStatusExt;
-                Ok(ExecOutput::from_streams(Some(decode(status.code(), status.signal()).0), &out, &err))
+        let out = match self.command(&spec, &req) {
+            Ok((mut cmd, dirs)) => {
+                let out = run_exec(&mut cmd, argv, timeout).await;
+                // The command's own overlays (in a mount namespace of its own) are no longer used once it has
+                // exited, or was killed at its timeout; removed off the async threads, as in `remove`.
+                let _ = tokio::task::spawn_blocking(move || drop(dirs)).await;
+                out
             }
-            Ok((Err(e), _, _)) => Err(RuntimeError::Other(format!("exec: {e}"))),
-            Err(_) => Ok(ExecOutput::timed_out(timeout)),
+            Err(e) => Err(e),
+        };
+        // A container removed while the command started (a probe's, at the pod's end) may have had its scratch
+        // directory made again by it: it goes now.
+        let removed = !self.containers.lock().unwrap_or_else(PoisonError::into_inner).contains_key(id);
+        if removed && let Some(dir) = req.scratch.filter(|d| d.exists()) {
+            exec::remove_logged(&dir);
         }
+        out
     }
 
+    /// Forgets the container and removes its scratch directory (the overlays of its missing mountPaths; best
+    /// effort, logged), off the async threads: a container may have written much to an overlaid directory.
     async fn remove(&self, id: &ContainerId) {
         let id = id.as_str();
         self.containers.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+        if let Some(dir) = scratch_dir(&self.scratch, id).filter(|d| d.exists())
+            && let Err(e) = tokio::task::spawn_blocking(move || exec::remove_logged(&dir)).await
+        {
+            tracing::warn!(container_id = %id, error = %e, "cannot remove a container's scratch directory");
+        }
     }
 }
 
@@ -544,7 +600,7 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("nw/podu/app")).unwrap();
         std::fs::write(dir.path().join("nw/podu/app/cgroup.procs"), "").unwrap();
         let fs = CgroupFs::new(dir.path(), CgroupPath::parse("/nw").unwrap());
-        let runtime = ProcessRuntime::new(fs, TaskTracker::new(), CancellationToken::new());
+        let runtime = ProcessRuntime::new(fs, dir.path().join("scratch"), TaskTracker::new(), CancellationToken::new());
         let (terms, ready) = (dir.path().join("terms"), dir.path().join("ready"));
         // A container that notes each SIGTERM and carries on.
         let script = format!(

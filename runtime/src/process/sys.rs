@@ -5,8 +5,11 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 
-use rustix::fs::{Mode, OFlags};
-use rustix::mount::{MountFlags, MountPropagationFlags, mount_bind, mount_change, mount_remount};
+use rustix::fs::{CWD, Mode, OFlags};
+use rustix::mount::{
+    MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags, mount, mount_bind, mount_change,
+    mount_move, mount_remount, move_mount, open_tree, unmount,
+};
 use rustix::process::{Gid, Uid};
 use rustix::thread::UnshareFlags;
 
@@ -47,9 +50,17 @@ pub struct ChildSetup {
     pub procs: OwnedFd,
     /// The `oom_score_adj` value, in decimal.
     pub oom_score_adj: Vec<u8>,
-    /// Bind mounts: source, target, read-only. Targets must exist: the process runtime shares the host's file
-    /// system, and nodewarden does not create directories there for a container.
+    /// Bind mounts: source, target, read-only. A target exists on the node, or is made in one of `overlays`: the
+    /// process runtime shares the node's file system, and nodewarden creates nothing there for a container.
     pub mounts: Vec<(CString, CString, bool)>,
+    /// The directories overlaid in the container's mount namespace to make missing mountPaths in (see
+    /// `overlay`), in the order they are placed (an overlay before the one it goes into). Empty when every
+    /// target exists: then the bind mounts are made by path, as they always were.
+    pub overlays: Vec<OverlaySetup>,
+    /// With overlays, one slot per bind mount: its source, taken as a detached copy (`open_tree`) before any
+    /// overlay covers the node's paths, so that a source below an overlaid directory is the node's own and not the
+    /// overlay's copy of it.
+    pub sources: Vec<std::sync::atomic::AtomicI32>,
     /// The working directory, entered after the mounts (it may be inside one).
     pub working_dir: CString,
     /// `runAsUser`.
@@ -74,6 +85,126 @@ fn write_all(fd: impl AsFd, mut buf: &[u8]) -> rustix::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A directory overlaid in the container's mount namespace (see `overlay`), everything prepared by the daemon. The
+/// overlay is first made at `merged`, a directory of the runtime's scratch directory, while the node's paths are
+/// still those of the node: its lower layer, the mounts attached again in it and the volumes' sources are then
+/// found where they are on the node, whatever other overlay is placed first. Only then is it placed.
+pub struct OverlaySetup {
+    /// A directory to mount a private tmpfs on for `upper` and `work`, which the child makes in it, when the scratch
+    /// directory's file system cannot be an overlay's upper layer (an overlayfs itself, as a root file system that
+    /// is one, or a network file system); else `None`, and the daemon made both on the scratch directory's disk.
+    pub tmpfs: Option<CString>,
+    /// The overlay's upper directory.
+    pub upper: CString,
+    /// Its work directory (on the same file system).
+    pub work: CString,
+    /// The owner, group and mode of the lower directory, given to `upper`: the overlay's root shows the upper
+    /// directory's, and a container of another user must still be able to enter it.
+    pub owner: (Uid, Gid, Mode),
+    /// Where the overlay is made, an empty directory of the daemon's.
+    pub merged: CString,
+    /// The overlayfs options: `lowerdir=<the directory>,upperdir=<upper>,workdir=<work>`.
+    pub options: CString,
+    /// The node's mounts below the directory, attached again in the overlay.
+    pub submounts: Vec<Submount>,
+    /// What is made in the overlay once the mounts are attached, parents first: a path in `merged` and whether it
+    /// is a directory (made 0755) or an empty file.
+    pub create: Vec<(CString, bool)>,
+    /// Where the overlay is placed: the directory itself, or its place in the overlay of a directory above it;
+    /// `None` for the root directory, which becomes the container's root (`pivot_root`).
+    pub dest: Option<CString>,
+}
+
+/// A mount below an overlaid directory, attached again in the overlay with what is mounted below it.
+pub struct Submount {
+    /// Its mount point on the node.
+    pub host: CString,
+    /// The same place in the overlay (below `merged`).
+    pub inside: CString,
+    /// The detached copy of it the child takes before any overlay exists; -1 when there is none.
+    pub fd: std::sync::atomic::AtomicI32,
+}
+
+/// Keeps `fd` in `slot` until [`take`]: memory the daemon allocated, so the child needs no allocation for it.
+fn keep(slot: &std::sync::atomic::AtomicI32, fd: OwnedFd) {
+    slot.store(std::os::fd::IntoRawFd::into_raw_fd(fd), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The descriptor kept in `slot`, once.
+fn take(slot: &std::sync::atomic::AtomicI32) -> Option<OwnedFd> {
+    let raw = slot.swap(-1, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: a slot holds -1 or a descriptor that `keep` took out of an `OwnedFd` in this same process (the child
+    // stores into every slot it reads, before it reads any), and the swap hands it out once, so it is owned again
+    // by exactly one `OwnedFd`.
+    #[expect(unsafe_code, reason = "a raw descriptor owned again; the SAFETY comment says why it is sound")]
+    (raw >= 0).then(|| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
+}
+
+impl OverlaySetup {
+    /// Makes the overlay at `merged`: its upper layer (on a private tmpfs, if so prepared) with the lower
+    /// directory's owner and mode, the overlay, the node's mounts below the directory attached again (one whose
+    /// place the overlay lacks is skipped: it is mounted on a path of another file system), then the missing
+    /// directories and files, which land in the upper layer.
+    fn stage(&self) -> rustix::io::Result<()> {
+        if let Some(layers) = &self.tmpfs {
+            let flags = MountFlags::NOSUID | MountFlags::NODEV;
+            mount(c"tmpfs", layers.as_c_str(), c"tmpfs", flags, c"mode=0700")?;
+            rustix::fs::mkdir(self.upper.as_c_str(), Mode::from_raw_mode(0o700))?;
+            rustix::fs::mkdir(self.work.as_c_str(), Mode::from_raw_mode(0o700))?;
+        }
+        let (uid, gid, mode) = self.owner;
+        rustix::fs::chown(self.upper.as_c_str(), Some(uid), Some(gid))?;
+        rustix::fs::chmod(self.upper.as_c_str(), mode)?;
+        mount(c"overlay", self.merged.as_c_str(), c"overlay", MountFlags::empty(), self.options.as_c_str())?;
+        if let Some(layers) = &self.tmpfs {
+            // The overlay keeps its own reference to its layers: the tmpfs leaves the container's mount table.
+            unmount(layers.as_c_str(), UnmountFlags::DETACH)?;
+        }
+        for sub in &self.submounts {
+            if let Some(fd) = take(&sub.fd) {
+                match move_mount(&fd, c"", CWD, sub.inside.as_c_str(), MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH) {
+                    Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for (path, dir) in &self.create {
+            if *dir {
+                match rustix::fs::mkdir(path.as_c_str(), Mode::from_raw_mode(0o755)) {
+                    // Made on the node since the daemon looked: there it is, in the lower layer.
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(e),
+                }
+                // Whatever the umask took away: a container of another user must be able to pass.
+                rustix::fs::chmod(path.as_c_str(), Mode::from_raw_mode(0o755))?;
+            } else {
+                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC;
+                drop(rustix::fs::open(path.as_c_str(), flags, Mode::from_raw_mode(0o644))?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the made overlay to its place; the root directory's becomes the container's root, the node's old root
+    /// detached from the namespace (its mounts are attached again in the overlay), or, where the root cannot be
+    /// pivoted (an initramfs), the overlay is moved over it and entered with chroot.
+    fn place(&self) -> rustix::io::Result<()> {
+        if let Some(dest) = &self.dest {
+            return mount_move(self.merged.as_c_str(), dest.as_c_str());
+        }
+        rustix::process::chdir(self.merged.as_c_str())?;
+        match rustix::process::pivot_root(c".", c".") {
+            Ok(()) => unmount(c".", UnmountFlags::DETACH)?,
+            Err(rustix::io::Errno::INVAL) => {
+                mount_move(c".", c"/")?;
+                rustix::process::chroot(c".")?;
+            }
+            Err(e) => return Err(e),
+        }
+        rustix::process::chdir(c"/")
+    }
 }
 
 impl ChildSetup {
@@ -110,11 +241,15 @@ impl ChildSetup {
                 rustix::thread::unshare_unsafe(UnshareFlags::NEWNS)?;
             }
             mount_change(c"/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)?;
-            for (source, target, read_only) in &self.mounts {
-                mount_bind(source.as_c_str(), target.as_c_str())?;
-                if *read_only {
-                    mount_remount(target.as_c_str(), MountFlags::BIND | MountFlags::RDONLY, c"")?;
+            if self.overlays.is_empty() {
+                for (source, target, read_only) in &self.mounts {
+                    mount_bind(source.as_c_str(), target.as_c_str())?;
+                    if *read_only {
+                        mount_remount(target.as_c_str(), MountFlags::BIND | MountFlags::RDONLY, c"")?;
+                    }
                 }
+            } else {
+                self.mount_with_overlays()?;
             }
         }
         rustix::process::chdir(self.working_dir.as_c_str())?;
@@ -151,6 +286,41 @@ impl ChildSetup {
         }
         if self.no_new_privs {
             rustix::thread::set_no_new_privs(true)?;
+        }
+        Ok(())
+    }
+
+    /// The bind mounts, with overlays for the targets that do not exist on the node (see `overlay`). First, while
+    /// every path is still the node's, each volume's source and each mount below an overlaid directory is taken as
+    /// a detached copy (a missing mount, gone since the daemon read the mount table, is skipped); then every
+    /// overlay is made at its scratch directory and placed, deepest first; then each copy of a source is attached
+    /// at its target, which resolves through the overlays, and made read-only where asked, as before.
+    fn mount_with_overlays(&self) -> rustix::io::Result<()> {
+        let copy = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC;
+        for ((source, _, _), slot) in self.mounts.iter().zip(&self.sources) {
+            keep(slot, open_tree(CWD, source.as_c_str(), copy)?);
+        }
+        for sub in self.overlays.iter().flat_map(|o| &o.submounts) {
+            match open_tree(CWD, sub.host.as_c_str(), copy | OpenTreeFlags::AT_RECURSIVE) {
+                Ok(fd) => keep(&sub.fd, fd),
+                Err(rustix::io::Errno::NOENT) => sub.fd.store(-1, std::sync::atomic::Ordering::Relaxed),
+                Err(e) => return Err(e),
+            }
+        }
+        for overlay in &self.overlays {
+            overlay.stage()?;
+        }
+        for overlay in &self.overlays {
+            overlay.place()?;
+        }
+        for ((_, target, read_only), slot) in self.mounts.iter().zip(&self.sources) {
+            let fd = take(slot).ok_or(rustix::io::Errno::BADF)?;
+            let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_SYMLINKS;
+            move_mount(&fd, c"", CWD, target.as_c_str(), flags)?;
+            drop(fd);
+            if *read_only {
+                mount_remount(target.as_c_str(), MountFlags::BIND | MountFlags::RDONLY, c"")?;
+            }
         }
         Ok(())
     }
