@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nodewarden_cluster::{
-    Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, PodWriter, binary_si, cpu, watch_credentials,
-    watch_pods,
+    Clients, ClusterSettings, ClusterStatus, FactSource, NodeFacts, ObjectReader, PodWriter, binary_si, cpu,
+    watch_credentials, watch_pods,
 };
 use nodewarden_resources::{Condition, Resources};
 use tokio::sync::{mpsc, watch};
@@ -25,6 +25,7 @@ use crate::api_source::ApiPodSource;
 use crate::daemon::{NodeReport, NodeResources};
 use crate::health::Health;
 use crate::pod_events::PodEvents;
+use crate::pod_objects::ApiObjects;
 use crate::pod_status::StatusManager;
 
 /// The readiness checks that make the Node's `Ready` condition besides the runtime's own, worded as the
@@ -131,6 +132,7 @@ pub async fn start(
     node_ip: Option<std::net::IpAddr>,
     facts: DaemonFacts,
     pod_events: Arc<PodEvents>,
+    pod_objects: Arc<ApiObjects>,
     pod_source: mpsc::Sender<SourceSnapshot>,
     start_sli: prometheus::Histogram,
     tasks: &TaskTracker,
@@ -159,6 +161,7 @@ pub async fn start(
                 let recorder =
                     nodewarden_cluster::start(status2, s, clients.clone(), facts, changed, &tasks2, shutdown2.clone());
                 pod_events.join(recorder);
+                pod_objects.join(ObjectReader::new(clients.clone()));
                 let (set_tx, set) = watch::channel(None);
                 let mirrors = PodWriter::new(clients.clone());
                 let mirroring =

@@ -30,6 +30,7 @@ use crate::health::{Health, NodeShutdown};
 use crate::http::Endpoints;
 use crate::metrics::Metrics;
 use crate::pod_events::PodEvents;
+use crate::pod_objects::ApiObjects;
 use crate::reload::Reloader;
 use crate::url_source::UrlPodSource;
 
@@ -273,6 +274,8 @@ pub(crate) struct Daemon {
     pub(crate) kubepods: CgroupPath,
     /// Where pod events go: the log, and the apiserver once the node joined a cluster.
     pub(crate) pod_events: Arc<PodEvents>,
+    /// Where pods' ConfigMaps, Secrets and tokens come from: the apiserver once the node joined a cluster.
+    pub(crate) pod_objects: Arc<ApiObjects>,
     /// The eviction loop.
     pub(crate) eviction: EvictionManager<PodManager<SelectedRuntime>>,
 }
@@ -298,7 +301,10 @@ impl Daemon {
         let sync_metrics = SyncMetrics::new(metrics.registry()).context("cannot create metrics")?;
         let (t, s) = (tasks.clone(), shutdown.clone());
         let pod_events = Arc::new(PodEvents::default());
-        let pods = PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, pod_events.clone(), t, s);
+        // An object is read at most once per sync period, however many pods use it.
+        let pod_objects = Arc::new(ApiObjects::new(settings.sync_frequency));
+        let ports = nodewarden_sync::Ports { events: pod_events.clone(), objects: pod_objects.clone() };
+        let pods = PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, ports, t, s);
         let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
         let gauges: Arc<dyn PassObserver> = Arc::new(Gauges { metrics: metrics.clone() });
@@ -335,6 +341,7 @@ impl Daemon {
             node_ip,
             kubepods,
             pod_events,
+            pod_objects,
             eviction,
         })
     }
@@ -461,6 +468,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         node_name: config.pods.node_name.clone(),
         log_rotation: config.pods.log_rotation,
         host_ips: node_ip.iter().map(ToString::to_string).collect(),
+        sync_frequency: config.pods.sync_frequency,
     };
     // Bound before pods start; a port that is held is tried again, while pods and eviction run (see `listen`).
     let healthz = config.endpoints.healthz;
@@ -489,6 +497,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     if flags.kubeconfig.is_some() {
         // The first pods' events are kept until the node side can post them.
         daemon.pod_events.expect_cluster();
+        daemon.pod_objects.expect_cluster();
         // Pods adopted at start may be the apiserver's: none is cleaned up before its first list.
         daemon.pods.expect_source(API_SOURCE);
     }
@@ -525,6 +534,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         node_shutdown,
         node_ip,
         pod_events,
+        pod_objects,
         eviction,
         ..
     } = daemon;
@@ -536,7 +546,16 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     if let (Some(kubeconfig), Some(api_tx)) = (&flags.kubeconfig, api_tx) {
         let facts = crate::cluster::DaemonFacts::new(health.clone(), pods.clone(), eviction_status, node);
         let joining = crate::cluster::start(
-            kubeconfig, &config, node_ip, facts, pod_events, api_tx, start_sli, &tasks, &shutdown,
+            kubeconfig,
+            &config,
+            node_ip,
+            facts,
+            pod_events,
+            pod_objects,
+            api_tx,
+            start_sli,
+            &tasks,
+            &shutdown,
         );
         let started = signals.unless(joining);
         match started.await {
@@ -670,6 +689,7 @@ mod tests {
             node_name: "node".into(),
             log_rotation: nodewarden_sync::LogRotation::default(),
             host_ips: Vec::new(),
+            sync_frequency: Duration::from_secs(60),
         };
         let metrics = Arc::new(Metrics::new().unwrap());
         let daemon = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown).unwrap();

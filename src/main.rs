@@ -17,6 +17,7 @@ mod metrics;
 mod mirror;
 mod notify;
 mod pod_events;
+mod pod_objects;
 mod pod_status;
 mod reload;
 mod serve;

@@ -502,3 +502,82 @@ fn pods_bound_to_the_node_run_report_and_are_deleted_as_on_a_kubelet() {
     }
     assert_eq!(d.stop(), Some(0));
 }
+
+#[test]
+fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_change() {
+    let Some(Joined { api, admin, kubectl: k, mut d, dir, _rt }) = join("objects", "syncFrequency: 2s\n") else {
+        return;
+    };
+    d.wait_ready();
+    kubectl(&k, &admin, &["create", "configmap", "app-config", "--from-literal=greeting=hello"]);
+    kubectl(&k, &admin, &["create", "secret", "generic", "db", "--from-literal=password=hunter2-in-a-secret"]);
+    // As a user writes it: the service account token comes with the admission plugin's kube-api-access volume,
+    // mounted where no host has a directory.
+    let reader = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: reader\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: busybox\n    command: [sh, -c, \
+         'echo \"env=$GREETING/${{#PASSWORD}}\"; t=/var/run/secrets/kubernetes.io/serviceaccount; \
+         while true; do echo \"file=$(cat /etc/nw-app/greeting) ns=$(cat $t/namespace) token=$(head -c 3 $t/token) \
+         ca=$(test -s $t/ca.crt && echo yes)\"; sleep 0.5; done']\n    env:\n    - name: GREETING\n      valueFrom:\n        \
+         configMapKeyRef: {{name: app-config, key: greeting}}\n    - name: PASSWORD\n      valueFrom:\n        \
+         secretKeyRef: {{name: db, key: password}}\n    volumeMounts:\n    - name: cfg\n      mountPath: /etc/nw-app\n  \
+         volumes:\n  - name: cfg\n    configMap:\n      name: app-config\n"
+    );
+    let broken = bound_pod("broken", 1, "sleep 1000").replace(
+        "    command:",
+        "    env:\n    - name: X\n      valueFrom:\n        configMapKeyRef: {name: absent, key: k}\n    command:",
+    );
+    let file = dir.path().join("pods.yaml");
+    std::fs::write(&file, format!("{reader}---\n{broken}")).unwrap();
+    kubectl(&k, &admin, &["apply", "-f", file.to_str().unwrap()]);
+    let pod = |name: &str| api.get("pods", Some("default"), name);
+    wait_until(60, "the reader Running", || pod("reader").is_some_and(|p| p["status"]["phase"] == "Running"));
+    let p = pod("reader").unwrap();
+    let uid = p["metadata"]["uid"].as_str().unwrap().to_owned();
+    let log = PathBuf::from(format!("/var/log/pods/default_reader_{uid}/app/0.log"));
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(30, "the reader's files read", || read().contains("file=hello ns=default token=eyJ ca=yes"));
+    assert!(read().contains("env=hello/19"), "{}", read());
+
+    // The token was asked for the pod, bound to it.
+    let asked: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/serviceaccounts/default/token"))
+        .map(|r| r.body)
+        .collect();
+    assert!(asked.iter().any(|b| b.contains(&uid) && b.contains("\"kind\":\"Pod\"")), "{asked:?}");
+
+    // The ConfigMap changed with kubectl: the file follows within the sync period and the cache's.
+    let t0 = Instant::now();
+    kubectl(&k, &admin, &["patch", "configmap", "app-config", "--type=merge", "-p", r#"{"data":{"greeting":"bye"}}"#]);
+    wait_until(30, "the changed ConfigMap in the volume", || read().contains("file=bye"));
+    eprintln!("a ConfigMap changed with kubectl reached the pod's volume after {:?}", t0.elapsed());
+
+    // A missing ConfigMap: the kubelet's reason and message, and the pod waits.
+    let took = wait_until(30, "the broken pod's CreateContainerConfigError", || {
+        pod("broken").is_some_and(|p| {
+            p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CreateContainerConfigError"
+        })
+    });
+    let b = pod("broken").unwrap();
+    let waiting = &b["status"]["containerStatuses"][0]["state"]["waiting"];
+    assert_eq!(waiting["message"], "configmap \"absent\" not found", "{b:#} after {took:?}");
+
+    // Secrets stay out of the daemon's log and off the disk: the projected volume is a tmpfs.
+    let root = d.dir.path().join("root");
+    let projected = root.join(format!("pods/{uid}/volumes/kubernetes.io~projected"));
+    let volume = std::fs::read_dir(&projected).unwrap().flatten().next().unwrap().path();
+    let token = std::fs::read_to_string(volume.join("token")).unwrap();
+    assert!(token.len() > 20);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(mountinfo.lines().any(|l| l.contains(volume.to_str().unwrap()) && l.contains(" - tmpfs ")), "{mountinfo}");
+    let logged = d.log();
+    assert!(!logged.contains("hunter2-in-a-secret") && !logged.contains(token.trim()), "a secret in the log");
+    // Nothing was made on the host for the mounts.
+    assert!(!Path::new("/etc/nw-app").exists() && !Path::new("/var/run/secrets/kubernetes.io").exists());
+
+    kubectl(&k, &admin, &["delete", "pod", "reader", "broken", "--grace-period=1"]);
+    wait_until(20, "the token's volume gone with its pod", || !volume.exists());
+    assert_eq!(d.stop(), Some(0));
+}

@@ -359,12 +359,24 @@ fn the_pod_network_gives_pods_their_ips_and_its_absence_makes_the_node_not_ready
 
     // A pod bound to the node through the apiserver runs through containerd on the pod network: the apiserver's
     // copy says Running and Ready with its address from CNI; deleted there, it is stopped, its sandbox removed,
-    // and deleted for good.
+    // and deleted for good. It serves only once it has read its service account token (the admission plugin's
+    // volume) and a ConfigMap key both as a file and from its environment.
+    let config = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "default"},
+        "data": {"greeting": "hello"},
+    });
+    api.create("configmaps", Some("default"), config).unwrap();
+    let check = "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && \
+                 test \"$(cat /etc/app/greeting)\" = \"$GREETING\" && exec httpd -f -p 8082";
     let bound = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bound", "namespace": "default"},
-        "spec": {"nodeName": "vm", "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 2,
-                 "containers": [{"name": "app", "image": BUSYBOX, "command": ["sh", "-c", "exec httpd -f -p 8082"],
-                                 "readinessProbe": {"tcpSocket": {"port": 8082}, "periodSeconds": 1}}]},
+        "spec": {"nodeName": "vm", "terminationGracePeriodSeconds": 2,
+                 "containers": [{"name": "app", "image": BUSYBOX, "command": ["sh", "-c", check],
+                                 "env": [{"name": "GREETING",
+                                          "valueFrom": {"configMapKeyRef": {"name": "app", "key": "greeting"}}}],
+                                 "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}],
+                                 "readinessProbe": {"tcpSocket": {"port": 8082}, "periodSeconds": 1}}],
+                 "volumes": [{"name": "cfg", "configMap": {"name": "app"}}]},
     });
     api.create("pods", Some("default"), bound).unwrap();
     let in_api = || api.get("pods", Some("default"), "bound");

@@ -17,6 +17,7 @@ mod host;
 mod labels;
 mod lease;
 mod node;
+mod objects;
 mod pods;
 mod register;
 mod status;
@@ -42,6 +43,7 @@ pub use host::{HostInfo, node_ip};
 pub use kube::Error as KubeError;
 pub use labels::{check_label_syntax, check_node_label};
 pub use node::{KUBERNETES_VERSION, binary_si, cpu, go_arch, kubelet_version};
+pub use objects::{IssuedToken, ObjectReader};
 pub use pods::{
     MIRROR_ANNOTATION, OWNED_STATUS_FIELDS, PodSet, PodWriter, Written, config_hash, is_mirror, watch_pods,
 };

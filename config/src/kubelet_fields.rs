@@ -5,7 +5,6 @@
 /// Real kubelet fields that nodewarden accepts and ignores.
 pub const IGNORED: &[&str] = &[
     "enableServer",
-    "syncFrequency",
     "address",
     "port",
     "readOnlyPort",

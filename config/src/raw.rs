@@ -53,6 +53,10 @@ pub struct KubeletConfiguration {
     /// `httpCheckFrequency`: how often `staticPodURL` is fetched.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http_check_frequency: Option<String>,
+    /// `syncFrequency`: how often the files of volumes made from ConfigMaps, Secrets, tokens and the pod's
+    /// metadata are made again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync_frequency: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_logs_dir: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -221,6 +225,7 @@ impl KubeletConfiguration {
         or(&mut self.static_pod_url, String::new());
         or(&mut self.static_pod_url_header, BTreeMap::new());
         or(&mut self.http_check_frequency, "20s".into());
+        or(&mut self.sync_frequency, "1m".into());
         or(&mut self.serialize_image_pulls, true);
         or(&mut self.runtime_request_timeout, "2m".into());
         or(&mut self.healthz_bind_address, "127.0.0.1".into());

@@ -67,6 +67,7 @@ restart_only!(KUBELET_RESTART_ONLY, keep_kubelet, KubeletConfiguration;
     static_pod_url => "staticPodURL",
     static_pod_url_header => "staticPodURLHeader",
     http_check_frequency => "httpCheckFrequency",
+    sync_frequency => "syncFrequency",
     protect_kernel_defaults => "protectKernelDefaults",
     fail_swap_on => "failSwapOn",
     memory_swap => "memorySwap",

@@ -18,7 +18,8 @@ pub use logfile::copy_truncate;
 pub use process::{ProcessRuntime, START_FAILED};
 pub use seam::{
     ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, MainProcess,
-    Mount, NoSandboxes, NoStreaming, Problem, PullPolicy, RunningSandbox, Runtime, RuntimeError, RuntimeFacts,
-    RuntimeHealth, SandboxRuntime, SandboxSpec, Started, StopSignals, StreamingRuntime, Streams, exit_reason,
+    Mount, NoSandboxes, NoStreaming, Problem, PullPolicy, RegistryAuth, RunningSandbox, Runtime, RuntimeError,
+    RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started, StopSignals, StreamingRuntime, Streams,
+    exit_reason,
 };
 pub use selected::SelectedRuntime;

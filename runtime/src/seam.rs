@@ -104,8 +104,9 @@ pub struct SandboxSpec {
     pub privileged: bool,
 }
 
-/// Everything a runtime needs to start one container.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Everything a runtime needs to start one container. `Debug` names its environment's variables without their
+/// values and leaves out its registry credentials: either may hold a Secret's data.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ContainerSpec {
     /// The pod UID.
     pub pod_uid: String,
@@ -143,6 +144,54 @@ pub struct ContainerSpec {
     pub mounts: Vec<Mount>,
     /// The `securityContext`, merged with the pod's.
     pub security: crate::security::Security,
+    /// The credentials a pull of the image tries in turn (the pod's `imagePullSecrets` that match it); none: an
+    /// anonymous pull.
+    pub pull_auths: Vec<RegistryAuth>,
+}
+
+impl std::fmt::Debug for ContainerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContainerSpec")
+            .field("pod_uid", &self.pod_uid)
+            .field("sandbox_id", &self.sandbox_id)
+            .field("name", &self.name)
+            .field("attempt", &self.attempt)
+            .field("image", &self.image)
+            .field("pull_policy", &self.pull_policy)
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("working_dir", &self.working_dir)
+            .field("user", &self.user)
+            .field("group", &self.group)
+            .field("cgroup", &self.cgroup)
+            .field("mounts", &self.mounts)
+            .field("pull_auths", &self.pull_auths.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Registry credentials for a pull, as CRI's `AuthConfig` carries them. `Debug` shows the registry only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RegistryAuth {
+    /// The registry the credentials are for, as the config names it.
+    pub server_address: String,
+    /// The user name.
+    pub username: String,
+    /// The password.
+    pub password: String,
+    /// `base64(username:password)`, as a docker config has it.
+    pub auth: String,
+    /// An identity token.
+    pub identity_token: String,
+    /// A registry token.
+    pub registry_token: String,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth").field("server_address", &self.server_address).finish_non_exhaustive()
+    }
 }
 
 impl ContainerSpec {

@@ -5,7 +5,9 @@
 //! Pod sync is a client of `nodewarden-resources`: it asks for admission and placement and never writes cgroupfs
 //! itself; the runtime starts each container in the cgroup the resources crate made for it.
 
+mod atomic_writer;
 mod backoff;
+mod env;
 mod events;
 mod evictor;
 mod feed;
@@ -14,7 +16,10 @@ mod logs;
 mod manager;
 mod manifest;
 mod metrics;
+mod objects;
 mod probe;
+mod projection;
+mod pull_secrets;
 mod source;
 mod spec;
 mod state;
@@ -33,6 +38,9 @@ pub use manifest::{
     parse_static_pod, parse_url_pods, read_manifest,
 };
 pub use metrics::SyncMetrics;
+pub use objects::{
+    NoObjects, ObjectData, ObjectError, ObjectFuture, ObjectKind, ObjectMap, PodObjects, Token, TokenAsk,
+};
 pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};
 pub use source::{
     API_SOURCE, FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, from_apiserver,
@@ -45,3 +53,13 @@ pub use state::{
 pub use status::{PodPhase, SHUTDOWN_MESSAGE, SHUTDOWN_REASON, Terminal};
 pub use store::{MANIFEST_ANNOTATION, StatusStore, WORKER_CONDITION};
 pub use worker::SyncSettings;
+
+/// The ports pod sync leaves through that the daemon implements: where pod events go and where the objects pods
+/// reference come from.
+#[derive(Clone)]
+pub struct Ports {
+    /// The event sink.
+    pub events: std::sync::Arc<dyn EventSink>,
+    /// The ConfigMaps, Secrets and tokens.
+    pub objects: std::sync::Arc<dyn PodObjects>,
+}

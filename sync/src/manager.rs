@@ -103,19 +103,29 @@ impl<R: Runtime> std::fmt::Debug for PodManager<R> {
 }
 
 impl<R: Runtime> PodManager<R> {
-    /// A manager over the ledger and a runtime, recording pod events to `events`.
+    /// A manager over the ledger and a runtime, recording pod events and reading the objects pods reference
+    /// through `ports`.
     pub fn new(
         ledger: Ledger,
         runtime: Arc<R>,
         settings: SyncSettings,
         metrics: SyncMetrics,
-        events: Arc<dyn crate::EventSink>,
+        ports: crate::Ports,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         let store = Arc::new(StatusStore::default());
         let log_epoch = Instant::now();
-        let ctx = Arc::new(Shared { ledger, runtime, settings, store, metrics, events, log_epoch });
+        let ctx = Arc::new(Shared {
+            ledger,
+            runtime,
+            settings,
+            store,
+            metrics,
+            events: ports.events,
+            objects: ports.objects,
+            log_epoch,
+        });
         Arc::new(Self {
             ctx,
             workers: Mutex::new(HashMap::new()),

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use nodewarden_resources::{ContainerPlacement, Placement};
+use nodewarden_resources::{ContainerPlacement, Placement, Resources};
+
+use crate::objects::ObjectMap;
 
 use crate::volumes::PreparedVolume;
 use nodewarden_runtime::{ContainerSpec, LinuxResources, Mount, PullPolicy, SandboxSpec};
@@ -80,30 +82,25 @@ pub struct PodContext<'a> {
     pub log_root: &'a Path,
     /// Its addresses.
     pub ips: PodIps<'a>,
+    /// The node's allocatable: a `resourceFieldRef` to a limit the container does not set reads it.
+    pub node: &'a Resources,
+    /// The ConfigMaps and Secrets its environment reads, fetched; `None` for a container adopted from an earlier
+    /// daemon, whose environment leaves them out.
+    pub objects: Option<&'a ObjectMap>,
 }
 
-fn field_ref(pod: &Pod, path: &str, ips: PodIps<'_>) -> Result<String, String> {
-    let m = &pod.metadata;
+/// A `fieldRef` of the environment: the pod's metadata, its node and service account, its and the node's IPs.
+pub(crate) fn field_ref(pod: &Pod, path: &str, ips: PodIps<'_>) -> Result<String, String> {
     let spec = pod.spec.as_ref();
     Ok(match path {
-        "metadata.name" => m.name.clone().unwrap_or_default(),
-        "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
-        "metadata.uid" => m.uid.clone().unwrap_or_default(),
         "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
         "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
         "status.podIP" => ips.pod.first().cloned().unwrap_or_default(),
         "status.podIPs" => ips.pod.join(","),
         "status.hostIP" => ips.host.first().cloned().unwrap_or_default(),
         "status.hostIPs" => ips.host.join(","),
-        other => {
-            if let Some(key) = other.strip_prefix("metadata.labels['").and_then(|k| k.strip_suffix("']")) {
-                m.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default()
-            } else if let Some(key) = other.strip_prefix("metadata.annotations['").and_then(|k| k.strip_suffix("']")) {
-                m.annotations.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default()
-            } else {
-                return Err(format!("fieldRef {other:?} is not supported"));
-            }
-        }
+        other => crate::projection::metadata_field(pod, other)
+            .ok_or_else(|| format!("fieldRef {other:?} is not supported"))?,
     })
 }
 
@@ -115,29 +112,16 @@ pub fn container_spec(
     attempt: u32,
     stage: &mut dyn FnMut(&PreparedVolume, &str, usize) -> Result<PathBuf, String>,
 ) -> Result<ContainerSpec, String> {
-    let PodContext { pod, volumes, log_root, ips } = *ctx;
+    let PodContext { pod, volumes, log_root, ips, node, objects } = *ctx;
     let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
-    let mut env: Vec<(String, String)> = Vec::new();
-    let mut vars: BTreeMap<String, String> = BTreeMap::new();
-    if let Some(h) = pod.metadata.name.as_deref() {
-        env.push(("HOSTNAME".into(), h.to_owned()));
+    let crate::env::Env { vars: env, skipped } = crate::env::container_env(pod, c, ips, node, objects)?;
+    if !skipped.is_empty() {
+        tracing::warn!(
+            pod = %nodewarden_resources::pod::full_name(pod), container = %c.name, keys = ?skipped,
+            "envFrom keys skipped: they are not valid environment variable names"
+        );
     }
-    if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err("envFrom is not supported by nodewarden (no ConfigMaps or Secrets)".into());
-    }
-    for e in c.env.iter().flatten() {
-        let value = match (&e.value, &e.value_from) {
-            (_, Some(from)) => match &from.field_ref {
-                Some(f) => field_ref(pod, &f.field_path, ips)?,
-                None => return Err(format!("env {}: only value and fieldRef are supported", e.name)),
-            },
-            (Some(v), None) => expand(v, &vars),
-            (None, None) => String::new(),
-        };
-        vars.insert(e.name.clone(), value.clone());
-        env.retain(|(k, _)| *k != e.name);
-        env.push((e.name.clone(), value));
-    }
+    let vars: BTreeMap<String, String> = env.iter().cloned().collect();
     let command: Vec<String> = c.command.iter().flatten().map(|a| expand(a, &vars)).collect();
     let args: Vec<String> = c.args.iter().flatten().map(|a| expand(a, &vars)).collect();
     let pod_sc = spec.security_context.as_ref();
@@ -203,6 +187,7 @@ pub fn container_spec(
         },
         mounts,
         security: nodewarden_runtime::security::security(pod, c)?,
+        pull_auths: Vec::new(),
     })
 }
 
@@ -292,7 +277,7 @@ mod tests {
             cpu_shares: 2,
             oom_score_adj: 1000,
         };
-        let vols = [PreparedVolume { name: "data".into(), path: "/var/lib/x".into() }];
+        let vols = [PreparedVolume { name: "data".into(), path: "/var/lib/x".into(), projected: false }];
         let mut staged = Vec::new();
         let mut stage = |v: &PreparedVolume, sub: &str, i: usize| {
             staged.push((v.name.clone(), sub.to_owned(), i));
@@ -300,7 +285,15 @@ mod tests {
         };
         let (pod_ips, host_ips) = (["10.88.0.7".to_owned()], ["192.0.2.10".to_owned()]);
         let ips = PodIps { pod: &pod_ips, host: &host_ips };
-        let ctx = PodContext { pod: &pod, volumes: &vols, log_root: Path::new("/var/log/pods"), ips };
+        let (node, objects) = (Resources::default(), ObjectMap::new());
+        let ctx = PodContext {
+            pod: &pod,
+            volumes: &vols,
+            log_root: Path::new("/var/log/pods"),
+            ips,
+            node: &node,
+            objects: Some(&objects),
+        };
         let s = container_spec(&ctx, c, &placement, 2, &mut stage).unwrap();
         assert_eq!(s.argv(), ["sh", "-c", "echo hi-web-n web-n"]);
         let env = |k: &str| s.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
@@ -323,14 +316,14 @@ mod tests {
         mounts[1].sub_path = Some("x".into());
         let c = &bad.spec.as_ref().unwrap().containers[0];
         let mut never = |_: &PreparedVolume, _: &str, _: usize| -> Result<PathBuf, String> { panic!("staged") };
-        let ctx = PodContext { pod: &bad, volumes: &vols, log_root: Path::new("/l"), ips: PodIps::default() };
+        let ctx = PodContext { pod: &bad, log_root: Path::new("/l"), ips: PodIps::default(), ..ctx };
         let err = container_spec(&ctx, c, &placement, 0, &mut never).unwrap_err();
         assert!(err.contains("mutually exclusive"), "{err}");
         let mut bad = pod.clone();
         let mounts = bad.spec.as_mut().unwrap().containers[0].volume_mounts.as_mut().unwrap();
         mounts[1].sub_path_expr = Some("../$(POD)".into());
         let c = &bad.spec.as_ref().unwrap().containers[0];
-        let ctx = PodContext { pod: &bad, volumes: &vols, log_root: Path::new("/l"), ips: PodIps::default() };
+        let ctx = PodContext { pod: &bad, log_root: Path::new("/l"), ips: PodIps::default(), ..ctx };
         let err = container_spec(&ctx, c, &placement, 0, &mut never).unwrap_err();
         assert!(err.contains("without '..'"), "{err}");
         assert_eq!(s.working_dir, None, "the image's working directory");

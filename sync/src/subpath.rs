@@ -146,7 +146,7 @@ mod tests {
         std::os::unix::fs::symlink("/", host.join("x")).unwrap();
         std::os::unix::fs::symlink("../secret", host.join("up")).unwrap();
         std::os::unix::fs::symlink("inner", host.join("ok")).unwrap();
-        let vol = PreparedVolume { name: "data".into(), path: host.clone() };
+        let vol = PreparedVolume { name: "data".into(), path: host.clone(), projected: false };
         for bad in ["x", "x/etc", "up", "inner/../x"] {
             let err = stage(&root, "u", &vol, "app", 0, bad).unwrap_err();
             assert!(err.contains("out of the volume") || err.contains("without '..'"), "{bad}: {err}");

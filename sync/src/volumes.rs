@@ -1,10 +1,16 @@
-//! Pod volumes: `emptyDir` (on disk, or `medium: Memory` as a tmpfs sized by `sizeLimit`) and `hostPath` (with
-//! its `type` checks). They live where the kubelet keeps them, `<rootDir>/pods/<uid>/volumes/<plugin>/<name>`.
+//! Pod volumes: `emptyDir` (on disk, or `medium: Memory` as a tmpfs sized by `sizeLimit`), `hostPath` (with
+//! its `type` checks) and the volumes written from API objects and the pod (`configMap`, `downwardAPI` on disk;
+//! `secret`, `projected` on a tmpfs, so that secrets and tokens never reach the disk), whose files
+//! [`crate::projection`] makes. They live where the kubelet keeps them,
+//! `<rootDir>/pods/<uid>/volumes/<plugin>/<name>`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Volume;
 use nodewarden_resources::parse_non_negative;
+
+use crate::projection::Payload;
 
 /// What a volume is made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +26,8 @@ pub enum VolumeSource {
         /// The `type` check.
         kind: HostPathType,
     },
+    /// Files written from API objects and the pod (`configMap`, `secret`, `downwardAPI`, `projected`).
+    Projected,
 }
 
 /// A `hostPath` volume's `type`.
@@ -80,7 +88,11 @@ impl VolumeSource {
             };
             return Ok(Self::HostPath { path: PathBuf::from(&h.path), kind });
         }
-        Err("only emptyDir and hostPath volumes are supported by nodewarden".into())
+        if crate::projection::is_projected(v) {
+            return Ok(Self::Projected);
+        }
+        Err("only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported by nodewarden"
+            .into())
     }
 }
 
@@ -110,6 +122,8 @@ pub struct PreparedVolume {
     pub name: String,
     /// The host path that containers mount.
     pub path: PathBuf,
+    /// Its files are made from objects and the pod, and refreshed.
+    pub projected: bool,
 }
 
 /// The directory of a pod's state and volumes.
@@ -117,26 +131,29 @@ pub fn pod_dir(root: &Path, uid: &str) -> PathBuf {
     root.join("pods").join(uid)
 }
 
-fn volume_dir(root: &Path, uid: &str, name: &str) -> PathBuf {
-    pod_dir(root, uid).join("volumes").join("kubernetes.io~empty-dir").join(name)
+fn volume_dir(root: &Path, uid: &str, v: &Volume) -> PathBuf {
+    pod_dir(root, uid).join("volumes").join(crate::projection::plugin_dir(v)).join(&v.name)
 }
 
 /// Makes each volume ready; idempotent, so a restart or a retry finds the ones already made. `memory_limit` sizes
-/// a memory-backed `emptyDir` without a `sizeLimit`, as the kubelet does.
+/// a memory-backed `emptyDir` without a `sizeLimit`, as the kubelet does. `payloads` are the files of the volumes
+/// written from objects, by volume name ([`crate::projection::volume_payload`]), swapped in atomically.
 pub fn prepare(
     root: &Path,
     uid: &str,
     volumes: &[Volume],
     memory_limit: Option<u64>,
+    payloads: &BTreeMap<String, Result<Payload, String>>,
 ) -> Result<Vec<PreparedVolume>, VolumeError> {
     let mut out = Vec::new();
     for v in volumes {
         let failed = VolumeError::of(v);
         let source = VolumeSource::from_volume(v).map_err(&failed)?;
+        let projected = source == VolumeSource::Projected;
         let path = match source {
             VolumeSource::EmptyDir => {
                 use std::os::unix::fs::PermissionsExt;
-                let dir = volume_dir(root, uid, &v.name);
+                let dir = volume_dir(root, uid, v);
                 std::fs::create_dir_all(&dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
                 // Writable by a container of any user, as the kubelet makes it.
                 std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
@@ -144,10 +161,10 @@ pub fn prepare(
                 dir
             }
             VolumeSource::Memory(size) => {
-                let dir = volume_dir(root, uid, &v.name);
+                let dir = volume_dir(root, uid, v);
                 std::fs::create_dir_all(&dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
                 if !is_mount_point(&dir) {
-                    mount_tmpfs(&dir, size.or(memory_limit)).map_err(&failed)?;
+                    mount_tmpfs(&dir, size.or(memory_limit), 0o777).map_err(&failed)?;
                 }
                 dir
             }
@@ -155,10 +172,61 @@ pub fn prepare(
                 check_host_path(&path, kind).map_err(&failed)?;
                 path
             }
+            VolumeSource::Projected => {
+                let dir = volume_dir(root, uid, v);
+                match payloads.get(&v.name) {
+                    Some(Ok(payload)) => {
+                        write_projected(&dir, v, payload, memory_limit).map_err(&failed)?;
+                    }
+                    // Files made before (by an earlier daemon) stay while their objects are out of reach, as the
+                    // kubelet keeps a volume's last contents when a refresh fails.
+                    Some(Err(e)) if dir.join(crate::atomic_writer::DATA_DIR).exists() => {
+                        tracing::warn!(volume = %v.name, error = %e, "cannot refresh the volume's files; keeping the last ones");
+                    }
+                    Some(Err(e)) => return Err(failed(e.clone())),
+                    None => return Err(failed("its files were not made".into())),
+                }
+                dir
+            }
         };
-        out.push(PreparedVolume { name: v.name.clone(), path });
+        out.push(PreparedVolume { name: v.name.clone(), path, projected });
     }
     Ok(out)
+}
+
+/// Writes a projected volume's files into `dir` (a tmpfs for secrets and tokens, sized by the pod's memory limit),
+/// swapping in a changed set at once; returns whether anything changed.
+fn write_projected(dir: &Path, v: &Volume, payload: &Payload, memory_limit: Option<u64>) -> Result<bool, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if crate::projection::in_memory(v) && !is_mount_point(dir) {
+        // Readable, not writable, by the containers' users: the files are the kubelet's to change.
+        mount_tmpfs(dir, memory_limit, 0o755)?;
+    }
+    crate::atomic_writer::write(dir, payload).map_err(|e| e.to_string())
+}
+
+/// Writes the refreshed files of the pod's projected volumes that exist (one removed with its pod is not made
+/// again); returns the names of the volumes that changed.
+pub(crate) fn refresh(
+    root: &Path,
+    uid: &str,
+    volumes: &[Volume],
+    memory_limit: Option<u64>,
+    payloads: &BTreeMap<String, Result<Payload, String>>,
+) -> Result<Vec<String>, VolumeError> {
+    let mut changed = Vec::new();
+    for v in volumes {
+        let Some(payload) = payloads.get(&v.name) else { continue };
+        let payload = payload.as_ref().map_err(|e| VolumeError::of(v)(e.clone()))?;
+        let dir = volume_dir(root, uid, v);
+        if !dir.is_dir() {
+            continue;
+        }
+        if write_projected(&dir, v, payload, memory_limit).map_err(VolumeError::of(v))? {
+            changed.push(v.name.clone());
+        }
+    }
+    Ok(changed)
 }
 
 fn check_host_path(path: &Path, kind: HostPathType) -> Result<(), String> {
@@ -248,11 +316,11 @@ fn create_beneath_root(path: &Path, dir: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn mount_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), String> {
+fn mount_tmpfs(dir: &Path, size: Option<u64>, mode: u32) -> Result<(), String> {
     use rustix::mount::{MountFlags, mount};
     let data = match size {
-        Some(s) => format!("mode=0777,size={s}"),
-        None => "mode=0777".to_owned(),
+        Some(s) => format!("mode={mode:04o},size={s}"),
+        None => format!("mode={mode:04o}"),
     };
     let data = std::ffi::CString::new(data).map_err(|e| e.to_string())?;
     mount("tmpfs", dir, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, Some(data.as_c_str()))
@@ -319,7 +387,13 @@ pub fn remove_pod_volumes(root: &Path, uid: &str) -> Result<(), String> {
 
 /// Unmounts what nodewarden mounted below the pod directory `dir`; fails while any mount is left below it.
 fn unmount_ours(dir: &Path) -> Result<(), String> {
-    let ours = [dir.join("volumes").join("kubernetes.io~empty-dir"), dir.join(crate::subpath::STAGING_DIR)];
+    let volumes = dir.join("volumes");
+    let ours = [
+        volumes.join("kubernetes.io~empty-dir"),
+        volumes.join("kubernetes.io~secret"),
+        volumes.join("kubernetes.io~projected"),
+        dir.join(crate::subpath::STAGING_DIR),
+    ];
     for m in mounts_under(dir).into_iter().rev() {
         if ours.iter().any(|o| m.starts_with(o) && m != *o) {
             rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH)
@@ -333,7 +407,7 @@ fn unmount_ours(dir: &Path) -> Result<(), String> {
 }
 
 /// Removes a pod's volumes and state. The mounts nodewarden made below the pod directory (memory-backed
-/// `emptyDir`s and staged subPaths) are unmounted first; nothing is deleted while any mount remains below it, so
+/// `emptyDir`s, the tmpfs of `secret` and `projected` volumes, and staged subPaths) are unmounted first; nothing is deleted while any mount remains below it, so
 /// a removal never descends into a mount (a hostPath staged for a subPath, or a mount someone else made).
 pub fn remove_pod_dir(root: &Path, uid: &str) -> Result<(), String> {
     let dir = pod_dir(root, uid);
@@ -377,7 +451,7 @@ mod tests {
         );
         assert!(VolumeSource::from_volume(&empty_dir("a", None, Some("lots"))).unwrap_err().contains("sizeLimit"));
         let cm = Volume { name: "c".into(), ..Volume::default() };
-        assert!(VolumeSource::from_volume(&cm).unwrap_err().contains("only emptyDir and hostPath"));
+        assert!(VolumeSource::from_volume(&cm).unwrap_err().contains("only emptyDir, hostPath"));
         let rel = Volume {
             name: "h".into(),
             host_path: Some(HostPathVolumeSource { path: "etc".into(), type_: None }),
@@ -390,6 +464,45 @@ mod tests {
             ..Volume::default()
         };
         assert!(VolumeSource::from_volume(&up).unwrap_err().contains("'..'"));
+    }
+
+    #[test]
+    fn config_map_volumes_are_written_refreshed_and_kept_when_their_object_is_out_of_reach() {
+        use crate::atomic_writer::FileProjection;
+        let dir = tempfile::tempdir().unwrap();
+        let cm = Volume {
+            name: "cfg".into(),
+            config_map: Some(k8s_openapi::api::core::v1::ConfigMapVolumeSource {
+                name: "c".into(),
+                ..Default::default()
+            }),
+            ..Volume::default()
+        };
+        let files = |v: &str| -> BTreeMap<String, Result<Payload, String>> {
+            let file = FileProjection { data: v.as_bytes().to_vec(), mode: 0o644 };
+            [("cfg".to_owned(), Ok([("greeting".to_owned(), file)].into()))].into()
+        };
+        let vols = [cm];
+        let prepared = prepare(dir.path(), "u1", &vols, None, &files("hello")).unwrap();
+        assert!(prepared[0].projected);
+        let path = &prepared[0].path;
+        assert!(path.ends_with("pods/u1/volumes/kubernetes.io~configmap/cfg"));
+        assert_eq!(std::fs::read_to_string(path.join("greeting")).unwrap(), "hello");
+        assert_eq!(refresh(dir.path(), "u1", &vols, None, &files("hello")).unwrap(), Vec::<String>::new());
+        assert_eq!(refresh(dir.path(), "u1", &vols, None, &files("bye")).unwrap(), ["cfg"]);
+        assert_eq!(std::fs::read_to_string(path.join("greeting")).unwrap(), "bye");
+        // The apiserver out of reach (an adoption after a restart): the last files stay; a refresh says why.
+        let away: BTreeMap<String, Result<Payload, String>> = [("cfg".to_owned(), Err("away".to_owned()))].into();
+        assert_eq!(prepare(dir.path(), "u1", &vols, None, &away).unwrap(), prepared);
+        assert_eq!(std::fs::read_to_string(path.join("greeting")).unwrap(), "bye");
+        assert!(refresh(dir.path(), "u1", &vols, None, &away).unwrap_err().to_string().ends_with(": away"));
+        // A first preparation without its files fails the mount.
+        let err = prepare(dir.path(), "u2", &vols, None, &away).unwrap_err();
+        assert_eq!(err.to_string(), "MountVolume.SetUp failed for volume \"cfg\" : away");
+        // A refresh after the pod's volumes are gone makes nothing again.
+        remove_pod_dir(dir.path(), "u1").unwrap();
+        assert!(refresh(dir.path(), "u1", &vols, None, &files("again")).unwrap().is_empty());
+        assert!(!pod_dir(dir.path(), "u1").exists());
     }
 
     #[test]
@@ -407,14 +520,14 @@ mod tests {
                 ..Volume::default()
             },
         ];
-        let prepared = prepare(dir.path(), "u1", &vols, None).unwrap();
+        let prepared = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new()).unwrap();
         assert!(prepared[0].path.ends_with("pods/u1/volumes/kubernetes.io~empty-dir/scratch"));
         assert!(prepared[0].path.is_dir() && host.is_dir());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&prepared[0].path).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o777, "a disk emptyDir is writable by a non-root container");
         // Idempotent.
-        assert_eq!(prepare(dir.path(), "u1", &vols, None).unwrap(), prepared);
+        assert_eq!(prepare(dir.path(), "u1", &vols, None, &BTreeMap::new()).unwrap(), prepared);
         // A pod that is over but not deleted loses its volumes and keeps its state and terminal record.
         let over = crate::state::SavedPod {
             terminal: Some(crate::status::Terminal::failed(Some("Evicted".into()), None)),
@@ -435,7 +548,7 @@ mod tests {
             ..Volume::default()
         };
         assert!(
-            prepare(dir.path(), "u2", &[missing], None)
+            prepare(dir.path(), "u2", &[missing], None, &BTreeMap::new())
                 .unwrap_err()
                 .to_string()
                 .contains("MountVolume.SetUp failed for volume \"m\" : hostPath /definitely")

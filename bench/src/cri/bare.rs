@@ -173,7 +173,9 @@ fn requests(
         .find(|p| p.name == c.name)
         .with_context(|| format!("no placement for container {}", c.name))?;
     let sandbox = sandbox_spec(pod, placement, log_root);
-    let ctx = PodContext { pod, volumes: &[], log_root, ips: PodIps { pod: &[], host: &[] } };
+    let node = Default::default();
+    let ips = PodIps { pod: &[], host: &[] };
+    let ctx = PodContext { pod, volumes: &[], log_root, ips, node: &node, objects: None };
     let container = container_spec(&ctx, c, cp, 0, &mut |_, _, _| Err("the bench's pod has no volumes".to_owned()))
         .map_err(anyhow::Error::msg)?;
     let sandbox_config = sandbox_config(&sandbox, 0);

@@ -1,5 +1,5 @@
 //! The pods section: where pod sync finds static pods and keeps pods' state and logs, from `staticPodPath`,
-//! `fileCheckFrequency`, `staticPodURL`, `staticPodURLHeader`, `httpCheckFrequency`, `podLogsDir`,
+//! `fileCheckFrequency`, `staticPodURL`, `staticPodURLHeader`, `httpCheckFrequency`, `syncFrequency`, `podLogsDir`,
 //! `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval` and nodewarden's `rootDir` and
 //! `nodeName`.
 
@@ -25,6 +25,8 @@ pub struct PodsConfig {
     pub static_pod_url_header: Vec<(String, String)>,
     /// `httpCheckFrequency` (`0s` means the default, 20s).
     pub http_check_frequency: Duration,
+    /// `syncFrequency` (`0s` means the default, 1m): how often volumes made from objects are refreshed.
+    pub sync_frequency: Duration,
     /// `podLogsDir`.
     pub pod_logs_dir: PathBuf,
     /// `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval`.
@@ -42,6 +44,11 @@ impl PodsConfig {
         // As in the kubelet, zero (kubeadm writes `0s`) means the default.
         let file_check_frequency = check_frequency("fileCheckFrequency", &c.file_check_frequency)?;
         let http_check_frequency = check_frequency("httpCheckFrequency", &c.http_check_frequency)?;
+        let sync_frequency = match duration_field("syncFrequency", &c.sync_frequency)? {
+            d if d.is_zero() => Duration::from_secs(60),
+            d if d < Duration::from_secs(1) => return Err(ConfigError::field("syncFrequency", "must be at least 1s")),
+            d => d,
+        };
         let url = required(&c.static_pod_url, "staticPodURL")?;
         let static_pod_url = (!url.is_empty()).then(|| url.clone());
         if let Some(u) = &static_pod_url {
@@ -83,6 +90,7 @@ impl PodsConfig {
             static_pod_url,
             static_pod_url_header,
             http_check_frequency,
+            sync_frequency,
             pod_logs_dir,
             log_rotation,
             root_dir,
@@ -145,6 +153,7 @@ mod tests {
                 static_pod_url: None,
                 static_pod_url_header: Vec::new(),
                 http_check_frequency: Duration::from_secs(20),
+                sync_frequency: Duration::from_secs(60),
                 pod_logs_dir: PathBuf::from("/var/log/pods"),
                 log_rotation: LogRotation::default(),
                 root_dir: PathBuf::from("/var/lib/nodewarden"),

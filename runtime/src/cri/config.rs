@@ -278,6 +278,7 @@ mod tests {
                 supplemental_groups: vec![2000],
                 ..crate::security::Security::default()
             },
+            pull_auths: Vec::new(),
         };
         let c = container_config(&spec, &pod());
         assert_eq!(c.log_path, "app/3.log");

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use nodewarden_proto::v1::{
-    ContainerFilter, ContainerState, CreateContainerRequest, PodSandboxConfig, PodSandboxFilter, PodSandboxState,
-    PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
+    AuthConfig, ContainerFilter, ContainerState, CreateContainerRequest, PodSandboxConfig, PodSandboxFilter,
+    PodSandboxState, PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -282,23 +282,34 @@ impl CriRuntime {
             }
         }
         let _serial = if self.settings.serialize_image_pulls { Some(self.pulls.lock().await) } else { None };
-        tracing::info!(image = %spec.image, "pulling image");
-        let req = PullImageRequest {
-            image: Some(client::image_spec(&spec.image)),
-            auth: None,
-            sandbox_config: Some(sandbox.clone()),
+        tracing::info!(image = %spec.image, credentials = spec.pull_auths.len(), "pulling image");
+        // Each matching credential in turn, as the kubelet tries them; anonymous where none matches.
+        let auths: Vec<Option<AuthConfig>> = if spec.pull_auths.is_empty() {
+            vec![None]
+        } else {
+            spec.pull_auths.iter().map(|a| Some(auth_config(a))).collect()
         };
-        match self.client.pull_image(req, PULL_DEADLINE).await {
-            Ok(image_ref) => {
-                tracing::info!(image = %spec.image, %image_ref, "image pulled");
-                lock(&self.known).pulled();
-                Ok(())
+        let mut last = None;
+        for auth in auths {
+            let req = PullImageRequest {
+                image: Some(client::image_spec(&spec.image)),
+                auth,
+                sandbox_config: Some(sandbox.clone()),
+            };
+            match self.client.pull_image(req, PULL_DEADLINE).await {
+                Ok(image_ref) => {
+                    tracing::info!(image = %spec.image, %image_ref, "image pulled");
+                    lock(&self.known).pulled();
+                    return Ok(());
+                }
+                Err(e) => last = Some(e),
             }
-            Err(e) => Err(RuntimeError::Image {
-                reason: "ErrImagePull",
-                message: format!("failed to pull image {:?}: {e}", spec.image),
-            }),
         }
+        let e = last.map(|e| e.to_string()).unwrap_or_default();
+        Err(RuntimeError::Image {
+            reason: "ErrImagePull",
+            message: format!("failed to pull image {:?}: {e}", spec.image),
+        })
     }
 
     /// False when the runtime says the sandbox is missing or not ready; true when it is ready or cannot say.
@@ -321,6 +332,18 @@ impl CriRuntime {
             tracing::warn!(sandbox = %id, error = %e, "cannot remove the pod sandbox");
         }
         lock(&self.sandboxes).remove(id);
+    }
+}
+
+/// CRI's form of registry credentials.
+fn auth_config(a: &crate::seam::RegistryAuth) -> AuthConfig {
+    AuthConfig {
+        username: a.username.clone(),
+        password: a.password.clone(),
+        auth: a.auth.clone(),
+        server_address: a.server_address.clone(),
+        identity_token: a.identity_token.clone(),
+        registry_token: a.registry_token.clone(),
     }
 }
 

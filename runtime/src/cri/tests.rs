@@ -24,6 +24,8 @@ struct State {
     calls: Vec<String>,
     images: BTreeSet<String>,
     pullable: BTreeSet<String>,
+    /// The user and password a pull must present, if any.
+    private: Option<(String, String)>,
     sandboxes: Vec<(PodSandbox, PodSandboxConfig)>,
     containers: Vec<(Container, ContainerStatus, ContainerConfig)>,
     next: u32,
@@ -326,11 +328,20 @@ impl ImageService for Fake {
     }
 
     async fn pull_image(&self, r: Request<PullImageRequest>) -> Result<Response<PullImageResponse>, Status> {
-        let name = r.into_inner().image.unwrap_or_default().image;
-        self.record(&format!("PullImage {name}"));
+        let r = r.into_inner();
+        let name = r.image.unwrap_or_default().image;
+        match &r.auth {
+            Some(a) => self.record(&format!("PullImage {name} as {}", a.username)),
+            None => self.record(&format!("PullImage {name}")),
+        }
         let mut s = self.state();
         if !s.pullable.contains(&name) {
             return Err(Status::not_found(format!("{name}: not found")));
+        }
+        if let Some((user, password)) = &s.private
+            && r.auth.is_none_or(|a| (&a.username, &a.password) != (user, password))
+        {
+            return Err(Status::unauthenticated("pull access denied"));
         }
         s.images.insert(name.clone());
         Ok(Response::new(PullImageResponse { image_ref: format!("sha256:{name}") }))
@@ -409,6 +420,7 @@ fn container(sandbox_id: &str, uid: &str, image: &str, policy: PullPolicy) -> Co
         log_path: format!("/var/log/pods/default_pod-{uid}_{uid}/app/0.log").into(),
         mounts: vec![SpecMount { source: "/tmp".into(), target: "/data".into(), read_only: false }],
         security: crate::security::Security::default(),
+        pull_auths: Vec::new(),
     }
 }
 
@@ -499,6 +511,28 @@ async fn images_follow_the_pull_policy_and_pull_errors_have_the_kubelets_reasons
     fake.state().pullable.insert("localhost/here:1".into());
     rt.start(&container(&sb, "u2", "localhost/here:1", PullPolicy::Always)).await.unwrap();
     assert!(fake.state().calls.contains(&"PullImage localhost/here:1".to_owned()), "Always pulls even when present");
+
+    // A private image: each credential in turn until one is let in; without one, the registry's refusal.
+    fake.state().pullable.insert("reg.example/private:1".into());
+    fake.state().private = Some(("right".into(), "pw".into()));
+    let auth = |user: &str| crate::RegistryAuth {
+        server_address: "reg.example".into(),
+        username: user.into(),
+        password: "pw".into(),
+        ..crate::RegistryAuth::default()
+    };
+    let mut private = container(&sb, "u2", "reg.example/private:1", PullPolicy::Always);
+    private.pull_auths = vec![auth("wrong"), auth("right")];
+    rt.start(&private).await.unwrap();
+    let calls = fake.state().calls.clone();
+    let pulls: Vec<&String> = calls.iter().filter(|c| c.starts_with("PullImage reg.example")).collect();
+    assert_eq!(pulls, ["PullImage reg.example/private:1 as wrong", "PullImage reg.example/private:1 as right"]);
+    private.pull_auths.clear();
+    let err = rt.start(&private).await.unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::Image { reason: "ErrImagePull", message } if message.contains("denied")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

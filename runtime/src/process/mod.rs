@@ -627,6 +627,7 @@ mod tests {
             log_path: dir.path().join("log"),
             mounts: vec![],
             security: crate::security::Security::default(),
+            pull_auths: Vec::new(),
         };
         let runtime = crate::SelectedRuntime::Process(runtime);
         assert!(runtime.stop_signals().is_some(), "the daemon's runtime signals at once");

@@ -95,8 +95,8 @@ fn bad_manifests_get_clear_reasons() {
             "spec.restartPolicy",
         ),
         (
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {volumes: [{name: c, configMap: {name: c}}], containers: [{name: a, image: b}]}\n",
-            "only emptyDir and hostPath",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {volumes: [{name: c, persistentVolumeClaim: {claimName: c}}], containers: [{name: a, image: b}]}\n",
+            "only emptyDir, hostPath",
         ),
         (
             "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: a, image: b, volumeMounts: [{name: v, mountPath: /v}]}]}\n",

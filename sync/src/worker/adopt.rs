@@ -88,7 +88,7 @@ impl<R: Runtime> Worker<R> {
             let s = found.saved.containers.get(&name).cloned().unwrap_or_default();
             let main = s.pid.map(|pid| MainProcess { pid, start: s.pid_start });
             if found.sandbox
-                && let Ok(spec) = self.build_spec(i, s.restarts, false)
+                && let Ok(spec) = self.build_spec(i, s.restarts, None)
                 && let Some(started) = self.shared.runtime.adopt(&spec, main).await
             {
                 tracing::info!(pod = %self.full_name(), container = %name, pid = started.pid, "adopted running container");

@@ -88,8 +88,15 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// The runtime spec of container `i` for its run number `attempt`. A container about to start gets its subPaths
-    /// staged afresh; one being adopted (`starting` false) keeps the staging mounts it runs with.
-    pub(super) fn build_spec(&self, i: usize, attempt: u32, starting: bool) -> Result<ContainerSpec, String> {
+    /// staged afresh and its environment from `objects`; one being adopted (`objects` `None`) keeps the staging
+    /// mounts it runs with.
+    pub(super) fn build_spec(
+        &self,
+        i: usize,
+        attempt: u32,
+        objects: Option<&crate::objects::ObjectMap>,
+    ) -> Result<ContainerSpec, String> {
+        let starting = objects.is_some();
         let name = &self.lifecycle.containers[i].name;
         let container = self.container(name).ok_or("container not in the pod spec")?;
         let placement = self
@@ -107,13 +114,57 @@ impl<R: Runtime> Worker<R> {
         };
         let pod_ips = self.pod_ips();
         let ips = PodIps { pod: &pod_ips, host: &self.shared.settings.host_ips };
-        let ctx = PodContext { pod: &self.pod, volumes: &self.volumes, log_root: &self.shared.settings.log_dir, ips };
+        let node = self.shared.ledger.view().allocatable().reported;
+        let log_root = &self.shared.settings.log_dir;
+        let ctx = PodContext { pod: &self.pod, volumes: &self.volumes, log_root, ips, node: &node, objects };
         let mut spec = container_spec(&ctx, container, placement, attempt, &mut stage)?;
         spec.sandbox_id = match &self.sandbox {
             Sandbox::Running(running) => running.id.clone(),
             Sandbox::None | Sandbox::Requested => String::new(),
         };
         Ok(spec)
+    }
+
+    /// The ConfigMaps and Secrets container `index`'s environment reads and the pod's pull secrets, fetched for
+    /// its start.
+    async fn start_objects(&self, index: usize) -> crate::objects::ObjectMap {
+        let mut map = crate::objects::ObjectMap::new();
+        let Some(c) = self.container(&self.lifecycle.containers[index].name) else { return map };
+        let mut refs = crate::env::references(c);
+        refs.extend(self.pull_secret_names().map(|n| (crate::objects::ObjectKind::Secret, n.to_owned())));
+        if refs.is_empty() {
+            return map;
+        }
+        let namespace = nodewarden_resources::pod::namespace(&self.pod);
+        let fetching = crate::objects::fetch_into(&*self.shared.objects, namespace, refs.clone(), &mut map);
+        if tokio::time::timeout(super::OBJECTS_TIMEOUT, fetching).await.is_err() {
+            for r in refs {
+                map.entry(r).or_insert_with(|| Err("timed out fetching the object".into()));
+            }
+        }
+        map
+    }
+
+    /// The names of the pod's `imagePullSecrets`.
+    fn pull_secret_names(&self) -> impl Iterator<Item = &str> {
+        let secrets = self.pod.spec.as_ref().and_then(|s| s.image_pull_secrets.as_ref());
+        secrets.into_iter().flatten().map(|r| r.name.as_str()).filter(|n| !n.is_empty())
+    }
+
+    /// The credentials a pull of `image` tries, from the pull secrets in `objects`; the ones out of reach are
+    /// logged, and the pull goes on without them, as the kubelet's does.
+    fn pull_auths(&self, image: &str, objects: &crate::objects::ObjectMap) -> Vec<nodewarden_runtime::RegistryAuth> {
+        let mut found = Vec::new();
+        for name in self.pull_secret_names() {
+            match crate::objects::lookup(objects, crate::objects::ObjectKind::Secret, name, false) {
+                Ok(Some(data)) => found.push(data),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(pod = %self.full_name(), secret = %name, error = %e, "cannot read an image pull secret; the pull may fail")
+                }
+            }
+        }
+        crate::pull_secrets::credentials(image, &found.iter().map(|d| &**d).collect::<Vec<_>>())
     }
 
     fn container(&self, name: &str) -> Option<&k8s_openapi::api::core::v1::Container> {
@@ -139,8 +190,12 @@ impl<R: Runtime> Worker<R> {
                 tracing::warn!(pod = %self.full_name(), container = %name, error = %e, "cannot make the container's cgroup again")
             }
         }
-        let spec = match self.build_spec(index, attempt, true) {
-            Ok(s) => s,
+        let objects = self.start_objects(index).await;
+        let spec = match self.build_spec(index, attempt, Some(&objects)) {
+            Ok(mut s) => {
+                s.pull_auths = self.pull_auths(&s.image, &objects);
+                s
+            }
             Err(message) => {
                 let reason = "CreateContainerConfigError";
                 self.shared.metrics.started_container_errors.with_label_values(&[reason, kind]).inc();

@@ -16,7 +16,7 @@ mod terminate;
 pub(crate) use lifecycle::Reason;
 pub(crate) use terminate::kill_and_release;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use crate::metrics::SyncMetrics;
 use crate::probe::ProbeKind;
+use crate::projection::Payload;
 use crate::store::StatusStore;
 use crate::volumes::{self, PreparedVolume};
 use lifecycle::{Action, Input, Lifecycle, PlaceFailure, PodState, grace_period};
@@ -48,7 +49,13 @@ pub struct SyncSettings {
     /// The node's addresses (its `InternalIP`), the primary first: every pod's `hostIP`, and the `podIP` of a
     /// pod on the host's network. Empty when the node has none but the loopback.
     pub host_ips: Vec<String>,
+    /// How often the files of volumes made from objects (ConfigMaps, Secrets, tokens, the pod's metadata) are
+    /// made again (`syncFrequency`, a minute by default).
+    pub sync_frequency: Duration,
 }
+
+/// How long fetching the objects of one use of a pod (its volumes, a container's environment) may take.
+const OBJECTS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What the workers share.
 pub(crate) struct Shared<R> {
@@ -60,6 +67,8 @@ pub(crate) struct Shared<R> {
     pub metrics: SyncMetrics,
     /// Where pod events go.
     pub events: Arc<dyn crate::EventSink>,
+    /// Where the ConfigMaps, Secrets and tokens of pods come from.
+    pub objects: Arc<dyn crate::PodObjects>,
     /// Where the grid of container log checks starts ([`crate::logs::first_check`]).
     pub log_epoch: Instant,
 }
@@ -184,6 +193,8 @@ struct Tasks {
     containers: ContainerTasks,
     /// Held while the pod's volumes are being made ([`Worker::preparing`]).
     volumes: Arc<tokio::sync::Mutex<()>>,
+    /// When the files of the volumes made from objects are made again ([`Worker::refresh_volumes`]).
+    refresh_at: Option<Instant>,
 }
 
 /// What a worker shares with its pod manager.
@@ -337,8 +348,29 @@ impl<R: Runtime> Worker<R> {
                     }
                 }
                 () = sleep_until(wakeup) => Input::Timer,
+                () = sleep_until(self.tasks.refresh_at) => {
+                    self.tasks.refresh_at = None;
+                    self.refresh_volumes();
+                    self.schedule_refresh();
+                    continue;
+                }
             };
             self.handle(input).await;
+            self.schedule_refresh();
+        }
+        // Its tokens are of no use to anyone else.
+        self.shared.objects.forget_pod(&self.uid);
+    }
+
+    /// Keeps the next refresh of the volumes made from objects due while the pod runs with them.
+    fn schedule_refresh(&mut self) {
+        let due = !self.lifecycle.state.is_over()
+            && self.volumes.iter().any(|v| v.projected)
+            && self.shared.settings.sync_frequency > Duration::ZERO;
+        match (due, self.tasks.refresh_at) {
+            (true, None) => self.tasks.refresh_at = Some(Instant::now() + self.shared.settings.sync_frequency),
+            (false, Some(_)) => self.tasks.refresh_at = None,
+            _ => {}
         }
     }
 
@@ -574,19 +606,51 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// Makes the pod's volumes ready on a blocking thread (directories, tmpfs mounts sized to the pod's memory
-    /// limit, hostPath checks and creation). The thread holds the volumes' lock until it is done, even when what
-    /// waits for it is dropped (a termination abandons it): the clean-up takes the lock before it removes them.
+    /// The files of the pod's volumes written from API objects and the pod itself, by volume name, fetched through
+    /// the objects port (a failed one is kept as its error).
+    fn payloads(&self) -> impl Future<Output = BTreeMap<String, Result<Payload, String>>> + Send + 'static {
+        let pod = self.pod.clone();
+        let objects = self.shared.objects.clone();
+        let node = self.shared.ledger.view().allocatable().reported;
+        async move {
+            let mut out = BTreeMap::new();
+            let namespace = nodewarden_resources::pod::namespace(&pod).to_owned();
+            let mut fetched = crate::objects::Fetched::new(&*objects, &namespace);
+            for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+                let made = crate::projection::volume_payload(v, &pod, &mut fetched, &node);
+                match tokio::time::timeout(OBJECTS_TIMEOUT, made).await {
+                    Ok(Ok(Some(p))) => {
+                        out.insert(v.name.clone(), Ok(p));
+                    }
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => {
+                        out.insert(v.name.clone(), Err(e));
+                    }
+                    Err(_) => {
+                        out.insert(v.name.clone(), Err("timed out fetching the volume's objects".into()));
+                    }
+                }
+            }
+            out
+        }
+    }
+
+    /// Makes the pod's volumes ready: the files of those written from objects fetched first, then directories,
+    /// tmpfs mounts sized to the pod's memory limit, hostPath checks and creation and the files on a blocking
+    /// thread. The thread holds the volumes' lock until it is done, even when what waits for it is dropped (a
+    /// termination abandons it): the clean-up takes the lock before it removes them.
     fn preparing(&self) -> impl Future<Output = Result<Vec<PreparedVolume>, volumes::VolumeError>> + Send + 'static {
         let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
         let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
         let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
         let lock = self.tasks.volumes.clone();
+        let payloads = self.payloads();
         async move {
+            let payloads = payloads.await;
             let held = lock.lock_owned().await;
             let preparing = tokio::task::spawn_blocking(move || {
                 let _held = held;
-                volumes::prepare(&root, &uid, &vols, memory_limit)
+                volumes::prepare(&root, &uid, &vols, memory_limit, &payloads)
             });
             match preparing.await {
                 Ok(result) => result,
@@ -594,6 +658,50 @@ impl<R: Runtime> Worker<R> {
                 Err(e) => Err(volumes::VolumeError { volume: String::new(), message: e.to_string() }),
             }
         }
+    }
+
+    /// Writes the files of the pod's volumes made from objects again, as a task of its own that nobody waits for:
+    /// a changed ConfigMap or Secret, or a renewed token, is swapped in; a failure keeps the last files and is
+    /// the kubelet's `FailedMount` event.
+    fn refresh_volumes(&mut self) {
+        let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
+        let vols: Vec<_> = self
+            .pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter(|v| crate::projection::is_projected(v))
+            .cloned()
+            .collect();
+        if vols.is_empty() {
+            return;
+        }
+        let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
+        let lock = self.tasks.volumes.clone();
+        let payloads = self.payloads();
+        let (pod, shared) = (self.pod.clone(), self.shared.clone());
+        self.tasks.background.spawn(async move {
+            let payloads = payloads.await;
+            let held = lock.lock_owned().await;
+            let refreshing = tokio::task::spawn_blocking(move || {
+                let _held = held;
+                volumes::refresh(&root, &uid, &vols, memory_limit, &payloads)
+            });
+            let full_name = nodewarden_resources::pod::full_name(&pod);
+            match refreshing.await {
+                Ok(Ok(changed)) if !changed.is_empty() => {
+                    tracing::info!(pod = %full_name, volumes = ?changed, "volume files updated");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(pod = %full_name, error = %e, "cannot refresh the pod's volume files");
+                    let event = crate::events::Happened::FailedMount(e.to_string()).event(&pod, &[]);
+                    shared.events.pod_event(&pod, event);
+                }
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => {}
+            }
+        });
     }
 
     /// [`Worker::preparing`] as an action in flight: its result comes back as [`containers::Completed::Volumes`].

@@ -261,6 +261,7 @@ fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
         node_name: "n".into(),
         log_rotation: crate::LogRotation::default(),
         host_ips: vec!["192.0.2.10".into()],
+        sync_frequency: Duration::from_secs(60),
     };
     let registry = prometheus::Registry::new();
     let metrics = SyncMetrics::new(&registry).unwrap();
@@ -272,7 +273,7 @@ fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
         fake.clone(),
         settings,
         metrics,
-        events.clone(),
+        crate::Ports { events: events.clone(), objects: Arc::new(crate::NoObjects) },
         tasks,
         shutdown.clone(),
     );
@@ -894,7 +895,9 @@ async fn config_errors_wait_and_retry() {
     h.set(vec![pod("u8", json!({"containers": [bad]}))]).await;
     let v = h.until("u8", "waits", |v| !container(v, "bad")["state"]["waiting"]["reason"].is_null()).await;
     assert_eq!(container(&v, "bad")["state"]["waiting"]["reason"], "CreateContainerConfigError");
-    assert!(container(&v, "bad")["state"]["waiting"]["message"].as_str().unwrap().contains("envFrom"));
+    // A node in no cluster has no ConfigMaps to read, as a kubelet without a client says.
+    let message = container(&v, "bad")["state"]["waiting"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(message, "couldn't get configMap default/settings, no kubeClient defined");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,222 @@
+//! The objects pods reference, for pod sync ([`PodObjects`]): ConfigMaps and Secrets read from the apiserver with
+//! a cache that keeps each one for a while (the kubelet's `Cache` change detection: at most one read of an object
+//! per `ttl`, however many pods use it), and service account tokens kept until 80% of their life or 24 hours have
+//! passed, as the kubelet's token manager renews them. Before the node has joined its cluster nothing can be read;
+//! a node in no cluster says so in the kubelet's words.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use nodewarden_cluster::{KubeError, ObjectReader};
+use nodewarden_sync::{ObjectData, ObjectError, ObjectFuture, ObjectKind, PodObjects, Token, TokenAsk};
+use tokio::time::Instant;
+
+/// The longest a token is used, whatever its lifetime.
+const MAX_TOKEN_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// A token and when it was issued.
+struct Kept {
+    token: Token,
+    issued: jiff::Timestamp,
+}
+
+impl Kept {
+    /// Whether it is to be renewed at `now`: past 80% of its life, or a day old.
+    fn stale(&self, ask: &TokenAsk, now: jiff::Timestamp) -> bool {
+        let lived = now.duration_since(self.issued).as_secs_f64();
+        let life = self.token.expires.duration_since(self.issued).as_secs_f64().min(ask.expiration_seconds as f64);
+        lived >= 0.8 * life || lived >= MAX_TOKEN_AGE.as_secs_f64()
+    }
+}
+
+/// An object by kind, namespace and name.
+type ObjectKey = (ObjectKind, String, String);
+/// When an object was read, and what was read (`None`: there was none).
+type Cached = (Instant, Option<Arc<ObjectData>>);
+
+/// The daemon's [`PodObjects`].
+pub struct ApiObjects {
+    reader: OnceLock<ObjectReader>,
+    /// Whether a cluster is configured: without one, nothing will ever be read.
+    in_cluster: AtomicBool,
+    ttl: Duration,
+    cache: Mutex<HashMap<ObjectKey, Cached>>,
+    tokens: Mutex<HashMap<TokenAsk, Kept>>,
+}
+
+impl ApiObjects {
+    /// Objects for a node in no cluster (until [`ApiObjects::expect_cluster`]), each read kept for `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            reader: OnceLock::new(),
+            in_cluster: AtomicBool::new(false),
+            ttl,
+            cache: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A cluster is being joined: until it is, objects are out of reach for now, not for good.
+    pub fn expect_cluster(&self) {
+        self.in_cluster.store(true, Ordering::SeqCst);
+    }
+
+    /// Reads from now on through `reader` (once; a second call is ignored).
+    pub fn join(&self, reader: ObjectReader) {
+        let _ = self.reader.set(reader);
+    }
+
+    fn reader(&self, kind: &'static str, namespace: &str, name: &str) -> Result<&ObjectReader, ObjectError> {
+        match self.reader.get() {
+            Some(r) => Ok(r),
+            None if !self.in_cluster.load(Ordering::SeqCst) => {
+                Err(ObjectError::NoClient { kind, namespace: namespace.to_owned(), name: name.to_owned() })
+            }
+            None => Err(ObjectError::Api("the node has not joined its cluster yet".into())),
+        }
+    }
+
+    async fn read(
+        &self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<ObjectData>>, ObjectError> {
+        let key = (kind, namespace.to_owned(), name.to_owned());
+        if let Some((at, o)) = self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key)
+            && at.elapsed() < self.ttl
+        {
+            return Ok(o.clone());
+        }
+        let data = match kind {
+            ObjectKind::ConfigMap => {
+                let reader = self.reader("configMap", namespace, name)?;
+                reader.config_map(namespace, name).await.map_err(api_error)?.map(|cm| {
+                    let mut data: std::collections::BTreeMap<String, Vec<u8>> =
+                        cm.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
+                    let mut binary = BTreeSet::new();
+                    for (k, v) in cm.binary_data.unwrap_or_default() {
+                        binary.insert(k.clone());
+                        data.insert(k, v.0);
+                    }
+                    ObjectData { data, binary }
+                })
+            }
+            ObjectKind::Secret => {
+                let reader = self.reader("secret", namespace, name)?;
+                reader.secret(namespace, name).await.map_err(api_error)?.map(|s| ObjectData {
+                    data: s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect(),
+                    binary: BTreeSet::new(),
+                })
+            }
+        };
+        let data = data.map(Arc::new);
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner).insert(key, (Instant::now(), data.clone()));
+        Ok(data)
+    }
+
+    async fn issue(&self, ask: &TokenAsk) -> Result<Token, ObjectError> {
+        let now = jiff::Timestamp::now();
+        if let Some(kept) = self.tokens.lock().unwrap_or_else(PoisonError::into_inner).get(ask)
+            && !kept.stale(ask, now)
+        {
+            return Ok(kept.token.clone());
+        }
+        let reader = self.reader("serviceAccountToken", &ask.namespace, &ask.service_account)?;
+        let issued = reader
+            .token(
+                &ask.namespace,
+                &ask.service_account,
+                ask.audience.as_deref(),
+                ask.expiration_seconds,
+                &ask.pod_name,
+                &ask.pod_uid,
+            )
+            .await
+            .map_err(api_error)?;
+        let token = Token { token: issued.token, expires: issued.expires };
+        tracing::info!(
+            pod = %format!("{}/{}", ask.namespace, ask.pod_name), service_account = %ask.service_account,
+            expires = %token.expires, "service account token issued"
+        );
+        let kept = Kept { token: token.clone(), issued: now };
+        self.tokens.lock().unwrap_or_else(PoisonError::into_inner).insert(ask.clone(), kept);
+        Ok(token)
+    }
+}
+
+/// The apiserver's own message where it gave one (`configmaps "x" is forbidden: ...`), else what failed.
+fn api_error(e: KubeError) -> ObjectError {
+    match e {
+        KubeError::Api(s) => ObjectError::Api(s.message),
+        other => ObjectError::Api(other.to_string()),
+    }
+}
+
+impl PodObjects for ApiObjects {
+    fn object<'a>(
+        &'a self,
+        kind: ObjectKind,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> ObjectFuture<'a, Option<Arc<ObjectData>>> {
+        Box::pin(self.read(kind, namespace, name))
+    }
+
+    fn token<'a>(&'a self, ask: &'a TokenAsk) -> ObjectFuture<'a, Token> {
+        Box::pin(self.issue(ask))
+    }
+
+    fn forget_pod(&self, uid: &str) {
+        self.tokens.lock().unwrap_or_else(PoisonError::into_inner).retain(|ask, _| ask.pod_uid != uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(seconds: i64) -> TokenAsk {
+        TokenAsk {
+            namespace: "ns".into(),
+            service_account: "default".into(),
+            audience: None,
+            expiration_seconds: seconds,
+            pod_name: "p".into(),
+            pod_uid: "u".into(),
+        }
+    }
+
+    fn kept(issued: jiff::Timestamp, life: i64) -> Kept {
+        let expires = issued + jiff::SignedDuration::from_secs(life);
+        Kept { token: Token { token: "t".into(), expires }, issued }
+    }
+
+    #[test]
+    fn a_token_is_renewed_past_eighty_percent_of_its_life_or_a_day() {
+        let t0 = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let at = |s: i64| t0 + jiff::SignedDuration::from_secs(s);
+        let k = kept(t0, 3600);
+        assert!(!k.stale(&ask(3600), at(2879)));
+        assert!(k.stale(&ask(3600), at(2880)));
+        // An expiry the apiserver extended (a year) is renewed on the asked lifetime, as a kubelet's would be.
+        let extended = kept(t0, 365 * 24 * 3600);
+        assert!(!extended.stale(&ask(3607), at(2000)));
+        assert!(extended.stale(&ask(3607), at(2886)));
+        let long = kept(t0, 7 * 24 * 3600);
+        assert!(long.stale(&ask(7 * 24 * 3600), at(24 * 3600)));
+    }
+
+    #[tokio::test]
+    async fn a_node_in_no_cluster_says_so_and_one_joining_waits() {
+        let alone = ApiObjects::new(Duration::from_secs(60));
+        let e = alone.object(ObjectKind::Secret, "ns", "s").await.unwrap_err();
+        assert_eq!(e.to_string(), "couldn't get secret ns/s, no kubeClient defined");
+        let joining = ApiObjects::new(Duration::from_secs(60));
+        joining.expect_cluster();
+        let e = joining.token(&ask(3600)).await.unwrap_err();
+        assert_eq!(e.to_string(), "the node has not joined its cluster yet");
+    }
+}

@@ -1,0 +1,212 @@
+//! A container's environment as the kubelet makes it: `HOSTNAME`, then `envFrom` (ConfigMaps and Secrets, with a
+//! prefix), then `env` (values with `$(VAR)` references expanded, `fieldRef`, `resourceFieldRef`,
+//! `configMapKeyRef`, `secretKeyRef`); a later name replaces an earlier one. The objects come fetched
+//! ([`crate::objects::ObjectMap`]); errors are the kubelet's `CreateContainerConfigError` messages.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use nodewarden_resources::Resources;
+
+use crate::objects::{ObjectKind, ObjectMap, lookup};
+use crate::spec::{PodIps, expand, field_ref};
+
+/// The ConfigMaps and Secrets container `c`'s environment reads.
+pub(crate) fn references(c: &Container) -> Vec<(ObjectKind, String)> {
+    let mut out = Vec::new();
+    for f in c.env_from.iter().flatten() {
+        if let Some(cm) = &f.config_map_ref {
+            out.push((ObjectKind::ConfigMap, cm.name.clone()));
+        }
+        if let Some(s) = &f.secret_ref {
+            out.push((ObjectKind::Secret, s.name.clone()));
+        }
+    }
+    for e in c.env.iter().flatten() {
+        let Some(from) = &e.value_from else { continue };
+        if let Some(k) = &from.config_map_key_ref {
+            out.push((ObjectKind::ConfigMap, k.name.clone()));
+        }
+        if let Some(k) = &from.secret_key_ref {
+            out.push((ObjectKind::Secret, k.name.clone()));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether an `envFrom` key can be a variable name: printable ASCII without `=` (the relaxed rule of Kubernetes
+/// 1.34). Others are skipped, as the kubelet skips them.
+fn is_env_name(k: &str) -> bool {
+    !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic() && b != b'=')
+}
+
+/// A container's environment.
+#[derive(Debug, Default)]
+pub(crate) struct Env {
+    /// The variables, in order (values may be a Secret's: never logged).
+    pub vars: Vec<(String, String)>,
+    /// The `envFrom` keys left out: they are no variable names.
+    pub skipped: Vec<String>,
+}
+
+/// The environment of container `c` of `pod`, in order, with the `envFrom` keys skipped for their names. Without
+/// `objects` (a container adopted from an earlier daemon, whose environment is only kept for its execs) what
+/// objects would give is left out.
+pub(crate) fn container_env(
+    pod: &Pod,
+    c: &Container,
+    ips: PodIps<'_>,
+    node: &Resources,
+    objects: Option<&ObjectMap>,
+) -> Result<Env, String> {
+    let namespace = nodewarden_resources::pod::namespace(pod);
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    let mut skipped = Vec::new();
+    if let Some(h) = pod.metadata.name.as_deref() {
+        env.push(("HOSTNAME".into(), h.to_owned()));
+    }
+    for f in c.env_from.iter().flatten() {
+        let prefix = f.prefix.as_deref().unwrap_or_default();
+        let (kind, name, optional) = match (&f.config_map_ref, &f.secret_ref) {
+            (Some(cm), _) => (ObjectKind::ConfigMap, &cm.name, cm.optional.unwrap_or(false)),
+            (None, Some(s)) => (ObjectKind::Secret, &s.name, s.optional.unwrap_or(false)),
+            (None, None) => continue,
+        };
+        let Some(objects) = objects else { continue };
+        let Some(object) = lookup(objects, kind, name, optional)? else { continue };
+        for k in object.data.keys() {
+            let Some(v) = object.env_value(k) else { continue };
+            let full = format!("{prefix}{k}");
+            if is_env_name(&full) {
+                set(&mut env, &mut vars, full, v);
+            } else {
+                skipped.push(full);
+            }
+        }
+    }
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (_, Some(from)) => {
+                if let Some(f) = &from.field_ref {
+                    field_ref(pod, &f.field_path, ips)?
+                } else if let Some(r) = &from.resource_field_ref {
+                    let container = r.container_name.as_deref().filter(|n| !n.is_empty()).unwrap_or(&c.name);
+                    crate::projection::resource_value(pod, container, r, node)?
+                } else if objects.is_none() {
+                    continue;
+                } else if let Some(k) = &from.config_map_key_ref {
+                    let Some(objects) = objects else { continue };
+                    let optional = k.optional.unwrap_or(false);
+                    let Some(o) = lookup(objects, ObjectKind::ConfigMap, &k.name, optional)? else { continue };
+                    match o.env_value(&k.key) {
+                        Some(v) => v,
+                        None if optional => continue,
+                        None => return Err(format!("couldn't find key {} in ConfigMap {namespace}/{}", k.key, k.name)),
+                    }
+                } else if let Some(k) = &from.secret_key_ref {
+                    let Some(objects) = objects else { continue };
+                    let optional = k.optional.unwrap_or(false);
+                    let Some(o) = lookup(objects, ObjectKind::Secret, &k.name, optional)? else { continue };
+                    match o.env_value(&k.key) {
+                        Some(v) => v,
+                        None if optional => continue,
+                        None => return Err(format!("couldn't find key {} in Secret {namespace}/{}", k.key, k.name)),
+                    }
+                } else {
+                    return Err(format!("env {}: valueFrom names no source", e.name));
+                }
+            }
+            (Some(v), None) => expand(v, &vars),
+            (None, None) => String::new(),
+        };
+        set(&mut env, &mut vars, e.name.clone(), value);
+    }
+    Ok(Env { vars: env, skipped })
+}
+
+/// Sets `k` to `v`: it replaces an earlier value and is what later `$(k)` references read.
+fn set(env: &mut Vec<(String, String)>, vars: &mut BTreeMap<String, String>, k: String, v: String) {
+    vars.insert(k.clone(), v.clone());
+    env.retain(|(name, _)| *name != k);
+    env.push((k, v));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::testing::MemObjects;
+    use crate::objects::{NoObjects, fetch_into};
+    use serde_json::json;
+
+    fn pod(container: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [container]}
+        }))
+        .unwrap()
+    }
+
+    async fn env_of(port: &dyn crate::objects::PodObjects, p: &Pod) -> Result<Vec<(String, String)>, String> {
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let mut map = ObjectMap::new();
+        fetch_into(port, "ns", references(c), &mut map).await;
+        let node = Resources { cpu_millis: 2000, memory: 1 << 30, pids: 100, ephemeral_storage: 1 << 34 };
+        container_env(p, c, PodIps::default(), &node, Some(&map)).map(|e| e.vars)
+    }
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[tokio::test]
+    async fn env_from_then_env_with_references_and_overrides() {
+        let objects = MemObjects::default();
+        objects.put(ObjectKind::ConfigMap, "ns", "cfg", &[("LEVEL", "debug"), ("MODE", "fast"), ("bad=key", "x")]);
+        objects.put(ObjectKind::Secret, "ns", "db", &[("password", "hunter2")]);
+        let p = pod(json!({"name": "app", "image": "busybox",
+        "resources": {"limits": {"memory": "128Mi"}},
+        "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "APP_"}],
+        "env": [
+            {"name": "APP_MODE", "value": "slow"},
+            {"name": "PASS", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+            {"name": "MSG", "value": "$(APP_LEVEL)-$(PASS)"},
+            {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "none", "key": "k", "optional": true}}}
+        ]}));
+        let env = env_of(&objects, &p).await.unwrap();
+        assert_eq!(
+            env,
+            pairs(&[
+                ("HOSTNAME", "web"),
+                ("APP_LEVEL", "debug"),
+                ("APP_MODE", "slow"),
+                ("PASS", "hunter2"),
+                ("MSG", "debug-hunter2"),
+                ("MEM", "128"),
+                ("NS", "ns"),
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn missing_objects_and_keys_are_the_kubelets_errors() {
+        let objects = MemObjects::default();
+        objects.put(ObjectKind::ConfigMap, "ns", "cfg", &[("a", "1")]);
+        let env = |from: serde_json::Value| pod(json!({"name": "app", "env": [{"name": "X", "valueFrom": from}]}));
+        let missing = env(json!({"configMapKeyRef": {"name": "gone", "key": "a"}}));
+        assert_eq!(env_of(&objects, &missing).await.unwrap_err(), "configmap \"gone\" not found");
+        let key = env(json!({"configMapKeyRef": {"name": "cfg", "key": "b"}}));
+        assert_eq!(env_of(&objects, &key).await.unwrap_err(), "couldn't find key b in ConfigMap ns/cfg");
+        let optional_key = env(json!({"configMapKeyRef": {"name": "cfg", "key": "b", "optional": true}}));
+        assert_eq!(env_of(&objects, &optional_key).await.unwrap(), pairs(&[("HOSTNAME", "web")]));
+        let secret = env(json!({"secretKeyRef": {"name": "s", "key": "a"}}));
+        assert_eq!(env_of(&objects, &secret).await.unwrap_err(), "secret \"s\" not found");
+        let from = pod(json!({"name": "app", "envFrom": [{"secretRef": {"name": "s"}}]}));
+        assert_eq!(env_of(&objects, &from).await.unwrap_err(), "secret \"s\" not found");
+        assert_eq!(env_of(&NoObjects, &key).await.unwrap_err(), "couldn't get configMap ns/cfg, no kubeClient defined");
+    }
+}
