@@ -48,30 +48,14 @@ fn field_path(pod: &Pod, name: &str) -> String {
     if init { format!("spec.initContainers{{{name}}}") } else { format!("spec.containers{{{name}}}") }
 }
 
-impl EventSink for PodEvents {
-    fn pod_event(&self, pod: &Pod, e: PodEvent) {
-        let name = nodewarden_resources::pod::full_name(pod);
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let container = e.container.as_deref().unwrap_or_default();
-        match e.event_type {
-            EventType::Warning => {
-                tracing::info!(pod = %name, pod_uid = %uid, container, reason = %e.reason, "{}", e.message);
-            }
-            EventType::Normal => {
-                tracing::debug!(pod = %name, pod_uid = %uid, container, reason = %e.reason, "{}", e.message);
-            }
-        }
+impl PodEvents {
+    /// In a cluster, posts `e` about `about` (the node itself when `None`).
+    fn post(&self, e: PodEvent, about: Option<PodRef>) {
         if !self.joining.load(Ordering::SeqCst) {
             return;
         }
-        let about = PodRef {
-            namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned()),
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            uid: uid.to_owned(),
-            field_path: e.container.as_deref().map(|c| field_path(pod, c)),
-        };
         // Stamped now, as client-go stamps an event when it is recorded, however long it waits to be posted.
-        let event = NodeEvent::now(e.event_type.as_str(), &e.reason, e.message, Some(about));
+        let event = NodeEvent::now(e.event_type.as_str(), &e.reason, e.message, about);
         // The recorder is set only once the events kept have gone to it: from then on, no lock.
         if let Some(recorder) = self.cluster.get() {
             return recorder.send(event);
@@ -85,6 +69,37 @@ impl EventSink for PodEvents {
                 tracing::debug!(reason = %event.reason, "pod event dropped: too many kept before the cluster joined")
             }
         }
+    }
+}
+
+impl EventSink for PodEvents {
+    fn pod_event(&self, pod: &Pod, e: PodEvent) {
+        let name = nodewarden_resources::pod::full_name(pod);
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let container = e.container.as_deref().unwrap_or_default();
+        match e.event_type {
+            EventType::Warning => {
+                tracing::info!(pod = %name, pod_uid = %uid, container, reason = %e.reason, "{}", e.message);
+            }
+            EventType::Normal => {
+                tracing::debug!(pod = %name, pod_uid = %uid, container, reason = %e.reason, "{}", e.message);
+            }
+        }
+        let about = PodRef {
+            namespace: pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_owned()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.to_owned(),
+            field_path: e.container.as_deref().map(|c| field_path(pod, c)),
+        };
+        self.post(e, Some(about));
+    }
+
+    fn node_event(&self, e: PodEvent) {
+        match e.event_type {
+            EventType::Warning => tracing::info!(reason = %e.reason, "{}", e.message),
+            EventType::Normal => tracing::debug!(reason = %e.reason, "{}", e.message),
+        }
+        self.post(e, None);
     }
 }
 

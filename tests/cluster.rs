@@ -581,3 +581,54 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     wait_until(20, "the token's volume gone with its pod", || !volume.exists());
     assert_eq!(d.stop(), Some(0));
 }
+
+#[test]
+fn an_evicted_api_pod_shows_evicted_in_kubectl_with_its_events() {
+    // A threshold 300 MiB below what is available now: the hog's 500 MiB crosses it.
+    let threshold = (meminfo("MemAvailable") >> 20).saturating_sub(300);
+    let extra = format!("evictionHard:\n  memory.available: {threshold}Mi\n");
+    let Some(Joined { api, admin, kubectl: k, mut d, dir, _rt }) = join("evictapi", &extra) else { return };
+    d.wait_ready();
+    let hog = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \
+         restartPolicy: Never\n  containers:\n  - name: app\n    image: busybox\n    command: [stress-ng, --vm, '1', \
+         --vm-bytes, 500M, --vm-keep, --timeout, 600s, --quiet]\n"
+    );
+    let file = dir.path().join("hog.yaml");
+    std::fs::write(&file, hog).unwrap();
+    kubectl(&k, &admin, &["apply", "-f", file.to_str().unwrap()]);
+    let pod = || api.get("pods", Some("default"), "hog");
+    let took = wait_until(120, "the hog evicted in the apiserver", || {
+        pod().is_some_and(|p| p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Evicted")
+    });
+    let p = pod().unwrap();
+    eprintln!("an apiserver pod over the threshold: Failed, Evicted in the apiserver after {took:?}");
+    let message = p["status"]["message"].as_str().unwrap().to_owned();
+    assert!(message.starts_with("The node was low on resource: memory."), "{p:#}");
+    let disruption = condition(&p, "DisruptionTarget");
+    assert_eq!((&disruption["status"], &disruption["reason"]), (&json!("True"), &json!("TerminationByKubelet")));
+    // kubectl's STATUS column shows the container's end (`Error`: stress-ng ended by SIGTERM), as for a pod a
+    // kubelet evicted; the pod's own phase and reason say Evicted.
+    let said = kubectl(&k, &admin, &["get", "pod", "hog", "-o", "jsonpath={.status.phase}/{.status.reason}"]);
+    assert_eq!(said.trim(), "Failed/Evicted");
+    // The events, as kubectl lists them: the pod's Evicted with the message, the node's EvictionThresholdMet.
+    let events = || -> Vec<Value> {
+        let out = kubectl(&k, &admin, &["get", "events", "-o", "json"]);
+        serde_json::from_str::<Value>(&out).unwrap()["items"].as_array().cloned().unwrap_or_default()
+    };
+    wait_until(30, "the eviction's events posted", || {
+        let e = events();
+        e.iter().any(|e| e["reason"] == "Evicted" && e["involvedObject"]["name"] == "hog")
+            && e.iter().any(|e| e["reason"] == "EvictionThresholdMet" && e["involvedObject"]["kind"] == "Node")
+    });
+    let e = events();
+    let evicted = e.iter().find(|e| e["reason"] == "Evicted").unwrap();
+    assert_eq!((&evicted["type"], &evicted["message"]), (&json!("Warning"), &json!(message)), "{evicted:#}");
+    let met = e.iter().find(|e| e["reason"] == "EvictionThresholdMet").unwrap();
+    assert_eq!(met["message"], "Attempting to reclaim memory", "{met:#}");
+    // Evicted stays: the pod is not deleted, as a kubelet leaves it for its controller.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(pod().is_some_and(|p| p["status"]["reason"] == "Evicted"));
+    kubectl(&k, &admin, &["delete", "pod", "hog", "--wait=false"]);
+    assert_eq!(d.stop(), Some(0));
+}

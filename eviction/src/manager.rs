@@ -170,7 +170,8 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-fn resource_name(signal: Signal) -> &'static str {
+/// The resource a signal is about, as the kubelet names it in its messages.
+pub(crate) fn resource_name(signal: Signal) -> &'static str {
     match signal {
         Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => "memory",
         Signal::NodeFsAvailable | Signal::ImageFsAvailable => "ephemeral-storage",

@@ -43,6 +43,9 @@ pub struct PodEvent {
 pub trait EventSink: Send + Sync + 'static {
     /// Records `event` about `pod`. Called on the pod's worker: it must not block.
     fn pod_event(&self, pod: &Pod, event: PodEvent);
+
+    /// Records `event` about the node itself (its `container` is `None`). Must not block.
+    fn node_event(&self, event: PodEvent);
 }
 
 /// What a pod worker's transition saw happen, by container index where it is about one.

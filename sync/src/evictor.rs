@@ -73,6 +73,15 @@ impl<R: Runtime> Evictor for PodManager<R> {
     fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError> {
         PodManager::evict(self, uid, grace, message).map_err(evict_error)
     }
+
+    fn threshold_met(&self, resource: &'static str) {
+        self.record_node_event(crate::PodEvent {
+            event_type: crate::EventType::Warning,
+            reason: "EvictionThresholdMet".into(),
+            message: format!("Attempting to reclaim {resource}"),
+            container: None,
+        });
+    }
 }
 
 /// Why the manager could not hand an eviction over, as the eviction manager names it.

@@ -21,7 +21,7 @@ use crate::metrics::SyncMetrics;
 use crate::source::SourceSnapshot;
 use crate::store::StatusStore;
 use crate::worker::{Reason, Shared, Signalled, Stoppable, SyncSettings, TerminateRequest, Worker, kill_and_release};
-use crate::{state, volumes};
+use crate::{EventType, PodEvent, state, volumes};
 use nodewarden_runtime::{ImageSummary, Runtime, RuntimeHealth};
 
 /// The manager loop's period, which `/readyz` checks.
@@ -427,6 +427,7 @@ impl<R: Runtime> PodManager<R> {
     /// container exit the signal caused, makes the pod end `Evicted`.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
         let started = Instant::now();
+        let said = message.clone();
         let reason = Reason::Evicted(message);
         let (terminations, stoppable) = {
             let mut workers = self.workers();
@@ -468,7 +469,18 @@ impl<R: Runtime> PodManager<R> {
             took_us = started.elapsed().as_micros(),
             "eviction handed to the worker"
         );
+        // The kubelet's event about the pod, once its signals are out.
+        if let Some(pod) = self.ctx.store.get(uid) {
+            let event =
+                PodEvent { event_type: EventType::Warning, reason: "Evicted".into(), message: said, container: None };
+            self.ctx.events.pod_event(&pod, event);
+        }
         Ok(eviction)
+    }
+
+    /// Records an event about the node.
+    pub(crate) fn record_node_event(&self, event: PodEvent) {
+        self.ctx.events.node_event(event);
     }
 
     /// Terminates a pod because the node shuts down, within `grace` (the pod's own if shorter): it ends `Failed`

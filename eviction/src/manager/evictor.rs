@@ -21,6 +21,11 @@ pub trait Evictor: Send + Sync + 'static {
     /// Hands the eviction over and returns at once, without blocking: the loop calls it as soon as it has chosen
     /// the victim.
     fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError>;
+
+    /// A threshold is met and a pod is being evicted to reclaim `resource` (`memory`, `ephemeral-storage`,
+    /// `inodes`, `pids`): the kubelet's `EvictionThresholdMet` node event. Called after the eviction is handed
+    /// over, so it costs the victim's SIGTERM nothing; must not block.
+    fn threshold_met(&self, resource: &'static str);
 }
 
 /// Why an eviction could not be handed over; its text is the one the eviction's log line and record show.

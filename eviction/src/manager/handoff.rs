@@ -175,6 +175,7 @@ impl Handoffs {
     ) -> Victim {
         self.warned_no_candidates = false;
         let requested = evictor.evict(&victim.uid, grace, message.clone());
+        evictor.threshold_met(super::resource_name(signal));
         let reclaims = victim.reclaims(signal);
         let until = Instant::now() + grace + IN_FLIGHT_SLACK;
         self.in_flight.insert(victim.uid.clone(), InFlight { condition: signal.condition(), reclaims, until });
@@ -369,6 +370,8 @@ mod tests {
         fn reclaim_disk(&self) -> u64 {
             0
         }
+
+        fn threshold_met(&self, _: &'static str) {}
 
         fn evict(&self, uid: &str, _: Duration, _: String) -> Result<Eviction, EvictError> {
             if self.refuse.contains(&uid) {

@@ -33,6 +33,8 @@ struct FakeEvictor {
     reclaimable: StdMutex<u64>,
     /// The SIGTERM and termination confirmations of hanging pods, held unsent.
     unsent: StdMutex<Vec<(oneshot::Sender<Instant>, oneshot::Sender<()>)>>,
+    /// The resources of the `EvictionThresholdMet` events.
+    thresholds_met: StdMutex<Vec<&'static str>>,
 }
 
 impl Evictor for FakeEvictor {
@@ -42,6 +44,10 @@ impl Evictor for FakeEvictor {
 
     fn reclaim_disk(&self) -> u64 {
         std::mem::take(&mut *self.reclaimable.lock().unwrap())
+    }
+
+    fn threshold_met(&self, resource: &'static str) {
+        self.thresholds_met.lock().unwrap().push(resource);
     }
 
     fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError> {
@@ -290,6 +296,7 @@ async fn memory_pressure_evicts_the_besteffort_hog_not_the_guaranteed_pod() {
     settle().await;
     assert_eq!(busy, Duration::from_millis(10), "a crossed threshold polls at the shortest period");
     assert_eq!(r.evictor.victims(), ["hog"]);
+    assert_eq!(*r.evictor.thresholds_met.lock().unwrap(), ["memory"], "the node event of the eviction");
     let (_, grace, message) = r.evictor.evicted.lock().unwrap()[0].clone();
     assert_eq!(grace, HARD_EVICTION_GRACE);
     assert!(
@@ -496,6 +503,7 @@ async fn disk_pressure_ranks_by_ephemeral_storage() {
     settle().await;
     assert_eq!(r.evictor.victims(), ["writer", "quiet"]);
     assert!(r.evictor.evicted.lock().unwrap()[0].2.contains("low on resource: ephemeral-storage"));
+    assert_eq!(r.evictor.thresholds_met.lock().unwrap().first(), Some(&"ephemeral-storage"));
 }
 
 /// nodefs 20 MiB short of its threshold, with a writer (whose 50 MiB, once it is evicted, covers the deficit)

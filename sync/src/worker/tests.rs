@@ -211,6 +211,11 @@ impl crate::EventSink for Events {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         self.0.lock().unwrap().push((uid, e.reason, e.message));
     }
+
+    /// Recorded with the node's name as the UID.
+    fn node_event(&self, e: crate::PodEvent) {
+        self.0.lock().unwrap().push(("node".into(), e.reason, e.message));
+    }
 }
 
 impl Events {
