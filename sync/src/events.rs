@@ -63,6 +63,8 @@ pub(crate) enum Happened {
     Unhealthy { index: usize, kind: ProbeKind, output: String },
     /// A container is stopped: after a failed liveness or startup probe (`probe`), or with its pod.
     Killing { index: usize, probe: Option<ProbeKind> },
+    /// A container is stopped because its definition changed (a new image); it is started again with it.
+    Redefined(usize),
     /// Admission refused the pod, with its reason (`OutOfmemory`, ...) and message.
     Refused { reason: String, message: String },
     /// The pod's volumes could not be made.
@@ -100,6 +102,12 @@ impl Happened {
             Happened::Killing { index, probe: None } => {
                 (Normal, "Killing", format!("Stopping container {}", name(index)), Some(name(index)))
             }
+            Happened::Redefined(i) => (
+                Normal,
+                "Killing",
+                format!("Container {} definition changed, will be restarted", name(i)),
+                Some(name(i)),
+            ),
             Happened::Refused { reason, message } => (Warning, reason.as_str(), message.clone(), None),
             Happened::FailedMount(why) => (Warning, crate::volumes::VolumeError::REASON, why.clone(), None),
             Happened::FailedSandbox(why) => {

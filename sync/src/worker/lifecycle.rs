@@ -258,6 +258,8 @@ pub(crate) struct ContainerSlot {
     pub last_exit: Option<LastExit>,
     /// What it is doing.
     pub state: ContainerState,
+    /// Stopped because its definition changed: started again at once when it exits, whatever the restart policy.
+    pub redefined: bool,
 }
 
 impl ContainerSlot {
@@ -270,6 +272,7 @@ impl ContainerSlot {
             backoff: Backoff::default(),
             last_exit: None,
             state: ContainerState::Pending,
+            redefined: false,
         }
     }
 
@@ -395,8 +398,9 @@ pub(crate) enum Input {
     NameFree,
     /// What an earlier daemon left of the pod: it carries on from there (nothing it ran is started again).
     Restore(Box<Found>),
-    /// The source has a newer spec, with this grace period.
-    SpecUpdate { grace: Duration },
+    /// The source has a newer spec, with this grace period; the containers (by index) whose definition changed
+    /// otherwise than in their resources (a new image): restarted with it, whatever the restart policy.
+    SpecUpdate { grace: Duration, redefined: Vec<usize> },
     /// Terminate the pod, with this grace period (cut to [`MAX_GRACE`]; a later one only ever shortens it).
     Terminate { grace: Duration, reason: Reason },
     /// The pod's source no longer lists it (it came with or after its deletion).

@@ -322,9 +322,10 @@ impl<R: Runtime> Worker<R> {
                         continue;
                     }
                     self.pre_stop_hooked = terminate::has_pre_stop(&pod);
+                    let redefined = self.redefined(&pod);
                     self.pod = pod;
                     self.report.published = None;
-                    Input::SpecUpdate { grace: grace_period(&self.pod) }
+                    Input::SpecUpdate { grace: grace_period(&self.pod), redefined }
                 }
                 Some(done) = self.tasks.in_flight.join_next() => match done {
                     Ok(done) => self.completed(done),
@@ -360,6 +361,19 @@ impl<R: Runtime> Worker<R> {
         }
         // Its tokens are of no use to anyone else.
         self.shared.objects.forget_pod(&self.uid);
+    }
+
+    /// The containers (by index) whose image in `new` differs from the running spec's: what the kubelet's
+    /// container hash sees change in a pod the apiserver lets change (every other field of a container but its
+    /// resources is immutable there; a static pod whose manifest changes is a new pod).
+    fn redefined(&self, new: &Pod) -> Vec<usize> {
+        let image = |pod: &Pod, name: &str| {
+            let spec = pod.spec.as_ref()?;
+            let c = spec.init_containers.iter().flatten().chain(&spec.containers).find(|c| c.name == name)?;
+            c.image.clone()
+        };
+        let names = self.lifecycle.containers.iter().map(|c| c.name.as_str());
+        names.enumerate().filter(|(_, n)| image(&self.pod, n) != image(new, n)).map(|(i, _)| i).collect()
     }
 
     /// Keeps the next refresh of the volumes made from objects due while the pod runs with them.

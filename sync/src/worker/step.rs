@@ -39,10 +39,13 @@ impl Lifecycle {
                 }
                 return;
             }
-            Input::SpecUpdate { grace } => {
+            Input::SpecUpdate { grace, redefined } => {
                 self.grace = grace.min(MAX_GRACE);
                 if matches!(self.state, PodState::Preparing { .. } | PodState::Initializing | PodState::Running) {
                     out.push(Action::UpdateResources);
+                    for i in redefined {
+                        self.redefine(i, now, out);
+                    }
                 }
                 return;
             }
@@ -322,13 +325,16 @@ impl Lifecycle {
         let policy = self.policy;
         let c = &mut self.containers[i];
         let since = c.running().map_or(now, |r| r.since);
-        let restart = match c.role {
-            Role::Sidecar => true,
-            Role::Init => info.exit_code != 0 && policy != crate::status::RestartPolicy::Never,
-            Role::App => policy.restarts(info.exit_code),
-        };
+        let redefined = std::mem::take(&mut c.redefined);
+        let restart = redefined
+            || match c.role {
+                Role::Sidecar => true,
+                Role::Init => info.exit_code != 0 && policy != crate::status::RestartPolicy::Never,
+                Role::App => policy.restarts(info.exit_code),
+            };
         c.state = if restart && !over {
-            let until = c.backoff.restart_at(since, now);
+            // A new definition starts at once: the back-off was the old one's.
+            let until = if redefined { now } else { c.backoff.restart_at(since, now) };
             if until > now {
                 out.push(Action::Record(Happened::BackOff(i)));
             }
@@ -338,6 +344,25 @@ impl Lifecycle {
         };
         c.last_exit = Some(LastExit { info, container_id: Some(id.clone()) });
         out.extend([Action::RemoveContainer { id }, Action::Save]);
+    }
+
+    /// Container `i`'s definition changed (a new image), as the kubelet's container hash sees it: a running one
+    /// is stopped and started again at once with the new spec; one waiting to start or restart starts now (its
+    /// back-off was its old definition's). One that exited for good stays so.
+    fn redefine(&mut self, i: usize, now: Instant, out: &mut Vec<Action>) {
+        let grace = self.grace;
+        let Some(c) = self.containers.get_mut(i) else { return };
+        match &mut c.state {
+            ContainerState::Running(run) if run.readiness != Readiness::Stopping => {
+                run.readiness = Readiness::Stopping;
+                c.redefined = true;
+                out.push(Action::Record(Happened::Redefined(i)));
+                out.push(Action::StopContainer { id: run.id.clone(), grace, why: "its definition changed".into() });
+            }
+            ContainerState::BackOff { until } => *until = now,
+            ContainerState::StartFailed { retry_at, .. } => *retry_at = now,
+            _ => {}
+        }
     }
 
     fn probed(&mut self, i: usize, kind: ProbeKind, ok: bool, output: String, out: &mut Vec<Action>) {

@@ -1314,3 +1314,27 @@ async fn a_deleted_apiserver_pod_whose_containers_ended_is_over() {
     let last = feed.unreported().into_iter().find(|u| u.uid == "u42").unwrap();
     assert_eq!(last.pod.status.as_ref().unwrap().phase.as_deref(), Some("Failed"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_image_restarts_the_container_with_it_whatever_the_restart_policy() {
+    let h = harness();
+    h.set(vec![pod("u70", json!({"restartPolicy": "Never", "containers": [app("app")]}))]).await;
+    h.until("u70", "runs", |v| phase(v) == "Running").await;
+    let mut newer = app("app");
+    newer["image"] = json!("busybox:1.37");
+    h.set(vec![pod("u70", json!({"restartPolicy": "Never", "containers": [newer]}))]).await;
+    let v = h.until("u70", "runs the new image", |v| container(v, "app")["restartCount"] == 1).await;
+    assert_eq!(phase(&v), "Running");
+    let images: Vec<String> =
+        h.fake.started.lock().unwrap().iter().filter(|(_, s)| s.name == "app").map(|(_, s)| s.image.clone()).collect();
+    assert_eq!(images, ["busybox", "busybox:1.37"]);
+    let killing = h.events.0.lock().unwrap().iter().find(|(u, r, _)| u == "u70" && r == "Killing").cloned();
+    assert_eq!(killing.unwrap().2, "Container app definition changed, will be restarted");
+    // A spec update that changes no image restarts nothing.
+    let mut same = app("app");
+    same["image"] = json!("busybox:1.37");
+    h.set(vec![pod("u70", json!({"restartPolicy": "Never", "activeDeadlineSeconds": 600, "containers": [same]}))])
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(h.fake.starts("app").len(), 2);
+}

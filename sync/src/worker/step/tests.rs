@@ -172,14 +172,14 @@ fn transitions() {
         (
             "a spec update while terminating is ignored",
             pod(stopping(Reason::Deleted), vec![app(running("c1", now))]),
-            Input::SpecUpdate { grace: Duration::from_secs(1) },
+            Input::SpecUpdate { grace: Duration::from_secs(1), redefined: vec![0] },
             stopping(Reason::Deleted),
             vec![],
         ),
         (
             "a spec update of a running pod updates its resources",
             pod(PodState::Running, vec![app(running("c1", now))]),
-            Input::SpecUpdate { grace: GRACE },
+            Input::SpecUpdate { grace: GRACE, redefined: vec![] },
             PodState::Running,
             vec![Action::UpdateResources],
         ),
@@ -477,7 +477,7 @@ fn a_finalizing_pod_only_waits_to_be_dropped() {
     let inputs = [
         terminate(0, Reason::Deleted),
         terminate(0, Reason::Shutdown),
-        Input::SpecUpdate { grace: Duration::from_secs(1) },
+        Input::SpecUpdate { grace: Duration::from_secs(1), redefined: vec![0] },
         Input::Timer,
         Input::CleanedUp,
         Input::NameFree,
@@ -526,4 +526,52 @@ fn a_deletions_deadline_is_saved_as_a_time() {
     assert_eq!(saved.deletion_deadline, Some(Timestamp::from_second(1_000_090).unwrap()));
     let evicting = terminating(evicted(), now + Duration::from_secs(90), Stage::Stopping);
     assert_eq!(super::super::adopt::saved(&pod(evicting, vec![]), (now, wall)).deletion_deadline, None);
+}
+
+/// A container whose definition changed (a new image) is stopped and started again at once with it, even under
+/// `restartPolicy: Never`; one waiting out its back-off starts now; one that exited for good stays so.
+#[test]
+fn a_redefined_container_is_restarted_with_its_new_spec() {
+    let now = Instant::now();
+    let later = now + Duration::from_secs(1);
+    let p = never(pod(
+        PodState::Running,
+        vec![
+            slot("app", Role::App, running("c1", now)),
+            slot("waits", Role::App, ContainerState::BackOff { until: now + Duration::from_secs(40) }),
+            slot("done", Role::App, ContainerState::Exited),
+        ],
+    ));
+    let (p, actions) = step(p, Input::SpecUpdate { grace: GRACE, redefined: vec![0, 1, 2] }, now);
+    assert_eq!(
+        actions[..3],
+        [
+            Action::UpdateResources,
+            Action::Record(Happened::Redefined(0)),
+            Action::StopContainer { id: "c1".into(), grace: GRACE, why: "its definition changed".into() },
+        ],
+        "{actions:?}"
+    );
+    assert_eq!(p.containers[1].state, ContainerState::BackOff { until: now }, "its old back-off no longer counts");
+    assert_eq!(p.containers[2].state, ContainerState::Exited);
+    // A second update while it stops stops nothing more.
+    let (p, actions) = step(p, Input::SpecUpdate { grace: GRACE, redefined: vec![0] }, now);
+    assert_eq!(actions, [Action::UpdateResources]);
+    // It exits (SIGTERM): under Never it starts again at once, without a back-off, as its next run.
+    let (p, actions) = step(p, Input::ContainerExited { id: "c1".into(), info: exit(143) }, later);
+    assert!(actions.contains(&Action::StartContainer { index: 0, attempt: 1 }), "{actions:?}");
+    assert!(!actions.iter().any(|a| matches!(a, Action::Record(Happened::BackOff(_)))), "{actions:?}");
+    assert_eq!(p.containers[0].state, ContainerState::Starting);
+    assert!(!p.containers[0].redefined);
+    // Exited again by itself: Never holds once more.
+    let started = StartedContainer {
+        id: "c2".into(),
+        pid: 2,
+        pid_start: None,
+        started_at: Timestamp::UNIX_EPOCH,
+        probes: Vec::new(),
+    };
+    let (p, _) = step(p, Input::ContainerStarted { index: 0, attempt: 1, result: Ok(started) }, later);
+    let (p, _) = step(p, Input::ContainerExited { id: "c2".into(), info: exit(0) }, later);
+    assert_eq!(p.containers[0].state, ContainerState::Exited);
 }
