@@ -85,12 +85,31 @@ impl ApiObjects {
         name: &str,
     ) -> Result<Option<Arc<ObjectData>>, ObjectError> {
         let key = (kind, namespace.to_owned(), name.to_owned());
-        if let Some((at, o)) = self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key)
+        let cached = self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
+        if let Some((at, o)) = &cached
             && at.elapsed() < self.ttl
         {
             return Ok(o.clone());
         }
-        let data = match kind {
+        match self.fetch(kind, namespace, name).await {
+            Ok(data) => {
+                let data = data.map(Arc::new);
+                self.cache.lock().unwrap_or_else(PoisonError::into_inner).insert(key, (Instant::now(), data.clone()));
+                Ok(data)
+            }
+            // The apiserver out of reach: the last copy read serves, as the kubelet's object managers serve theirs.
+            Err(e) => match cached {
+                Some((_, o)) if !matches!(e, ObjectError::NoClient { .. }) => {
+                    tracing::debug!(kind = kind.as_str(), %namespace, %name, error = %e, "serving the object's last copy");
+                    Ok(o)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    async fn fetch(&self, kind: ObjectKind, namespace: &str, name: &str) -> Result<Option<ObjectData>, ObjectError> {
+        Ok(match kind {
             ObjectKind::ConfigMap => {
                 let reader = self.reader("configMap", namespace, name)?;
                 reader.config_map(namespace, name).await.map_err(api_error)?.map(|cm| {
@@ -111,31 +130,43 @@ impl ApiObjects {
                     binary: BTreeSet::new(),
                 })
             }
-        };
-        let data = data.map(Arc::new);
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner).insert(key, (Instant::now(), data.clone()));
-        Ok(data)
+        })
     }
 
     async fn issue(&self, ask: &TokenAsk) -> Result<Token, ObjectError> {
         let now = jiff::Timestamp::now();
-        if let Some(kept) = self.tokens.lock().unwrap_or_else(PoisonError::into_inner).get(ask)
-            && !kept.stale(ask, now)
-        {
-            return Ok(kept.token.clone());
-        }
+        let kept = self
+            .tokens
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(ask)
+            .map(|k| (k.token.clone(), k.stale(ask, now)));
+        let kept = match kept {
+            Some((token, false)) => return Ok(token),
+            Some((token, true)) => Some(token),
+            None => None,
+        };
         let reader = self.reader("serviceAccountToken", &ask.namespace, &ask.service_account)?;
-        let issued = reader
-            .token(
-                &ask.namespace,
-                &ask.service_account,
-                ask.audience.as_deref(),
-                ask.expiration_seconds,
-                &ask.pod_name,
-                &ask.pod_uid,
-            )
-            .await
-            .map_err(api_error)?;
+        let asked = reader.token(
+            &ask.namespace,
+            &ask.service_account,
+            ask.audience.as_deref(),
+            ask.expiration_seconds,
+            &ask.pod_name,
+            &ask.pod_uid,
+        );
+        let issued = match asked.await {
+            Ok(issued) => issued,
+            // A token due for renewal that has not expired serves until it does, as the kubelet's token manager
+            // keeps it while the apiserver is away.
+            Err(e) => match kept {
+                Some(t) if t.expires > now => {
+                    tracing::warn!(pod = %format!("{}/{}", ask.namespace, ask.pod_name), error = %e, expires = %t.expires, "cannot renew a service account token; the current one serves until it expires");
+                    return Ok(t);
+                }
+                _ => return Err(api_error(e)),
+            },
+        };
         let token = Token { token: issued.token, expires: issued.expires };
         tracing::info!(
             pod = %format!("{}/{}", ask.namespace, ask.pod_name), service_account = %ask.service_account,
@@ -207,6 +238,46 @@ mod tests {
         assert!(extended.stale(&ask(3607), at(2886)));
         let long = kept(t0, 7 * 24 * 3600);
         assert!(long.stale(&ask(7 * 24 * 3600), at(24 * 3600)));
+    }
+
+    #[tokio::test]
+    async fn objects_are_read_once_per_ttl_and_the_last_copies_serve_while_the_apiserver_is_away() {
+        use nodewarden_cluster::Clients;
+        let api = nodewarden_testapi::TestApi::start(0).await.unwrap();
+        api.add_token("admin", None);
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = api.write_kubeconfig(dir.path(), "admin").unwrap();
+        let clients = Clients::from_kubeconfig(&kubeconfig, 50.0, 100, Duration::from_secs(5)).await.unwrap();
+        let cm = serde_json::json!({"metadata": {"name": "cfg"}, "data": {"a": "1"}, "binaryData": {"b": "AAE="}});
+        api.create("configmaps", Some("default"), cm).unwrap();
+        let pod = serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}});
+        let created = api.create("pods", Some("default"), pod).unwrap();
+        let objects = ApiObjects::new(Duration::from_millis(300));
+        objects.expect_cluster();
+        objects.join(ObjectReader::new(clients));
+        let gets =
+            || api.requests().iter().filter(|r| r.method == "GET" && r.path.ends_with("/configmaps/cfg")).count();
+        let read = objects.object(ObjectKind::ConfigMap, "default", "cfg").await.unwrap().unwrap();
+        assert_eq!((read.env_value("a"), read.env_value("b")), (Some("1".into()), None), "binaryData is no env value");
+        assert_eq!(read.data["b"], [0, 1]);
+        objects.object(ObjectKind::ConfigMap, "default", "cfg").await.unwrap();
+        assert_eq!(gets(), 1, "read once within the ttl");
+        assert_eq!(objects.object(ObjectKind::Secret, "default", "none").await.unwrap(), None);
+        let ask = TokenAsk { pod_uid: created["metadata"]["uid"].as_str().unwrap().into(), ..ask(3600) };
+        let ask = TokenAsk { namespace: "default".into(), ..ask };
+        let token = objects.token(&ask).await.unwrap();
+        assert_eq!(objects.token(&ask).await.unwrap(), token, "a fresh token is kept");
+        // The apiserver away past the ttl: the last copy serves; a token still valid serves.
+        api.set_up(false);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let again = objects.object(ObjectKind::ConfigMap, "default", "cfg").await.unwrap().unwrap();
+        assert_eq!(again, read);
+        assert!(objects.object(ObjectKind::ConfigMap, "default", "other").await.is_err(), "never read: an error");
+        objects.tokens.lock().unwrap().get_mut(&ask).unwrap().issued =
+            jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3000);
+        assert_eq!(objects.token(&ask).await.unwrap(), token, "due for renewal, not expired: it serves");
+        objects.forget_pod(&ask.pod_uid);
+        assert!(objects.token(&ask).await.is_err());
     }
 
     #[tokio::test]

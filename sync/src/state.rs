@@ -228,7 +228,21 @@ fn at(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
 pub fn mark(root: &Path, uid: &str) -> Result<(), WriteError> {
     let dir = pod_dir(root, uid);
     std::fs::create_dir_all(&dir).map_err(at(&dir))?;
+    close_pods_dir(root).map_err(at(&root.join("pods")))?;
     open_terminal(root, uid).map(drop).map_err(at(&terminal_path(root, uid)))
+}
+
+/// Keeps `<rootDir>/pods` closed to other users (`0750`, as the kubelet makes it): the pods' volumes below it hold
+/// Secrets and service account tokens, which only root (the runtimes, mounting them) may reach from the host.
+/// A directory an earlier version left open is closed.
+fn close_pods_dir(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let pods = root.join("pods");
+    let mode = std::fs::symlink_metadata(&pods)?.permissions().mode() & 0o7777;
+    if mode & 0o007 != 0 {
+        std::fs::set_permissions(&pods, std::fs::Permissions::from_mode(mode & 0o7770))?;
+    }
+    Ok(())
 }
 
 /// Writes the terminal record in its reserved space, or reserves the space when the pod is not over yet. The
@@ -400,6 +414,13 @@ mod tests {
         assert!(!is_ours(dir.path(), "u"));
         mark(dir.path(), "u").unwrap();
         assert!(is_ours(dir.path(), "u"));
+        // The pods' directory is closed to other users: their volumes hold Secrets and tokens.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("pods")) & 0o007, 0);
+        std::fs::set_permissions(dir.path().join("pods"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        mark(dir.path(), "v").unwrap();
+        assert_eq!(mode(&dir.path().join("pods")), 0o750, "an open one left by an earlier version is closed");
         let record = std::fs::metadata(terminal_path(dir.path(), "u")).unwrap();
         assert_eq!(record.len(), TERMINAL_RECORD_BYTES);
         assert_eq!(load(dir.path(), "u"), SavedPod::default());

@@ -137,13 +137,16 @@ fn volume_dir(root: &Path, uid: &str, v: &Volume) -> PathBuf {
 
 /// Makes each volume ready; idempotent, so a restart or a retry finds the ones already made. `memory_limit` sizes
 /// a memory-backed `emptyDir` without a `sizeLimit`, as the kubelet does. `payloads` are the files of the volumes
-/// written from objects, by volume name ([`crate::projection::volume_payload`]), swapped in atomically.
+/// written from objects, by volume name ([`crate::projection::volume_payload`]), swapped in atomically; with
+/// `keep_last` (a pod adopted running), a volume whose objects are out of reach keeps the files it has, else its
+/// mount fails as the kubelet's does.
 pub fn prepare(
     root: &Path,
     uid: &str,
     volumes: &[Volume],
     memory_limit: Option<u64>,
     payloads: &BTreeMap<String, Result<Payload, String>>,
+    keep_last: bool,
 ) -> Result<Vec<PreparedVolume>, VolumeError> {
     let mut out = Vec::new();
     for v in volumes {
@@ -178,9 +181,9 @@ pub fn prepare(
                     Some(Ok(payload)) => {
                         write_projected(&dir, v, payload, memory_limit).map_err(&failed)?;
                     }
-                    // Files made before (by an earlier daemon) stay while their objects are out of reach, as the
-                    // kubelet keeps a volume's last contents when a refresh fails.
-                    Some(Err(e)) if dir.join(crate::atomic_writer::DATA_DIR).exists() => {
+                    // The running containers of an adopted pod keep the files they have while their objects are out
+                    // of reach, as the kubelet keeps a volume's last contents when a refresh fails.
+                    Some(Err(e)) if keep_last && dir.join(crate::atomic_writer::DATA_DIR).exists() => {
                         tracing::warn!(volume = %v.name, error = %e, "cannot refresh the volume's files; keeping the last ones");
                     }
                     Some(Err(e)) => return Err(failed(e.clone())),
@@ -206,27 +209,30 @@ fn write_projected(dir: &Path, v: &Volume, payload: &Payload, memory_limit: Opti
 }
 
 /// Writes the refreshed files of the pod's projected volumes that exist (one removed with its pod is not made
-/// again); returns the names of the volumes that changed.
+/// again), each on its own: one whose objects are out of reach keeps its last files and is among the errors, and
+/// the others (the service account token's among them) are written still. Returns the names of the volumes
+/// that changed, and the errors.
 pub(crate) fn refresh(
     root: &Path,
     uid: &str,
     volumes: &[Volume],
     memory_limit: Option<u64>,
     payloads: &BTreeMap<String, Result<Payload, String>>,
-) -> Result<Vec<String>, VolumeError> {
-    let mut changed = Vec::new();
+) -> (Vec<String>, Vec<VolumeError>) {
+    let (mut changed, mut errors) = (Vec::new(), Vec::new());
     for v in volumes {
         let Some(payload) = payloads.get(&v.name) else { continue };
-        let payload = payload.as_ref().map_err(|e| VolumeError::of(v)(e.clone()))?;
         let dir = volume_dir(root, uid, v);
         if !dir.is_dir() {
             continue;
         }
-        if write_projected(&dir, v, payload, memory_limit).map_err(VolumeError::of(v))? {
-            changed.push(v.name.clone());
+        match payload.as_ref().map_err(Clone::clone).and_then(|p| write_projected(&dir, v, p, memory_limit)) {
+            Ok(true) => changed.push(v.name.clone()),
+            Ok(false) => {}
+            Err(e) => errors.push(VolumeError::of(v)(e)),
         }
     }
-    Ok(changed)
+    (changed, errors)
 }
 
 fn check_host_path(path: &Path, kind: HostPathType) -> Result<(), String> {
@@ -483,25 +489,28 @@ mod tests {
             [("cfg".to_owned(), Ok([("greeting".to_owned(), file)].into()))].into()
         };
         let vols = [cm];
-        let prepared = prepare(dir.path(), "u1", &vols, None, &files("hello")).unwrap();
+        let prepared = prepare(dir.path(), "u1", &vols, None, &files("hello"), false).unwrap();
         assert!(prepared[0].projected);
         let path = &prepared[0].path;
         assert!(path.ends_with("pods/u1/volumes/kubernetes.io~configmap/cfg"));
         assert_eq!(std::fs::read_to_string(path.join("greeting")).unwrap(), "hello");
-        assert_eq!(refresh(dir.path(), "u1", &vols, None, &files("hello")).unwrap(), Vec::<String>::new());
-        assert_eq!(refresh(dir.path(), "u1", &vols, None, &files("bye")).unwrap(), ["cfg"]);
+        assert_eq!(refresh(dir.path(), "u1", &vols, None, &files("hello")), (vec![], vec![]));
+        assert_eq!(refresh(dir.path(), "u1", &vols, None, &files("bye")), (vec!["cfg".to_owned()], vec![]));
         assert_eq!(std::fs::read_to_string(path.join("greeting")).unwrap(), "bye");
-        // The apiserver out of reach (an adoption after a restart): the last files stay; a refresh says why.
+        // The apiserver out of reach: an adopted pod keeps the last files; a fresh start (after a reboot) fails
+        // its mount; a refresh says why.
         let away: BTreeMap<String, Result<Payload, String>> = [("cfg".to_owned(), Err("away".to_owned()))].into();
-        assert_eq!(prepare(dir.path(), "u1", &vols, None, &away).unwrap(), prepared);
+        assert_eq!(prepare(dir.path(), "u1", &vols, None, &away, true).unwrap(), prepared);
+        assert!(prepare(dir.path(), "u1", &vols, None, &away, false).is_err());
         assert_eq!(std::fs::read_to_string(path.join("greeting")).unwrap(), "bye");
-        assert!(refresh(dir.path(), "u1", &vols, None, &away).unwrap_err().to_string().ends_with(": away"));
+        let (changed, errors) = refresh(dir.path(), "u1", &vols, None, &away);
+        assert!(changed.is_empty() && errors.len() == 1 && errors[0].to_string().ends_with(": away"), "{errors:?}");
         // A first preparation without its files fails the mount.
-        let err = prepare(dir.path(), "u2", &vols, None, &away).unwrap_err();
+        let err = prepare(dir.path(), "u2", &vols, None, &away, true).unwrap_err();
         assert_eq!(err.to_string(), "MountVolume.SetUp failed for volume \"cfg\" : away");
         // A refresh after the pod's volumes are gone makes nothing again.
         remove_pod_dir(dir.path(), "u1").unwrap();
-        assert!(refresh(dir.path(), "u1", &vols, None, &files("again")).unwrap().is_empty());
+        assert_eq!(refresh(dir.path(), "u1", &vols, None, &files("again")), (vec![], vec![]));
         assert!(!pod_dir(dir.path(), "u1").exists());
     }
 
@@ -520,14 +529,14 @@ mod tests {
                 ..Volume::default()
             },
         ];
-        let prepared = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new()).unwrap();
+        let prepared = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false).unwrap();
         assert!(prepared[0].path.ends_with("pods/u1/volumes/kubernetes.io~empty-dir/scratch"));
         assert!(prepared[0].path.is_dir() && host.is_dir());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&prepared[0].path).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o777, "a disk emptyDir is writable by a non-root container");
         // Idempotent.
-        assert_eq!(prepare(dir.path(), "u1", &vols, None, &BTreeMap::new()).unwrap(), prepared);
+        assert_eq!(prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false).unwrap(), prepared);
         // A pod that is over but not deleted loses its volumes and keeps its state and terminal record.
         let over = crate::state::SavedPod {
             terminal: Some(crate::status::Terminal::failed(Some("Evicted".into()), None)),
@@ -548,7 +557,7 @@ mod tests {
             ..Volume::default()
         };
         assert!(
-            prepare(dir.path(), "u2", &[missing], None, &BTreeMap::new())
+            prepare(dir.path(), "u2", &[missing], None, &BTreeMap::new(), false)
                 .unwrap_err()
                 .to_string()
                 .contains("MountVolume.SetUp failed for volume \"m\" : hostPath /definitely")

@@ -66,7 +66,7 @@ impl<R: Runtime> Worker<R> {
                 return None;
             }
         }
-        match self.preparing().await {
+        match self.preparing(true).await {
             Ok(prepared) => self.volumes = prepared,
             Err(e) => tracing::warn!(pod = %self.full_name(), error = %e, "cannot prepare an adopted pod's volumes"),
         }

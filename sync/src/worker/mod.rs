@@ -651,9 +651,12 @@ impl<R: Runtime> Worker<R> {
 
     /// Makes the pod's volumes ready: the files of those written from objects fetched first, then directories,
     /// tmpfs mounts sized to the pod's memory limit, hostPath checks and creation and the files on a blocking
-    /// thread. The thread holds the volumes' lock until it is done, even when what waits for it is dropped (a
+    /// thread (`adopting`: see [`volumes::prepare`]'s `keep_last`). The thread holds the volumes' lock until it is done, even when what waits for it is dropped (a
     /// termination abandons it): the clean-up takes the lock before it removes them.
-    fn preparing(&self) -> impl Future<Output = Result<Vec<PreparedVolume>, volumes::VolumeError>> + Send + 'static {
+    fn preparing(
+        &self,
+        adopting: bool,
+    ) -> impl Future<Output = Result<Vec<PreparedVolume>, volumes::VolumeError>> + Send + 'static {
         let memory_limit = self.placement.as_ref().and_then(|p| p.limits.memory_max.value());
         let vols = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
         let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
@@ -664,7 +667,7 @@ impl<R: Runtime> Worker<R> {
             let held = lock.lock_owned().await;
             let preparing = tokio::task::spawn_blocking(move || {
                 let _held = held;
-                volumes::prepare(&root, &uid, &vols, memory_limit, &payloads)
+                volumes::prepare(&root, &uid, &vols, memory_limit, &payloads, adopting)
             });
             match preparing.await {
                 Ok(result) => result,
@@ -702,25 +705,25 @@ impl<R: Runtime> Worker<R> {
                 volumes::refresh(&root, &uid, &vols, memory_limit, &payloads)
             });
             let full_name = nodewarden_resources::pod::full_name(&pod);
-            match refreshing.await {
-                Ok(Ok(changed)) if !changed.is_empty() => {
-                    tracing::info!(pod = %full_name, volumes = ?changed, "volume files updated");
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(pod = %full_name, error = %e, "cannot refresh the pod's volume files");
-                    let event = crate::events::Happened::FailedMount(e.to_string()).event(&pod, &[]);
-                    shared.events.pod_event(&pod, event);
-                }
+            let (changed, errors) = match refreshing.await {
+                Ok(done) => done,
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(_) => {}
+                Err(_) => return,
+            };
+            if !changed.is_empty() {
+                tracing::info!(pod = %full_name, volumes = ?changed, "volume files updated");
+            }
+            for e in errors {
+                tracing::warn!(pod = %full_name, error = %e, "cannot refresh a volume's files; it keeps the last ones");
+                let event = crate::events::Happened::FailedMount(e.to_string()).event(&pod, &[]);
+                shared.events.pod_event(&pod, event);
             }
         });
     }
 
     /// [`Worker::preparing`] as an action in flight: its result comes back as [`containers::Completed::Volumes`].
     fn prepare_volumes(&mut self) {
-        let preparing = self.preparing();
+        let preparing = self.preparing(false);
         self.tasks.in_flight.spawn(async move { containers::Completed::Volumes(preparing.await) });
     }
 
