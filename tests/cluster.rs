@@ -577,6 +577,17 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     // Nothing was made on the host for the mounts.
     assert!(!Path::new("/etc/nw-app").exists() && !Path::new("/var/run/secrets/kubernetes.io").exists());
 
+    // A new image with kubectl: the container is restarted with it, its volumes kept.
+    kubectl(&k, &admin, &["set", "image", "pod/reader", "app=busybox:1.37"]);
+    let took = wait_until(30, "the reader restarted for its new image", || {
+        pod("reader").is_some_and(|p| {
+            let c = &p["status"]["containerStatuses"][0];
+            c["restartCount"] == 1 && c["image"] == "busybox:1.37" && c["state"]["running"].is_object()
+        })
+    });
+    eprintln!("kubectl set image: the container ran its new image after {took:?}");
+    assert!(volume.join("token").exists());
+
     kubectl(&k, &admin, &["delete", "pod", "reader", "broken", "--grace-period=1"]);
     wait_until(20, "the token's volume gone with its pod", || !volume.exists());
     assert_eq!(d.stop(), Some(0));

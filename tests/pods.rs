@@ -595,12 +595,13 @@ fn a_mount_path_missing_on_the_node_is_made_in_the_container_only() {
         .map_or(String::new(), |s| format!("grep -q \" {s} \" /proc/self/mountinfo && echo submount-visible; "));
     // `app`, not root, writes both volumes: one below /run (through the /var/run link), one below a directory
     // missing at the top of the node's tree (so its container's root is an overlay). Its readiness probe, an exec,
-    // gets the overlays of its own. `run` has the first volume only.
+    // runs in the main process's mount namespace (which the main process wrote down), as a CRI exec would. `run`
+    // has the first volume only.
     let body = format!(
         "  securityContext:\n    runAsUser: 65534\n    runAsGroup: 65534\n  containers:\n  - name: app\n    image: busybox\n    \
          command: [sh, -c, 'echo from-app > {sa}/token && cat {sa}/token; echo deep > /nonexistent-nw/a/b/f && \
-         cat /nonexistent-nw/a/b/f; {check_sub}exec sleep 1000']\n    \
-         readinessProbe:\n      exec:\n        command: [cat, {sa}/token]\n      periodSeconds: 1\n    \
+         cat /nonexistent-nw/a/b/f; readlink /proc/self/ns/mnt > {sa}/ns; {check_sub}exec sleep 1000']\n    \
+         readinessProbe:\n      exec:\n        command: [sh, -c, 'cat {sa}/token && test \"$(readlink /proc/self/ns/mnt)\" = \"$(cat {sa}/ns)\"']\n      periodSeconds: 1\n    \
          volumeMounts:\n    - name: sa\n      mountPath: {sa}\n    - name: deep\n      mountPath: /nonexistent-nw/a/b\n  \
          - name: run\n    image: busybox\n    command: [sh, -c, 'echo from-run > {sa}/run && cat {sa}/run; exec sleep 1000']\n    \
          volumeMounts:\n    - name: sa\n      mountPath: {sa}\n  volumes:\n  - name: sa\n    emptyDir: {{}}\n  \

@@ -50,6 +50,9 @@ pub(super) struct ExecRequest {
     /// The container's scratch directory (`<scratch>/<container id>`), where the overlays of its missing
     /// mountPaths get their directories; `None` when the container's ID cannot name one.
     pub scratch: Option<PathBuf>,
+    /// The mount namespace to join instead of making the mounts (`/proc/<pid>/ns/mnt` of the container's running
+    /// main process): a command run in a running container sees what its main process sees, as a CRI exec does.
+    pub mount_ns: Option<PathBuf>,
 }
 
 /// The exit code of a container whose command could not be started, as runc reports one.
@@ -70,6 +73,9 @@ impl ExecRequest {
         let (program, args) = self.argv.split_first().ok_or("no command")?;
         if program.is_empty() {
             return Err("the command's program is an empty string".into());
+        }
+        if let Some(ns) = &self.mount_ns {
+            return self.joining(ns).map(|setup| (program, args, setup, OverlayDirs::default()));
         }
         let missing: Vec<&Path> =
             self.mounts.iter().filter(|m| !m.target.exists()).map(|m| m.target.as_path()).collect();
@@ -112,6 +118,7 @@ impl ExecRequest {
             mounts,
             overlays,
             sources,
+            mount_ns: None,
             working_dir: c_path(&self.working_dir)?,
             user: self.user,
             group: self.group,
@@ -120,6 +127,29 @@ impl ExecRequest {
             drop_capabilities: self.drop_capabilities,
         };
         Ok((program, args, setup, dirs))
+    }
+
+    /// The steps of a command run in the mount namespace `ns` of a running container: nothing is mounted; the
+    /// working directory is the container's, checked by the child once it has joined.
+    fn joining(&self, ns: &Path) -> Result<ChildSetup, String> {
+        let open = |p: &Path, flags| {
+            rustix::fs::open(p, flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+                .map_err(|e| format!("cannot open {}: {e}", p.display()))
+        };
+        Ok(ChildSetup {
+            procs: open(&self.cgroup_procs, rustix::fs::OFlags::WRONLY)?,
+            oom_score_adj: self.oom_score_adj.to_string().into_bytes(),
+            mounts: Vec::new(),
+            overlays: Vec::new(),
+            sources: Vec::new(),
+            mount_ns: Some(open(ns, rustix::fs::OFlags::RDONLY)?),
+            working_dir: c_path(&self.working_dir)?,
+            user: self.user,
+            group: self.group,
+            groups: self.groups.iter().map(|g| rustix::process::Gid::from_raw(*g)).collect(),
+            no_new_privs: self.no_new_privs,
+            drop_capabilities: self.drop_capabilities,
+        })
     }
 
     /// The plan of the volumes' mounts, from this node's file system and the daemon's mount table (the calling
@@ -362,6 +392,7 @@ mod tests {
             drop_capabilities: rustix::thread::CapabilitySet::empty(),
             mounts: vec![],
             scratch: Some(dir.join("scratch").join("c")),
+            mount_ns: None,
         }
     }
 

@@ -46,6 +46,9 @@ fn with_default_path(env: &[(String, String)]) -> Vec<(String, String)> {
 
 struct Entry {
     pidfd: Option<OwnedFd>,
+    /// The main process's PID (0 for one that never started): a command run in the container joins its mount
+    /// namespace and takes its environment.
+    pid: u32,
     exit: watch::Receiver<Option<ExitInfo>>,
     /// Where the exit watch tells of the exit: held here too, so that a watch ended by the daemon's shutdown
     /// never closes the channel (a closed one would read as an exit nobody saw).
@@ -54,6 +57,17 @@ struct Entry {
     term_sent: bool,
     /// What a command run in the container needs: its cgroup, user, environment and mounts.
     spec: ContainerSpec,
+}
+
+/// The environment of process `pid` as it was started (`/proc/<pid>/environ`); `None` when it cannot be read.
+fn main_environment(pid: u32) -> Option<Vec<(String, String)>> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let vars = raw.split(|b| *b == 0).filter(|v| !v.is_empty()).filter_map(|v| {
+        let text = String::from_utf8_lossy(v);
+        let (k, v) = text.split_once('=')?;
+        Some((k.to_owned(), v.to_owned()))
+    });
+    Some(vars.collect())
 }
 
 /// The process runtime.
@@ -140,6 +154,7 @@ impl ProcessRuntime {
                 - confine::dropped(&spec.security.add_capabilities),
             mounts: spec.mounts.clone(),
             scratch: scratch_dir(&self.scratch, &container_id(spec)),
+            mount_ns: None,
         }
     }
 
@@ -176,7 +191,8 @@ impl ProcessRuntime {
             finished_at: now,
         };
         let (tx, rx) = watch::channel(Some(info));
-        let entry = Entry { pidfd: None, exit: rx, _exit_tx: Arc::new(tx), term_sent: false, spec: spec.clone() };
+        let entry =
+            Entry { pidfd: None, pid: 0, exit: rx, _exit_tx: Arc::new(tx), term_sent: false, spec: spec.clone() };
         register(&self.containers, id.clone(), entry);
         Started { id: ContainerId::new(id), pid: 0, pid_start: None, started_at: now }
     }
@@ -441,7 +457,8 @@ impl Runtime for ProcessRuntime {
                 .try_clone()
                 .inspect_err(|e| tracing::warn!(container_id = %registered, error = %e, "cannot keep a pidfd to signal the container"))
                 .ok();
-            let entry = Entry { pidfd: kept, exit: rx, _exit_tx: tx.clone(), term_sent: false, spec: owned };
+            let pid = child.pid;
+            let entry = Entry { pidfd: kept, pid, exit: rx, _exit_tx: tx.clone(), term_sent: false, spec: owned };
             register(&containers, registered, entry);
             let watch = watch_exit(child.pidfd, tx.clone(), fs, cgroup, oom_before, started_at);
             Self::spawn_watch(&tasks, &shutdown, tx, watch);
@@ -479,7 +496,7 @@ impl Runtime for ProcessRuntime {
         let (tx, rx) = watch::channel(None);
         let tx = Arc::new(tx);
         let pidfd = Some(pidfd);
-        let entry = Entry { pidfd, exit: rx, _exit_tx: tx.clone(), term_sent: false, spec: spec.clone() };
+        let entry = Entry { pidfd, pid, exit: rx, _exit_tx: tx.clone(), term_sent: false, spec: spec.clone() };
         register(&self.containers, id.clone(), entry);
         let pidfd = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
@@ -549,15 +566,38 @@ impl Runtime for ProcessRuntime {
 
     async fn exec(&self, id: &ContainerId, argv: &[String], timeout: Duration) -> Result<ExecOutput, RuntimeError> {
         let id = id.as_str();
-        let spec = {
+        let (spec, main) = {
             let map = self.containers.lock().unwrap_or_else(PoisonError::into_inner);
-            map.get(id).map(|e| e.spec.clone()).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?
+            let e = map.get(id).ok_or_else(|| RuntimeError::NotFound(id.to_owned()))?;
+            let running = e.exit.borrow().is_none() && e.pid != 0;
+            (e.spec.clone(), running.then_some(e.pid))
         };
         if argv.is_empty() {
             return Err(RuntimeError::Config("exec: no command".into()));
         }
-        let req = self.request(&spec, argv);
-        let out = match self.command(&spec, &req) {
+        let mut req = self.request(&spec, argv);
+        // In a running container, the command sees what its main process sees: its mounts (the overlays of its
+        // missing mountPaths, what it wrote there) and its environment (with the values from ConfigMaps and
+        // Secrets it was started with, which an adopted container's spec leaves out).
+        if let Some(pid) = main {
+            req.mount_ns = Some(std::path::PathBuf::from(format!("/proc/{pid}/ns/mnt")));
+            if let Some(env) = main_environment(pid) {
+                req.env = env;
+            }
+        }
+        let built = self.command(&spec, &req);
+        // The namespace opened was the main process's if it still runs now (its PID not reused meanwhile).
+        let exited = || {
+            self.containers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(id)
+                .is_none_or(|e| e.exit.borrow().is_some())
+        };
+        if main.is_some() && exited() {
+            return Err(RuntimeError::Other(format!("container {id} exited")));
+        }
+        let out = match built {
             Ok((mut cmd, dirs)) => {
                 let out = run_exec(&mut cmd, argv, timeout).await;
                 // The command's own overlays (in a mount namespace of its own) are no longer used once it has

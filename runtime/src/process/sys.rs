@@ -61,6 +61,8 @@ pub struct ChildSetup {
     /// overlay covers the node's paths, so that a source below an overlaid directory is the node's own and not the
     /// overlay's copy of it.
     pub sources: Vec<std::sync::atomic::AtomicI32>,
+    /// A mount namespace to join instead of making any mount: a running container's, for a command run in it.
+    pub mount_ns: Option<OwnedFd>,
     /// The working directory, entered after the mounts (it may be inside one).
     pub working_dir: CString,
     /// `runAsUser`.
@@ -172,15 +174,22 @@ impl OverlaySetup {
         }
         for (path, dir) in &self.create {
             if *dir {
-                match rustix::fs::mkdir(path.as_c_str(), Mode::from_raw_mode(0o755)) {
-                    // Made on the node since the daemon looked: there it is, in the lower layer.
-                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                let made = match rustix::fs::mkdir(path.as_c_str(), Mode::from_raw_mode(0o755)) {
+                    Ok(()) => true,
+                    // Made on the node since the daemon looked: there it is, in the lower layer, left as it is
+                    // (a directory; a link someone planted is refused below, never followed).
+                    Err(rustix::io::Errno::EXIST) => false,
                     Err(e) => return Err(e),
+                };
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let fd = rustix::fs::open(path.as_c_str(), flags, Mode::empty())?;
+                if made {
+                    // Whatever the umask took away: a container of another user must be able to pass.
+                    rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))?;
                 }
-                // Whatever the umask took away: a container of another user must be able to pass.
-                rustix::fs::chmod(path.as_c_str(), Mode::from_raw_mode(0o755))?;
             } else {
-                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC;
+                // Never through a link: a file is made, or one that is there opened, in the overlay only.
+                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
                 drop(rustix::fs::open(path.as_c_str(), flags, Mode::from_raw_mode(0o644))?);
             }
         }
@@ -229,7 +238,9 @@ impl ChildSetup {
         let adj = rustix::fs::open(c"/proc/self/oom_score_adj", OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
         write_all(&adj, &self.oom_score_adj)?;
         drop(adj);
-        if !self.mounts.is_empty() {
+        if let Some(ns) = &self.mount_ns {
+            rustix::thread::move_into_link_name_space(ns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Mount))?;
+        } else if !self.mounts.is_empty() {
             // SAFETY: `unshare_unsafe` is unsafe only for `CLONE_FILES`, which can leave other threads holding
             // file descriptors from another table. Only `CLONE_NEWNS` is passed, and this runs in the
             // single-threaded child between fork and exec.
