@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use nodewarden_cluster::{KubeError, ObjectReader};
-use nodewarden_sync::{ObjectData, ObjectError, ObjectFuture, ObjectKind, PodObjects, Token, TokenAsk};
+use nodewarden_sync::{
+    ObjectData, ObjectError, ObjectFuture, ObjectKind, PodObjects, ServiceAddress, ServicePort, Token, TokenAsk,
+};
 use tokio::time::Instant;
 
 /// The longest a token is used, whatever its lifetime.
@@ -44,6 +46,8 @@ pub struct ApiObjects {
     ttl: Duration,
     cache: Mutex<HashMap<ObjectKey, Cached>>,
     tokens: Mutex<HashMap<TokenAsk, Kept>>,
+    /// The Services containers' environments name, when read.
+    services: Mutex<Option<(Instant, Vec<ServiceAddress>)>>,
 }
 
 impl ApiObjects {
@@ -55,6 +59,7 @@ impl ApiObjects {
             ttl,
             cache: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
+            services: Mutex::new(None),
         }
     }
 
@@ -178,6 +183,28 @@ impl ApiObjects {
     }
 }
 
+/// The namespace and name of the apiserver's own Service.
+const MASTER_SERVICE: (&str, &str) = ("default", "kubernetes");
+
+/// A Service as the environment names it.
+fn address(s: &k8s_openapi::api::core::v1::Service) -> Option<ServiceAddress> {
+    let spec = s.spec.as_ref()?;
+    Some(ServiceAddress {
+        name: s.metadata.name.clone()?,
+        cluster_ip: spec.cluster_ip.clone().unwrap_or_default(),
+        ports: spec
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| ServicePort {
+                name: p.name.clone().unwrap_or_default(),
+                port: p.port,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            })
+            .collect(),
+    })
+}
+
 /// The apiserver's own message where it gave one (`configmaps "x" is forbidden: ...`), else what failed.
 fn api_error(e: KubeError) -> ObjectError {
     match e {
@@ -198,6 +225,32 @@ impl PodObjects for ApiObjects {
 
     fn token<'a>(&'a self, ask: &'a TokenAsk) -> ObjectFuture<'a, Token> {
         Box::pin(self.issue(ask))
+    }
+
+    fn cluster_services(&self) -> ObjectFuture<'_, Vec<ServiceAddress>> {
+        Box::pin(async move {
+            let cached = self.services.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            if let Some((at, s)) = &cached
+                && at.elapsed() < self.ttl
+            {
+                return Ok(s.clone());
+            }
+            let Some(reader) = self.reader.get() else { return Ok(Vec::new()) };
+            let (namespace, name) = MASTER_SERVICE;
+            match reader.service(namespace, name).await {
+                Ok(found) => {
+                    let services: Vec<ServiceAddress> = found.as_ref().and_then(address).into_iter().collect();
+                    *self.services.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some((Instant::now(), services.clone()));
+                    Ok(services)
+                }
+                // The apiserver away: the last copy serves.
+                Err(e) => match cached {
+                    Some((_, s)) => Ok(s),
+                    None => Err(api_error(e)),
+                },
+            }
+        })
     }
 
     fn forget_pod(&self, uid: &str) {
@@ -255,6 +308,9 @@ mod tests {
         let objects = ApiObjects::new(Duration::from_millis(300));
         objects.expect_cluster();
         objects.join(ObjectReader::new(clients));
+        let services = objects.cluster_services().await.unwrap();
+        assert_eq!(services.len(), 1);
+        assert_eq!((services[0].name.as_str(), services[0].ports[0].port), ("kubernetes", 443));
         let gets =
             || api.requests().iter().filter(|r| r.method == "GET" && r.path.ends_with("/configmaps/cfg")).count();
         let read = objects.object(ObjectKind::ConfigMap, "default", "cfg").await.unwrap().unwrap();

@@ -516,7 +516,7 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     let reader = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: reader\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \
          terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: busybox\n    command: [sh, -c, \
-         'echo \"env=$GREETING/${{#PASSWORD}}\"; t=/var/run/secrets/kubernetes.io/serviceaccount; \
+         'echo \"env=$GREETING/${{#PASSWORD}} api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT\"; t=/var/run/secrets/kubernetes.io/serviceaccount; \
          while true; do echo \"file=$(cat /etc/nw-app/greeting) ns=$(cat $t/namespace) token=$(head -c 3 $t/token) \
          ca=$(test -s $t/ca.crt && echo yes)\"; sleep 0.5; done']\n    env:\n    - name: GREETING\n      valueFrom:\n        \
          configMapKeyRef: {{name: app-config, key: greeting}}\n    - name: PASSWORD\n      valueFrom:\n        \
@@ -537,7 +537,8 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     let log = PathBuf::from(format!("/var/log/pods/default_reader_{uid}/app/0.log"));
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until(30, "the reader's files read", || read().contains("file=hello ns=default token=eyJ ca=yes"));
-    assert!(read().contains("env=hello/19"), "{}", read());
+    // The apiserver's Service, as in-cluster clients read it.
+    assert!(read().contains("env=hello/19 api=10.96.0.1:443"), "{}", read());
 
     // The token was asked for the pod, bound to it.
     let asked: Vec<String> = api

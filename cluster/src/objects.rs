@@ -1,9 +1,9 @@
 //! The objects a node's pods reference, read as the kubelet reads them: a ConfigMap or Secret by name (the Node
-//! authorizer lets a node read only those its own pods name), and a service account token bound to a pod
-//! (TokenRequest, `serviceaccounts/<name>/token`).
+//! authorizer lets a node read only those its own pods name), a service account token bound to a pod
+//! (TokenRequest, `serviceaccounts/<name>/token`), and the Services containers' environments name.
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use kube::Api;
 use kube::api::PostParams;
 
@@ -52,6 +52,12 @@ impl ObjectReader {
     pub async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
         self.clients.limiter.acquire().await;
         Api::<Secret>::namespaced(self.clients.main(), namespace).get_opt(name).await
+    }
+
+    /// The Service `name` in `namespace`; `None` when there is none.
+    pub async fn service(&self, namespace: &str, name: &str) -> Result<Option<Service>, kube::Error> {
+        self.clients.limiter.acquire().await;
+        Api::<Service>::namespaced(self.clients.main(), namespace).get_opt(name).await
     }
 
     /// A token of service account `account` in `namespace`, for `audience` (the apiserver's own when `None`),

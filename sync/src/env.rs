@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use nodewarden_resources::Resources;
 
-use crate::objects::{ObjectKind, ObjectMap, lookup};
+use crate::objects::{ObjectKind, ObjectMap, ServiceAddress, ServicePort, lookup};
 use crate::spec::{PodIps, expand, field_ref};
 
 /// The ConfigMaps and Secrets container `c`'s environment reads.
@@ -36,6 +36,37 @@ pub(crate) fn references(c: &Container) -> Vec<(ObjectKind, String)> {
     out
 }
 
+/// The variables the kubelet gives every container for `services`: `{NAME}_SERVICE_HOST`, `{NAME}_SERVICE_PORT`
+/// (the first port), `{NAME}_SERVICE_PORT_{PORT NAME}`, and the Docker links (`{NAME}_PORT=tcp://ip:port`,
+/// `{NAME}_PORT_{port}_{PROTO}` with `_PROTO`, `_PORT`, `_ADDR`); a Service without a cluster IP has none.
+pub(crate) fn service_vars(services: &[ServiceAddress]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for s in services {
+        let Some(first) = s.ports.first() else { continue };
+        if s.cluster_ip.is_empty() || s.cluster_ip == "None" {
+            continue;
+        }
+        let name = s.name.to_ascii_uppercase().replace('-', "_");
+        let ip = &s.cluster_ip;
+        out.push((format!("{name}_SERVICE_HOST"), ip.clone()));
+        out.push((format!("{name}_SERVICE_PORT"), first.port.to_string()));
+        for p in s.ports.iter().filter(|p| !p.name.is_empty()) {
+            let port_name = p.name.to_ascii_uppercase().replace('-', "_");
+            out.push((format!("{name}_SERVICE_PORT_{port_name}"), p.port.to_string()));
+        }
+        let url = |p: &ServicePort| format!("{}://{ip}:{}", p.protocol.to_ascii_lowercase(), p.port);
+        out.push((format!("{name}_PORT"), url(first)));
+        for p in &s.ports {
+            let prefix = format!("{name}_PORT_{}_{}", p.port, p.protocol.to_ascii_uppercase());
+            out.push((prefix.clone(), url(p)));
+            out.push((format!("{prefix}_PROTO"), p.protocol.to_ascii_lowercase()));
+            out.push((format!("{prefix}_PORT"), p.port.to_string()));
+            out.push((format!("{prefix}_ADDR"), ip.clone()));
+        }
+    }
+    out
+}
+
 /// Whether an `envFrom` key can be a variable name: printable ASCII without `=` (the relaxed rule of Kubernetes
 /// 1.34). Others are skipped, as the kubelet skips them.
 fn is_env_name(k: &str) -> bool {
@@ -60,6 +91,7 @@ pub(crate) fn container_env(
     ips: PodIps<'_>,
     node: &Resources,
     objects: Option<&ObjectMap>,
+    services: &[(String, String)],
 ) -> Result<Env, String> {
     let namespace = nodewarden_resources::pod::namespace(pod);
     let mut env: Vec<(String, String)> = Vec::new();
@@ -67,6 +99,10 @@ pub(crate) fn container_env(
     let mut skipped = Vec::new();
     if let Some(h) = pod.metadata.name.as_deref() {
         env.push(("HOSTNAME".into(), h.to_owned()));
+    }
+    // Service variables first: the container's own take their names, and `$(VAR)` references read them.
+    for (k, v) in services {
+        set(&mut env, &mut vars, k.clone(), v.clone());
     }
     for f in c.env_from.iter().flatten() {
         let prefix = f.prefix.as_deref().unwrap_or_default();
@@ -154,7 +190,7 @@ mod tests {
         let mut map = ObjectMap::new();
         fetch_into(port, "ns", references(c), &mut map).await;
         let node = Resources { cpu_millis: 2000, memory: 1 << 30, pids: 100, ephemeral_storage: 1 << 34 };
-        container_env(p, c, PodIps::default(), &node, Some(&map)).map(|e| e.vars)
+        container_env(p, c, PodIps::default(), &node, Some(&map), &[]).map(|e| e.vars)
     }
 
     fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -190,6 +226,41 @@ mod tests {
                 ("NS", "ns"),
             ])
         );
+    }
+
+    #[test]
+    fn the_apiserver_service_gives_the_variables_in_cluster_clients_read() {
+        let master = ServiceAddress {
+            name: "kubernetes".into(),
+            cluster_ip: "10.96.0.1".into(),
+            ports: vec![ServicePort { name: "https".into(), port: 443, protocol: "TCP".into() }],
+        };
+        let headless = ServiceAddress { name: "db".into(), cluster_ip: "None".into(), ..master.clone() };
+        let vars = service_vars(&[master, headless]);
+        assert_eq!(
+            vars,
+            pairs(&[
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("KUBERNETES_SERVICE_PORT", "443"),
+                ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+                ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+                ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+                ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+                ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+                ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+            ])
+        );
+        // The container's own variables come after them, may replace them and read them.
+        let p = pod(json!({"name": "app", "env": [
+            {"name": "API", "value": "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]}));
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let node = Resources::default();
+        let env = container_env(&p, c, PodIps::default(), &node, None, &vars).unwrap().vars;
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("API"), Some("https://10.96.0.1:443"));
+        assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("6443"));
+        assert_eq!(env[0].0, "HOSTNAME");
     }
 
     #[tokio::test]

@@ -39,7 +39,8 @@ pub use manifest::{
 };
 pub use metrics::SyncMetrics;
 pub use objects::{
-    NoObjects, ObjectData, ObjectError, ObjectFuture, ObjectKind, ObjectMap, PodObjects, Token, TokenAsk,
+    NoObjects, ObjectData, ObjectError, ObjectFuture, ObjectKind, ObjectMap, PodObjects, ServiceAddress, ServicePort,
+    Token, TokenAsk,
 };
 pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};
 pub use source::{

@@ -83,6 +83,28 @@ impl std::fmt::Debug for Token {
     }
 }
 
+/// A Service as the environment of a container names it (the kubelet's service links).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAddress {
+    /// The Service's name.
+    pub name: String,
+    /// Its cluster IP.
+    pub cluster_ip: String,
+    /// Its ports, the first one first.
+    pub ports: Vec<ServicePort>,
+}
+
+/// One port of a [`ServiceAddress`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Its name; empty when it has none.
+    pub name: String,
+    /// The port.
+    pub port: i32,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+}
+
 /// Why an object could not be had.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
@@ -117,6 +139,13 @@ pub trait PodObjects: Send + Sync + 'static {
 
     /// A token for `ask`: the one already issued while it is fresh, else a new one.
     fn token<'a>(&'a self, ask: &'a TokenAsk) -> ObjectFuture<'a, Token>;
+
+    /// The Services every container's environment names: the apiserver's own (`default/kubernetes`, whose
+    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` in-cluster clients read). None for a node in no
+    /// cluster, as a kubelet without a client adds none.
+    fn cluster_services(&self) -> ObjectFuture<'_, Vec<ServiceAddress>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
 
     /// The pod `uid` is gone: what was kept for it (its tokens) may go.
     fn forget_pod(&self, _uid: &str) {}

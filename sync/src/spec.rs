@@ -87,6 +87,8 @@ pub struct PodContext<'a> {
     /// The ConfigMaps and Secrets its environment reads, fetched; `None` for a container adopted from an earlier
     /// daemon, whose environment leaves them out.
     pub objects: Option<&'a ObjectMap>,
+    /// The variables of the cluster's Services, first in the environment.
+    pub services: &'a [(String, String)],
 }
 
 /// A `fieldRef` of the environment: the pod's metadata, its node and service account, its and the node's IPs.
@@ -112,9 +114,9 @@ pub fn container_spec(
     attempt: u32,
     stage: &mut dyn FnMut(&PreparedVolume, &str, usize) -> Result<PathBuf, String>,
 ) -> Result<ContainerSpec, String> {
-    let PodContext { pod, volumes, log_root, ips, node, objects } = *ctx;
+    let PodContext { pod, volumes, log_root, ips, node, objects, services } = *ctx;
     let spec = pod.spec.as_ref().ok_or("pod has no spec")?;
-    let crate::env::Env { vars: env, skipped } = crate::env::container_env(pod, c, ips, node, objects)?;
+    let crate::env::Env { vars: env, skipped } = crate::env::container_env(pod, c, ips, node, objects, services)?;
     if !skipped.is_empty() {
         tracing::warn!(
             pod = %nodewarden_resources::pod::full_name(pod), container = %c.name, keys = ?skipped,
@@ -293,6 +295,7 @@ mod tests {
             ips,
             node: &node,
             objects: Some(&objects),
+            services: &[],
         };
         let s = container_spec(&ctx, c, &placement, 2, &mut stage).unwrap();
         assert_eq!(s.argv(), ["sh", "-c", "echo hi-web-n web-n"]);

@@ -15,6 +15,8 @@ use crate::store::{ApiError, Store, deleting};
 pub const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 /// The ConfigMap every namespace gets with the cluster's CA (the root CA publisher).
 pub const ROOT_CA: &str = "kube-root-ca.crt";
+/// The cluster IP of the `default/kubernetes` Service (the first of kubeadm's default service range).
+pub const MASTER_SERVICE_IP: &str = "10.96.0.1";
 /// Where the ServiceAccount plugin mounts the API credentials.
 pub const SA_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The token lifetime the plugin asks for (an hour and 7 s: the apiserver extends tokens of exactly this).

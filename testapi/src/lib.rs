@@ -182,6 +182,17 @@ impl TestApi {
                 return Err(std::io::Error::other(e.message));
             }
         }
+        // The apiserver's own Service, as its controller keeps it: what every container's KUBERNETES_SERVICE_*
+        // variables name.
+        let master = serde_json::json!({
+            "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+            "spec": {"type": "ClusterIP", "clusterIP": admission::MASTER_SERVICE_IP,
+                     "clusterIPs": [admission::MASTER_SERVICE_IP], "sessionAffinity": "None",
+                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": addr.port()}]},
+        });
+        if let Err(e) = state.create(resource("services"), Some("default"), master) {
+            return Err(std::io::Error::other(e.message));
+        }
         let (up, up_rx) = watch::channel(true);
         let stop = CancellationToken::new();
         // The apiserver's limit on a request body (--max-request-bytes' default): a larger one is a 413.

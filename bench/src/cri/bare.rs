@@ -175,7 +175,7 @@ fn requests(
     let sandbox = sandbox_spec(pod, placement, log_root);
     let node = Default::default();
     let ips = PodIps { pod: &[], host: &[] };
-    let ctx = PodContext { pod, volumes: &[], log_root, ips, node: &node, objects: None };
+    let ctx = PodContext { pod, volumes: &[], log_root, ips, node: &node, objects: None, services: &[] };
     let container = container_spec(&ctx, c, cp, 0, &mut |_, _, _| Err("the bench's pod has no volumes".to_owned()))
         .map_err(anyhow::Error::msg)?;
     let sandbox_config = sandbox_config(&sandbox, 0);

@@ -23,6 +23,13 @@ use nodewarden_runtime::{
     ContainerId, ContainerSpec, RunningSandbox, Runtime, RuntimeError, SandboxRuntime, SandboxSpec, Started,
 };
 
+/// What a container's start read: the objects its environment and image pull name, and the variables of the
+/// cluster's Services.
+pub(super) struct StartObjects {
+    map: crate::objects::ObjectMap,
+    services: Vec<(String, String)>,
+}
+
 impl<R: Runtime> Worker<R> {
     /// The sandbox spec, once the pod is placed.
     pub(super) fn sandbox_spec(&self) -> Option<SandboxSpec> {
@@ -94,7 +101,7 @@ impl<R: Runtime> Worker<R> {
         &self,
         i: usize,
         attempt: u32,
-        objects: Option<&crate::objects::ObjectMap>,
+        objects: Option<&StartObjects>,
     ) -> Result<ContainerSpec, String> {
         let starting = objects.is_some();
         let name = &self.lifecycle.containers[i].name;
@@ -116,7 +123,9 @@ impl<R: Runtime> Worker<R> {
         let ips = PodIps { pod: &pod_ips, host: &self.shared.settings.host_ips };
         let node = self.shared.ledger.view().allocatable().reported;
         let log_root = &self.shared.settings.log_dir;
-        let ctx = PodContext { pod: &self.pod, volumes: &self.volumes, log_root, ips, node: &node, objects };
+        let services = objects.map_or(&[][..], |o| &o.services[..]);
+        let objects = objects.map(|o| &o.map);
+        let ctx = PodContext { pod: &self.pod, volumes: &self.volumes, log_root, ips, node: &node, objects, services };
         let mut spec = container_spec(&ctx, container, placement, attempt, &mut stage)?;
         spec.sandbox_id = match &self.sandbox {
             Sandbox::Running(running) => running.id.clone(),
@@ -127,22 +136,32 @@ impl<R: Runtime> Worker<R> {
 
     /// The ConfigMaps and Secrets container `index`'s environment reads and the pod's pull secrets, fetched for
     /// its start.
-    async fn start_objects(&self, index: usize) -> crate::objects::ObjectMap {
+    async fn start_objects(&self, index: usize) -> StartObjects {
         let mut map = crate::objects::ObjectMap::new();
-        let Some(c) = self.container(&self.lifecycle.containers[index].name) else { return map };
+        let services = match tokio::time::timeout(super::OBJECTS_TIMEOUT, self.shared.objects.cluster_services()).await
+        {
+            Ok(Ok(services)) => crate::env::service_vars(&services),
+            Ok(Err(e)) => {
+                tracing::debug!(pod = %self.full_name(), error = %e, "cannot read the cluster's Services; no service variables");
+                Vec::new()
+            }
+            Err(_) => Vec::new(),
+        };
+        let Some(c) = self.container(&self.lifecycle.containers[index].name) else {
+            return StartObjects { map, services };
+        };
         let mut refs = crate::env::references(c);
         refs.extend(self.pull_secret_names().map(|n| (crate::objects::ObjectKind::Secret, n.to_owned())));
-        if refs.is_empty() {
-            return map;
-        }
-        let namespace = nodewarden_resources::pod::namespace(&self.pod);
-        let fetching = crate::objects::fetch_into(&*self.shared.objects, namespace, refs.clone(), &mut map);
-        if tokio::time::timeout(super::OBJECTS_TIMEOUT, fetching).await.is_err() {
-            for r in refs {
-                map.entry(r).or_insert_with(|| Err("timed out fetching the object".into()));
+        if !refs.is_empty() {
+            let namespace = nodewarden_resources::pod::namespace(&self.pod);
+            let fetching = crate::objects::fetch_into(&*self.shared.objects, namespace, refs.clone(), &mut map);
+            if tokio::time::timeout(super::OBJECTS_TIMEOUT, fetching).await.is_err() {
+                for r in refs {
+                    map.entry(r).or_insert_with(|| Err("timed out fetching the object".into()));
+                }
             }
         }
-        map
+        StartObjects { map, services }
     }
 
     /// The names of the pod's `imagePullSecrets`.
@@ -193,7 +212,7 @@ impl<R: Runtime> Worker<R> {
         let objects = self.start_objects(index).await;
         let spec = match self.build_spec(index, attempt, Some(&objects)) {
             Ok(mut s) => {
-                s.pull_auths = self.pull_auths(&s.image, &objects);
+                s.pull_auths = self.pull_auths(&s.image, &objects.map);
                 s
             }
             Err(message) => {
