@@ -175,7 +175,9 @@ impl Handoffs {
     ) -> Victim {
         self.warned_no_candidates = false;
         let requested = evictor.evict(&victim.uid, grace, message.clone());
-        evictor.threshold_met(super::resource_name(signal));
+        if requested.is_ok() {
+            evictor.threshold_met(super::resource_name(signal));
+        }
         let reclaims = victim.reclaims(signal);
         let until = Instant::now() + grace + IN_FLIGHT_SLACK;
         self.in_flight.insert(victim.uid.clone(), InFlight { condition: signal.condition(), reclaims, until });

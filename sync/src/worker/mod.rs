@@ -195,6 +195,8 @@ struct Tasks {
     volumes: Arc<tokio::sync::Mutex<()>>,
     /// When the files of the volumes made from objects are made again ([`Worker::refresh_volumes`]).
     refresh_at: Option<Instant>,
+    /// Set while a refresh runs: the next waits for none, it is skipped (a slow one never writes over a newer).
+    refreshing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a worker shares with its pod manager.
@@ -382,7 +384,14 @@ impl<R: Runtime> Worker<R> {
             && self.volumes.iter().any(|v| v.projected)
             && self.shared.settings.sync_frequency > Duration::ZERO;
         match (due, self.tasks.refresh_at) {
-            (true, None) => self.tasks.refresh_at = Some(Instant::now() + self.shared.settings.sync_frequency),
+            (true, None) => {
+                // Spread over half a period by the pod's UID, as the kubelet jitters its pod syncs: the pods of a
+                // restarted node do not all ask for their objects and tokens at once.
+                let period = self.shared.settings.sync_frequency;
+                let spread = self.uid.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b))) % 1000;
+                let jitter = period.mul_f64(0.5 * f64::from(spread) / 1000.0);
+                self.tasks.refresh_at = Some(Instant::now() + period + jitter);
+            }
             (false, Some(_)) => self.tasks.refresh_at = None,
             _ => {}
         }
@@ -693,11 +702,17 @@ impl<R: Runtime> Worker<R> {
         if vols.is_empty() {
             return;
         }
+        if self.tasks.refreshing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            tracing::debug!(pod = %self.full_name(), "the last refresh of the volumes still runs; this one is skipped");
+            return;
+        }
         let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
         let lock = self.tasks.volumes.clone();
         let payloads = self.payloads();
         let (pod, shared) = (self.pod.clone(), self.shared.clone());
+        let done = Refreshing(self.tasks.refreshing.clone());
         self.tasks.background.spawn(async move {
+            let _done = done;
             let payloads = payloads.await;
             let held = lock.lock_owned().await;
             let refreshing = tokio::task::spawn_blocking(move || {
@@ -745,6 +760,15 @@ impl<R: Runtime> Worker<R> {
             Err(e) => e.to_string(),
         };
         tracing::warn!(pod_uid = %self.uid, error = %error, "cannot save pod state");
+    }
+}
+
+/// Clears the refresh flag when the refresh ends, however it ends.
+struct Refreshing(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Refreshing {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -247,6 +247,11 @@ fn harness_on(host: FakeHost) -> Harness {
 
 /// [`harness_on`], with the sources whose first snapshots the manager waits for.
 fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
+    harness_with(host, sources, Arc::new(crate::NoObjects))
+}
+
+/// [`harness_expecting`], reading the objects pods reference from `objects`.
+fn harness_with(host: FakeHost, sources: &[&'static str], objects: Arc<dyn crate::PodObjects>) -> Harness {
     let p = host.path().to_path_buf();
     let config = ResourceConfig {
         eviction_reserve: EvictionReserve {
@@ -278,7 +283,7 @@ fn harness_expecting(host: FakeHost, sources: &[&'static str]) -> Harness {
         fake.clone(),
         settings,
         metrics,
-        crate::Ports { events: events.clone(), objects: Arc::new(crate::NoObjects) },
+        crate::Ports { events: events.clone(), objects },
         tasks,
         shutdown.clone(),
     );
@@ -1337,4 +1342,33 @@ async fn a_new_image_restarts_the_container_with_it_whatever_the_restart_policy(
         .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(h.fake.starts("app").len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_config_map_volume_follows_its_object_every_sync_period_and_goes_with_its_pod() {
+    use crate::objects::{ObjectKind, testing::MemObjects};
+    let objects = Arc::new(MemObjects::default());
+    objects.put(ObjectKind::ConfigMap, "default", "cfg", &[("greeting", "hello")]);
+    let h = harness_with(FakeHost::new(), &[], objects.clone());
+    let spec = json!({"containers": [app("app")], "volumes": [{"name": "v", "configMap": {"name": "cfg"}}]});
+    h.set(vec![pod("u71", spec)]).await;
+    h.until("u71", "runs", |v| phase(v) == "Running").await;
+    let dir = h._host.path().join("root/pods/u71/volumes/kubernetes.io~configmap/v");
+    let read = || std::fs::read_to_string(dir.join("greeting")).unwrap_or_default();
+    assert_eq!(read(), "hello");
+    objects.put(ObjectKind::ConfigMap, "default", "cfg", &[("greeting", "bye")]);
+    // Not before the sync period; within it and its half of jitter.
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    assert_eq!(read(), "hello");
+    let mut waited = 0;
+    while read() != "bye" && waited < 200 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        waited += 1;
+    }
+    assert_eq!(read(), "bye", "refreshed within the period and its jitter");
+    // Gone with its pod, and no refresh makes it again.
+    h.set(vec![]).await;
+    gone(&h, "u71", Instant::now()).await;
+    tokio::time::sleep(Duration::from_secs(200)).await;
+    assert!(!dir.exists() && !h._host.path().join("root/pods/u71").exists());
 }
