@@ -34,13 +34,21 @@ struct Run {
     static_s: f64,
 }
 
-fn bound_pod(name: &str) -> Value {
-    json!({
+/// A pod bound to the node; `objects`: as most real pods are, with the admission plugin's service account
+/// volume (a token from TokenRequest, `kube-root-ca.crt`, the namespace) and a variable from a ConfigMap.
+fn bound_pod(name: &str, objects: bool) -> Value {
+    let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"nodeName": NODE, "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 5,
                  "containers": [{"name": "app", "image": "busybox", "command": ["sleep", "100000"]}]},
-    })
+    });
+    if objects {
+        pod["spec"]["automountServiceAccountToken"] = json!(true);
+        pod["spec"]["containers"][0]["env"] =
+            json!([{"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "level"}}}]);
+    }
+    pod
 }
 
 fn started(p: &Value) -> bool {
@@ -58,10 +66,12 @@ fn node_ready(api: &TestApi) -> bool {
     })
 }
 
-fn one_run(bin: &Path, n: usize) -> Result<Run> {
+fn one_run(bin: &Path, n: usize, objects: bool) -> Result<Run> {
     let rt = tokio::runtime::Runtime::new()?;
     let api = rt.block_on(TestApi::start(0))?;
     api.add_token("node", Some(NODE));
+    let settings = json!({"metadata": {"name": "settings"}, "data": {"level": "info"}});
+    api.create("configmaps", Some("default"), settings)?;
     let dir = std::env::temp_dir().join(format!("nwbench-apipods-kube-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = api.write_kubeconfig(&dir, "node")?.display().to_string();
@@ -74,7 +84,7 @@ fn one_run(bin: &Path, n: usize) -> Result<Run> {
     let mut created = BTreeMap::new();
     for i in 0..n {
         let name = format!("p{i}");
-        api.create("pods", Some("default"), bound_pod(&name))?;
+        api.create("pods", Some("default"), bound_pod(&name, objects))?;
         created.insert(name, Instant::now());
     }
     let mut running: BTreeMap<String, f64> = BTreeMap::new();
@@ -119,13 +129,13 @@ fn one_run(bin: &Path, n: usize) -> Result<Run> {
 }
 
 /// Runs the benchmark and writes a Markdown table.
-pub fn run(bin: &Path, n: usize, runs: usize, out: &Path) -> Result<()> {
+pub fn run(bin: &Path, n: usize, runs: usize, objects: bool, out: &Path) -> Result<()> {
     if runs == 0 || n == 0 {
         bail!("--runs and --pods must be at least 1");
     }
     let mut results = Vec::new();
     for r in 0..runs {
-        let run = one_run(bin, n)?;
+        let run = one_run(bin, n, objects)?;
         eprintln!(
             "run {}: p50 {:.2} s, p99 {:.2} s, all {:.2} s, {:.1} requests/pod, SLI count {}, deleted in {:.2} s, \
              static {:.2} s",
@@ -145,8 +155,13 @@ pub fn run(bin: &Path, n: usize, runs: usize, out: &Path) -> Result<()> {
     let (all, per_pod, delete, statics) =
         (col(&|r| r.all_s), col(&|r| r.per_pod), col(&|r| r.delete_s), col(&|r| r.static_s));
     let sli = col(&|r| r.sli_count);
+    let title = if objects {
+        ", with their objects (a service account token volume and a ConfigMap variable each)"
+    } else {
+        " (no service account token: automountServiceAccountToken false)"
+    };
     let table = format!(
-        "# Pods from the apiserver\n\n{runs} runs, {n} pods created at once through the test apiserver, bound to \
+        "# Pods from the apiserver{title}\n\n{runs} runs, {n} pods created at once through the test apiserver, bound to \
          the node, on the process runtime; 1 GiB guest, 2 emulated vCPUs (TCG). Median of the runs (worst run).\n\n\
          | measure | kubelet | median | worst |\n|---|---|---|---|\n\
          | pod startup (creation → Running in the apiserver), p50 | | {:.2} s | {:.2} s |\n\

@@ -179,6 +179,9 @@ enum Cmd {
         /// Runs; the table reports the median and the worst.
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Pods as most real ones are: the service account token volume and a variable from a ConfigMap.
+        #[arg(long)]
+        objects: bool,
         /// Where the Markdown table is written.
         #[arg(long, default_value = "results/api-pods.md")]
         out: PathBuf,
@@ -274,7 +277,7 @@ fn main() -> Result<()> {
         Cmd::Cluster { nodewarden, pods, seconds, runs, edits, outage, out } => {
             cluster::run(&nodewarden, pods, seconds, runs, edits, outage, &out)
         }
-        Cmd::ApiPods { nodewarden, pods, runs, out } => apipods::run(&nodewarden, pods, runs, &out),
+        Cmd::ApiPods { nodewarden, pods, runs, objects, out } => apipods::run(&nodewarden, pods, runs, objects, &out),
         Cmd::ManyNodes { nodewarden, nodes, seconds, pods, runs, out } => {
             manynodes::run(&nodewarden, nodes, seconds, pods, runs, &out)
         }
