@@ -66,7 +66,7 @@ fn node_ready(api: &TestApi) -> bool {
     })
 }
 
-fn one_run(bin: &Path, n: usize, objects: bool) -> Result<Run> {
+fn one_run(bin: &Path, n: usize, objects: bool, qps: Option<u32>) -> Result<Run> {
     let rt = tokio::runtime::Runtime::new()?;
     let api = rt.block_on(TestApi::start(0))?;
     api.add_token("node", Some(NODE));
@@ -75,7 +75,8 @@ fn one_run(bin: &Path, n: usize, objects: bool) -> Result<Run> {
     let dir = std::env::temp_dir().join(format!("nwbench-apipods-kube-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = api.write_kubeconfig(&dir, "node")?.display().to_string();
-    let node = StaticNode::start_with(bin, "apipods", "", &["--kubeconfig", &kubeconfig])?;
+    let limits = qps.map_or(String::new(), |q| format!("kubeAPIQPS: {q}\nkubeAPIBurst: {}\n", 2 * q));
+    let node = StaticNode::start_with(bin, "apipods", &limits, &["--kubeconfig", &kubeconfig])?;
     wait("the Node Ready", 60, || node_ready(&api))?;
     std::thread::sleep(Duration::from_secs(2));
 
@@ -129,13 +130,13 @@ fn one_run(bin: &Path, n: usize, objects: bool) -> Result<Run> {
 }
 
 /// Runs the benchmark and writes a Markdown table.
-pub fn run(bin: &Path, n: usize, runs: usize, objects: bool, out: &Path) -> Result<()> {
+pub fn run(bin: &Path, n: usize, runs: usize, objects: bool, qps: Option<u32>, out: &Path) -> Result<()> {
     if runs == 0 || n == 0 {
         bail!("--runs and --pods must be at least 1");
     }
     let mut results = Vec::new();
     for r in 0..runs {
-        let run = one_run(bin, n, objects)?;
+        let run = one_run(bin, n, objects, qps)?;
         eprintln!(
             "run {}: p50 {:.2} s, p99 {:.2} s, all {:.2} s, {:.1} requests/pod, SLI count {}, deleted in {:.2} s, \
              static {:.2} s",
@@ -155,13 +156,14 @@ pub fn run(bin: &Path, n: usize, runs: usize, objects: bool, out: &Path) -> Resu
     let (all, per_pod, delete, statics) =
         (col(&|r| r.all_s), col(&|r| r.per_pod), col(&|r| r.delete_s), col(&|r| r.static_s));
     let sli = col(&|r| r.sli_count);
+    let limits = qps.map_or(String::new(), |q| format!(", kubeAPIQPS {q}"));
     let title = if objects {
         ", with their objects (a service account token volume and a ConfigMap variable each)"
     } else {
         " (no service account token: automountServiceAccountToken false)"
     };
     let table = format!(
-        "# Pods from the apiserver{title}\n\n{runs} runs, {n} pods created at once through the test apiserver, bound to \
+        "# Pods from the apiserver{title}{limits}\n\n{runs} runs, {n} pods created at once through the test apiserver, bound to \
          the node, on the process runtime; 1 GiB guest, 2 emulated vCPUs (TCG). Median of the runs (worst run).\n\n\
          | measure | kubelet | median | worst |\n|---|---|---|---|\n\
          | pod startup (creation → Running in the apiserver), p50 | | {:.2} s | {:.2} s |\n\

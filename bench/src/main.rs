@@ -182,6 +182,9 @@ enum Cmd {
         /// Pods as most real ones are: the service account token volume and a variable from a ConfigMap.
         #[arg(long)]
         objects: bool,
+        /// The node's `kubeAPIQPS` (its burst twice that); the kubelet's default, 50, when not given.
+        #[arg(long)]
+        kube_api_qps: Option<u32>,
         /// Where the Markdown table is written.
         #[arg(long, default_value = "results/api-pods.md")]
         out: PathBuf,
@@ -277,7 +280,9 @@ fn main() -> Result<()> {
         Cmd::Cluster { nodewarden, pods, seconds, runs, edits, outage, out } => {
             cluster::run(&nodewarden, pods, seconds, runs, edits, outage, &out)
         }
-        Cmd::ApiPods { nodewarden, pods, runs, objects, out } => apipods::run(&nodewarden, pods, runs, objects, &out),
+        Cmd::ApiPods { nodewarden, pods, runs, objects, kube_api_qps, out } => {
+            apipods::run(&nodewarden, pods, runs, objects, kube_api_qps, &out)
+        }
         Cmd::ManyNodes { nodewarden, nodes, seconds, pods, runs, out } => {
             manynodes::run(&nodewarden, nodes, seconds, pods, runs, &out)
         }
