@@ -131,28 +131,22 @@ pub(crate) fn container_env(
                 } else if let Some(r) = &from.resource_field_ref {
                     let container = r.container_name.as_deref().filter(|n| !n.is_empty()).unwrap_or(&c.name);
                     crate::projection::resource_value(pod, container, r, node)?
-                } else if objects.is_none() {
-                    continue;
-                } else if let Some(k) = &from.config_map_key_ref {
-                    let Some(objects) = objects else { continue };
-                    let optional = k.optional.unwrap_or(false);
-                    let Some(o) = lookup(objects, ObjectKind::ConfigMap, &k.name, optional)? else { continue };
-                    match o.env_value(&k.key) {
-                        Some(v) => v,
-                        None if optional => continue,
-                        None => return Err(format!("couldn't find key {} in ConfigMap {namespace}/{}", k.key, k.name)),
-                    }
-                } else if let Some(k) = &from.secret_key_ref {
-                    let Some(objects) = objects else { continue };
-                    let optional = k.optional.unwrap_or(false);
-                    let Some(o) = lookup(objects, ObjectKind::Secret, &k.name, optional)? else { continue };
-                    match o.env_value(&k.key) {
-                        Some(v) => v,
-                        None if optional => continue,
-                        None => return Err(format!("couldn't find key {} in Secret {namespace}/{}", k.key, k.name)),
-                    }
                 } else {
-                    return Err(format!("env {}: valueFrom names no source", e.name));
+                    // An adopted container's environment leaves out what objects give.
+                    let Some(objects) = objects else { continue };
+                    let (kind, name, key, optional) = match (&from.config_map_key_ref, &from.secret_key_ref) {
+                        (Some(k), _) => (ObjectKind::ConfigMap, &k.name, &k.key, k.optional.unwrap_or(false)),
+                        (None, Some(k)) => (ObjectKind::Secret, &k.name, &k.key, k.optional.unwrap_or(false)),
+                        (None, None) => return Err(format!("env {}: valueFrom names no source", e.name)),
+                    };
+                    let Some(o) = lookup(objects, kind, name, optional)? else { continue };
+                    match o.env_value(key) {
+                        Some(v) => v,
+                        None if optional => continue,
+                        None => {
+                            return Err(format!("couldn't find key {key} in {} {namespace}/{name}", kind.kind()));
+                        }
+                    }
                 }
             }
             (Some(v), None) => expand(v, &vars),

@@ -24,6 +24,14 @@ impl ObjectKind {
             Self::Secret => "secret",
         }
     }
+
+    /// The kind's name: `ConfigMap`, `Secret`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "ConfigMap",
+            Self::Secret => "Secret",
+        }
+    }
 }
 
 /// What a ConfigMap or Secret holds. Its values may be secret: `Debug` shows the keys only.

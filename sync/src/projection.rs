@@ -84,6 +84,23 @@ fn object_payload(
     Ok(())
 }
 
+/// The files of ConfigMap or Secret `name` into `out`; nothing when it is missing and `optional`.
+async fn project_object(
+    fetched: &mut Fetched<'_>,
+    kind: ObjectKind,
+    name: &str,
+    items: Option<&[KeyToPath]>,
+    default_mode: u32,
+    optional: Option<bool>,
+    out: &mut Payload,
+) -> Result<(), String> {
+    let optional = optional.unwrap_or(false);
+    match fetched.maybe(kind, name, optional).await? {
+        Some(o) => object_payload(kind, &o, items, default_mode, optional, out),
+        None => Ok(()),
+    }
+}
+
 /// `metadata.labels` and `metadata.annotations` as files: one `key="value"` per line, sorted, as the kubelet
 /// formats them.
 fn format_map(m: Option<&BTreeMap<String, String>>) -> String {
@@ -229,18 +246,11 @@ pub(crate) async fn volume_payload(
 ) -> Result<Option<Payload>, String> {
     let mut out = Payload::new();
     if let Some(cm) = &v.config_map {
-        let optional = cm.optional.unwrap_or(false);
-        if let Some(o) = fetched.maybe(ObjectKind::ConfigMap, &cm.name, optional).await? {
-            let m = mode(cm.default_mode, DEFAULT_MODE);
-            object_payload(ObjectKind::ConfigMap, &o, cm.items.as_deref(), m, optional, &mut out)?;
-        }
+        let m = mode(cm.default_mode, DEFAULT_MODE);
+        project_object(fetched, ObjectKind::ConfigMap, &cm.name, cm.items.as_deref(), m, cm.optional, &mut out).await?;
     } else if let Some(s) = &v.secret {
-        let optional = s.optional.unwrap_or(false);
-        let name = s.secret_name.as_deref().unwrap_or_default();
-        if let Some(o) = fetched.maybe(ObjectKind::Secret, name, optional).await? {
-            let m = mode(s.default_mode, DEFAULT_MODE);
-            object_payload(ObjectKind::Secret, &o, s.items.as_deref(), m, optional, &mut out)?;
-        }
+        let (name, m) = (s.secret_name.as_deref().unwrap_or_default(), mode(s.default_mode, DEFAULT_MODE));
+        project_object(fetched, ObjectKind::Secret, name, s.items.as_deref(), m, s.optional, &mut out).await?;
     } else if let Some(d) = &v.downward_api {
         downward_items(
             pod,
@@ -254,23 +264,12 @@ pub(crate) async fn volume_payload(
         let mut errors = Vec::new();
         for source in p.sources.iter().flatten() {
             let done = if let Some(cm) = &source.config_map {
-                let optional = cm.optional.unwrap_or(false);
-                match fetched.maybe(ObjectKind::ConfigMap, &cm.name, optional).await {
-                    Ok(Some(o)) => {
-                        object_payload(ObjectKind::ConfigMap, &o, cm.items.as_deref(), default_mode, optional, &mut out)
-                    }
-                    Ok(None) => Ok(()),
-                    Err(e) => Err(e),
-                }
+                let items = cm.items.as_deref();
+                project_object(fetched, ObjectKind::ConfigMap, &cm.name, items, default_mode, cm.optional, &mut out)
+                    .await
             } else if let Some(s) = &source.secret {
-                let optional = s.optional.unwrap_or(false);
-                match fetched.maybe(ObjectKind::Secret, &s.name, optional).await {
-                    Ok(Some(o)) => {
-                        object_payload(ObjectKind::Secret, &o, s.items.as_deref(), default_mode, optional, &mut out)
-                    }
-                    Ok(None) => Ok(()),
-                    Err(e) => Err(e),
-                }
+                let items = s.items.as_deref();
+                project_object(fetched, ObjectKind::Secret, &s.name, items, default_mode, s.optional, &mut out).await
             } else if let Some(d) = &source.downward_api {
                 downward_items(pod, d.items.as_deref().unwrap_or_default(), default_mode, node, &mut out)
             } else if let Some(t) = &source.service_account_token {

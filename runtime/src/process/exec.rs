@@ -58,6 +58,12 @@ pub(super) struct ExecRequest {
 /// The exit code of a container whose command could not be started, as runc reports one.
 pub const START_FAILED: i32 = 128;
 
+/// Opens `p` close-on-exec with `flags`, the error naming it.
+fn open(p: &Path, flags: rustix::fs::OFlags) -> Result<OwnedFd, String> {
+    rustix::fs::open(p, flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| format!("cannot open {}: {e}", p.display()))
+}
+
 fn c_path(p: &Path) -> Result<CString, String> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("path {} contains a NUL byte", p.display()))
 }
@@ -97,12 +103,7 @@ impl ExecRequest {
         {
             return Err(format!("workingDir {} is not a directory on this node", self.working_dir.display()));
         }
-        let procs = rustix::fs::open(
-            &self.cgroup_procs,
-            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| format!("cannot open {}: {e}", self.cgroup_procs.display()))?;
+        let procs = open(&self.cgroup_procs, rustix::fs::OFlags::WRONLY)?;
         // Last, as the one step that leaves something on the node (removed again if a later step fails).
         let mut dirs = OverlayDirs::default();
         let overlays = match &plan {
@@ -112,37 +113,35 @@ impl ExecRequest {
         // With overlays, every source is taken before they cover the node's paths (see `sys::ChildSetup`).
         let sources =
             if overlays.is_empty() { Vec::new() } else { mounts.iter().map(|_| AtomicI32::new(-1)).collect() };
-        let setup = ChildSetup {
-            procs,
-            oom_score_adj: self.oom_score_adj.to_string().into_bytes(),
-            mounts,
-            overlays,
-            sources,
-            mount_ns: None,
-            working_dir: c_path(&self.working_dir)?,
-            user: self.user,
-            group: self.group,
-            groups: self.groups.iter().map(|g| rustix::process::Gid::from_raw(*g)).collect(),
-            no_new_privs: self.no_new_privs,
-            drop_capabilities: self.drop_capabilities,
-        };
+        let setup = self.setup(procs, mounts, overlays, sources, None)?;
         Ok((program, args, setup, dirs))
     }
 
     /// The steps of a command run in the mount namespace `ns` of a running container: nothing is mounted; the
     /// working directory is the container's, checked by the child once it has joined.
     fn joining(&self, ns: &Path) -> Result<ChildSetup, String> {
-        let open = |p: &Path, flags| {
-            rustix::fs::open(p, flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-                .map_err(|e| format!("cannot open {}: {e}", p.display()))
-        };
+        let procs = open(&self.cgroup_procs, rustix::fs::OFlags::WRONLY)?;
+        let ns = open(ns, rustix::fs::OFlags::RDONLY)?;
+        self.setup(procs, Vec::new(), Vec::new(), Vec::new(), Some(ns))
+    }
+
+    /// The child's steps: this request's user, groups, capabilities and working directory, with the mounts made
+    /// (or the namespace joined) as given.
+    fn setup(
+        &self,
+        procs: OwnedFd,
+        mounts: Vec<(CString, CString, bool)>,
+        overlays: Vec<OverlaySetup>,
+        sources: Vec<AtomicI32>,
+        mount_ns: Option<OwnedFd>,
+    ) -> Result<ChildSetup, String> {
         Ok(ChildSetup {
-            procs: open(&self.cgroup_procs, rustix::fs::OFlags::WRONLY)?,
+            procs,
             oom_score_adj: self.oom_score_adj.to_string().into_bytes(),
-            mounts: Vec::new(),
-            overlays: Vec::new(),
-            sources: Vec::new(),
-            mount_ns: Some(open(ns, rustix::fs::OFlags::RDONLY)?),
+            mounts,
+            overlays,
+            sources,
+            mount_ns,
             working_dir: c_path(&self.working_dir)?,
             user: self.user,
             group: self.group,
