@@ -660,8 +660,9 @@ impl<R: Runtime> Worker<R> {
 
     /// Makes the pod's volumes ready: the files of those written from objects fetched first, then directories,
     /// tmpfs mounts sized to the pod's memory limit, hostPath checks and creation and the files on a blocking
-    /// thread (`adopting`: see [`volumes::prepare`]'s `keep_last`). The thread holds the volumes' lock until it is done, even when what waits for it is dropped (a
-    /// termination abandons it): the clean-up takes the lock before it removes them.
+    /// thread (`adopting`: see [`volumes::prepare`]'s `keep_last`). The thread holds the volumes' lock until it is
+    /// done, even when what waits for it is dropped (a termination abandons it): the clean-up takes the lock before
+    /// it removes them.
     fn preparing(
         &self,
         adopting: bool,
