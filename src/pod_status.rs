@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use nodewarden_cluster::{KubeError, OWNED_STATUS_FIELDS, PodSet, PodWriter, Written, config_hash, is_mirror};
 use nodewarden_resources::pod::full_name;
@@ -18,6 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 /// The kubelet's `syncPeriod` of its status manager: the full pass.
 pub const FULL_PASS: Duration = Duration::from_secs(10);
+
+/// Status writes in flight at once (each pod has at most one). The kubelet writes one at a time; a burst of pods
+/// starting then waits on round trips, not on the client's rate limit (`kubeAPIQPS`), which still bounds them.
+const STATUS_WRITES: usize = 8;
 
 /// The status manager's state between passes.
 pub struct StatusManager {
@@ -79,15 +84,17 @@ impl StatusManager {
             self.due_without_worker(set);
         }
         self.delete_due(apiserver.as_deref()).await?;
+        // What to write for each status, decided first; then the writes, several at once.
+        let mut writes = Vec::new();
         for u in if all { self.reader.all() } else { self.reader.unreported() } {
             let api_pod = from_apiserver(&u.pod);
             let theirs = if api_pod {
-                apiserver.as_ref().and_then(|s| s.get(&u.uid)).map(|p| &**p)
+                apiserver.as_ref().and_then(|s| s.get(&u.uid)).cloned()
             } else {
                 // A static pod reports through its mirror; until there is one, its status waits (unless it is
                 // the last one of a pod that is gone: then there is nothing to report it to).
                 match apiserver.as_ref().and_then(|s| mirror_of(&u.pod, s)) {
-                    Some(m) => Some(m),
+                    Some(m) => Some(m.clone()),
                     None if u.gone => {
                         self.reader.ack(&u.uid, u.generation);
                         continue;
@@ -95,29 +102,48 @@ impl StatusManager {
                     None => continue,
                 }
             };
-            if all && !u.gone && theirs.is_some_and(|t| holds(t, &u.pod)) {
+            if all && !u.gone && theirs.as_ref().is_some_and(|t| holds(t, &u.pod)) {
                 self.reader.ack(&u.uid, u.generation);
                 continue;
             }
-            let written = match theirs {
-                // Listed before and not any more: the pod is gone from the apiserver (a forced deletion).
-                None if apiserver.is_some() => Ok(Written::Gone),
-                Some(mirror) if !api_pod => {
-                    let mut pod = Pod::clone(&u.pod);
-                    pod.metadata.uid.clone_from(&mirror.metadata.uid);
-                    self.writer.patch_status(&pod, Some(mirror)).await
-                }
-                theirs => self.writer.patch_status(&u.pod, theirs).await,
-            };
+            writes.push((u, theirs, api_pod));
+        }
+        let writer = &self.writer;
+        let listed = apiserver.is_some();
+        let results: Vec<(StatusUpdate, Result<Written, KubeError>)> = futures_util::stream::iter(writes)
+            .map(|(u, theirs, api_pod)| async move {
+                let written = match theirs {
+                    // Listed before and not any more: the pod is gone from the apiserver (a forced deletion).
+                    None if listed => Ok(Written::Gone),
+                    Some(mirror) if !api_pod => {
+                        let mut pod = Pod::clone(&u.pod);
+                        pod.metadata.uid.clone_from(&mirror.metadata.uid);
+                        writer.patch_status(&pod, Some(&mirror)).await
+                    }
+                    theirs => writer.patch_status(&u.pod, theirs.as_deref()).await,
+                };
+                (u, written)
+            })
+            .buffer_unordered(STATUS_WRITES)
+            .collect()
+            .await;
+        let mut away = None;
+        for (u, written) in results {
             let written = match written {
                 Ok(w) => w,
                 Err(e) if refused(&e) => {
                     tracing::warn!(pod = %full_name(&u.pod), error = %e, "the apiserver refused a pod status");
                     Written::Done
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    away.get_or_insert(e);
+                    continue;
+                }
             };
             self.acked(&u, written);
+        }
+        if let Some(e) = away {
+            return Err(e);
         }
         if let Some(set) = &apiserver {
             self.report_refused(set).await?;
@@ -204,15 +230,14 @@ impl StatusManager {
 }
 
 /// The mirror pod of static pod `pod` in `apiserver`: its name, and its static pod's hash.
-fn mirror_of<'a>(pod: &Pod, apiserver: &'a PodSet) -> Option<&'a Pod> {
+fn mirror_of<'a>(pod: &Pod, apiserver: &'a PodSet) -> Option<&'a Arc<Pod>> {
     let hash = config_hash(pod)?;
-    let mirror = apiserver.values().find(|m| {
+    apiserver.values().find(|m| {
         is_mirror(m)
             && m.metadata.name == pod.metadata.name
             && m.metadata.namespace == pod.metadata.namespace
             && config_hash(m) == Some(hash)
-    });
-    mirror.map(|m| &**m)
+    })
 }
 
 /// Whether the apiserver's pod `theirs` holds every field of `ours`'s status (it may hold more: conditions
