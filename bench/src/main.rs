@@ -528,6 +528,15 @@ impl Drop for StaticNode {
     fn drop(&mut self) {
         let _ = self.guard.0.kill();
         let _ = self.guard.0.wait();
+        // `NODEWARDEN_BENCH_LOGS`: a directory where each node's daemon log is kept, to see where a run's time went.
+        if let Some(keep) = std::env::var_os("NODEWARDEN_BENCH_LOGS") {
+            let name = self.dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let _ = std::fs::create_dir_all(&keep);
+            let free = (1..).map(|i| Path::new(&keep).join(format!("{name}-{i}.log"))).find(|p| !p.exists());
+            if let Some(to) = free {
+                let _ = std::fs::copy(self.dir.join("daemon.log"), to);
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
