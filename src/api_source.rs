@@ -25,6 +25,8 @@ pub struct ApiPodSource {
     pub pods: watch::Receiver<Option<Arc<PodSet>>>,
     /// `kubelet_pod_start_sli_duration_seconds`.
     pub start_sli: Histogram,
+    /// The pods' image pulls, which the SLI leaves out.
+    pub pulls: Arc<crate::pod_events::PodEvents>,
 }
 
 impl PodSource for ApiPodSource {
@@ -39,8 +41,10 @@ impl PodSource for ApiPodSource {
             }
             // The latest set only: sets that came while the manager was busy are passed over.
             let Some(set) = self.pods.borrow_and_update().clone() else { continue };
-            for (pod, took) in starts.observe(&set, Timestamp::now()) {
-                tracing::info!(pod = %pod, seconds = took, "observed the pod's start through the watch");
+            for (uid, pod, took) in starts.observe(&set, Timestamp::now()) {
+                let pulling = self.pulls.take_pull_time(&uid).as_secs_f64();
+                let took = (took - pulling).max(0.0);
+                tracing::info!(pod = %pod, seconds = took, pulling, "observed the pod's start through the watch");
                 self.start_sli.observe(took);
             }
             let snapshot = snapshot(&set);
@@ -57,7 +61,7 @@ impl PodSource for ApiPodSource {
 }
 
 /// The pod startup SLI as the kubelet measures it: from a pod's creation to the moment the watch shows all its
-/// containers running, for pods first seen not running. (Image pulls are not taken out yet.)
+/// containers running, for pods first seen not running; the time its image pulls took is taken out by the caller.
 #[derive(Debug, Default)]
 struct Starts {
     /// Every pod of the last set.
@@ -67,15 +71,15 @@ struct Starts {
 }
 
 impl Starts {
-    /// The pods of `set` whose start is observed now: their namespaced names and seconds from their creation.
-    fn observe(&mut self, set: &PodSet, now: Timestamp) -> Vec<(String, f64)> {
+    /// The pods of `set` whose start is observed now: their UIDs, namespaced names and seconds from their creation.
+    fn observe(&mut self, set: &PodSet, now: Timestamp) -> Vec<(String, String, f64)> {
         let mut out = Vec::new();
         for (uid, pod) in set.iter().filter(|(_, p)| !is_mirror(p)) {
             let new = self.seen.insert(uid.clone());
             if all_running(pod) {
                 if let Some(created) = self.waiting.remove(uid) {
                     let took = now.duration_since(created).as_secs_f64().max(0.0);
-                    out.push((full_name(pod), took));
+                    out.push((uid.clone(), full_name(pod), took));
                 }
             } else if new && let Some(created) = &pod.metadata.creation_timestamp {
                 self.waiting.insert(uid.clone(), created.0);
@@ -188,7 +192,7 @@ mod tests {
         );
         let seen =
             starts.observe(&PodSet::from([("u1".into(), Arc::new(running.clone()))]), at("2026-12-06T10:00:02.5Z"));
-        assert_eq!(seen, [("default/web".to_owned(), 2.5)]);
+        assert_eq!(seen, [("u1".to_owned(), "default/web".to_owned(), 2.5)]);
         assert!(
             starts
                 .observe(&PodSet::from([("u1".into(), Arc::new(running.clone()))]), at("2026-12-06T10:00:09Z"))

@@ -161,6 +161,7 @@ pub async fn start(
                 let recorder =
                     nodewarden_cluster::start(status2, s, clients.clone(), facts, changed, &tasks2, shutdown2.clone());
                 pod_events.join(recorder);
+                let pulls = pod_events.clone();
                 pod_objects.join(ObjectReader::new(clients.clone()));
                 let (set_tx, set) = watch::channel(None);
                 let mirrors = PodWriter::new(clients.clone());
@@ -168,7 +169,7 @@ pub async fn start(
                     crate::mirror::run(pods.clone(), mirrors, st.clone(), node.clone(), set.clone(), shutdown2.clone());
                 tasks2.spawn(mirroring);
                 tasks2.spawn(watch_pods(c, st, node, set_tx, shutdown2.clone()));
-                let source = ApiPodSource { pods: set.clone(), start_sli };
+                let source = ApiPodSource { pods: set.clone(), start_sli, pulls };
                 tasks2.spawn(source.run(pod_source, shutdown2.clone()));
                 match StatusManager::new(pods.store(), PodWriter::new(clients), set) {
                     Some(manager) => {

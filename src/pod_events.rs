@@ -3,9 +3,12 @@
 //! (through the node side's recorder, correlated as client-go does). A daemon that is joining keeps the events
 //! of its first moments until the recorder is there, as the kubelet's broadcaster queues them.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_cluster::{NodeEvent, PodRef, Recorder};
@@ -14,6 +17,9 @@ use nodewarden_sync::{EventSink, EventType, PodEvent};
 /// Events kept until the recorder is there; more are dropped.
 const KEPT: usize = 1000;
 
+/// Pods whose pull spans are kept until their start is observed; pulls of more pods are not counted.
+const SPANS_KEPT: usize = 10_000;
+
 /// Pod events as log lines, and as Events once a cluster is joined.
 #[derive(Debug, Default)]
 pub struct PodEvents {
@@ -21,6 +27,8 @@ pub struct PodEvents {
     /// Whether a cluster is being joined: events are kept for it meanwhile.
     joining: AtomicBool,
     pending: Mutex<VecDeque<NodeEvent>>,
+    /// By pod UID: from the start of its first image pull to the end of its last, until its start is observed.
+    pulls: Mutex<BTreeMap<String, (Instant, Instant)>>,
 }
 
 impl PodEvents {
@@ -37,6 +45,13 @@ impl PodEvents {
         }
         let _ = self.cluster.set(recorder);
         self.joining.store(true, Ordering::SeqCst);
+    }
+
+    /// How long pod `uid` spent pulling images (from its first pull's start to its last pull's end, as the
+    /// kubelet's startup latency tracker counts it), forgetting it: the pod startup SLI leaves that out.
+    pub fn take_pull_time(&self, uid: &str) -> Duration {
+        let span = self.pulls.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
+        span.map_or(Duration::ZERO, |(first, last)| last.saturating_duration_since(first))
     }
 }
 
@@ -94,6 +109,17 @@ impl EventSink for PodEvents {
         self.post(e, Some(about));
     }
 
+    fn image_pulled(&self, pod: &Pod, began: Instant, ended: Instant) {
+        let Some(uid) = pod.metadata.uid.as_deref() else { return };
+        let mut pulls = self.pulls.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((first, last)) = pulls.get_mut(uid) {
+            *first = (*first).min(began);
+            *last = (*last).max(ended);
+        } else if pulls.len() < SPANS_KEPT {
+            pulls.insert(uid.to_owned(), (began, ended));
+        }
+    }
+
     fn node_event(&self, e: PodEvent) {
         match e.event_type {
             EventType::Warning => tracing::info!(reason = %e.reason, "{}", e.message),
@@ -106,7 +132,6 @@ impl EventSink for PodEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     use nodewarden_cluster::Clients;
     use nodewarden_testapi::TestApi;
@@ -128,6 +153,19 @@ mod tests {
             message: format!("{reason} container app"),
             container: container.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn a_pods_pull_time_spans_its_first_pull_to_its_last_and_is_taken_once() {
+        let events = PodEvents::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Two containers' pulls, overlapping: from the first start to the last end, as the kubelet counts.
+        events.image_pulled(&pod(), at(1), at(4));
+        events.image_pulled(&pod(), at(2), at(6));
+        assert_eq!(events.take_pull_time("u-1"), Duration::from_secs(5));
+        assert_eq!(events.take_pull_time("u-1"), Duration::ZERO, "forgotten once taken");
+        assert_eq!(events.take_pull_time("other"), Duration::ZERO);
     }
 
     #[tokio::test]
@@ -157,7 +195,7 @@ mod tests {
         events.pod_event(&pod(), event("Killing", None));
         let reasons =
             || -> Vec<Value> { api.list("events", Some("ns1")).iter().map(|e| e["reason"].clone()).collect() };
-        let start = tokio::time::Instant::now();
+        let start = Instant::now();
         while reasons().len() < 4 {
             assert!(start.elapsed() < Duration::from_secs(10), "the events: {:?}", reasons());
             tokio::time::sleep(Duration::from_millis(20)).await;

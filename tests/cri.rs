@@ -464,6 +464,10 @@ fn bad_images_and_sockets_get_clear_errors() {
     let message = container(&p, "app")["state"]["waiting"]["message"].as_str().unwrap();
     assert!(message.contains("localhost/absent:1"), "{message}");
     assert_eq!(phase(&p), "Pending");
+    // The kubelet's warning events of a pull, in the daemon's log.
+    let log = n.d.log();
+    assert!(log.contains(r#"Failed to pull image "localhost/absent:1": "#), "{log}");
+    assert!(log.contains("Error: ErrImagePull") && log.contains("Error: ImagePullBackOff"), "{log}");
     let pod_cg = n.pod_cgroup(&p);
     remove_pod(&n, "nopull.yaml", "nopull");
     wait_until(10, "the pod cgroup was removed", || !pod_cg.exists());

@@ -17,9 +17,9 @@ mod selected;
 pub use logfile::copy_truncate;
 pub use process::{ProcessRuntime, START_FAILED};
 pub use seam::{
-    ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageSummary, LinuxResources, MainProcess,
-    Mount, NoSandboxes, NoStreaming, Problem, PullPolicy, RegistryAuth, RunningSandbox, Runtime, RuntimeError,
-    RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started, StopSignals, StreamingRuntime, Streams,
-    exit_reason,
+    ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageService, ImageSummary, LinuxResources,
+    MainProcess, Mount, NoImages, NoSandboxes, NoStreaming, Problem, PullPolicy, PulledImage, RegistryAuth,
+    RunningSandbox, Runtime, RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
+    StopSignals, StreamingRuntime, Streams, exit_reason,
 };
 pub use selected::SelectedRuntime;

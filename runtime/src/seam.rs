@@ -462,6 +462,13 @@ pub trait Runtime: RuntimeFacts + 'static {
     /// runtime).
     fn sandboxes(&self) -> Option<&Self::Sandboxes>;
 
+    /// The runtime's images, where it has them.
+    type Images: ImageService;
+
+    /// The images of a runtime that pulls them (CRI); `None` where a container runs the node's own files (the
+    /// process runtime). Pod sync makes a container's image present through it before [`Runtime::start`].
+    fn image_service(&self) -> Option<&Self::Images>;
+
     /// The runtime's interactive sessions, where it serves them.
     type Streaming: StreamingRuntime;
 
@@ -606,6 +613,42 @@ pub trait StreamingRuntime: Send + Sync + 'static {
         sandbox_id: &str,
         ports: &[u16],
     ) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+}
+
+/// An image pulled by [`ImageService::pull_image`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PulledImage {
+    /// The reference the runtime resolved the image to.
+    pub image_ref: String,
+    /// Its size in bytes, as the runtime gives it after the pull (0 when it does not say).
+    pub size_bytes: u64,
+    /// How long the pull itself took, not counting a wait for an earlier pull (`serializeImagePulls`).
+    pub pulling: Duration,
+}
+
+/// A runtime's images: whether one is on the node, and its pull (the kubelet's image service).
+pub trait ImageService: Send + Sync + 'static {
+    /// Whether `image` is on the node.
+    fn image_present(&self, image: &str) -> impl Future<Output = Result<bool, RuntimeError>> + Send;
+
+    /// Pulls the image of `spec` with its credentials (each in turn; anonymously where it has none), in the
+    /// context of its pod sandbox. A failure is a [`RuntimeError::Image`].
+    fn pull_image(&self, spec: &ContainerSpec) -> impl Future<Output = Result<PulledImage, RuntimeError>> + Send;
+}
+
+/// The images of a runtime that has none: this type has no values, so [`Runtime::image_service`] can only be
+/// `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoImages {}
+
+impl ImageService for NoImages {
+    async fn image_present(&self, _image: &str) -> Result<bool, RuntimeError> {
+        match *self {}
+    }
+
+    async fn pull_image(&self, _spec: &ContainerSpec) -> Result<PulledImage, RuntimeError> {
+        match *self {}
+    }
 }
 
 /// The interactive sessions of a runtime that serves none: this type has no values, so [`Runtime::streaming`] can

@@ -58,6 +58,12 @@ impl Runtime for SelectedRuntime {
         }
     }
 
+    type Images = CriRuntime;
+
+    fn image_service(&self) -> Option<&CriRuntime> {
+        self.sandboxes()
+    }
+
     type Streaming = CriRuntime;
 
     fn streaming(&self) -> Option<&CriRuntime> {

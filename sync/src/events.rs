@@ -46,6 +46,12 @@ pub trait EventSink: Send + Sync + 'static {
 
     /// Records `event` about the node itself (its `container` is `None`). Must not block.
     fn node_event(&self, event: PodEvent);
+
+    /// A pull of one of `pod`'s images ran from `began` to `ended`: the pod startup SLI leaves pulls out. The
+    /// default forgets it. Must not block.
+    fn image_pulled(&self, pod: &Pod, began: tokio::time::Instant, ended: tokio::time::Instant) {
+        let _ = (pod, began, ended);
+    }
 }
 
 /// What a pod worker's transition saw happen, by container index where it is about one.
@@ -65,6 +71,10 @@ pub(crate) enum Happened {
     Killing { index: usize, probe: Option<ProbeKind> },
     /// A container is stopped because its definition changed (a new image); it is started again with it.
     Redefined(usize),
+    /// What happened to a container's image: present, pulled, or why not.
+    Image { index: usize, image: String, what: crate::images::ImageEvent },
+    /// A container's image pull failed and waits out its back-off before the next try.
+    ImageBackOff(usize),
     /// Admission refused the pod, with its reason (`OutOfmemory`, ...) and message.
     Refused { reason: String, message: String },
     /// The pod's volumes could not be made.
@@ -108,6 +118,15 @@ impl Happened {
                 format!("Container {} definition changed, will be restarted", name(i)),
                 Some(name(i)),
             ),
+            Happened::Image { index, image, what } => {
+                let (warning, reason, message) = what.words(image);
+                (if warning { Warning } else { Normal }, reason, message, Some(name(index)))
+            }
+            Happened::ImageBackOff(i) => {
+                let c = pod.spec.iter().flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers));
+                let image = c.filter(|c| c.name == name(i)).find_map(|c| c.image.clone()).unwrap_or_default();
+                (Normal, "BackOff", format!("Back-off pulling image {image:?}"), Some(name(i)))
+            }
             Happened::Refused { reason, message } => (Warning, reason.as_str(), message.clone(), None),
             Happened::FailedMount(why) => (Warning, crate::volumes::VolumeError::REASON, why.clone(), None),
             Happened::FailedSandbox(why) => {

@@ -12,6 +12,7 @@ mod events;
 mod evictor;
 mod feed;
 pub mod fuzzing;
+mod images;
 mod logs;
 mod manager;
 mod manifest;

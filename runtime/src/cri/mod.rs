@@ -28,8 +28,9 @@ pub use config::{DEFAULT_ROOT_DIR, container_config, managed_value, sandbox_conf
 pub use metrics::RuntimeMetrics;
 
 use crate::seam::{
-    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageSummary, MainProcess, PullPolicy, RunningSandbox, Runtime,
-    RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started, StreamingRuntime, Streams,
+    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageService, ImageSummary, MainProcess, PulledImage,
+    RunningSandbox, Runtime, RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
+    StreamingRuntime, Streams,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
@@ -267,51 +268,6 @@ impl CriRuntime {
         self.client.list_pod_sandbox(Some(filter)).await
     }
 
-    /// Makes the image present under the pull policy.
-    async fn ensure_image(&self, spec: &ContainerSpec, sandbox: &PodSandboxConfig) -> Result<(), RuntimeError> {
-        if spec.pull_policy != PullPolicy::Always {
-            let present = self.client.image_status(&spec.image).await.map_err(runtime_error)?;
-            if present.is_some() {
-                return Ok(());
-            }
-            if spec.pull_policy == PullPolicy::Never {
-                return Err(RuntimeError::Image {
-                    reason: "ErrImageNeverPull",
-                    message: format!("Container image {:?} is not present with pull policy of Never", spec.image),
-                });
-            }
-        }
-        let _serial = if self.settings.serialize_image_pulls { Some(self.pulls.lock().await) } else { None };
-        tracing::info!(image = %spec.image, credentials = spec.pull_auths.len(), "pulling image");
-        // Each matching credential in turn, as the kubelet tries them; anonymous where none matches.
-        let auths: Vec<Option<AuthConfig>> = if spec.pull_auths.is_empty() {
-            vec![None]
-        } else {
-            spec.pull_auths.iter().map(|a| Some(auth_config(a))).collect()
-        };
-        let mut last = None;
-        for auth in auths {
-            let req = PullImageRequest {
-                image: Some(client::image_spec(&spec.image)),
-                auth,
-                sandbox_config: Some(sandbox.clone()),
-            };
-            match self.client.pull_image(req, PULL_DEADLINE).await {
-                Ok(image_ref) => {
-                    tracing::info!(image = %spec.image, %image_ref, "image pulled");
-                    lock(&self.known).pulled();
-                    return Ok(());
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let e = last.map(|e| e.to_string()).unwrap_or_default();
-        Err(RuntimeError::Image {
-            reason: "ErrImagePull",
-            message: format!("failed to pull image {:?}: {e}", spec.image),
-        })
-    }
-
     /// False when the runtime says the sandbox is missing or not ready; true when it is ready or cannot say.
     async fn sandbox_ready(&self, id: &str) -> bool {
         match self.client.pod_sandbox_status(id).await {
@@ -454,10 +410,65 @@ impl RuntimeFacts for CriRuntime {
     }
 }
 
+impl ImageService for CriRuntime {
+    async fn image_present(&self, image: &str) -> Result<bool, RuntimeError> {
+        Ok(self.client.image_status(image).await.map_err(runtime_error)?.is_some())
+    }
+
+    async fn pull_image(&self, spec: &ContainerSpec) -> Result<PulledImage, RuntimeError> {
+        let sandbox = lock(&self.sandboxes).get(&spec.sandbox_id).map(|(_, config)| config.clone());
+        let Some(sandbox_config) = sandbox else {
+            return Err(RuntimeError::SandboxNotFound(spec.sandbox_id.clone()));
+        };
+        let _serial = if self.settings.serialize_image_pulls { Some(self.pulls.lock().await) } else { None };
+        let began = tokio::time::Instant::now();
+        tracing::info!(image = %spec.image, credentials = spec.pull_auths.len(), "pulling image");
+        // Each matching credential in turn, as the kubelet tries them; anonymous where none matches.
+        let auths: Vec<Option<AuthConfig>> = if spec.pull_auths.is_empty() {
+            vec![None]
+        } else {
+            spec.pull_auths.iter().map(|a| Some(auth_config(a))).collect()
+        };
+        let mut last = None;
+        for auth in auths {
+            let req = PullImageRequest {
+                image: Some(client::image_spec(&spec.image)),
+                auth,
+                sandbox_config: Some(sandbox_config.clone()),
+            };
+            match self.client.pull_image(req, PULL_DEADLINE).await {
+                Ok(image_ref) => {
+                    let pulling = began.elapsed();
+                    tracing::info!(image = %spec.image, %image_ref, seconds = pulling.as_secs_f64(), "image pulled");
+                    lock(&self.known).pulled();
+                    // The size the Pulled event reports; a runtime that cannot say leaves it 0.
+                    let size_bytes = match self.client.image_status(&image_ref).await {
+                        Ok(image) => image.map_or(0, |i| i.size),
+                        Err(_) => 0,
+                    };
+                    return Ok(PulledImage { image_ref, size_bytes, pulling });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let e = last.map(|e| e.to_string()).unwrap_or_default();
+        Err(RuntimeError::Image {
+            reason: "ErrImagePull",
+            message: format!("failed to pull image {:?}: {e}", spec.image),
+        })
+    }
+}
+
 impl Runtime for CriRuntime {
     type Sandboxes = Self;
 
     fn sandboxes(&self) -> Option<&Self> {
+        Some(self)
+    }
+
+    type Images = Self;
+
+    fn image_service(&self) -> Option<&Self> {
         Some(self)
     }
 
@@ -494,7 +505,6 @@ impl Runtime for CriRuntime {
         let Some((pod, sandbox_config)) = sandbox else {
             return Err(RuntimeError::SandboxNotFound(spec.sandbox_id.clone()));
         };
-        self.ensure_image(spec, &sandbox_config).await?;
         let req = CreateContainerRequest {
             pod_sandbox_id: spec.sandbox_id.clone(),
             config: Some(self.container_config(spec, &pod)),

@@ -14,6 +14,7 @@ use nodewarden_resources::CgroupPath;
 use tonic::{Request, Response, Status};
 
 use super::*;
+use crate::seam::{ImageService as _, PullPolicy};
 use crate::seam::{LinuxResources, Mount as SpecMount};
 
 #[derive(Default)]
@@ -322,8 +323,10 @@ impl ImageService for Fake {
 
     async fn image_status(&self, r: Request<ImageStatusRequest>) -> Result<Response<ImageStatusResponse>, Status> {
         let name = r.into_inner().image.unwrap_or_default().image;
+        // By name or by the reference a pull answered.
+        let name = name.strip_prefix("sha256:").map_or(name.clone(), str::to_owned);
         let present = self.state().images.contains(&name);
-        let image = present.then(|| Image { id: name.clone(), ..Image::default() });
+        let image = present.then(|| Image { id: name.clone(), size: 1 << 20, ..Image::default() });
         Ok(Response::new(ImageStatusResponse { image, info: HashMap::new() }))
     }
 
@@ -434,7 +437,12 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
     assert_eq!(rt.check_version().await.unwrap(), ("fake".to_owned(), "1".to_owned()));
 
     let sb = rt.run_sandbox(&sandbox("u1")).await.unwrap().id;
-    let c = rt.start(&container(&sb, "u1", "localhost/app:1", PullPolicy::IfNotPresent)).await.unwrap();
+    let app = container(&sb, "u1", "localhost/app:1", PullPolicy::IfNotPresent);
+    assert!(!rt.image_present("localhost/app:1").await.unwrap());
+    let pulled = rt.pull_image(&app).await.unwrap();
+    assert_eq!((pulled.image_ref.as_str(), pulled.size_bytes), ("sha256:localhost/app:1", 1 << 20));
+    assert!(rt.image_present("localhost/app:1").await.unwrap());
+    let c = rt.start(&app).await.unwrap();
     {
         let s = fake.state();
         assert_eq!(s.sandboxes[0].1.linux.as_ref().unwrap().cgroup_parent, "/nodewarden/kubepods/podu1");
@@ -452,8 +460,8 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(rt.images().iter().map(|i| i.names.clone()).collect::<Vec<_>>(), [["localhost/app:1"]]);
-    // The image is present now: a second container does not pull it again.
-    let mut second = container(&sb, "u1", "localhost/app:1", PullPolicy::IfNotPresent);
+    // Starting a container does not pull (pod sync makes its image present first, under its pull policy).
+    let mut second = container(&sb, "u1", "localhost/app:1", PullPolicy::Always);
     second.name = "second".into();
     rt.start(&second).await.unwrap();
     assert_eq!(fake.state().calls.iter().filter(|c| c.starts_with("PullImage")).count(), 1);
@@ -494,23 +502,17 @@ async fn a_pod_runs_in_its_placement_and_its_oom_kill_is_reported() {
 }
 
 #[tokio::test]
-async fn images_follow_the_pull_policy_and_pull_errors_have_the_kubelets_reasons() {
+async fn pulls_try_each_credential_and_fail_with_the_kubelets_reason() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::default();
     let rt = started(&fake, dir.path());
     let sb = rt.run_sandbox(&sandbox("u2")).await.unwrap().id;
-    let err = rt.start(&container(&sb, "u2", "registry.invalid/x:1", PullPolicy::IfNotPresent)).await.unwrap_err();
+    let err = rt.pull_image(&container(&sb, "u2", "registry.invalid/x:1", PullPolicy::IfNotPresent)).await.unwrap_err();
     let RuntimeError::Image { reason, message } = err else { panic!("{err:?}") };
     assert_eq!(reason, "ErrImagePull");
     assert!(message.contains("registry.invalid/x:1") && message.contains("not found"), "{message}");
-
-    let err = rt.start(&container(&sb, "u2", "localhost/absent:1", PullPolicy::Never)).await.unwrap_err();
-    assert!(matches!(err, RuntimeError::Image { reason: "ErrImageNeverPull", .. }), "{err:?}");
-
-    fake.state().images.insert("localhost/here:1".into());
-    fake.state().pullable.insert("localhost/here:1".into());
-    rt.start(&container(&sb, "u2", "localhost/here:1", PullPolicy::Always)).await.unwrap();
-    assert!(fake.state().calls.contains(&"PullImage localhost/here:1".to_owned()), "Always pulls even when present");
+    let elsewhere = container("gone", "u2", "localhost/here:1", PullPolicy::Always);
+    assert_eq!(rt.pull_image(&elsewhere).await.unwrap_err(), RuntimeError::SandboxNotFound("gone".into()));
 
     // A private image: each credential in turn until one is let in; without one, the registry's refusal.
     fake.state().pullable.insert("reg.example/private:1".into());
@@ -523,12 +525,12 @@ async fn images_follow_the_pull_policy_and_pull_errors_have_the_kubelets_reasons
     };
     let mut private = container(&sb, "u2", "reg.example/private:1", PullPolicy::Always);
     private.pull_auths = vec![auth("wrong"), auth("right")];
-    rt.start(&private).await.unwrap();
+    rt.pull_image(&private).await.unwrap();
     let calls = fake.state().calls.clone();
     let pulls: Vec<&String> = calls.iter().filter(|c| c.starts_with("PullImage reg.example")).collect();
     assert_eq!(pulls, ["PullImage reg.example/private:1 as wrong", "PullImage reg.example/private:1 as right"]);
     private.pull_auths.clear();
-    let err = rt.start(&private).await.unwrap_err();
+    let err = rt.pull_image(&private).await.unwrap_err();
     assert!(
         matches!(&err, RuntimeError::Image { reason: "ErrImagePull", message } if message.contains("denied")),
         "{err:?}"

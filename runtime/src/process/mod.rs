@@ -27,8 +27,8 @@ use exec::ExecRequest;
 pub use exec::START_FAILED;
 
 use crate::seam::{
-    ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, MainProcess, NoSandboxes, NoStreaming,
-    Runtime, RuntimeError, RuntimeFacts, Started, StopSignals, exit_reason,
+    ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, MainProcess, NoImages, NoSandboxes,
+    NoStreaming, Runtime, RuntimeError, RuntimeFacts, Started, StopSignals, exit_reason,
 };
 
 /// The `PATH` a container gets when its spec sets none: the process runtime has no image to take one from.
@@ -407,6 +407,12 @@ impl Runtime for ProcessRuntime {
     type Sandboxes = NoSandboxes;
 
     fn sandboxes(&self) -> Option<&NoSandboxes> {
+        None
+    }
+
+    type Images = NoImages;
+
+    fn image_service(&self) -> Option<&NoImages> {
         None
     }
 

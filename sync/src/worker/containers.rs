@@ -17,6 +17,7 @@ pub(super) enum Completed {
     /// Container `index` was started for run `attempt`, or why not.
     Started { index: usize, attempt: u32, result: Result<Started, StartFailure> },
 }
+use crate::events::Happened;
 use crate::probe::{self, LOOPBACK, ProbeConfig, ProbeKind};
 use crate::spec::{PodContext, PodIps, container_spec};
 use nodewarden_runtime::{
@@ -228,8 +229,29 @@ impl<R: Runtime> Worker<R> {
         let runtime = self.shared.runtime.clone();
         let metrics = self.shared.metrics.clone();
         let full_name = self.full_name();
+        // The image's events need the pod and its containers' names; only a runtime with images has them.
+        let images = self.shared.runtime.image_service().is_some().then(|| {
+            let names: Vec<String> = self.lifecycle.containers.iter().map(|c| c.name.clone()).collect();
+            (self.pod.clone(), names, self.shared.events.clone())
+        });
         self.tasks.in_flight.spawn(async move {
-            let result = match runtime.start(&spec).await {
+            let pulled = match (runtime.image_service(), &images) {
+                (Some(service), Some((pod, names, events))) => {
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let record = |h: Happened| events.pod_event(pod, h.event(pod, &names));
+                    let ensured = crate::images::ensure(service, index, &spec, record).await;
+                    if let Ok(Some((began, ended))) = ensured {
+                        events.image_pulled(pod, began, ended);
+                    }
+                    ensured.map(|_| ())
+                }
+                _ => Ok(()),
+            };
+            let started = match pulled {
+                Ok(()) => runtime.start(&spec).await,
+                Err(e) => Err(e),
+            };
+            let result = match started {
                 Ok(started) => {
                     tracing::info!(pod = %full_name, container = %spec.name, pid = started.pid, attempt, "container started");
                     Ok(started)

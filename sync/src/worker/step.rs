@@ -78,9 +78,17 @@ impl Lifecycle {
                         }
                     }
                     Err(StartFailure { reason, message, sandbox_lost }) => {
-                        let said = if message.is_empty() { reason.clone() } else { message.clone() };
+                        // An image's failure was told by its own event: this one says the reason, as the kubelet's.
+                        let by_reason = message.is_empty() || crate::images::REASONS.contains(&reason.as_str());
+                        let said = if by_reason { reason.clone() } else { message.clone() };
                         out.push(Action::Record(Happened::StartFailed { index, message: said }));
                         let retry_at = c.backoff.restart_at(now, now);
+                        if reason == "ErrImagePull" && retry_at > now {
+                            out.extend([
+                                Action::Record(Happened::ImageBackOff(index)),
+                                Action::Record(Happened::StartFailed { index, message: "ImagePullBackOff".into() }),
+                            ]);
+                        }
                         c.state = ContainerState::StartFailed { reason, message, retry_at };
                         if sandbox_lost && let Some(then) = self.resume_point() {
                             self.state = PodState::Preparing { step: PrepareStep::Sandbox, then };

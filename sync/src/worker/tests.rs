@@ -121,6 +121,20 @@ impl SandboxRuntime for Fake {
     }
 }
 
+/// Every image is present but those that cannot be pulled; the others pull at once.
+impl nodewarden_runtime::ImageService for Fake {
+    async fn image_present(&self, image: &str) -> Result<bool, RuntimeError> {
+        Ok(!self.unpullable.lock().unwrap().iter().any(|i| i == image))
+    }
+
+    async fn pull_image(&self, spec: &ContainerSpec) -> Result<nodewarden_runtime::PulledImage, RuntimeError> {
+        if self.unpullable.lock().unwrap().contains(&spec.image) {
+            return Err(RuntimeError::Image { reason: "ErrImagePull", message: format!("cannot pull {}", spec.image) });
+        }
+        Ok(nodewarden_runtime::PulledImage { image_ref: spec.image.clone(), ..Default::default() })
+    }
+}
+
 impl RuntimeFacts for Fake {
     fn scheme(&self) -> &'static str {
         "fake"
@@ -134,6 +148,12 @@ impl Runtime for Fake {
         Some(self)
     }
 
+    type Images = Self;
+
+    fn image_service(&self) -> Option<&Self> {
+        Some(self)
+    }
+
     type Streaming = nodewarden_runtime::NoStreaming;
 
     fn streaming(&self) -> Option<&nodewarden_runtime::NoStreaming> {
@@ -142,9 +162,6 @@ impl Runtime for Fake {
 
     async fn start(&self, spec: &ContainerSpec) -> Result<Started, RuntimeError> {
         assert_eq!(spec.sandbox_id, format!("sb-{}", spec.pod_uid), "containers start in the pod's sandbox");
-        if self.unpullable.lock().unwrap().contains(&spec.image) {
-            return Err(RuntimeError::Image { reason: "ErrImagePull", message: format!("cannot pull {}", spec.image) });
-        }
         let panics = {
             let mut p = self.panics.lock().unwrap();
             let found = p.iter().position(|n| *n == spec.name);
@@ -400,7 +417,8 @@ async fn crash_loop_back_off_doubles_from_ten_seconds() {
     assert_eq!(phase(&v), "Running", "a restarting pod is Running, as the kubelet reports it");
     // The first restart is at once; each later one waits out a back-off, and says so.
     let reasons = h.events.reasons("u1");
-    let started = ["Created", "Started"];
+    // The image is untagged: pulled before each start (`Always`), as the kubelet does.
+    let started = ["Pulling", "Pulled", "Created", "Started"];
     let want: Vec<&str> =
         [&started[..], &started, &["BackOff"], &started, &["BackOff"], &started, &["BackOff"], &started, &["BackOff"]]
             .concat();
@@ -923,6 +941,19 @@ async fn an_image_that_cannot_be_pulled_backs_off() {
     assert!(message.starts_with("Back-off pulling image \"registry.invalid/app:1\""), "{message}");
     assert!(message.ends_with("cannot pull registry.invalid/app:1"), "the pull error is kept: {message}");
     assert_eq!(phase(&v), "Pending");
+    let events = h.events.0.lock().unwrap().clone();
+    let said: Vec<(&str, &str)> = events.iter().map(|(_, r, m)| (r.as_str(), m.as_str())).collect();
+    let failed = "Failed to pull image \"registry.invalid/app:1\": cannot pull registry.invalid/app:1";
+    let pulls = [
+        ("Pulling", "Pulling image \"registry.invalid/app:1\""),
+        ("Failed", failed),
+        ("Failed", "Error: ErrImagePull"),
+    ];
+    assert_eq!(said[..3], pulls, "each try");
+    // The first retry is at once; later ones wait, and say so.
+    let backoff =
+        [("BackOff", "Back-off pulling image \"registry.invalid/app:1\""), ("Failed", "Error: ImagePullBackOff")];
+    assert!(said.windows(5).any(|w| w[..3] == pulls && w[3..] == backoff), "{said:?}");
     // Once the image can be pulled, the next attempt (after the back-off) runs it.
     h.fake.unpullable.lock().unwrap().clear();
     h.until("u9", "runs", |v| phase(v) == "Running").await;
