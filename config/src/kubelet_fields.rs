@@ -27,8 +27,6 @@ pub const IGNORED: &[&str] = &[
     "clusterDomain",
     "clusterDNS",
     "streamingConnectionIdleTimeout",
-    "imageMinimumGCAge",
-    "imageMaximumGCAge",
     "volumeStatsAggPeriod",
     "kubeletCgroups",
     "systemCgroups",

@@ -23,6 +23,7 @@ pub use section::cluster::ClusterConfig;
 pub use section::endpoints::EndpointsConfig;
 pub use section::eviction::EvictionConfig;
 pub use section::host::HostConfig;
+pub use section::images::ImagesConfig;
 pub use section::pods::PodsConfig;
 pub use section::runtime::RuntimeConfig;
 pub use section::shutdown::ShutdownConfig;
@@ -90,6 +91,8 @@ pub struct Config {
     pub host: HostConfig,
     /// The HTTP endpoints.
     pub endpoints: EndpointsConfig,
+    /// The image garbage collector.
+    pub images: ImagesConfig,
 }
 
 /// Reads and validates a config file.
@@ -163,6 +166,7 @@ fn validate(c: KubeletConfiguration) -> Result<Config, ConfigError> {
         shutdown: ShutdownConfig::validate(&c)?,
         host,
         endpoints,
+        images: ImagesConfig::validate(&c)?,
         effective: c,
     })
 }

@@ -144,6 +144,10 @@ pub struct KubeletConfiguration {
     pub image_gc_high_threshold_percent: Option<i64>,
     #[serde(rename = "imageGCLowThresholdPercent", skip_serializing_if = "Option::is_none")]
     pub image_gc_low_threshold_percent: Option<i64>,
+    #[serde(rename = "imageMinimumGCAge", skip_serializing_if = "Option::is_none")]
+    pub image_minimum_gc_age: Option<String>,
+    #[serde(rename = "imageMaximumGCAge", skip_serializing_if = "Option::is_none")]
+    pub image_maximum_gc_age: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eviction_hard: Option<QuantityMap>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -292,6 +296,8 @@ impl KubeletConfiguration {
         or(&mut self.feature_gates, BTreeMap::new());
         or(&mut self.image_gc_high_threshold_percent, 85);
         or(&mut self.image_gc_low_threshold_percent, 80);
+        or(&mut self.image_minimum_gc_age, "2m0s".into());
+        or(&mut self.image_maximum_gc_age, "0s".into());
         let defaults: QuantityMap = nodewarden_eviction::default_hard_thresholds()
             .into_iter()
             .map(|(k, v)| (k, QuantityValue::Text(v)))

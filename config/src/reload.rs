@@ -32,6 +32,8 @@ pub const LIVE: &[&str] = &[
     "podPidsLimit",
     "imageGCHighThresholdPercent",
     "imageGCLowThresholdPercent",
+    "imageMinimumGCAge",
+    "imageMaximumGCAge",
     "evictionHard",
     "evictionSoft",
     "evictionSoftGracePeriod",
@@ -156,6 +158,7 @@ fn changed(old: &Config, new: &Config) -> Vec<Section> {
         shutdown,
         host,
         endpoints,
+        images,
     } = new;
     [
         (Section::Resources, *resources != old.resources),
@@ -166,6 +169,7 @@ fn changed(old: &Config, new: &Config) -> Vec<Section> {
         (Section::Shutdown, *shutdown != old.shutdown),
         (Section::Host, *host != old.host),
         (Section::Endpoints, *endpoints != old.endpoints),
+        (Section::Images, *images != old.images),
     ]
     .into_iter()
     .filter_map(|(section, differs)| differs.then_some(section))
@@ -216,9 +220,11 @@ mod tests {
         let r = edit("evictionHard:\n  memory.available: 300Mi\n");
         assert_eq!(r.changed, [Section::Resources, Section::Eviction]);
         assert_eq!(edit("enforceNodeAllocatable: [none]\n").changed, [Section::Resources, Section::Eviction]);
-        // A live field no section holds, and a restart-only field, change no section.
-        let r = edit("imageGCHighThresholdPercent: 90\n");
-        assert!(r.changed.is_empty() && r.config != running, "{:?}", r.changed);
+        // The image garbage collector's settings are a section of their own.
+        for text in ["imageGCHighThresholdPercent: 90\n", "imageMinimumGCAge: 5m\n", "imageMaximumGCAge: 24h\n"] {
+            assert_eq!(edit(text).changed, [Section::Images], "{text}");
+        }
+        // A restart-only field changes no section.
         let r = edit("maxOpenFiles: 4096\n");
         assert!(r.changed.is_empty() && r.config == running, "{:?}", r.changed);
     }

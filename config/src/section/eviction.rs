@@ -1,8 +1,7 @@
 //! The eviction section: what the eviction loop follows, from `evictionHard`, `evictionSoft`,
 //! `evictionSoftGracePeriod`, `evictionMinimumReclaim`, `evictionPressureTransitionPeriod`,
 //! `evictionMaxPodGracePeriod` and nodewarden's `housekeepingInterval`, `evictionPollMin`,
-//! `evictionRealtimePriority` and `pressureEvents`; and the image GC thresholds, checked as the kubelet checks
-//! them (nodewarden does not collect images).
+//! `evictionRealtimePriority` and `pressureEvents`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,7 +35,6 @@ impl EvictionConfig {
     /// The eviction section; `enforce_pods` (the resources section's [`super::resources::enforces_pods`]) adds
     /// the `allocatableMemory.available` threshold derived from `memory.available`.
     pub fn validate(c: &KubeletConfiguration, enforce_pods: bool) -> Result<Self, ConfigError> {
-        image_gc_thresholds(c)?;
         let thresholds = thresholds(c)?;
         let thresholds = if enforce_pods { thresholds.with_allocatable_memory() } else { thresholds };
         let pressure_transition_period =
@@ -100,25 +98,6 @@ fn text_map(map: &QuantityMap) -> BTreeMap<String, String> {
     map.iter().map(|(k, v)| (k.clone(), v.text())).collect()
 }
 
-/// `imageGCHighThresholdPercent` and `imageGCLowThresholdPercent`: percentages, the low below the high (unless
-/// the high is 100).
-fn image_gc_thresholds(c: &KubeletConfiguration) -> Result<(), ConfigError> {
-    let high = *required(&c.image_gc_high_threshold_percent, "imageGCHighThresholdPercent")?;
-    let low = *required(&c.image_gc_low_threshold_percent, "imageGCLowThresholdPercent")?;
-    for (field, v) in [("imageGCHighThresholdPercent", high), ("imageGCLowThresholdPercent", low)] {
-        if !(0..=100).contains(&v) {
-            return Err(ConfigError::field(field, format!("{v} is not between 0 and 100")));
-        }
-    }
-    if low >= high && high != 100 {
-        return Err(ConfigError::field(
-            "imageGCLowThresholdPercent",
-            format!("{low} must be less than imageGCHighThresholdPercent ({high})"),
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{assert_refused, raw};
@@ -163,17 +142,11 @@ mod tests {
                 ("evictionSoftGracePeriod:\n  memory.available: soon\n", "evictionSoftGracePeriod.memory.available"),
                 ("evictionPressureTransitionPeriod: later\n", "evictionPressureTransitionPeriod"),
                 ("evictionMaxPodGracePeriod: -3\n", "evictionMaxPodGracePeriod"),
-                ("imageGCLowThresholdPercent: 90\n", "imageGCLowThresholdPercent"),
-                ("imageGCHighThresholdPercent: 101\n", "imageGCHighThresholdPercent"),
                 ("nodewarden:\n  housekeepingInterval: 1us\n", "nodewarden.housekeepingInterval"),
                 ("nodewarden:\n  evictionPollMin: 2s\n", "nodewarden.evictionPollMin"),
                 ("nodewarden:\n  evictionRealtimePriority: 100\n", "nodewarden.evictionRealtimePriority"),
                 ("nodewarden:\n  evictionRealtimePriority: -1\n", "nodewarden.evictionRealtimePriority"),
             ],
-        );
-        assert!(
-            EvictionConfig::validate(&raw("imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 100\n"), true)
-                .is_ok()
         );
     }
 }

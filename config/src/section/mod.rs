@@ -1,12 +1,14 @@
 //! The config by section: each section is a type of its own with its own validation from the defaulted
 //! [`KubeletConfiguration`], and each serves one consumer (the resource manager, the eviction loop, the node's
-//! registration and status, the runtime, pod sync, the node's shutdown, the start checks, the endpoints).
+//! registration and status, the runtime, pod sync, the node's shutdown, the start checks, the endpoints, the image
+//! garbage collector).
 //! [`crate::validate`] composes them, with the few checks that span sections.
 
 pub mod cluster;
 pub mod endpoints;
 pub mod eviction;
 pub mod host;
+pub mod images;
 pub mod pods;
 pub mod resources;
 pub mod runtime;
@@ -35,6 +37,8 @@ pub enum Section {
     Host,
     /// [`crate::Config::endpoints`]: the HTTP endpoints.
     Endpoints,
+    /// [`crate::Config::images`]: the image garbage collector's.
+    Images,
 }
 
 /// A defaulted field's value: after [`KubeletConfiguration::with_defaults`] every field is set, so `None` is a
