@@ -208,7 +208,7 @@ fn lock_memory() {
 const DAEMON_OOM_SCORE_ADJ: i32 = -999;
 
 /// The nearest existing ancestor of `path` (statfs needs an existing path; `/var/lib/kubelet` may not exist yet).
-fn existing_ancestor(path: &Path) -> PathBuf {
+pub(crate) fn existing_ancestor(path: &Path) -> PathBuf {
     path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/")).to_path_buf()
 }
 
@@ -538,6 +538,11 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         eviction,
         ..
     } = daemon;
+    if let Some(collector) = pods.image_collector() {
+        let events: Arc<dyn nodewarden_sync::EventSink> = pod_events.clone();
+        let config = reloader.config.subscribe();
+        tasks.spawn(crate::image_gc::run(collector, config, events, shutdown.clone()));
+    }
     let eviction = eviction.spawn(wake_rx, TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
     let config = reloader.config();
     tasks.spawn(crate::reload::watch(path, reloader, shutdown.clone()));

@@ -10,6 +10,7 @@ mod cri;
 mod daemon;
 mod health;
 mod http;
+mod image_gc;
 mod kernel_defaults;
 mod listen;
 mod lock;

@@ -450,6 +450,45 @@ fn a_sandbox_that_died_is_replaced() {
 }
 
 #[test]
+fn unused_images_are_collected_and_a_reload_of_the_thresholds_applies_at_once() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // An image no pod uses, of its own (another entrypoint makes another image).
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("spare.tar");
+    let make = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/containerd/make-image");
+    assert!(Command::new(make).arg("localhost/spare:1").arg(&tar).arg("/bin/true").status().unwrap().success());
+    let mut import = Command::new("ctr");
+    import.args(["--address", SOCKET, "-n", "k8s.io", "images", "import"]).arg(&tar);
+    assert!(import.status().unwrap().success());
+    let off = "imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n";
+    let n = cri_node("cri-imagegc", &format!("{off}imageMinimumGCAge: 0s\n"));
+    n.write("web.yaml", &busybox_pod("web", "sleep 1000", "", ""));
+    n.wait_pod("web", 120, "running", running);
+    let images = || cri(&["images"]).1;
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(images().contains("localhost/spare"), "the collector is off: {}", images());
+
+    // On at a reload, and at once: the unused image goes; the one in use and the sandbox image stay.
+    let config = std::fs::read_to_string(n.d.config_path()).unwrap();
+    let edited = config.replace(off, "imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\n");
+    assert_ne!(edited, config);
+    std::fs::write(n.d.config_path(), edited).unwrap();
+    wait_until(30, "the unused image was collected", || !images().contains("localhost/spare"));
+    let left = images();
+    assert!(left.contains("localhost/busybox") && left.contains("localhost/pause"), "{left}");
+    let text = get(n.d.port, "/metrics").unwrap().1;
+    let collected = metric(&text, "kubelet_image_garbage_collected_total{reason=\"space\"}");
+    assert!(collected.is_some_and(|v| v >= 1.0), "{collected:?}");
+    // Down to 0 % cannot be done: the kubelet's warning says what could be freed.
+    wait_until(10, "the shortfall was reported", || n.d.log().contains("FreeDiskSpaceFailed"));
+    assert!(n.d.log().contains("Failed to garbage collect required amount of images"), "{}", n.d.log());
+    remove_pod(&n, "web.yaml", "web");
+}
+
+#[test]
 fn bad_images_and_sockets_get_clear_errors() {
     if !cgroup2_available() {
         return;

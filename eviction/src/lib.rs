@@ -18,7 +18,7 @@ mod wake;
 
 pub use manager::{
     EVENT_INTERVAL, EvictError, Eviction, EvictionManager, EvictionSettings, Evictor, HARD_EVICTION_GRACE,
-    PassObserver, SETTLE_POLL, VICTIM_HEADSTART, eviction_message, grace_period, next_poll, select,
+    PassObserver, Reclaimed, SETTLE_POLL, VICTIM_HEADSTART, eviction_message, grace_period, next_poll, select,
 };
 pub use metrics::EvictionMetrics;
 pub use nodewarden_resources::Condition;

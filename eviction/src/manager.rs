@@ -35,7 +35,7 @@ use crate::status::EvictionStatus;
 use crate::threshold::Thresholds;
 use crate::wake::Wake;
 
-pub use evictor::{EvictError, Eviction, Evictor};
+pub use evictor::{EvictError, Eviction, Evictor, Reclaimed};
 pub use handoff::VICTIM_HEADSTART;
 use handoff::{Handoffs, Handover, Outcome, wait_signalled};
 use read_ahead::ReadAhead;
@@ -603,11 +603,17 @@ impl<E: Evictor> EvictionManager<E> {
         // Node storage that no running pod needs goes first, also while an eviction is in flight (the evicted pod's
         // own logs are reclaimable once it is over); the next pass sees what that freed.
         if condition == Condition::DiskPressure {
-            let freed = with_normal_scheduler(|| self.evictor.reclaim_disk());
-            if freed > 0 {
-                tracing::info!(%signal, freed, "reclaimed the logs of pods that are over before evicting; looking again");
-                self.settled(condition);
-                return None;
+            match with_normal_scheduler(|| self.evictor.reclaim_disk(signal)) {
+                Reclaimed::Freed(freed) => {
+                    tracing::info!(%signal, freed, "reclaimed node storage before evicting; looking again");
+                    self.settled(condition);
+                    return None;
+                }
+                Reclaimed::Running => {
+                    tracing::debug!(%signal, "node storage is being reclaimed; no pod is evicted for disk meanwhile");
+                    return None;
+                }
+                Reclaimed::Nothing => {}
             }
         }
         let needed = breach.deficit().saturating_sub(pending.unwrap_or(0));

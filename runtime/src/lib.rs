@@ -18,7 +18,7 @@ pub use logfile::copy_truncate;
 pub use process::{ProcessRuntime, START_FAILED};
 pub use seam::{
     ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageService, ImageSummary, LinuxResources,
-    MainProcess, Mount, NoImages, NoSandboxes, NoStreaming, Problem, PullPolicy, PulledImage, RegistryAuth,
+    MainProcess, Mount, NoImages, NoSandboxes, NoStreaming, NodeImage, Problem, PullPolicy, PulledImage, RegistryAuth,
     RunningSandbox, Runtime, RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
     StopSignals, StreamingRuntime, Streams, exit_reason,
 };

@@ -634,6 +634,29 @@ pub trait ImageService: Send + Sync + 'static {
     /// Pulls the image of `spec` with its credentials (each in turn; anonymously where it has none), in the
     /// context of its pod sandbox. A failure is a [`RuntimeError::Image`].
     fn pull_image(&self, spec: &ContainerSpec) -> impl Future<Output = Result<PulledImage, RuntimeError>> + Send;
+
+    /// Every image on the node.
+    fn list_images(&self) -> impl Future<Output = Result<Vec<NodeImage>, RuntimeError>> + Send;
+
+    /// The IDs of the images of the containers the runtime holds, running or not (a container that exited keeps
+    /// its image until it is removed).
+    fn images_in_use(&self) -> impl Future<Output = Result<BTreeSet<String>, RuntimeError>> + Send;
+
+    /// Removes image `id`; one already gone is no error.
+    fn remove_image(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+}
+
+/// An image on the node, as the image garbage collector sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeImage {
+    /// The runtime's ID (`sha256:...`).
+    pub id: String,
+    /// Its tags and digests.
+    pub names: Vec<String>,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// Pinned by the runtime (its sandbox image, say): never collected.
+    pub pinned: bool,
 }
 
 /// The images of a runtime that has none: this type has no values, so [`Runtime::image_service`] can only be
@@ -647,6 +670,18 @@ impl ImageService for NoImages {
     }
 
     async fn pull_image(&self, _spec: &ContainerSpec) -> Result<PulledImage, RuntimeError> {
+        match *self {}
+    }
+
+    async fn list_images(&self) -> Result<Vec<NodeImage>, RuntimeError> {
+        match *self {}
+    }
+
+    async fn images_in_use(&self) -> Result<BTreeSet<String>, RuntimeError> {
+        match *self {}
+    }
+
+    async fn remove_image(&self, _id: &str) -> Result<(), RuntimeError> {
         match *self {}
     }
 }

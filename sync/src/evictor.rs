@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use nodewarden_eviction::{EvictError, Eviction, Evictor};
+use nodewarden_eviction::{EvictError, Eviction, Evictor, Reclaimed, Signal};
 
 use crate::manager::{PodManager, TerminateError};
 use crate::spec::pod_log_dir_name;
@@ -40,15 +40,9 @@ pub(crate) fn du(dir: &Path) -> u64 {
     total
 }
 
-impl<R: Runtime> Evictor for PodManager<R> {
-    fn disk_usage(&self, uid: &str) -> u64 {
-        let settings = self.settings();
-        let volumes = pod_dir(&settings.root_dir, uid).join("volumes");
-        let logs = self.store().get(uid).map_or(0, |p| du(&settings.log_dir.join(pod_log_dir_name(&p))));
-        du(&volumes).saturating_add(logs)
-    }
-
-    fn reclaim_disk(&self) -> u64 {
+impl<R: Runtime> PodManager<R> {
+    /// Removes the logs of the pods that are over; returns the bytes freed.
+    fn reclaim_logs(&self) -> u64 {
         let log_dir = &self.settings().log_dir;
         let mut freed = 0u64;
         for pod in self.store().finished() {
@@ -68,6 +62,29 @@ impl<R: Runtime> Evictor for PodManager<R> {
             }
         }
         freed
+    }
+}
+
+impl<R: Runtime> Evictor for PodManager<R> {
+    fn disk_usage(&self, uid: &str) -> u64 {
+        let settings = self.settings();
+        let volumes = pod_dir(&settings.root_dir, uid).join("volumes");
+        let logs = self.store().get(uid).map_or(0, |p| du(&settings.log_dir.join(pod_log_dir_name(&p))));
+        du(&volumes).saturating_add(logs)
+    }
+
+    fn reclaim_disk(&self, signal: Signal) -> Reclaimed {
+        let logs = self.reclaim_logs();
+        let images = match self.image_collector() {
+            Some(c) if c.covers(signal) => c.reclaim(),
+            _ => Reclaimed::Nothing,
+        };
+        match (logs, images) {
+            (_, Reclaimed::Running) => Reclaimed::Running,
+            (0, images) => images,
+            (logs, Reclaimed::Freed(bytes)) => Reclaimed::Freed(logs.saturating_add(bytes)),
+            (logs, Reclaimed::Nothing) => Reclaimed::Freed(logs),
+        }
     }
 
     fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError> {

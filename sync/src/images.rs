@@ -170,6 +170,18 @@ mod tests {
             let pulling = Duration::from_millis(1500);
             Ok(PulledImage { image_ref: spec.image.clone(), size_bytes: 4096, pulling })
         }
+
+        async fn list_images(&self) -> Result<Vec<nodewarden_runtime::NodeImage>, RuntimeError> {
+            Ok(Vec::new())
+        }
+
+        async fn images_in_use(&self) -> Result<BTreeSet<String>, RuntimeError> {
+            Ok(BTreeSet::new())
+        }
+
+        async fn remove_image(&self, _id: &str) -> Result<(), RuntimeError> {
+            Ok(())
+        }
     }
 
     fn spec(image: &str, pull_policy: PullPolicy) -> ContainerSpec {

@@ -12,6 +12,7 @@ mod events;
 mod evictor;
 mod feed;
 pub mod fuzzing;
+mod image_gc;
 mod images;
 mod logs;
 mod manager;
@@ -32,6 +33,9 @@ mod worker;
 
 pub use events::{EventSink, EventType, PodEvent};
 pub use feed::{StatusReader, StatusUpdate};
+pub use image_gc::{
+    Freed, GcReason, ImageCollector, ImageFs, ImageGc, ImageGcError, ImageGcPolicy, RECLAIM_WAIT, ReclaimSettings,
+};
 pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{

@@ -94,6 +94,8 @@ pub struct PodManager<R: Runtime> {
     /// reconciliation) run on them.
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    /// The image collector, for a runtime with images.
+    images: Option<Arc<crate::ImageCollector<R>>>,
 }
 
 impl<R: Runtime> std::fmt::Debug for PodManager<R> {
@@ -116,6 +118,7 @@ impl<R: Runtime> PodManager<R> {
     ) -> Arc<Self> {
         let store = Arc::new(StatusStore::default());
         let log_epoch = Instant::now();
+        let images = crate::ImageCollector::new(runtime.clone(), metrics.images_collected.clone());
         let ctx = Arc::new(Shared {
             ledger,
             runtime,
@@ -134,7 +137,14 @@ impl<R: Runtime> PodManager<R> {
             awaited: Mutex::new(BTreeSet::new()),
             tasks,
             shutdown,
+            images,
         })
+    }
+
+    /// The image collector, for a runtime with images: the daemon runs its periodic passes, the eviction
+    /// manager's reclaim removes unused images through it.
+    pub fn image_collector(&self) -> Option<Arc<crate::ImageCollector<R>>> {
+        self.images.clone()
     }
 
     /// The status store (`/pods`).

@@ -23,6 +23,8 @@ pub struct SyncMetrics {
     pub probes: IntCounterVec,
     /// `nodewarden_static_pod_manifest_errors`: manifests currently refused.
     pub invalid_manifests: IntGauge,
+    /// `kubelet_image_garbage_collected_total{reason}`: images the image garbage collector removed.
+    pub images_collected: IntCounterVec,
 }
 
 /// The pod labels of a per-pod series.
@@ -82,6 +84,14 @@ impl SyncMetrics {
                 "nodewarden_static_pod_manifest_errors",
                 "Static pod manifests currently refused (see /pods for the reasons)",
             )?,
+            images_collected: IntCounterVec::new(
+                Opts::new(
+                    "kubelet_image_garbage_collected_total",
+                    "Images removed by the image garbage collector, by reason (age: unused past imageMaximumGCAge; \
+                     space: to free space on the image file system)",
+                ),
+                &["reason"],
+            )?,
         };
         r.register(Box::new(m.started_containers.clone()))?;
         r.register(Box::new(m.started_container_errors.clone()))?;
@@ -91,6 +101,7 @@ impl SyncMetrics {
         r.register(Box::new(m.running_containers.clone()))?;
         r.register(Box::new(m.probes.clone()))?;
         r.register(Box::new(m.invalid_manifests.clone()))?;
+        r.register(Box::new(m.images_collected.clone()))?;
         Ok(m)
     }
 

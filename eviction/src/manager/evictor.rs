@@ -6,16 +6,19 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::Signal;
+
 /// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger's view
 /// ([`LedgerView::eviction_candidates`](nodewarden_resources::LedgerView::eviction_candidates)).
 pub trait Evictor: Send + Sync + 'static {
     /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
     fn disk_usage(&self, uid: &str) -> u64;
 
-    /// Frees node storage without evicting a running pod (the logs of pods that are over); returns the bytes
-    /// freed. Called on disk pressure before any pod is evicted, as the kubelet reclaims node-level resources
-    /// first.
-    fn reclaim_disk(&self) -> u64;
+    /// Frees node storage without evicting a running pod (the logs of pods that are over; unused images where
+    /// `signal` is about the file system that holds them). Called on disk pressure before any pod is evicted,
+    /// as the kubelet reclaims node-level resources first; must not block: a reclaim that takes long (image
+    /// removals through the runtime) runs on its own and says [`Reclaimed::Running`] until it has ended.
+    fn reclaim_disk(&self, signal: Signal) -> Reclaimed;
 
     /// Evicts a pod with the given grace period; the pod ends `Failed` with reason `Evicted` and the message.
     /// Hands the eviction over and returns at once, without blocking: the loop calls it as soon as it has chosen
@@ -26,6 +29,17 @@ pub trait Evictor: Send + Sync + 'static {
     /// `inodes`, `pids`): the kubelet's `EvictionThresholdMet` node event. Called after the eviction is handed
     /// over, so it costs the victim's SIGTERM nothing; must not block.
     fn threshold_met(&self, resource: &'static str);
+}
+
+/// What [`Evictor::reclaim_disk`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaimed {
+    /// These bytes were freed: the next reading shows them.
+    Freed(u64),
+    /// A reclaim runs: no pod is evicted for disk until it has ended (or its time is up).
+    Running,
+    /// Nothing was left to reclaim.
+    Nothing,
 }
 
 /// Why an eviction could not be handed over; its text is the one the eviction's log line and record show.

@@ -369,8 +369,8 @@ mod tests {
             0
         }
 
-        fn reclaim_disk(&self) -> u64 {
-            0
+        fn reclaim_disk(&self, _: Signal) -> crate::Reclaimed {
+            crate::Reclaimed::Nothing
         }
 
         fn threshold_met(&self, _: &'static str) {}

@@ -31,6 +31,8 @@ struct FakeEvictor {
     terminations: StdMutex<Vec<oneshot::Sender<()>>>,
     /// Bytes the next `reclaim_disk` frees (dead pods' logs).
     reclaimable: StdMutex<u64>,
+    /// A reclaim is running (images being removed).
+    reclaiming: StdMutex<bool>,
     /// The SIGTERM and termination confirmations of hanging pods, held unsent.
     unsent: StdMutex<Vec<(oneshot::Sender<Instant>, oneshot::Sender<()>)>>,
     /// The resources of the `EvictionThresholdMet` events.
@@ -42,8 +44,14 @@ impl Evictor for FakeEvictor {
         if uid.starts_with("writer") { 50 * MIB } else { MIB }
     }
 
-    fn reclaim_disk(&self) -> u64 {
-        std::mem::take(&mut *self.reclaimable.lock().unwrap())
+    fn reclaim_disk(&self, _signal: Signal) -> Reclaimed {
+        if *self.reclaiming.lock().unwrap() {
+            return Reclaimed::Running;
+        }
+        match std::mem::take(&mut *self.reclaimable.lock().unwrap()) {
+            0 => Reclaimed::Nothing,
+            bytes => Reclaimed::Freed(bytes),
+        }
     }
 
     fn threshold_met(&self, resource: &'static str) {
@@ -498,6 +506,12 @@ async fn disk_pressure_ranks_by_ephemeral_storage() {
     r.manager.pass().await;
     settle().await;
     assert!(r.evictor.victims().is_empty(), "a running pod was evicted while dead pods' logs could be reclaimed");
+    // Nor while a reclaim (of images) is running.
+    *r.evictor.reclaiming.lock().unwrap() = true;
+    r.manager.pass().await;
+    settle().await;
+    assert!(r.evictor.victims().is_empty(), "a running pod was evicted while a reclaim was running");
+    *r.evictor.reclaiming.lock().unwrap() = false;
     // A threshold of 100 % can never be met by eviction: every pod goes, the biggest writer first.
     r.manager.pass().await;
     settle().await;

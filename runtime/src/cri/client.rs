@@ -12,9 +12,9 @@ use nodewarden_proto::v1::{
     AttachRequest, Container, ContainerFilter, ContainerStatusRequest, ContainerStatusResponse, CreateContainerRequest,
     ExecRequest, ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest, ListContainersRequest,
     ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxStatusRequest,
-    PodSandboxStatusResponse, PortForwardRequest, PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest,
-    ReopenContainerLogRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest, StatusResponse,
-    StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
+    PodSandboxStatusResponse, PortForwardRequest, PullImageRequest, RemoveContainerRequest, RemoveImageRequest,
+    RemovePodSandboxRequest, ReopenContainerLogRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
+    StatusResponse, StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -208,6 +208,15 @@ impl CriClient {
         rpc!(self, runtime.status("Status", req, self.timeout))
     }
 
+    /// The sandbox (pause) image the runtime runs pod sandboxes from, where its verbose `Status` says
+    /// (containerd's `config.sandboxImage`).
+    pub async fn sandbox_image(&self) -> Result<Option<String>, CriError> {
+        let req = StatusRequest { verbose: true };
+        let status = rpc!(self, runtime.status("Status", req, self.timeout))?;
+        let config = status.info.get("config").and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok());
+        Ok(config.and_then(|c| c.get("sandboxImage")?.as_str().map(str::to_owned)))
+    }
+
     /// `RunPodSandbox`: the new sandbox's ID.
     pub async fn run_pod_sandbox(&self, req: RunPodSandboxRequest) -> Result<String, CriError> {
         rpc!(self, runtime.run_pod_sandbox("RunPodSandbox", req, self.timeout)).map(|r| r.pod_sandbox_id)
@@ -343,6 +352,12 @@ impl CriClient {
     /// kubelet's are not either); `deadline` bounds them.
     pub async fn pull_image(&self, req: PullImageRequest, deadline: Duration) -> Result<String, CriError> {
         rpc!(self, images.pull_image("PullImage", req, deadline)).map(|r| r.image_ref)
+    }
+
+    /// `RemoveImage`: removing an image that is gone already succeeds, as CRI says.
+    pub async fn remove_image(&self, id: &str) -> Result<(), CriError> {
+        let req = RemoveImageRequest { image: Some(image_spec(id)) };
+        rpc!(self, images.remove_image("RemoveImage", req, self.timeout)).map(|_| ())
     }
 }
 

@@ -28,7 +28,7 @@ pub use config::{DEFAULT_ROOT_DIR, container_config, managed_value, sandbox_conf
 pub use metrics::RuntimeMetrics;
 
 use crate::seam::{
-    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageService, ImageSummary, MainProcess, PulledImage,
+    ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageService, ImageSummary, MainProcess, NodeImage, PulledImage,
     RunningSandbox, Runtime, RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
     StreamingRuntime, Streams,
 };
@@ -456,6 +456,33 @@ impl ImageService for CriRuntime {
             reason: "ErrImagePull",
             message: format!("failed to pull image {:?}: {e}", spec.image),
         })
+    }
+
+    async fn list_images(&self) -> Result<Vec<NodeImage>, RuntimeError> {
+        let listed = self.client.list_images().await.map_err(runtime_error)?;
+        // A runtime that does not pin its sandbox image (containerd before 1.7) would lose it, and with it every
+        // new pod sandbox: it counts as pinned.
+        let sandbox_image = self.client.sandbox_image().await.ok().flatten();
+        let image = |i: nodewarden_proto::v1::Image| {
+            let names: Vec<String> = i.repo_digests.into_iter().chain(i.repo_tags).collect();
+            let sandbox = sandbox_image.as_ref().is_some_and(|s| names.contains(s));
+            NodeImage { names, size_bytes: i.size, pinned: i.pinned || sandbox, id: i.id }
+        };
+        Ok(listed.into_iter().map(image).collect())
+    }
+
+    async fn images_in_use(&self) -> Result<BTreeSet<String>, RuntimeError> {
+        // Every container, whoever made it: an image another client's container uses is in use too.
+        let containers = self.client.list_containers(None).await.map_err(runtime_error)?;
+        Ok(containers.into_iter().map(|c| c.image_ref).filter(|r| !r.is_empty()).collect())
+    }
+
+    async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+        match self.client.remove_image(id).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(RuntimeError::Other(format!("cannot remove image {id}: {e}"))),
+        }
     }
 }
 

@@ -180,6 +180,7 @@ impl RuntimeService for Fake {
             state: ContainerState::ContainerCreated.into(),
             created_at: i64::from(s.next),
             labels: config.labels.clone(),
+            image_ref: config.image.as_ref().map(|i| format!("sha256:{}", i.image)).unwrap_or_default(),
             ..Container::default()
         };
         let status = ContainerStatus { id: id.clone(), ..ContainerStatus::default() };
@@ -295,7 +296,12 @@ impl RuntimeService for Fake {
         }))
     }
 
-    async fn status(&self, _r: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(&self, r: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        // containerd's verbose status: its config, with the sandbox image.
+        let info = match r.into_inner().verbose {
+            true => [("config".to_owned(), r#"{"sandboxImage":"localhost/sandbox:1"}"#.to_owned())].into(),
+            false => HashMap::new(),
+        };
         let not_ready = self.state().network_not_ready.clone();
         let condition = |kind: &str, reason: &str, message: Option<String>| RuntimeCondition {
             r#type: kind.into(),
@@ -305,7 +311,7 @@ impl RuntimeService for Fake {
         };
         let conditions =
             vec![condition("RuntimeReady", "", None), condition("NetworkReady", "NetworkPluginNotReady", not_ready)];
-        Ok(Response::new(StatusResponse { status: Some(RuntimeStatus { conditions }), info: HashMap::new() }))
+        Ok(Response::new(StatusResponse { status: Some(RuntimeStatus { conditions }), info }))
     }
 }
 
@@ -316,7 +322,13 @@ impl ImageService for Fake {
             .state()
             .images
             .iter()
-            .map(|i| Image { id: i.clone(), repo_tags: vec![i.clone()], ..Image::default() })
+            .map(|i| Image {
+                id: format!("sha256:{i}"),
+                repo_tags: vec![i.clone()],
+                size: 1 << 20,
+                pinned: i.contains("pause"),
+                ..Image::default()
+            })
             .collect();
         Ok(Response::new(ListImagesResponse { images }))
     }
@@ -348,6 +360,16 @@ impl ImageService for Fake {
         }
         s.images.insert(name.clone());
         Ok(Response::new(PullImageResponse { image_ref: format!("sha256:{name}") }))
+    }
+
+    async fn remove_image(&self, r: Request<RemoveImageRequest>) -> Result<Response<RemoveImageResponse>, Status> {
+        let id = r.into_inner().image.unwrap_or_default().image;
+        self.record(&format!("RemoveImage {id}"));
+        let name = id.strip_prefix("sha256:").unwrap_or(&id).to_owned();
+        match self.state().images.remove(&name) {
+            true => Ok(Response::new(RemoveImageResponse {})),
+            false => Err(Status::not_found(format!("image {id} not found"))),
+        }
     }
 }
 
@@ -535,6 +557,32 @@ async fn pulls_try_each_credential_and_fail_with_the_kubelets_reason() {
         matches!(&err, RuntimeError::Image { reason: "ErrImagePull", message } if message.contains("denied")),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn images_are_listed_with_those_in_use_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let images = ["localhost/app:1", "localhost/old:1", "localhost/pause:3", "localhost/sandbox:1"];
+    fake.state().images.extend(images.map(str::to_owned));
+    let rt = started(&fake, dir.path());
+    let sb = rt.run_sandbox(&sandbox("u3")).await.unwrap().id;
+    rt.start(&container(&sb, "u3", "localhost/app:1", PullPolicy::IfNotPresent)).await.unwrap();
+    let listed = rt.list_images().await.unwrap();
+    let ids: Vec<(&str, bool)> = listed.iter().map(|i| (i.id.as_str(), i.pinned)).collect();
+    // Pinned by the runtime, or its sandbox image (which containerd 1.6 does not pin).
+    let want = [
+        ("sha256:localhost/app:1", false),
+        ("sha256:localhost/old:1", false),
+        ("sha256:localhost/pause:3", true),
+        ("sha256:localhost/sandbox:1", true),
+    ];
+    assert_eq!(ids, want);
+    assert_eq!((listed[0].names.as_slice(), listed[0].size_bytes), (&["localhost/app:1".to_owned()][..], 1 << 20));
+    assert_eq!(rt.images_in_use().await.unwrap(), ["sha256:localhost/app:1".to_owned()].into());
+    rt.remove_image("sha256:localhost/old:1").await.unwrap();
+    rt.remove_image("sha256:localhost/old:1").await.unwrap();
+    assert_eq!(rt.list_images().await.unwrap().len(), 3, "removed; a second removal is no error");
 }
 
 #[tokio::test]

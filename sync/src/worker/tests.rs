@@ -51,6 +51,9 @@ struct Fake {
     panics: Mutex<Vec<String>>,
     /// How long a stop signal sent at once holds up its caller after the container ended.
     signal_pause: Mutex<Duration>,
+    /// The images the runtime lists (none are in use), and those removed.
+    images: Mutex<Vec<nodewarden_runtime::NodeImage>>,
+    removed_images: Mutex<Vec<String>>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -132,6 +135,20 @@ impl nodewarden_runtime::ImageService for Fake {
             return Err(RuntimeError::Image { reason: "ErrImagePull", message: format!("cannot pull {}", spec.image) });
         }
         Ok(nodewarden_runtime::PulledImage { image_ref: spec.image.clone(), ..Default::default() })
+    }
+
+    async fn list_images(&self) -> Result<Vec<nodewarden_runtime::NodeImage>, RuntimeError> {
+        Ok(self.images.lock().unwrap().clone())
+    }
+
+    async fn images_in_use(&self) -> Result<std::collections::BTreeSet<String>, RuntimeError> {
+        Ok(std::collections::BTreeSet::new())
+    }
+
+    async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
+        self.images.lock().unwrap().retain(|i| i.id != id);
+        self.removed_images.lock().unwrap().push(id.to_owned());
+        Ok(())
     }
 }
 
@@ -1402,4 +1419,47 @@ async fn a_config_map_volume_follows_its_object_every_sync_period_and_goes_with_
     gone(&h, "u71", Instant::now()).await;
     tokio::time::sleep(Duration::from_secs(200)).await;
     assert!(!dir.exists() && !h._host.path().join("root/pods/u71").exists());
+}
+
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_reclaims_unused_images_before_any_eviction_without_blocking() {
+    use nodewarden_eviction::{Evictor, Reclaimed, Signal};
+    let h = harness();
+    let image = |id: &str, pinned: bool| nodewarden_runtime::NodeImage {
+        id: id.into(),
+        names: vec![],
+        size_bytes: 5 << 20,
+        pinned,
+    };
+    *h.fake.images.lock().unwrap() = vec![image("sha256:old", false), image("sha256:pause", true)];
+    let collector = h.manager.image_collector().expect("the fake runtime has images");
+    collector.set_reclaim(crate::ReclaimSettings { minimum_age: Duration::ZERO, shares_nodefs: false });
+    assert_eq!(h.manager.reclaim_disk(Signal::NodeFsAvailable), Reclaimed::Nothing, "the images are not on nodefs");
+    // imagefs: the reclaim runs as a task; meanwhile the eviction manager is told to wait, not blocked.
+    assert_eq!(h.manager.reclaim_disk(Signal::ImageFsAvailable), Reclaimed::Running);
+    let mut said = Reclaimed::Running;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        said = h.manager.reclaim_disk(Signal::ImageFsAvailable);
+        if said != Reclaimed::Running {
+            break;
+        }
+    }
+    assert_eq!(said, Reclaimed::Freed(5 << 20));
+    assert_eq!(*h.fake.removed_images.lock().unwrap(), ["sha256:old"], "the pinned image stays");
+    // Nothing is left: the next reclaim says so, and none is tried again for a while (evictions go ahead).
+    assert_eq!(h.manager.reclaim_disk(Signal::ImageFsAvailable), Reclaimed::Running);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.manager.reclaim_disk(Signal::ImageFsAvailable), Reclaimed::Nothing);
+    assert_eq!(h.manager.reclaim_disk(Signal::ImageFsAvailable), Reclaimed::Nothing);
+    let space: Vec<f64> = h
+        .registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "kubelet_image_garbage_collected_total")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| m.get_label().iter().any(|l| l.value() == "space"))
+        .map(|m| m.get_counter().get_value())
+        .collect();
+    assert_eq!(space, [1.0], "kubelet_image_garbage_collected_total{{reason=space}}");
 }
