@@ -257,7 +257,8 @@ impl ImageGc {
         if policy.high_percent >= 100 || usage < u64::from(policy.high_percent) {
             return (freed, Ok(()));
         }
-        let wanted = (fs.capacity_bytes / 100 * u64::from(100 - policy.low_percent)).saturating_sub(available);
+        let low_mark = u128::from(fs.capacity_bytes) * u128::from(100 - policy.low_percent.min(100)) / 100;
+        let wanted = u64::try_from(low_mark).unwrap_or(u64::MAX).saturating_sub(available);
         tracing::info!(
             usage,
             high_threshold = policy.high_percent,
