@@ -538,6 +538,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         eviction,
         ..
     } = daemon;
+    tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), shutdown.clone()));
     if let Some(collector) = pods.image_collector() {
         let events: Arc<dyn nodewarden_sync::EventSink> = pod_events.clone();
         let config = reloader.config.subscribe();

@@ -230,6 +230,36 @@ fn nodefs_pressure_evicts_the_pod_writing_to_its_empty_dir() {
 }
 
 #[test]
+fn pods_over_their_ephemeral_storage_limits_are_evicted_without_node_pressure() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = node_on_tmpfs(64, "evict-limits", "", "");
+    let mount = "    volumeMounts:\n    - {name: data, mountPath: /mnt}\n";
+    // An emptyDir over its sizeLimit.
+    let volume = "  volumes:\n  - name: data\n    emptyDir: {sizeLimit: 5Mi}\n";
+    let writer = "[sh, -c, 'dd if=/dev/zero of=/mnt/fill bs=1M count=8; sleep 1000']";
+    n.write("dir.yaml", &pod_yaml("dir", &format!("{}{mount}{volume}", containers(writer, ""))));
+    // A container whose log outgrows its own limit, though the pod stays within its containers' limits summed.
+    let two = "  containers:\n  - name: app\n    image: busybox\n    command: [sh, -c, 'head -c 1500000 /dev/zero | tr -c x x; sleep 1000']\n    \
+               resources:\n      limits: {ephemeral-storage: 1Mi}\n  - name: side\n    image: busybox\n    \
+               command: [sleep, '1000']\n    resources:\n      limits: {ephemeral-storage: 10Mi}\n";
+    n.write("log.yaml", &pod_yaml("log", two));
+    // One within its limits.
+    let calm = "[sh, -c, 'dd if=/dev/zero of=/mnt/fill bs=1M count=2; sleep 1000']";
+    let limit = "    resources:\n      limits: {ephemeral-storage: 10Mi}\n";
+    n.write("calm.yaml", &pod_yaml("calm", &format!("{}{mount}{volume}", containers(calm, limit))));
+    let p = n.wait_pod("dir", 60, "was evicted", evicted);
+    assert_eq!(p["status"]["message"], "Usage of EmptyDir volume \"data\" exceeds the limit \"5Mi\". ");
+    assert_eq!(disruption(&p)["reason"], "TerminationByKubelet");
+    let p = n.wait_pod("log", 60, "was evicted", evicted);
+    assert_eq!(p["status"]["message"], "Container app exceeded its local ephemeral storage limit \"1Mi\". ");
+    assert_eq!(phase(&n.pod("calm").unwrap()), "Running");
+    assert!(!condition(&n, "DiskPressure"), "no node pressure was needed");
+}
+
+#[test]
 fn a_soft_threshold_waits_for_its_grace_period_and_caps_the_pods() {
     if !cgroup2_available() {
         return;

@@ -14,6 +14,7 @@ mod feed;
 pub mod fuzzing;
 mod image_gc;
 mod images;
+mod local_storage;
 mod logs;
 mod manager;
 mod manifest;
@@ -36,6 +37,7 @@ pub use feed::{StatusReader, StatusUpdate};
 pub use image_gc::{
     Freed, GcReason, ImageCollector, ImageFs, ImageGc, ImageGcError, ImageGcPolicy, RECLAIM_WAIT, ReclaimSettings,
 };
+pub use local_storage::enforce_local_storage;
 pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};
 pub use manifest::{

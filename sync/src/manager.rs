@@ -156,6 +156,11 @@ impl<R: Runtime> PodManager<R> {
         &self.ctx.settings
     }
 
+    /// The ledger's view: the pods placed, as the eviction manager sees them.
+    pub(crate) fn ledger_view(&self) -> &nodewarden_resources::LedgerView {
+        self.ctx.ledger.view()
+    }
+
     fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handle>> {
         self.workers.lock().unwrap_or_else(PoisonError::into_inner)
     }

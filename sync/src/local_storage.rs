@@ -1,0 +1,293 @@
+//! Ephemeral-storage limits, enforced as the kubelet's eviction manager does in its `localStorageEviction`,
+//! whatever the node's pressure: a pod whose disk-backed `emptyDir` holds more than its `sizeLimit`, whose
+//! ephemeral storage (its containers' logs and its disk-backed volumes) exceeds its containers' limits summed, or
+//! with a container whose logs exceed its own `limits.ephemeral-storage`, is evicted with 1 s of grace and the
+//! kubelet's message. Every [`CHECK_PERIOD`], by walking the pods' directories on a blocking thread, never on the
+//! eviction thread. Under CRI a container's writable layer is not counted yet.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use nodewarden_resources::parse_non_negative;
+use nodewarden_runtime::Runtime;
+use tokio_util::sync::CancellationToken;
+
+use crate::evictor::du;
+use crate::manager::PodManager;
+use crate::spec::pod_log_dir_name;
+use crate::volumes::pod_dir;
+
+/// How often the limits are checked (the kubelet's eviction monitoring interval).
+pub const CHECK_PERIOD: Duration = Duration::from_secs(10);
+
+/// The grace period of an eviction for a limit (the kubelet's `immediateEvictionGracePeriodSeconds`).
+pub const GRACE: Duration = Duration::from_secs(1);
+
+/// A limit: bytes, and the quantity as the pod spells it (for the message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Limit {
+    bytes: u64,
+    text: String,
+}
+
+impl Limit {
+    fn parse(text: &str) -> Option<Self> {
+        let bytes = parse_non_negative(text).ok()?;
+        (bytes > 0).then(|| Limit { bytes, text: text.to_owned() })
+    }
+}
+
+/// The ephemeral-storage limits of one pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Disk-backed `emptyDir` volumes with a `sizeLimit`, by name.
+    empty_dirs: Vec<(String, Limit)>,
+    /// The pod's: its app containers' limits summed (sidecars with them), or the largest init container's if
+    /// that is more, where any container has one.
+    pod: Option<Limit>,
+    /// Each container's own, by name.
+    containers: Vec<(String, Limit)>,
+}
+
+/// What one pod uses, in bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    /// Each disk-backed `emptyDir` with a limit, by name.
+    empty_dirs: BTreeMap<String, u64>,
+    /// The whole pod: its containers' logs and its volumes on the node's disk.
+    pod: u64,
+    /// Each container with a limit: its logs.
+    containers: BTreeMap<String, u64>,
+}
+
+fn ephemeral_limit(c: &Container) -> Option<Limit> {
+    let q = c.resources.as_ref()?.limits.as_ref()?.get("ephemeral-storage")?;
+    Limit::parse(&q.0)
+}
+
+/// The limits of `pod`; `None` when it has none, and nothing of it needs measuring.
+pub(crate) fn limits(pod: &Pod) -> Option<Limits> {
+    let spec = pod.spec.as_ref()?;
+    let empty_dirs: Vec<(String, Limit)> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            let e = v.empty_dir.as_ref()?;
+            if e.medium.as_deref() == Some("Memory") {
+                return None;
+            }
+            Some((v.name.clone(), Limit::parse(&e.size_limit.as_ref()?.0)?))
+        })
+        .collect();
+    let inits = spec.init_containers.iter().flatten();
+    let sidecar = |c: &&Container| c.restart_policy.as_deref() == Some("Always");
+    let summed = spec.containers.iter().chain(inits.clone().filter(sidecar)).filter_map(ephemeral_limit);
+    let (mut bytes, mut any) = (0u64, false);
+    for l in summed {
+        bytes = bytes.saturating_add(l.bytes);
+        any = true;
+    }
+    let biggest_init = inits.filter(|c| !sidecar(c)).filter_map(ephemeral_limit).map(|l| l.bytes).max();
+    if let Some(init) = biggest_init {
+        bytes = bytes.max(init);
+        any = true;
+    }
+    let pod_limit = any.then(|| Limit { bytes, text: quantity(bytes) });
+    let containers: Vec<(String, Limit)> =
+        spec.containers.iter().filter_map(|c| Some((c.name.clone(), ephemeral_limit(c)?))).collect();
+    let limits = Limits { empty_dirs, pod: pod_limit, containers };
+    (limits != Limits::default()).then_some(limits)
+}
+
+/// Bytes as the apiserver canonicalises a quantity of them: the largest binary suffix that divides them, else
+/// plain bytes.
+fn quantity(bytes: u64) -> String {
+    for (shift, suffix) in [(60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
+        if bytes != 0 && bytes.trailing_zeros() >= shift {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// Measures what `limits` needs of pod `uid` (`pod`), walking its directories below `root` (the pods' volumes)
+/// and `log_root` (their logs).
+pub(crate) fn measure(root: &Path, log_root: &Path, pod: &Pod, uid: &str, limits: &Limits) -> Usage {
+    let volumes = pod_dir(root, uid).join("volumes");
+    let logs = log_root.join(pod_log_dir_name(pod));
+    let empty_dirs = limits
+        .empty_dirs
+        .iter()
+        .map(|(name, _)| (name.clone(), du(&volumes.join("kubernetes.io~empty-dir").join(name))))
+        .collect();
+    let containers = limits.containers.iter().map(|(name, _)| (name.clone(), du(&logs.join(name)))).collect();
+    let pod_usage = if limits.pod.is_some() { du(&volumes).saturating_add(du(&logs)) } else { 0 };
+    Usage { empty_dirs, pod: pod_usage, containers }
+}
+
+/// The kubelet's eviction message for the first limit `usage` exceeds, in its order: an `emptyDir`, the pod,
+/// a container.
+pub(crate) fn exceeded(limits: &Limits, usage: &Usage) -> Option<String> {
+    for (name, limit) in &limits.empty_dirs {
+        if usage.empty_dirs.get(name).is_some_and(|used| *used > limit.bytes) {
+            return Some(format!("Usage of EmptyDir volume {name:?} exceeds the limit {:?}. ", limit.text));
+        }
+    }
+    if let Some(limit) = &limits.pod
+        && usage.pod > limit.bytes
+    {
+        return Some(format!(
+            "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
+            limit.text
+        ));
+    }
+    for (name, limit) in &limits.containers {
+        if usage.containers.get(name).is_some_and(|used| *used > limit.bytes) {
+            return Some(format!("Container {name} exceeded its local ephemeral storage limit {:?}. ", limit.text));
+        }
+    }
+    None
+}
+
+/// Checks every running pod's limits each [`CHECK_PERIOD`] until `shutdown`, evicting those over one.
+pub async fn enforce_local_storage<R: Runtime>(manager: Arc<PodManager<R>>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(CHECK_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let m = manager.clone();
+        let over = match tokio::task::spawn_blocking(move || m.over_local_storage_limits()).await {
+            Ok(over) => over,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => return,
+        };
+        for (uid, name, message) in over {
+            match manager.evict(&uid, GRACE, message.clone()) {
+                Ok(_) => {
+                    tracing::info!(pod = %name, pod_uid = %uid, %message, "evicted a pod over its ephemeral-storage limit")
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %name, pod_uid = %uid, error = %e, "cannot evict a pod over its ephemeral-storage limit")
+                }
+            }
+        }
+    }
+}
+
+impl<R: Runtime> PodManager<R> {
+    /// The running pods over one of their ephemeral-storage limits, but critical ones: UID, name, message.
+    fn over_local_storage_limits(&self) -> Vec<(String, String, String)> {
+        let settings = self.settings();
+        let mut out = Vec::new();
+        for candidate in self.ledger_view().eviction_candidates() {
+            let uid = &candidate.placement.uid;
+            if candidate.critical {
+                continue;
+            }
+            let Some(pod) = self.store().get(uid) else { continue };
+            let Some(limits) = limits(&pod) else { continue };
+            let usage = measure(&settings.root_dir, &settings.log_dir, &pod, uid, &limits);
+            if let Some(message) = exceeded(&limits, &usage) {
+                out.push((uid.clone(), nodewarden_resources::pod::full_name(&pod), message));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": spec}),
+        )
+        .unwrap()
+    }
+
+    fn with_limit(name: &str, limit: Option<&str>) -> serde_json::Value {
+        let mut c = serde_json::json!({"name": name, "image": "busybox"});
+        if let Some(l) = limit {
+            c["resources"] = serde_json::json!({"limits": {"ephemeral-storage": l}});
+        }
+        c
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn limits_are_read_as_the_kubelet_sums_them() {
+        assert_eq!(limits(&pod(serde_json::json!({"containers": [with_limit("a", None)]}))), None);
+        let p = pod(serde_json::json!({
+            "containers": [with_limit("a", Some("10Mi")), with_limit("b", Some("20Mi")), with_limit("c", None)],
+            "initContainers": [with_limit("setup", Some("50Mi"))],
+            "volumes": [
+                {"name": "scratch", "emptyDir": {"sizeLimit": "5Mi"}},
+                {"name": "ram", "emptyDir": {"medium": "Memory", "sizeLimit": "5Mi"}},
+                {"name": "free", "emptyDir": {}},
+            ],
+        }));
+        let l = limits(&p).unwrap();
+        assert_eq!(l.empty_dirs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["scratch"], "disk-backed only");
+        assert_eq!(l.pod, Some(Limit { bytes: 50 * MIB, text: "50Mi".into() }), "the larger of 30Mi summed and 50Mi");
+        assert_eq!(l.containers.len(), 2);
+        assert_eq!(quantity(1536 * 1024), "1536Ki");
+        assert_eq!(quantity(1000), "1000");
+    }
+
+    #[test]
+    fn the_first_limit_exceeded_gives_the_kubelets_message() {
+        let p = pod(serde_json::json!({
+            "containers": [with_limit("app", Some("10Mi")), with_limit("side", Some("10Mi"))],
+            "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "5Mi"}}],
+        }));
+        let l = limits(&p).unwrap();
+        let usage = |scratch: u64, total: u64, app: u64| Usage {
+            empty_dirs: [("scratch".to_owned(), scratch)].into(),
+            pod: total,
+            containers: [("app".to_owned(), app), ("side".to_owned(), 0)].into(),
+        };
+        assert_eq!(exceeded(&l, &usage(5 * MIB, 20 * MIB, 10 * MIB)), None, "at a limit is not over it");
+        assert_eq!(
+            exceeded(&l, &usage(5 * MIB + 1, 30 * MIB, 11 * MIB)).unwrap(),
+            "Usage of EmptyDir volume \"scratch\" exceeds the limit \"5Mi\". "
+        );
+        assert_eq!(
+            exceeded(&l, &usage(0, 20 * MIB + 1, 11 * MIB)).unwrap(),
+            "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. "
+        );
+        assert_eq!(
+            exceeded(&l, &usage(0, 0, 10 * MIB + 1)).unwrap(),
+            "Container app exceeded its local ephemeral storage limit \"10Mi\". "
+        );
+    }
+
+    #[test]
+    fn usage_is_measured_in_the_pods_own_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, logs) = (dir.path().join("root"), dir.path().join("logs"));
+        let p = pod(serde_json::json!({
+            "containers": [with_limit("app", Some("10Mi"))],
+            "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "5Mi"}}],
+        }));
+        let scratch = pod_dir(&root, "u1").join("volumes/kubernetes.io~empty-dir/scratch");
+        std::fs::create_dir_all(&scratch).unwrap();
+        std::fs::write(scratch.join("data"), vec![1u8; 3 << 20]).unwrap();
+        let app_logs = logs.join(pod_log_dir_name(&p)).join("app");
+        std::fs::create_dir_all(&app_logs).unwrap();
+        std::fs::write(app_logs.join("0.log"), vec![b'x'; 1 << 20]).unwrap();
+        let l = limits(&p).unwrap();
+        let u = measure(&root, &logs, &p, "u1", &l);
+        assert!(u.empty_dirs["scratch"] >= 3 * MIB, "{u:?}");
+        assert!(u.containers["app"] >= MIB && u.containers["app"] < 2 * MIB, "{u:?}");
+        assert!(u.pod >= 4 * MIB, "{u:?}");
+    }
+}
