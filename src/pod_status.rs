@@ -110,7 +110,7 @@ impl StatusManager {
         }
         let writer = &self.writer;
         let listed = apiserver.is_some();
-        let results: Vec<(StatusUpdate, Result<Written, KubeError>)> = futures_util::stream::iter(writes)
+        let mut writing = futures_util::stream::iter(writes)
             .map(|(u, theirs, api_pod)| async move {
                 let written = match theirs {
                     // Listed before and not any more: the pod is gone from the apiserver (a forced deletion).
@@ -124,22 +124,26 @@ impl StatusManager {
                 };
                 (u, written)
             })
-            .buffer_unordered(STATUS_WRITES)
-            .collect()
-            .await;
+            .buffer_unordered(STATUS_WRITES);
+        // The apiserver away stops the pass at its first such answer: the writes in flight are dropped, and those
+        // not begun wait for the next pass.
+        let mut done = Vec::new();
         let mut away = None;
-        for (u, written) in results {
-            let written = match written {
-                Ok(w) => w,
+        while let Some((u, written)) = writing.next().await {
+            match written {
+                Ok(w) => done.push((u, w)),
                 Err(e) if refused(&e) => {
                     tracing::warn!(pod = %full_name(&u.pod), error = %e, "the apiserver refused a pod status");
-                    Written::Done
+                    done.push((u, Written::Done));
                 }
                 Err(e) => {
-                    away.get_or_insert(e);
-                    continue;
+                    away = Some(e);
+                    break;
                 }
-            };
+            }
+        }
+        drop(writing);
+        for (u, written) in done {
             self.acked(&u, written);
         }
         if let Some(e) = away {
