@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use nodewarden_cluster::{PodSet, is_mirror};
 use nodewarden_resources::pod::full_name;
 use nodewarden_sync::{
@@ -47,6 +47,7 @@ impl PodSource for ApiPodSource {
                 tracing::info!(pod = %pod, seconds = took, pulling, "observed the pod's start through the watch");
                 self.start_sli.observe(took);
             }
+            self.pulls.retain_pulls(|uid| starts.waiting.contains_key(uid));
             let snapshot = snapshot(&set);
             for refused in snapshot.invalid.iter().filter(|r| !logged.contains(&r.path)) {
                 tracing::warn!(pod = %refused.path.display(), error = %refused.error, "a pod from the apiserver is refused");
@@ -115,10 +116,24 @@ pub fn snapshot(set: &PodSet) -> SourceSnapshot {
 }
 
 /// The pod as pod sync takes it: its spec and metadata, marked as the apiserver's, and of its status only a
-/// terminal phase (a pod over is not run again).
+/// terminal phase (a pod over is not run again) and the conditions its readiness gates name (others set them).
 fn as_source_pod(pod: &Pod) -> Pod {
-    let status = nodewarden_resources::pod::is_terminal_phase(pod)
-        .then(|| PodStatus { phase: pod.status.as_ref().and_then(|s| s.phase.clone()), ..PodStatus::default() });
+    let gates: Vec<&str> =
+        pod.spec.iter().flat_map(|s| s.readiness_gates.iter().flatten()).map(|g| g.condition_type.as_str()).collect();
+    let gated: Vec<PodCondition> = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .filter(|c| gates.contains(&c.type_.as_str()))
+        // Only what the gate reads: a heartbeat time that moves is no change of the pod.
+        .map(|c| PodCondition { type_: c.type_.clone(), status: c.status.clone(), ..PodCondition::default() })
+        .collect();
+    let terminal = nodewarden_resources::pod::is_terminal_phase(pod);
+    let status = (terminal || !gated.is_empty()).then(|| PodStatus {
+        phase: if terminal { pod.status.as_ref().and_then(|s| s.phase.clone()) } else { None },
+        conditions: (!gated.is_empty()).then_some(gated),
+        ..PodStatus::default()
+    });
     let mut p = Pod { metadata: pod.metadata.clone(), spec: pod.spec.clone(), status };
     p.metadata.resource_version = None;
     p.metadata.managed_fields = None;
@@ -168,6 +183,29 @@ mod tests {
         assert!(p.status.is_none() && p.metadata.resource_version.is_none(), "the apiserver's own fields: {p:?}");
         assert_eq!(s.invalid.len(), 1);
         assert_eq!(s.invalid[0].path, PathBuf::from("default/bad"));
+    }
+
+    #[test]
+    fn of_the_status_only_the_conditions_readiness_gates_name_are_kept() {
+        let gated = pod(
+            "web",
+            "u1",
+            json!({
+                "spec": {"nodeName": "n1", "containers": [{"name": "app", "image": "busybox"}],
+                         "readinessGates": [{"conditionType": "example.com/lb"}]},
+                "status": {"phase": "Running", "conditions": [
+                    {"type": "Ready", "status": "False"},
+                    {"type": "example.com/lb", "status": "True", "lastProbeTime": "2026-12-07T10:00:00Z"},
+                ]},
+            }),
+        );
+        let p = as_source_pod(&gated);
+        let status = p.status.unwrap();
+        assert_eq!(status.phase, None, "a running pod's phase is the node's to say");
+        let conditions = status.conditions.unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!((conditions[0].type_.as_str(), conditions[0].status.as_str()), ("example.com/lb", "True"));
+        assert!(conditions[0].last_probe_time.is_none(), "a moving time is no change of the pod");
     }
 
     #[test]

@@ -120,7 +120,7 @@ async fn select_runtime(
     let settings = CriSettings {
         endpoint: endpoint.clone(),
         request_timeout: config.runtime.request_timeout,
-        serialize_image_pulls: config.runtime.serialize_image_pulls,
+        parallel_pulls: config.images.parallel_pulls,
         poll: CRI_POLL,
         managed: managed_value(&config.pods.root_dir),
     };
@@ -538,7 +538,9 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         eviction,
         ..
     } = daemon;
-    tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), shutdown.clone()));
+    if reloader.config().eviction.local_storage_limits {
+        tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), shutdown.clone()));
+    }
     if let Some(collector) = pods.image_collector() {
         let events: Arc<dyn nodewarden_sync::EventSink> = pod_events.clone();
         let config = reloader.config.subscribe();

@@ -1,6 +1,6 @@
 //! The image garbage collector's loop, for a runtime with images (CRI): a pass at start and every five minutes,
 //! as the kubelet's, and at once when a reload changes its settings (`imageGCHighThresholdPercent` and the
-//! others apply live). The image file system is `nodewarden.imagefsPath`. A shortfall is the kubelet's
+//! others apply live; so do `serializeImagePulls` and `maxParallelImagePulls`, handed to the runtime from here). The image file system is `nodewarden.imagefsPath`. A shortfall is the kubelet's
 //! `FreeDiskSpaceFailed` node event; a pass that fails after a failed one, its `ImageGCFailed`. The eviction
 //! manager's reclaim shares the collector (see `nodewarden_sync::ImageCollector`); this loop keeps its
 //! settings.
@@ -71,6 +71,9 @@ pub async fn run(
                     continue;
                 }
                 tracing::info!(settings = ?now, "image garbage collection settings reloaded; collecting now");
+                if now.parallel_pulls != in_force.parallel_pulls {
+                    collector.set_pull_limit(now.parallel_pulls);
+                }
                 in_force = now;
                 collector.set_reclaim(reclaim_settings(&config.borrow()));
             }

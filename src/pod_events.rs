@@ -47,6 +47,12 @@ impl PodEvents {
         self.joining.store(true, Ordering::SeqCst);
     }
 
+    /// Forgets the pull spans of the pods `keep` says no: those whose start is observed already or that are gone
+    /// (a pull after a pod's start, a restart's, is no part of its start).
+    pub fn retain_pulls(&self, keep: impl Fn(&str) -> bool) {
+        self.pulls.lock().unwrap_or_else(PoisonError::into_inner).retain(|uid, _| keep(uid));
+    }
+
     /// How long pod `uid` spent pulling images (from its first pull's start to its last pull's end, as the
     /// kubelet's startup latency tracker counts it), forgetting it: the pod startup SLI leaves that out.
     pub fn take_pull_time(&self, uid: &str) -> Duration {

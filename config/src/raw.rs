@@ -63,6 +63,12 @@ pub struct KubeletConfiguration {
     pub container_runtime_endpoint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serialize_image_pulls: Option<bool>,
+    /// `maxParallelImagePulls`: unset means no limit (with `serializeImagePulls: false`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_parallel_image_pulls: Option<i64>,
+    /// `localStorageCapacityIsolation`: ephemeral-storage limits and `emptyDir` size limits enforced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_storage_capacity_isolation: Option<bool>,
     /// `runtimeRequestTimeout`: the deadline of CRI calls other than image pulls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime_request_timeout: Option<String>,
@@ -230,7 +236,10 @@ impl KubeletConfiguration {
         or(&mut self.static_pod_url_header, BTreeMap::new());
         or(&mut self.http_check_frequency, "20s".into());
         or(&mut self.sync_frequency, "1m".into());
-        or(&mut self.serialize_image_pulls, true);
+        // The kubelet's: parallel pulls asked for (2 or more) turn the serial default off.
+        let serial = self.max_parallel_image_pulls.is_none_or(|n| n < 2);
+        or(&mut self.serialize_image_pulls, serial);
+        or(&mut self.local_storage_capacity_isolation, true);
         or(&mut self.runtime_request_timeout, "2m".into());
         or(&mut self.healthz_bind_address, "127.0.0.1".into());
         or(&mut self.healthz_port, 10248);

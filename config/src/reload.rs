@@ -34,6 +34,8 @@ pub const LIVE: &[&str] = &[
     "imageGCLowThresholdPercent",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
+    "serializeImagePulls",
+    "maxParallelImagePulls",
     "evictionHard",
     "evictionSoft",
     "evictionSoftGracePeriod",
@@ -79,8 +81,8 @@ restart_only!(KUBELET_RESTART_ONLY, keep_kubelet, KubeletConfiguration;
     container_log_monitor_interval => "containerLogMonitorInterval",
     pod_logs_dir => "podLogsDir",
     container_runtime_endpoint => "containerRuntimeEndpoint",
-    serialize_image_pulls => "serializeImagePulls",
     runtime_request_timeout => "runtimeRequestTimeout",
+    local_storage_capacity_isolation => "localStorageCapacityIsolation",
     healthz_bind_address => "healthzBindAddress",
     healthz_port => "healthzPort",
     node_status_update_frequency => "nodeStatusUpdateFrequency",
@@ -221,7 +223,12 @@ mod tests {
         assert_eq!(r.changed, [Section::Resources, Section::Eviction]);
         assert_eq!(edit("enforceNodeAllocatable: [none]\n").changed, [Section::Resources, Section::Eviction]);
         // The image garbage collector's settings are a section of their own.
-        for text in ["imageGCHighThresholdPercent: 90\n", "imageMinimumGCAge: 5m\n", "imageMaximumGCAge: 24h\n"] {
+        for text in [
+            "imageGCHighThresholdPercent: 90\n",
+            "imageMinimumGCAge: 5m\n",
+            "imageMaximumGCAge: 24h\n",
+            "serializeImagePulls: false\n",
+        ] {
             assert_eq!(edit(text).changed, [Section::Images], "{text}");
         }
         // A restart-only field changes no section.
@@ -254,7 +261,7 @@ mod tests {
         let running = parse(HEAD).unwrap();
         for (text, field) in [
             ("maxOpenFiles: 4096\n", "maxOpenFiles"),
-            ("serializeImagePulls: false\n", "serializeImagePulls"),
+            ("localStorageCapacityIsolation: false\n", "localStorageCapacityIsolation"),
             ("nodewarden:\n  pressureEvents: false\n", "nodewarden.pressureEvents"),
         ] {
             let r = reload(&running, &format!("{HEAD}{text}")).unwrap();

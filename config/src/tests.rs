@@ -118,7 +118,7 @@ fn a_real_kubelet_config_loads() {
     assert_eq!(c.eviction.pressure_transition_period, Duration::ZERO);
     assert_eq!(c.runtime.endpoint.as_deref(), Some("unix:///run/containerd/containerd.sock"));
     assert_eq!(c.runtime.request_timeout, Duration::from_secs(120), "0s is the kubelet's default");
-    assert!(c.runtime.serialize_image_pulls);
+    assert_eq!(c.images.parallel_pulls, Some(1), "serializeImagePulls: one pull at a time");
 }
 
 #[test]

@@ -644,6 +644,12 @@ pub trait ImageService: Send + Sync + 'static {
 
     /// Removes image `id`; one already gone is no error.
     fn remove_image(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
+
+    /// How many pulls may run at once from now on (`None`: no limit), as a reload of `serializeImagePulls` or
+    /// `maxParallelImagePulls` says. The default ignores it.
+    fn set_pull_limit(&self, limit: Option<u32>) {
+        let _ = limit;
+    }
 }
 
 /// An image on the node, as the image garbage collector sees it.

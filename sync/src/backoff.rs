@@ -30,11 +30,26 @@ impl Backoff {
         self.next = if wait.is_zero() { INITIAL } else { (wait * 2).min(MAX) };
         finished + wait
     }
+
+    /// When a failed image pull may be tried again, failing at `now`: 10 s after the first failure, doubling to
+    /// 5 min (the kubelet's image back-off). Advances the back-off.
+    pub fn pull_retry_at(&mut self, now: Instant) -> Instant {
+        self.next = if self.next.is_zero() { INITIAL } else { (self.next * 2).min(MAX) };
+        now + self.next
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn pulls_wait_ten_seconds_first_then_double() {
+        let mut b = Backoff::default();
+        let t0 = Instant::now();
+        let waits: Vec<u64> = (0..7).map(|_| (b.pull_retry_at(t0) - t0).as_secs()).collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300]);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn doubles_to_five_minutes_and_resets_after_ten() {

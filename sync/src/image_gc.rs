@@ -14,6 +14,8 @@ use nodewarden_runtime::{ImageService, NodeImage, Runtime, RuntimeError};
 use prometheus::IntCounterVec;
 use tokio::time::Instant;
 
+use crate::StatusStore;
+
 /// How the collector decides (the kubelet's `ImageGCPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageGcPolicy {
@@ -131,11 +133,24 @@ pub struct ImageGc {
 
 impl ImageGc {
     /// Reads the node's images and those in use at `now`: a new image is first seen now, one in use is used now,
-    /// and an image gone is forgotten. Returns the IDs of the images no container uses and the runtime does not
-    /// pin, in the order they are collected: least recently used first, then first seen first.
-    pub async fn detect<I: ImageService>(&mut self, images: &I, now: Instant) -> Result<Vec<String>, RuntimeError> {
+    /// and an image gone is forgotten. In use: an image of a container the runtime holds, or one that `needed`
+    /// (the images named by the pods the node runs, whose containers may have ended and been removed: one waiting
+    /// out its back-off, an init container) names. Returns the IDs of the images not in use that the runtime does
+    /// not pin, in the order they are collected: least recently used first (never used before any), then first
+    /// seen first.
+    pub async fn detect<I: ImageService>(
+        &mut self,
+        images: &I,
+        needed: &BTreeSet<String>,
+        now: Instant,
+    ) -> Result<Vec<String>, RuntimeError> {
         let listed: Vec<NodeImage> = images.list_images().await?;
-        let in_use: BTreeSet<String> = images.images_in_use().await?;
+        let mut in_use: BTreeSet<String> = images.images_in_use().await?;
+        for image in &listed {
+            if image.names.iter().any(|n| needed.contains(&normalized(n))) {
+                in_use.insert(image.id.clone());
+            }
+        }
         let current: BTreeSet<&str> = listed.iter().map(|i| i.id.as_str()).collect();
         self.records.retain(|id, _| current.contains(id.as_str()));
         for image in &listed {
@@ -153,7 +168,7 @@ impl ImageGc {
         }
         let mut unused: Vec<(&String, &Record)> =
             self.records.iter().filter(|(id, r)| !r.pinned && !in_use.contains(*id)).collect();
-        unused.sort_by_key(|(id, r)| (r.last_needed(), r.first_detected, (*id).clone()));
+        unused.sort_by_key(|(id, r)| (r.last_used, r.first_detected, (*id).clone()));
         Ok(unused.into_iter().map(|(id, _)| id.clone()).collect())
     }
 
@@ -233,12 +248,13 @@ impl ImageGc {
     pub async fn collect<I: ImageService>(
         &mut self,
         images: &I,
+        needed: &BTreeSet<String>,
         policy: &ImageGcPolicy,
         fs: impl FnOnce() -> Option<ImageFs>,
         now: Instant,
     ) -> (Freed, Result<(), ImageGcError>) {
         let mut freed = Freed::default();
-        let mut candidates = match self.detect(images, now).await {
+        let mut candidates = match self.detect(images, needed, now).await {
             Ok(c) => c,
             Err(e) => return (freed, Err(ImageGcError::List(e))),
         };
@@ -284,10 +300,11 @@ impl ImageGc {
     pub async fn delete_unused<I: ImageService>(
         &mut self,
         images: &I,
+        needed: &BTreeSet<String>,
         minimum_age: Duration,
         now: Instant,
     ) -> Result<Freed, ImageGcError> {
-        let candidates = self.detect(images, now).await.map_err(ImageGcError::List)?;
+        let candidates = self.detect(images, needed, now).await.map_err(ImageGcError::List)?;
         let mut freed = Freed::default();
         let errors = self.free_space(images, &candidates, u64::MAX, minimum_age, now, &mut freed).await;
         if errors.is_empty() {
@@ -296,6 +313,35 @@ impl ImageGc {
             Err(ImageGcError::Removal { wanted: u64::MAX, freed: freed.bytes, errors: errors.join("; ") })
         }
     }
+}
+
+/// An image reference as the runtime lists it: the registry (`docker.io` where none is named) and, for Docker
+/// Hub's official images, `library/`; `:latest` where neither a tag nor a digest is given.
+pub(crate) fn normalized(image: &str) -> String {
+    let (first, rest) = image.split_once('/').unwrap_or(("", image));
+    let registry = first.contains('.') || first.contains(':') || first == "localhost";
+    let path = match (registry, first) {
+        (true, _) => image.to_owned(),
+        (false, "") => format!("docker.io/library/{rest}"),
+        (false, _) => format!("docker.io/{image}"),
+    };
+    let last = path.rsplit('/').next().unwrap_or_default();
+    if last.contains(':') || last.contains('@') { path } else { format!("{path}:latest") }
+}
+
+/// The images the pods in `store` that are not over name, normalized: theirs while they run, whatever their
+/// containers' state.
+fn needed(store: &StatusStore) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for pod in store.pods() {
+        if nodewarden_resources::pod::is_terminal_phase(&pod) {
+            continue;
+        }
+        let Some(spec) = &pod.spec else { continue };
+        let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+        out.extend(containers.filter_map(|c| c.image.as_deref()).map(normalized));
+    }
+    out
 }
 
 /// How long the eviction manager holds off evicting a pod for disk while unused images are removed.
@@ -325,6 +371,8 @@ pub struct ReclaimSettings {
 /// reclaim share its memory of when each image was first seen and last used.
 pub struct ImageCollector<R: Runtime> {
     runtime: Arc<R>,
+    /// The node's pods: the images they name are in use.
+    store: Arc<StatusStore>,
     gc: Arc<tokio::sync::Mutex<ImageGc>>,
     reclaim: std::sync::Mutex<ReclaimState>,
     settings: std::sync::Mutex<ReclaimSettings>,
@@ -345,9 +393,9 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<R: Runtime> ImageCollector<R> {
-    /// The collector of `runtime`'s images, counting removals in `collected`; `None` for a runtime without images
-    /// or outside a Tokio runtime.
-    pub fn new(runtime: Arc<R>, collected: IntCounterVec) -> Option<Arc<Self>> {
+    /// The collector of `runtime`'s images, keeping those `store`'s pods name and counting removals in
+    /// `collected`; `None` for a runtime without images or outside a Tokio runtime.
+    pub fn new(runtime: Arc<R>, store: Arc<StatusStore>, collected: IntCounterVec) -> Option<Arc<Self>> {
         runtime.image_service()?;
         let handle = tokio::runtime::Handle::try_current().ok()?;
         for reason in [GcReason::Age, GcReason::Space] {
@@ -355,6 +403,7 @@ impl<R: Runtime> ImageCollector<R> {
         }
         Some(Arc::new(Self {
             runtime,
+            store,
             gc: Arc::default(),
             reclaim: std::sync::Mutex::new(ReclaimState::Idle { quiet_until: None }),
             settings: std::sync::Mutex::default(),
@@ -368,10 +417,17 @@ impl<R: Runtime> ImageCollector<R> {
         *lock(&self.settings) = settings;
     }
 
+    /// Sets how many image pulls run at once (see [`ImageService::set_pull_limit`]).
+    pub fn set_pull_limit(&self, limit: Option<u32>) {
+        if let Some(images) = self.runtime.image_service() {
+            images.set_pull_limit(limit);
+        }
+    }
+
     /// Reads the node's images at `now`, so that their ages count from here.
     pub async fn detect(&self, now: Instant) -> Result<(), RuntimeError> {
         let Some(images) = self.runtime.image_service() else { return Ok(()) };
-        self.gc.lock().await.detect(images, now).await.map(drop)
+        self.gc.lock().await.detect(images, &needed(&self.store), now).await.map(drop)
     }
 
     /// One periodic pass (see [`ImageGc::collect`]), counted.
@@ -382,7 +438,8 @@ impl<R: Runtime> ImageCollector<R> {
         now: Instant,
     ) -> (Freed, Result<(), ImageGcError>) {
         let Some(images) = self.runtime.image_service() else { return (Freed::default(), Ok(())) };
-        let (freed, result) = self.gc.lock().await.collect(images, policy, fs, now).await;
+        let needed = needed(&self.store);
+        let (freed, result) = self.gc.lock().await.collect(images, &needed, policy, fs, now).await;
         count(&self.collected, &freed);
         (freed, result)
     }
@@ -419,9 +476,11 @@ impl<R: Runtime> ImageCollector<R> {
             ReclaimState::Idle { .. } => {
                 let (runtime, gc, collected) = (self.runtime.clone(), self.gc.clone(), self.collected.clone());
                 let minimum_age = lock(&self.settings).minimum_age;
+                let store = self.store.clone();
                 let task = self.handle.spawn(async move {
                     let Some(images) = runtime.image_service() else { return 0 };
-                    let result = gc.lock().await.delete_unused(images, minimum_age, Instant::now()).await;
+                    let needed = needed(&store);
+                    let result = gc.lock().await.delete_unused(images, &needed, minimum_age, Instant::now()).await;
                     let freed = match result {
                         Ok(freed) => freed,
                         Err(e) => {
@@ -467,6 +526,8 @@ mod tests {
         in_use: Mutex<BTreeSet<String>>,
         removed: Mutex<Vec<String>>,
         refuse: BTreeSet<String>,
+        /// The name each image is listed under, by ID.
+        names: BTreeMap<String, String>,
     }
 
     impl Images {
@@ -497,7 +558,7 @@ mod tests {
             let images = self.images.lock().unwrap();
             let image = |(id, (size, pinned)): (&String, &(u64, bool))| NodeImage {
                 id: id.clone(),
-                names: vec![],
+                names: self.names.get(id).cloned().into_iter().collect(),
                 size_bytes: *size,
                 pinned: *pinned,
             };
@@ -520,6 +581,11 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// No pod names an image.
+    fn none() -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
     fn policy() -> ImageGcPolicy {
         ImageGcPolicy { high_percent: 85, low_percent: 80, minimum_age: Duration::from_secs(120), maximum_age: None }
     }
@@ -536,24 +602,24 @@ mod tests {
         let t0 = Instant::now();
         // a used now, then b, then c later: a is the least recently used.
         images.use_only(&["a"]);
-        gc.detect(&images, t0).await.unwrap();
+        gc.detect(&images, &none(), t0).await.unwrap();
         tokio::time::advance(Duration::from_secs(60)).await;
         images.use_only(&["b"]);
-        gc.detect(&images, Instant::now()).await.unwrap();
+        gc.detect(&images, &none(), Instant::now()).await.unwrap();
         tokio::time::advance(Duration::from_secs(60)).await;
         images.use_only(&["c"]);
-        gc.detect(&images, Instant::now()).await.unwrap();
+        gc.detect(&images, &none(), Instant::now()).await.unwrap();
         // Under the high threshold: nothing.
         images.use_only(&[]);
-        let (freed, r) = gc.collect(&images, &policy(), fs(84), Instant::now()).await;
+        let (freed, r) = gc.collect(&images, &none(), &policy(), fs(84), Instant::now()).await;
         assert!(r.is_ok() && freed.removed.is_empty(), "{freed:?} {r:?}");
         // At 90 %: 10 MiB to free for 80 %: a then b; c and the pinned pause image stay.
-        let (freed, r) = gc.collect(&images, &policy(), fs(90), Instant::now()).await;
+        let (freed, r) = gc.collect(&images, &none(), &policy(), fs(90), Instant::now()).await;
         r.unwrap();
         assert_eq!(images.removed(), ["a", "b"]);
         assert_eq!((freed.bytes, freed.removed[0].1), (10 * MIB, GcReason::Space));
         // At 90 % again with only c left: 5 MiB freed of 10, said as the kubelet says it.
-        let (freed, r) = gc.collect(&images, &policy(), fs(90), Instant::now()).await;
+        let (freed, r) = gc.collect(&images, &none(), &policy(), fs(90), Instant::now()).await;
         let e = r.unwrap_err();
         assert_eq!(freed.bytes, 5 * MIB);
         assert_eq!(e.event_reason(), Some("FreeDiskSpaceFailed"));
@@ -572,20 +638,20 @@ mod tests {
         let images = Images::with(&[("used", 10 * MIB), ("young", 10 * MIB), ("pause", 10 * MIB), ("old", MIB)]);
         let mut gc = ImageGc::default();
         images.images.lock().unwrap().remove("young");
-        gc.detect(&images, Instant::now()).await.unwrap();
+        gc.detect(&images, &none(), Instant::now()).await.unwrap();
         tokio::time::advance(Duration::from_secs(300)).await;
         images.images.lock().unwrap().insert("young".into(), (10 * MIB, false));
         images.use_only(&["used"]);
-        let (freed, r) = gc.collect(&images, &policy(), fs(99), Instant::now()).await;
+        let (freed, r) = gc.collect(&images, &none(), &policy(), fs(99), Instant::now()).await;
         assert_eq!(images.removed(), ["old"], "only the old unused image");
         assert_eq!(freed.bytes, MIB);
         assert!(matches!(r, Err(ImageGcError::NotEnough { .. })), "{r:?}");
         // Once old enough, the young one goes too; the threshold 100 turns the collector off.
         tokio::time::advance(Duration::from_secs(120)).await;
         let off = ImageGcPolicy { high_percent: 100, ..policy() };
-        let (freed, r) = gc.collect(&images, &off, fs(99), Instant::now()).await;
+        let (freed, r) = gc.collect(&images, &none(), &off, fs(99), Instant::now()).await;
         assert!(r.is_ok() && freed.removed.is_empty());
-        gc.collect(&images, &policy(), fs(99), Instant::now()).await.1.unwrap_err();
+        gc.collect(&images, &none(), &policy(), fs(99), Instant::now()).await.1.unwrap_err();
         assert_eq!(images.removed(), ["young"]);
     }
 
@@ -594,17 +660,40 @@ mod tests {
         let images = Images::with(&[("a", MIB), ("b", MIB)]);
         let mut gc = ImageGc::default();
         images.use_only(&["a", "b"]);
-        gc.detect(&images, Instant::now()).await.unwrap();
+        gc.detect(&images, &none(), Instant::now()).await.unwrap();
         tokio::time::advance(Duration::from_secs(3000)).await;
         images.use_only(&["b"]);
-        gc.detect(&images, Instant::now()).await.unwrap();
+        gc.detect(&images, &none(), Instant::now()).await.unwrap();
         images.use_only(&[]);
         tokio::time::advance(Duration::from_secs(700)).await;
         let aged = ImageGcPolicy { maximum_age: Some(Duration::from_secs(3600)), ..policy() };
-        let (freed, r) = gc.collect(&images, &aged, fs(10), Instant::now()).await;
+        let (freed, r) = gc.collect(&images, &none(), &aged, fs(10), Instant::now()).await;
         r.unwrap();
         assert_eq!(freed.removed, [("a".to_owned(), GcReason::Age)], "a was last used 3700 s ago, b 700 s ago");
         assert_eq!(images.removed(), ["a"]);
+    }
+
+    #[test]
+    fn references_are_normalized_as_the_runtime_lists_them() {
+        assert_eq!(normalized("busybox"), "docker.io/library/busybox:latest");
+        assert_eq!(normalized("busybox:1.36"), "docker.io/library/busybox:1.36");
+        assert_eq!(normalized("grafana/agent"), "docker.io/grafana/agent:latest");
+        assert_eq!(normalized("localhost/busybox:1"), "localhost/busybox:1");
+        assert_eq!(normalized("reg.example:5000/team/app"), "reg.example:5000/team/app:latest");
+        assert_eq!(normalized("quay.io/x/y@sha256:ab"), "quay.io/x/y@sha256:ab");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_image_a_running_pod_names_is_kept_though_no_container_holds_it() {
+        let mut images = Images::with(&[("a", 5 * MIB), ("b", 5 * MIB)]);
+        images.names = [("a".to_owned(), "docker.io/library/busybox:latest".to_owned())].into();
+        let mut gc = ImageGc::default();
+        // A pod names busybox; its container ended and was removed, so no container holds the image.
+        let needed: BTreeSet<String> = [normalized("busybox")].into();
+        gc.detect(&images, &needed, Instant::now()).await.unwrap();
+        tokio::time::advance(Duration::from_secs(600)).await;
+        let (freed, _) = gc.collect(&images, &needed, &policy(), fs(99), Instant::now()).await;
+        assert_eq!(freed.removed, [("b".to_owned(), GcReason::Space)], "busybox is a running pod's");
     }
 
     #[tokio::test(start_paused = true)]
@@ -612,9 +701,9 @@ mod tests {
         let mut images = Images::with(&[("a", 5 * MIB), ("b", 5 * MIB), ("c", 5 * MIB)]);
         images.refuse.insert("a".into());
         let mut gc = ImageGc::default();
-        gc.detect(&images, Instant::now()).await.unwrap();
+        gc.detect(&images, &none(), Instant::now()).await.unwrap();
         tokio::time::advance(Duration::from_secs(600)).await;
-        let (freed, r) = gc.collect(&images, &policy(), fs(90), Instant::now()).await;
+        let (freed, r) = gc.collect(&images, &none(), &policy(), fs(90), Instant::now()).await;
         assert_eq!(images.removed(), ["b", "c"]);
         assert_eq!(freed.bytes, 10 * MIB);
         let e = r.unwrap_err();
@@ -622,7 +711,7 @@ mod tests {
         assert_eq!(e.event_reason(), None);
         // The reclaim before an eviction removes every unused image old enough.
         images.refuse.clear();
-        let freed = gc.delete_unused(&images, Duration::from_secs(120), Instant::now()).await.unwrap();
+        let freed = gc.delete_unused(&images, &none(), Duration::from_secs(120), Instant::now()).await.unwrap();
         assert_eq!((images.removed(), freed.bytes), (vec!["a".to_owned()], 5 * MIB));
     }
 }

@@ -86,8 +86,11 @@ pub(crate) fn limits(pod: &Pod) -> Option<Limits> {
     let inits = spec.init_containers.iter().flatten();
     let sidecar = |c: &&Container| c.restart_policy.as_deref() == Some("Always");
     let summed = spec.containers.iter().chain(inits.clone().filter(sidecar)).filter_map(ephemeral_limit);
-    let (mut bytes, mut any) = (0u64, false);
+    let (mut bytes, mut any, mut binary) = (0u64, false, true);
     for l in summed {
+        if !any {
+            binary = l.text.ends_with('i');
+        }
         bytes = bytes.saturating_add(l.bytes);
         any = true;
     }
@@ -96,19 +99,28 @@ pub(crate) fn limits(pod: &Pod) -> Option<Limits> {
         bytes = bytes.max(init);
         any = true;
     }
-    let pod_limit = any.then(|| Limit { bytes, text: quantity(bytes) });
+    let pod_limit = any.then(|| Limit { bytes, text: quantity(bytes, binary) });
     let containers: Vec<(String, Limit)> =
         spec.containers.iter().filter_map(|c| Some((c.name.clone(), ephemeral_limit(c)?))).collect();
     let limits = Limits { empty_dirs, pod: pod_limit, containers };
     (limits != Limits::default()).then_some(limits)
 }
 
-/// Bytes as the apiserver canonicalises a quantity of them: the largest binary suffix that divides them, else
-/// plain bytes.
-fn quantity(bytes: u64) -> String {
-    for (shift, suffix) in [(60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if bytes != 0 && bytes.trailing_zeros() >= shift {
-            return format!("{}{suffix}", bytes >> shift);
+/// Bytes as a quantity reads in the format of the first limit summed (as a sum of quantities keeps its first
+/// one's): binary suffixes (`30Mi`) or decimal ones (`2G`); plain bytes where no suffix divides them.
+fn quantity(bytes: u64, binary: bool) -> String {
+    if binary {
+        for (shift, suffix) in [(60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
+            if bytes != 0 && bytes.trailing_zeros() >= shift {
+                return format!("{}{suffix}", bytes >> shift);
+            }
+        }
+    } else {
+        for (power, suffix) in [(18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")] {
+            let unit = 10u64.pow(power);
+            if bytes != 0 && bytes.is_multiple_of(unit) {
+                return format!("{}{suffix}", bytes / unit);
+            }
         }
     }
     bytes.to_string()
@@ -239,8 +251,9 @@ mod tests {
         assert_eq!(l.empty_dirs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["scratch"], "disk-backed only");
         assert_eq!(l.pod, Some(Limit { bytes: 50 * MIB, text: "50Mi".into() }), "the larger of 30Mi summed and 50Mi");
         assert_eq!(l.containers.len(), 2);
-        assert_eq!(quantity(1536 * 1024), "1536Ki");
-        assert_eq!(quantity(1000), "1000");
+        assert_eq!(quantity(1536 * 1024, true), "1536Ki");
+        assert_eq!(quantity(2_000_000_000, false), "2G");
+        assert_eq!(quantity(1001, false), "1001");
     }
 
     #[test]

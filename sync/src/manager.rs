@@ -118,7 +118,7 @@ impl<R: Runtime> PodManager<R> {
     ) -> Arc<Self> {
         let store = Arc::new(StatusStore::default());
         let log_epoch = Instant::now();
-        let images = crate::ImageCollector::new(runtime.clone(), metrics.images_collected.clone());
+        let images = crate::ImageCollector::new(runtime.clone(), store.clone(), metrics.images_collected.clone());
         let ctx = Arc::new(Shared {
             ledger,
             runtime,

@@ -1,7 +1,7 @@
 //! The eviction section: what the eviction loop follows, from `evictionHard`, `evictionSoft`,
 //! `evictionSoftGracePeriod`, `evictionMinimumReclaim`, `evictionPressureTransitionPeriod`,
 //! `evictionMaxPodGracePeriod` and nodewarden's `housekeepingInterval`, `evictionPollMin`,
-//! `evictionRealtimePriority` and `pressureEvents`.
+//! `evictionRealtimePriority` and `pressureEvents`; and `localStorageCapacityIsolation`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +29,9 @@ pub struct EvictionConfig {
     pub realtime_priority: u8,
     /// Wake the eviction loop on PSI triggers and `memory.events` (`nodewarden.pressureEvents`).
     pub pressure_events: bool,
+    /// `localStorageCapacityIsolation`: pods over their ephemeral-storage limits or `emptyDir` size limits are
+    /// evicted (restart-only).
+    pub local_storage_limits: bool,
 }
 
 impl EvictionConfig {
@@ -67,6 +70,7 @@ impl EvictionConfig {
             poll_min,
             realtime_priority,
             pressure_events: *required(&nw.pressure_events, "nodewarden.pressureEvents")?,
+            local_storage_limits: *required(&c.local_storage_capacity_isolation, "localStorageCapacityIsolation")?,
         })
     }
 
@@ -111,6 +115,7 @@ mod tests {
         assert_eq!(e.pressure_transition_period, Duration::from_secs(300));
         assert_eq!((e.housekeeping_interval, e.poll_min), (Duration::from_secs(1), Duration::from_millis(1)));
         assert_eq!((e.max_pod_grace_period, e.realtime_priority, e.pressure_events), (0, 1, true));
+        assert!(e.local_storage_limits);
         assert_eq!(e.reserve().memory_available, Some(Amount::Quantity(100 << 20)));
     }
 

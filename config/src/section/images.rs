@@ -1,6 +1,7 @@
 //! The images section: the image garbage collector's thresholds and ages, from `imageGCHighThresholdPercent`,
-//! `imageGCLowThresholdPercent`, `imageMinimumGCAge` and `imageMaximumGCAge`, checked as the kubelet checks them.
-//! All four apply on reload.
+//! `imageGCLowThresholdPercent`, `imageMinimumGCAge` and `imageMaximumGCAge`, and how many pulls run at once,
+//! from `serializeImagePulls` and `maxParallelImagePulls`; checked as the kubelet checks them. All apply on
+//! reload.
 
 use std::time::Duration;
 
@@ -20,6 +21,9 @@ pub struct ImagesConfig {
     /// `imageMaximumGCAge`: an image unused for longer than this is removed whatever the usage (`None`: `0s`,
     /// never).
     pub maximum_age: Option<Duration>,
+    /// How many image pulls run at once: 1 with `serializeImagePulls`, else `maxParallelImagePulls` (`None`: no
+    /// limit).
+    pub parallel_pulls: Option<u32>,
 }
 
 impl ImagesConfig {
@@ -44,7 +48,7 @@ impl ImagesConfig {
         let minimum_age = duration_field("imageMinimumGCAge", &c.image_minimum_gc_age)?;
         let maximum_age = match duration_field("imageMaximumGCAge", &c.image_maximum_gc_age)? {
             Duration::ZERO => None,
-            max if max < minimum_age => {
+            max if max <= minimum_age => {
                 return Err(ConfigError::field(
                     "imageMaximumGCAge",
                     format!("{max:?} must be greater than imageMinimumGCAge ({minimum_age:?})"),
@@ -52,7 +56,21 @@ impl ImagesConfig {
             }
             max => Some(max),
         };
-        Ok(ImagesConfig { high_percent, low_percent, minimum_age, maximum_age })
+        let serialize = *required(&c.serialize_image_pulls, "serializeImagePulls")?;
+        let parallel_pulls = match (serialize, c.max_parallel_image_pulls) {
+            (_, Some(n)) if n < 1 => {
+                return Err(ConfigError::field("maxParallelImagePulls", format!("{n} must be a positive number")));
+            }
+            (true, Some(n)) if n > 1 => {
+                return Err(ConfigError::field(
+                    "maxParallelImagePulls",
+                    format!("{n} cannot be larger than 1 unless serializeImagePulls is false"),
+                ));
+            }
+            (true, _) => Some(1),
+            (false, n) => n.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        };
+        Ok(ImagesConfig { high_percent, low_percent, minimum_age, maximum_age, parallel_pulls })
     }
 }
 
@@ -69,8 +87,14 @@ mod tests {
             low_percent: 80,
             minimum_age: Duration::from_secs(120),
             maximum_age: None,
+            parallel_pulls: Some(1),
         };
         assert_eq!(i, want);
+        let pulls = |body: &str| ImagesConfig::validate(&raw(body)).unwrap().parallel_pulls;
+        assert_eq!(pulls("serializeImagePulls: false\n"), None, "no limit");
+        assert_eq!(pulls("serializeImagePulls: false\nmaxParallelImagePulls: 3\n"), Some(3));
+        assert_eq!(pulls("maxParallelImagePulls: 1\n"), Some(1));
+        assert_eq!(pulls("maxParallelImagePulls: 4\n"), Some(4), "serializeImagePulls then defaults to false");
         let i = ImagesConfig::validate(&raw("imageMaximumGCAge: 168h\nimageMinimumGCAge: 0s\n")).unwrap();
         assert_eq!((i.minimum_age, i.maximum_age), (Duration::ZERO, Some(Duration::from_secs(168 * 3600))));
         assert!(
@@ -84,6 +108,9 @@ mod tests {
                 ("imageGCLowThresholdPercent: -1\n", "imageGCLowThresholdPercent"),
                 ("imageMinimumGCAge: soon\n", "imageMinimumGCAge"),
                 ("imageMaximumGCAge: 1m\n", "imageMaximumGCAge"),
+                ("serializeImagePulls: true\nmaxParallelImagePulls: 2\n", "maxParallelImagePulls"),
+                ("imageMinimumGCAge: 1h\nimageMaximumGCAge: 1h\n", "imageMaximumGCAge"),
+                ("serializeImagePulls: false\nmaxParallelImagePulls: 0\n", "maxParallelImagePulls"),
             ],
         );
     }

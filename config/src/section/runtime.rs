@@ -1,5 +1,5 @@
 //! The runtime section: which container runtime runs the pods and how it is called, from
-//! `containerRuntimeEndpoint`, `runtimeRequestTimeout` and `serializeImagePulls`.
+//! `containerRuntimeEndpoint` and `runtimeRequestTimeout` (the pulls' concurrency is the images section's).
 
 use std::time::Duration;
 
@@ -13,8 +13,6 @@ pub struct RuntimeConfig {
     pub endpoint: Option<String>,
     /// `runtimeRequestTimeout` (`0s` means the default, 2m).
     pub request_timeout: Duration,
-    /// `serializeImagePulls`.
-    pub serialize_image_pulls: bool,
 }
 
 impl RuntimeConfig {
@@ -31,11 +29,7 @@ impl RuntimeConfig {
             Duration::ZERO => Duration::from_secs(120),
             d => d,
         };
-        Ok(RuntimeConfig {
-            endpoint: (!endpoint.is_empty()).then(|| endpoint.clone()),
-            request_timeout,
-            serialize_image_pulls: *required(&c.serialize_image_pulls, "serializeImagePulls")?,
-        })
+        Ok(RuntimeConfig { endpoint: (!endpoint.is_empty()).then(|| endpoint.clone()), request_timeout })
     }
 }
 
@@ -47,10 +41,7 @@ mod tests {
     #[test]
     fn the_embedded_runtime_by_default_and_a_unix_socket_otherwise() {
         let r = RuntimeConfig::validate(&raw("")).unwrap();
-        assert_eq!(
-            r,
-            RuntimeConfig { endpoint: None, request_timeout: Duration::from_secs(120), serialize_image_pulls: true }
-        );
+        assert_eq!(r, RuntimeConfig { endpoint: None, request_timeout: Duration::from_secs(120) });
         let r =
             RuntimeConfig::validate(&raw("containerRuntimeEndpoint: unix:///run/c.sock\nruntimeRequestTimeout: 0s\n"))
                 .unwrap();

@@ -8,6 +8,7 @@ pub mod client;
 mod config;
 mod health;
 mod metrics;
+mod pulls;
 pub mod responses;
 
 use std::collections::{BTreeSet, HashMap};
@@ -50,8 +51,9 @@ pub struct CriSettings {
     pub endpoint: String,
     /// `runtimeRequestTimeout`: the deadline of every call but pulls.
     pub request_timeout: Duration,
-    /// `serializeImagePulls`: one pull at a time.
-    pub serialize_image_pulls: bool,
+    /// How many image pulls run at once (`None`: no limit): 1 with `serializeImagePulls`, else
+    /// `maxParallelImagePulls`. A reload changes it through [`ImageService::set_pull_limit`].
+    pub parallel_pulls: Option<u32>,
     /// How often containers are listed to find exits.
     pub poll: Duration,
     /// The value of [`MANAGED_LABEL`] on this daemon's sandboxes and containers ([`managed_value`]): only those
@@ -64,7 +66,7 @@ pub struct CriSettings {
 pub struct CriRuntime {
     client: CriClient,
     settings: CriSettings,
-    pulls: tokio::sync::Mutex<()>,
+    pulls: pulls::PullGate,
     /// The spec each known sandbox was made from (CreateContainer needs the sandbox's config again).
     sandboxes: Mutex<HashMap<String, (SandboxSpec, PodSandboxConfig)>>,
     /// Containers whose exit is awaited.
@@ -112,10 +114,11 @@ impl CriRuntime {
         if let Some(m) = metrics {
             client = client.with_metrics(m);
         }
+        let pulls = pulls::PullGate::new(settings.parallel_pulls);
         Ok(Self {
             client,
             settings,
-            pulls: tokio::sync::Mutex::new(()),
+            pulls,
             sandboxes: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
             known: Mutex::new(health::Known::new(SCHEME)),
@@ -420,7 +423,7 @@ impl ImageService for CriRuntime {
         let Some(sandbox_config) = sandbox else {
             return Err(RuntimeError::SandboxNotFound(spec.sandbox_id.clone()));
         };
-        let _serial = if self.settings.serialize_image_pulls { Some(self.pulls.lock().await) } else { None };
+        let _ticket = self.pulls.enter().await;
         let began = tokio::time::Instant::now();
         tracing::info!(image = %spec.image, credentials = spec.pull_auths.len(), "pulling image");
         // Each matching credential in turn, as the kubelet tries them; anonymous where none matches.
@@ -451,11 +454,13 @@ impl ImageService for CriRuntime {
                 Err(e) => last = Some(e),
             }
         }
-        let e = last.map(|e| e.to_string()).unwrap_or_default();
-        Err(RuntimeError::Image {
-            reason: "ErrImagePull",
-            message: format!("failed to pull image {:?}: {e}", spec.image),
-        })
+        // The runtime's error as the kubelet shows it (the waiting message; its event names the image).
+        let message = match last {
+            Some(CriError::Status { code, message, .. }) => format!("rpc error: code = {code:?} desc = {message}"),
+            Some(e) => e.to_string(),
+            None => String::new(),
+        };
+        Err(RuntimeError::Image { reason: "ErrImagePull", message })
     }
 
     async fn list_images(&self) -> Result<Vec<NodeImage>, RuntimeError> {
@@ -475,6 +480,10 @@ impl ImageService for CriRuntime {
         // Every container, whoever made it: an image another client's container uses is in use too.
         let containers = self.client.list_containers(None).await.map_err(runtime_error)?;
         Ok(containers.into_iter().map(|c| c.image_ref).filter(|r| !r.is_empty()).collect())
+    }
+
+    fn set_pull_limit(&self, limit: Option<u32>) {
+        self.pulls.set_limit(limit);
     }
 
     async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {

@@ -254,6 +254,8 @@ pub(crate) struct ContainerSlot {
     pub restarts: u32,
     /// Its crash-loop back-off.
     pub backoff: Backoff,
+    /// The back-off of its image's pulls (the kubelet keeps it apart from the crash loop's).
+    pub pull_backoff: Backoff,
     /// Its last exit.
     pub last_exit: Option<LastExit>,
     /// What it is doing.
@@ -270,6 +272,7 @@ impl ContainerSlot {
             role,
             restarts: 0,
             backoff: Backoff::default(),
+            pull_backoff: Backoff::default(),
             last_exit: None,
             state: ContainerState::Pending,
             redefined: false,

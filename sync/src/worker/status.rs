@@ -175,18 +175,42 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
     } else if let Some(r) = &pod.retry {
         status.message = Some(r.message.clone());
     }
-    let ready = pod
+    let unready: Vec<&str> = pod
         .containers
         .iter()
         .filter(|c| c.role != Role::Init)
-        .all(|c| c.running().is_some_and(|r| r.readiness == Readiness::Ready))
-        && phase == PodPhase::Running;
+        .filter(|c| !c.running().is_some_and(|r| r.readiness == Readiness::Ready))
+        .map(|c| c.name.as_str())
+        .collect();
+    let containers_ready = unready.is_empty() && phase == PodPhase::Running;
+    // Why not, as the kubelet says it: a pod that completed, or the containers not ready.
+    let containers_why = match phase {
+        _ if containers_ready => None,
+        PodPhase::Succeeded => Some(("PodCompleted", None)),
+        PodPhase::Failed => Some(("PodFailed", None)),
+        _ if unready.is_empty() => None,
+        _ => Some(("ContainersNotReady", Some(format!("containers with unready status: [{}]", unready.join(" "))))),
+    };
+    let gates = unready_gates(view.pod);
+    let ready = containers_ready && gates.is_empty();
+    let ready_why = match (&containers_why, gates.is_empty()) {
+        (Some(why), _) => Some(why.clone()),
+        (None, false) => Some(("ReadinessGatesNotReady", Some(gates.join(", ")))),
+        (None, true) => None,
+    };
+    let explained = |mut c: core::PodCondition, why: Option<(&str, Option<String>)>| {
+        if let Some((reason, message)) = why {
+            c.reason = Some(reason.to_owned());
+            c.message = message;
+        }
+        c
+    };
     status.conditions = Some(
         [
             times.set("PodScheduled", true, t),
             times.set("Initialized", pod.initialized(), t),
-            times.set("ContainersReady", ready, t),
-            times.set("Ready", ready, t),
+            explained(times.set("ContainersReady", containers_ready, t), containers_why),
+            explained(times.set("Ready", ready, t), ready_why),
         ]
         .into_iter()
         .chain(disruption)
@@ -198,6 +222,25 @@ pub(super) fn pod_status(pod: &Lifecycle, view: &View<'_>, times: &mut Condition
     }
     status.container_statuses = Some(statuses(false));
     status
+}
+
+/// The pod's readiness gates that are not met, each said as the kubelet says it: the condition they name is
+/// missing from the pod's status (as its source last gave it), or not `True`.
+fn unready_gates(pod: &Pod) -> Vec<String> {
+    let gates = pod.spec.as_ref().and_then(|s| s.readiness_gates.as_ref());
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let mut out = Vec::new();
+    for gate in gates.into_iter().flatten() {
+        let kind = &gate.condition_type;
+        match conditions.into_iter().flatten().find(|c| c.type_ == *kind) {
+            None => out.push(format!("corresponding condition of pod readiness gate {kind:?} does not exist.")),
+            Some(c) if c.status != "True" => {
+                out.push(format!("the status of pod readiness gate {kind:?} is not \"True\", but {}", c.status));
+            }
+            Some(_) => {}
+        }
+    }
+    out
 }
 
 impl<R: Runtime> Worker<R> {

@@ -12,6 +12,7 @@ use super::lifecycle::{
     Action, ContainerState, Input, KILL_WAIT, LastExit, Lifecycle, MAX_GRACE, PlaceFailure, PodState, PrepareStep,
     Readiness, Reason, Resume, Retry, Role, Stage, StartFailure, after,
 };
+use crate::backoff::Backoff;
 use crate::events::Happened;
 use crate::probe::ProbeKind;
 use crate::status::{PodPhase, Terminal};
@@ -65,6 +66,7 @@ impl Lifecycle {
                 match result {
                     Ok(started) => {
                         c.restarts = attempt;
+                        c.pull_backoff = Backoff::default();
                         c.state = ContainerState::Running(started.running(now));
                         out.extend([
                             Action::Record(Happened::Created(index)),
@@ -82,8 +84,10 @@ impl Lifecycle {
                         let by_reason = message.is_empty() || crate::images::REASONS.contains(&reason.as_str());
                         let said = if by_reason { reason.clone() } else { message.clone() };
                         out.push(Action::Record(Happened::StartFailed { index, message: said }));
-                        let retry_at = c.backoff.restart_at(now, now);
-                        if reason == "ErrImagePull" && retry_at > now {
+                        let pull = reason == "ErrImagePull";
+                        let retry_at =
+                            if pull { c.pull_backoff.pull_retry_at(now) } else { c.backoff.restart_at(now, now) };
+                        if pull {
                             out.extend([
                                 Action::Record(Happened::ImageBackOff(index)),
                                 Action::Record(Happened::StartFailed { index, message: "ImagePullBackOff".into() }),

@@ -517,6 +517,53 @@ async fn probes_drive_readiness_and_restarts() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn readiness_gates_hold_ready_until_their_conditions_are_true() {
+    let h = harness();
+    let ready_of = |v: &serde_json::Value| {
+        v["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone()
+    };
+    let gated = |status: Option<&str>| {
+        let mut p =
+            pod("u40", json!({"readinessGates": [{"conditionType": "example.com/lb"}], "containers": [app("web")]}));
+        if let Some(s) = status {
+            p.status =
+                Some(serde_json::from_value(json!({"conditions": [{"type": "example.com/lb", "status": s}]})).unwrap());
+        }
+        p
+    };
+    h.set(vec![gated(None)]).await;
+    let v = h.until("u40", "runs", |v| phase(v) == "Running").await;
+    let ready = ready_of(&v);
+    assert_eq!((ready["status"].as_str(), ready["reason"].as_str()), (Some("False"), Some("ReadinessGatesNotReady")));
+    assert_eq!(ready["message"], "corresponding condition of pod readiness gate \"example.com/lb\" does not exist.");
+    let containers =
+        v["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "ContainersReady").cloned();
+    assert_eq!(containers.unwrap()["status"], "True", "the containers are ready; the gate is not");
+    h.set(vec![gated(Some("False"))]).await;
+    let v = h
+        .until("u40", "names the gate's status", |v| {
+            ready_of(v)["message"] == "the status of pod readiness gate \"example.com/lb\" is not \"True\", but False"
+        })
+        .await;
+    assert_eq!(container(&v, "web")["restartCount"], 0, "a condition's change restarts nothing");
+    h.set(vec![gated(Some("True"))]).await;
+    let v = h.until("u40", "is ready", |v| ready_of(v)["status"] == "True").await;
+    assert!(ready_of(&v)["reason"].is_null());
+
+    // A pod whose containers are not ready says which.
+    let mut c = app("slow");
+    c["readinessProbe"] = json!({"exec": {"command": ["never"]}, "periodSeconds": 1});
+    h.fake.failing.lock().unwrap().push("never".into());
+    h.set(vec![gated(Some("True")), pod("u41", json!({"containers": [c, app("fine")]}))]).await;
+    let v = h.until("u41", "runs, one container ready", |v| container(v, "fine")["ready"] == true).await;
+    let ready = ready_of(&v);
+    assert_eq!(
+        (ready["reason"].as_str(), ready["message"].as_str()),
+        (Some("ContainersNotReady"), Some("containers with unready status: [slow]"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn deletion_terminates_within_the_grace_period() {
     let h = harness();
     h.set(vec![pod("u5", json!({"terminationGracePeriodSeconds": 7, "containers": [app("a"), app("stubborn")]}))])
@@ -967,7 +1014,7 @@ async fn an_image_that_cannot_be_pulled_backs_off() {
         ("Failed", "Error: ErrImagePull"),
     ];
     assert_eq!(said[..3], pulls, "each try");
-    // The first retry is at once; later ones wait, and say so.
+    // Each retry waits out the pull's own back-off (10 s first), and says so.
     let backoff =
         [("BackOff", "Back-off pulling image \"registry.invalid/app:1\""), ("Failed", "Error: ImagePullBackOff")];
     assert!(said.windows(5).any(|w| w[..3] == pulls && w[3..] == backoff), "{said:?}");
