@@ -38,6 +38,36 @@ type ObjectKey = (ObjectKind, String, String);
 /// When an object was read, and what was read (`None`: there was none).
 type Cached = (Instant, Option<Arc<ObjectData>>);
 
+/// A place in the line of the readers of one object; the line goes from the map once its last reader has left.
+struct Turn<'a> {
+    lines: &'a Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
+    key: ObjectKey,
+    line: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl<'a> Turn<'a> {
+    fn take(lines: &'a Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>, key: &ObjectKey) -> Self {
+        let line = lines.lock().unwrap_or_else(PoisonError::into_inner).entry(key.clone()).or_default().clone();
+        Self { lines, key: key.clone(), line: Some(line) }
+    }
+
+    /// Waits until the readers before this one are done.
+    async fn wait(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        Some(self.line.clone()?.lock_owned().await)
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        // Under the map's lock, so that the last reader to leave sees itself last.
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        drop(self.line.take());
+        if lines.get(&self.key).is_some_and(|l| Arc::strong_count(l) == 1) {
+            lines.remove(&self.key);
+        }
+    }
+}
+
 /// The daemon's [`PodObjects`].
 pub struct ApiObjects {
     reader: OnceLock<ObjectReader>,
@@ -48,6 +78,11 @@ pub struct ApiObjects {
     tokens: Mutex<HashMap<TokenAsk, Kept>>,
     /// The Services containers' environments name, when read.
     services: Mutex<Option<(Instant, Vec<ServiceAddress>)>>,
+    /// One read of each object at a time: pods starting together that miss the cache wait for the first one's
+    /// read instead of each reading the object (a burst of 110 pods read one ConfigMap 64 times).
+    reading: Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// The same for the Services.
+    reading_services: tokio::sync::Mutex<()>,
 }
 
 impl ApiObjects {
@@ -60,7 +95,15 @@ impl ApiObjects {
             cache: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
             services: Mutex::new(None),
+            reading: Mutex::new(HashMap::new()),
+            reading_services: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The cached copy of `key`, if it is fresh.
+    fn fresh(&self, key: &ObjectKey) -> Option<Option<Arc<ObjectData>>> {
+        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.get(key).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, o)| o.clone())
     }
 
     /// A cluster is being joined: until it is, objects are out of reach for now, not for good.
@@ -90,12 +133,16 @@ impl ApiObjects {
         name: &str,
     ) -> Result<Option<Arc<ObjectData>>, ObjectError> {
         let key = (kind, namespace.to_owned(), name.to_owned());
-        let cached = self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
-        if let Some((at, o)) = &cached
-            && at.elapsed() < self.ttl
-        {
-            return Ok(o.clone());
+        if let Some(o) = self.fresh(&key) {
+            return Ok(o);
         }
+        let turn = Turn::take(&self.reading, &key);
+        let _reading = turn.wait().await;
+        // Read by whoever went first meanwhile.
+        if let Some(o) = self.fresh(&key) {
+            return Ok(o);
+        }
+        let cached = self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
         match self.fetch(kind, namespace, name).await {
             Ok(data) => {
                 let data = data.map(Arc::new);
@@ -229,12 +276,19 @@ impl PodObjects for ApiObjects {
 
     fn cluster_services(&self) -> ObjectFuture<'_, Vec<ServiceAddress>> {
         Box::pin(async move {
-            let cached = self.services.lock().unwrap_or_else(PoisonError::into_inner).clone();
-            if let Some((at, s)) = &cached
-                && at.elapsed() < self.ttl
-            {
-                return Ok(s.clone());
+            let fresh = || {
+                let cached = self.services.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                cached.filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, s)| s)
+            };
+            if let Some(s) = fresh() {
+                return Ok(s);
             }
+            // One read at a time; those that waited take its result.
+            let _reading = self.reading_services.lock().await;
+            if let Some(s) = fresh() {
+                return Ok(s);
+            }
+            let cached = self.services.lock().unwrap_or_else(PoisonError::into_inner).clone();
             let Some(reader) = self.reader.get() else { return Ok(Vec::new()) };
             let (namespace, name) = MASTER_SERVICE;
             match reader.service(namespace, name).await {
@@ -318,6 +372,18 @@ mod tests {
         assert_eq!(read.data["b"], [0, 1]);
         objects.object(ObjectKind::ConfigMap, "default", "cfg").await.unwrap();
         assert_eq!(gets(), 1, "read once within the ttl");
+        // Past the ttl, twenty pods asking at once: one read.
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let asks = (0..20).map(|_| objects.object(ObjectKind::ConfigMap, "default", "cfg"));
+        let answers = futures_util::future::join_all(asks).await;
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|o| o.as_ref() == Some(&read))));
+        assert_eq!(gets(), 2, "one read for all of them");
+        let service_gets =
+            || api.requests().iter().filter(|r| r.method == "GET" && r.path.ends_with("/services/kubernetes")).count();
+        let asks = (0..20).map(|_| objects.cluster_services());
+        futures_util::future::join_all(asks).await;
+        assert_eq!(service_gets(), 2, "the Services too");
+        assert!(objects.reading.lock().unwrap().is_empty(), "no lock is left behind");
         assert_eq!(objects.object(ObjectKind::Secret, "default", "none").await.unwrap(), None);
         let ask = TokenAsk { pod_uid: created["metadata"]["uid"].as_str().unwrap().into(), ..ask(3600) };
         let ask = TokenAsk { namespace: "default".into(), ..ask };
