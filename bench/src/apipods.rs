@@ -100,6 +100,15 @@ fn one_run(bin: &Path, n: usize, objects: bool, qps: Option<u32>) -> Result<Run>
     })?;
     let all_s = t0.elapsed().as_secs_f64();
     let window = api.requests()[from..].to_vec();
+    // With `NODEWARDEN_BENCH_LOGS`, the apiserver's requests of the burst beside the daemon's log.
+    if let Some(keep) = std::env::var_os("NODEWARDEN_BENCH_LOGS") {
+        let lines: String = window
+            .iter()
+            .map(|r| format!("{} {} {} {} {}\n", r.time, r.status, r.method, r.path, r.user_agent))
+            .collect();
+        let _ = std::fs::create_dir_all(&keep);
+        let _ = std::fs::write(Path::new(&keep).join(format!("requests-{}.log", std::process::id())), lines);
+    }
     let requests = window.iter().filter(|r| !r.path.contains("/leases/")).count();
     let per_pod = requests as f64 / n as f64;
     let metrics = get(node.port, "/metrics").unwrap_or_default();
