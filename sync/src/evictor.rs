@@ -6,6 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::{EvictError, Eviction, Evictor, Reclaimed, Signal};
 
 use crate::manager::{PodManager, TerminateError};
@@ -40,6 +41,14 @@ pub(crate) fn du(dir: &Path) -> u64 {
     total
 }
 
+/// Bytes of node storage pod `uid` uses: its volumes below `root` and, where the pod is known, its logs below
+/// `log_root`.
+pub(crate) fn pod_disk_usage(root: &Path, log_root: &Path, uid: &str, pod: Option<&Pod>) -> u64 {
+    let volumes = pod_dir(root, uid).join("volumes");
+    let logs = pod.map_or(0, |p| du(&log_root.join(pod_log_dir_name(p))));
+    du(&volumes).saturating_add(logs)
+}
+
 impl<R: Runtime> PodManager<R> {
     /// Removes the logs of the pods that are over; returns the bytes freed.
     fn reclaim_logs(&self) -> u64 {
@@ -68,9 +77,7 @@ impl<R: Runtime> PodManager<R> {
 impl<R: Runtime> Evictor for PodManager<R> {
     fn disk_usage(&self, uid: &str) -> u64 {
         let settings = self.settings();
-        let volumes = pod_dir(&settings.root_dir, uid).join("volumes");
-        let logs = self.store().get(uid).map_or(0, |p| du(&settings.log_dir.join(pod_log_dir_name(&p))));
-        du(&volumes).saturating_add(logs)
+        pod_disk_usage(&settings.root_dir, &settings.log_dir, uid, self.store().get(uid).as_ref())
     }
 
     fn reclaim_disk(&self, signal: Signal) -> Reclaimed {

@@ -172,6 +172,27 @@ impl ImageGc {
         Ok(unused.into_iter().map(|(id, _)| id.clone()).collect())
     }
 
+    /// Removes image `id` (a known one), forgets it and counts it in `freed` under `reason`; returns its size.
+    async fn remove<I: ImageService>(
+        &mut self,
+        images: &I,
+        id: &str,
+        reason: GcReason,
+        freed: &mut Freed,
+    ) -> Result<u64, RuntimeError> {
+        let size = self.records.get(id).map_or(0, |r| r.size_bytes);
+        images.remove_image(id).await?;
+        let why = match reason {
+            GcReason::Age => "unused for longer than imageMaximumGCAge",
+            GcReason::Space => "to free space",
+        };
+        tracing::info!(image = %id, bytes = size, "removed an image {why}");
+        self.records.remove(id);
+        freed.removed.push((id.to_owned(), reason));
+        freed.bytes += size;
+        Ok(size)
+    }
+
     /// Removes, from `candidates` in order, the images unused for longer than `maximum_age` at `now`.
     async fn free_old<I: ImageService>(
         &mut self,
@@ -189,18 +210,9 @@ impl ImageGc {
                 kept.push(id);
                 continue;
             }
-            let size = r.size_bytes;
-            match images.remove_image(&id).await {
-                Ok(()) => {
-                    tracing::info!(image = %id, bytes = size, "removed an image unused for longer than imageMaximumGCAge");
-                    self.records.remove(&id);
-                    freed.removed.push((id, GcReason::Age));
-                    freed.bytes += size;
-                }
-                Err(e) => {
-                    errors.push(e.to_string());
-                    kept.push(id);
-                }
+            if let Err(e) = self.remove(images, &id, GcReason::Age, freed).await {
+                errors.push(e.to_string());
+                kept.push(id);
             }
         }
         *candidates = kept;
@@ -228,15 +240,8 @@ impl ImageGc {
             if now.saturating_duration_since(r.first_detected) < minimum_age {
                 continue;
             }
-            let size = r.size_bytes;
-            match images.remove_image(id).await {
-                Ok(()) => {
-                    tracing::info!(image = %id, bytes = size, "removed an unused image to free space");
-                    self.records.remove(id);
-                    freed.removed.push((id.clone(), GcReason::Space));
-                    freed.bytes += size;
-                    space += size;
-                }
+            match self.remove(images, id, GcReason::Space, freed).await {
+                Ok(size) => space += size,
                 Err(e) => errors.push(e.to_string()),
             }
         }

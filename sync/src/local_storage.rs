@@ -15,10 +15,10 @@ use nodewarden_resources::parse_non_negative;
 use nodewarden_runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
-use crate::evictor::du;
+use crate::evictor::{du, pod_disk_usage};
 use crate::manager::PodManager;
 use crate::spec::pod_log_dir_name;
-use crate::volumes::pod_dir;
+use crate::volumes::volume_dir;
 
 /// How often the limits are checked (the kubelet's eviction monitoring interval).
 pub const CHECK_PERIOD: Duration = Duration::from_secs(10);
@@ -129,15 +129,14 @@ fn quantity(bytes: u64, binary: bool) -> String {
 /// Measures what `limits` needs of pod `uid` (`pod`), walking its directories below `root` (the pods' volumes)
 /// and `log_root` (their logs).
 pub(crate) fn measure(root: &Path, log_root: &Path, pod: &Pod, uid: &str, limits: &Limits) -> Usage {
-    let volumes = pod_dir(root, uid).join("volumes");
-    let logs = log_root.join(pod_log_dir_name(pod));
-    let empty_dirs = limits
-        .empty_dirs
-        .iter()
-        .map(|(name, _)| (name.clone(), du(&volumes.join("kubernetes.io~empty-dir").join(name))))
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    let empty_dirs = volumes
+        .filter(|v| limits.empty_dirs.iter().any(|(name, _)| *name == v.name))
+        .map(|v| (v.name.clone(), du(&volume_dir(root, uid, v))))
         .collect();
+    let logs = log_root.join(pod_log_dir_name(pod));
     let containers = limits.containers.iter().map(|(name, _)| (name.clone(), du(&logs.join(name)))).collect();
-    let pod_usage = if limits.pod.is_some() { du(&volumes).saturating_add(du(&logs)) } else { 0 };
+    let pod_usage = if limits.pod.is_some() { pod_disk_usage(root, log_root, uid, Some(pod)) } else { 0 };
     Usage { empty_dirs, pod: pod_usage, containers }
 }
 
@@ -217,6 +216,7 @@ impl<R: Runtime> PodManager<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volumes::pod_dir;
 
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(

@@ -131,7 +131,8 @@ pub fn pod_dir(root: &Path, uid: &str) -> PathBuf {
     root.join("pods").join(uid)
 }
 
-fn volume_dir(root: &Path, uid: &str, v: &Volume) -> PathBuf {
+/// Where volume `v` of pod `uid` is made, below `root` (`<root>/pods/<uid>/volumes/<plugin>/<name>`).
+pub(crate) fn volume_dir(root: &Path, uid: &str, v: &Volume) -> PathBuf {
     pod_dir(root, uid).join("volumes").join(crate::projection::plugin_dir(v)).join(&v.name)
 }
 
