@@ -90,8 +90,10 @@ fn one_run(bin: &Path, n: usize, objects: bool, qps: Option<u32>) -> Result<Run>
     }
     let mut running: BTreeMap<String, f64> = BTreeMap::new();
     wait("every pod Running in the apiserver", 300, || {
-        for p in api.list("pods", Some("default")).iter().filter(|p| started(p)) {
-            let name = p["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let names = api.scan("pods", Some("default"), |p| {
+            started(p).then(|| p["metadata"]["name"].as_str()).flatten().map(str::to_owned)
+        });
+        for name in names {
             if let Some(at) = created.get(&name) {
                 running.entry(name).or_insert_with(|| at.elapsed().as_secs_f64());
             }
@@ -118,7 +120,7 @@ fn one_run(bin: &Path, n: usize, objects: bool, qps: Option<u32>) -> Result<Run>
     for name in created.keys() {
         api.delete("pods", Some("default"), name, Some(5))?;
     }
-    wait("every pod gone from the apiserver", 300, || api.list("pods", Some("default")).is_empty())?;
+    wait("every pod gone from the apiserver", 300, || api.scan("pods", Some("default"), |_| Some(())).is_empty())?;
     let delete_s = t1.elapsed().as_secs_f64();
     wait("every pod gone from the node", 120, || pods(node.port).is_empty())?;
 

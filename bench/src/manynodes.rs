@@ -104,14 +104,14 @@ fn one_run(bin: &Path, n: usize, seconds: u64, pods: usize) -> Result<Run> {
     }
     let running = |p: &serde_json::Value| p["status"]["phase"] == "Running";
     wait("every churn pod Running", 300, || {
-        api.list("pods", Some("default")).iter().filter(|p| running(p)).count() == n * pods
+        api.scan("pods", Some("default"), |p| running(p).then_some(())).len() == n * pods
     })?;
     for i in 0..n {
         for k in 0..pods {
             api.delete("pods", Some("default"), &format!("p{i}-{k}"), Some(2))?;
         }
     }
-    wait("every churn pod deleted", 300, || api.list("pods", Some("default")).is_empty())?;
+    wait("every churn pod deleted", 300, || api.scan("pods", Some("default"), |_| Some(())).is_empty())?;
     std::thread::sleep(Duration::from_secs(seconds).saturating_sub(t1.elapsed()));
     let churn = per_node_minute(&api.requests()[from..], n, t1.elapsed());
     drop(members);

@@ -150,11 +150,12 @@ pub(crate) fn pass(store: &Store, nodes: &Resource, leases: &Resource, pods: &Re
 
 /// The controller's `MarkPodsNotReady`: every pod on `node` gets `Ready=False`.
 fn mark_pods_not_ready(store: &Store, pods: &Resource, node: &str, now: &str) {
-    let (all, _) = store.list(pods, None, &crate::select::Selector::default());
-    for pod in all.iter().filter(|p| p["spec"]["nodeName"] == node) {
-        let (Some(ns), Some(name)) = (pod["metadata"]["namespace"].as_str(), pod["metadata"]["name"].as_str()) else {
-            continue;
-        };
+    let (on_node, _) = store.scan(pods, None, |p| {
+        let (ns, name) = (p["metadata"]["namespace"].as_str()?, p["metadata"]["name"].as_str()?);
+        (p["spec"]["nodeName"] == node).then(|| (ns.to_owned(), name.to_owned()))
+    });
+    for (ns, name) in &on_node {
+        let (ns, name) = (ns.as_str(), name.as_str());
         let set = |old: &Value| {
             let mut p = old.clone();
             let conditions = p.get_mut("status").and_then(|s| s.get_mut("conditions")).and_then(Value::as_array_mut);

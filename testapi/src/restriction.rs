@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use crate::route::Target;
-use crate::select::Selector;
+
 use crate::store::{ApiError, Store};
 
 /// True for a label a kubelet may set on its own Node (the kubelet label rule of NodeRestriction): outside the
@@ -105,10 +105,11 @@ pub fn references(pod: &Value, kind: &str) -> Vec<String> {
 
 /// True when a pod bound to `node` in `namespace` references the `kind` object `name` (the authorizer's graph).
 fn related(store: &Store, node: &str, namespace: &str, kind: &str, name: &str) -> bool {
-    let (pods, _) = store.list(crate::resource("pods"), Some(namespace), &Selector::default());
-    pods.iter()
-        .filter(|p| p["spec"]["nodeName"].as_str() == Some(node))
-        .any(|p| references(p, kind).iter().any(|r| r == name))
+    let on_node = |p: &Value| p["spec"]["nodeName"].as_str() == Some(node);
+    let (found, _) = store.scan(crate::resource("pods"), Some(namespace), |p| {
+        (on_node(p) && references(p, kind).iter().any(|r| r == name)).then_some(())
+    });
+    !found.is_empty()
 }
 
 /// The one object a list or watch names with a `metadata.name=` field selector.
