@@ -4,7 +4,7 @@
 //! what only the apiserver keeps (the status it was last told, the resource version) is dropped, so that the
 //! node's own status writes do not read as changes of the pod.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use nodewarden_cluster::{PodSet, is_mirror};
 use nodewarden_resources::pod::full_name;
 use nodewarden_sync::{
-    API_SOURCE, CONFIG_SOURCE_ANNOTATION, InvalidManifest, PodSource, SourceSnapshot, check_api_pod,
+    API_SOURCE, CONFIG_SOURCE_ANNOTATION, InvalidManifest, ManifestError, PodSource, SourceSnapshot, check_api_pod,
 };
 use prometheus::Histogram;
 use tokio::sync::{mpsc, watch};
@@ -32,6 +32,7 @@ pub struct ApiPodSource {
 impl PodSource for ApiPodSource {
     async fn run(mut self, tx: mpsc::Sender<SourceSnapshot>, shutdown: CancellationToken) {
         let mut starts = Starts::default();
+        let mut converted = Converted::default();
         // The refusals logged already (each is logged once, not on every change of the set).
         let mut logged = BTreeSet::new();
         loop {
@@ -48,7 +49,7 @@ impl PodSource for ApiPodSource {
                 self.start_sli.observe(took);
             }
             self.pulls.retain_pulls(|uid| starts.waiting.contains_key(uid));
-            let snapshot = snapshot(&set);
+            let snapshot = converted.snapshot(&set);
             for refused in snapshot.invalid.iter().filter(|r| !logged.contains(&r.path)) {
                 tracing::warn!(pod = %refused.path.display(), error = %refused.error, "a pod from the apiserver is refused");
             }
@@ -101,18 +102,49 @@ fn all_running(pod: &Pod) -> bool {
     })
 }
 
-/// The snapshot of a set of the apiserver's pods.
-pub fn snapshot(set: &PodSet) -> SourceSnapshot {
-    let mut pods = Vec::with_capacity(set.len());
-    let mut invalid = Vec::new();
-    for pod in set.values().filter(|p| !is_mirror(p)) {
-        if let Err(error) = check_api_pod(pod) {
-            invalid.push(InvalidManifest { path: PathBuf::from(full_name(pod)), error });
-            continue;
+/// The pods of the last snapshot as pod sync took them, by UID: the apiserver's copy each was made from, and what
+/// it became (or why it was refused). The watch hands over a whole set on every change of one pod; a pod whose
+/// copy is the same `Arc` as last time is neither checked nor converted again, and one whose new copy converts
+/// to the same pod (the node's own status write, echoed by the watch) keeps its `Arc`, so pod sync passes over
+/// both without comparing them. A burst of a hundred pods costs a hundred conversions, not ten thousand.
+#[derive(Debug, Default)]
+struct Converted(HashMap<String, (Arc<Pod>, Conversion)>);
+
+/// A pod of the apiserver as pod sync takes it, or why it is refused.
+type Conversion = Result<Arc<Pod>, ManifestError>;
+
+impl Converted {
+    /// The snapshot of a set of the apiserver's pods.
+    fn snapshot(&mut self, set: &PodSet) -> SourceSnapshot {
+        let mut pods = Vec::with_capacity(set.len());
+        let mut invalid = Vec::new();
+        let mut next = HashMap::with_capacity(set.len());
+        for (uid, pod) in set.iter().filter(|(_, p)| !is_mirror(p)) {
+            let converted = match self.0.remove(uid) {
+                Some((from, done)) if Arc::ptr_eq(&from, pod) => done,
+                Some((_, Ok(before))) => match convert(pod) {
+                    Ok(p) if *p == *before => Ok(before),
+                    other => other,
+                },
+                _ => convert(pod),
+            };
+            match &converted {
+                Ok(p) => pods.push(p.clone()),
+                Err(error) => {
+                    invalid.push(InvalidManifest { path: PathBuf::from(full_name(pod)), error: error.clone() });
+                }
+            }
+            next.insert(uid.clone(), (pod.clone(), converted));
         }
-        pods.push(as_source_pod(pod));
+        self.0 = next;
+        SourceSnapshot { source: API_SOURCE, pods, invalid }
     }
-    SourceSnapshot { source: API_SOURCE, pods, invalid }
+}
+
+/// One pod of the apiserver, converted.
+fn convert(pod: &Pod) -> Conversion {
+    check_api_pod(pod)?;
+    Ok(Arc::new(as_source_pod(pod)))
 }
 
 /// The pod as pod sync takes it: its spec and metadata, marked as the apiserver's, and of its status only a
@@ -174,7 +206,7 @@ mod tests {
             ("m1".into(), Arc::new(mirror)),
             ("u2".into(), Arc::new(bad)),
         ]);
-        let s = snapshot(&set);
+        let s = Converted::default().snapshot(&set);
         assert_eq!(s.source, "api");
         assert_eq!(s.pods.len(), 1, "{:?}", s.pods);
         let p = &s.pods[0];
@@ -183,6 +215,31 @@ mod tests {
         assert!(p.status.is_none() && p.metadata.resource_version.is_none(), "the apiserver's own fields: {p:?}");
         assert_eq!(s.invalid.len(), 1);
         assert_eq!(s.invalid[0].path, PathBuf::from("default/bad"));
+    }
+
+    #[test]
+    fn a_pod_unchanged_for_pod_sync_is_handed_over_as_the_same_arc() {
+        let mut converted = Converted::default();
+        let web = Arc::new(pod("web", "u1", json!({})));
+        let db = Arc::new(pod("db", "u2", json!({})));
+        let first = converted.snapshot(&PodSet::from([("u1".into(), web.clone()), ("u2".into(), db.clone())]));
+        let find = |s: &SourceSnapshot, name: &str| {
+            s.pods.iter().find(|p| p.metadata.name.as_deref() == Some(name)).cloned().unwrap()
+        };
+        // The node's own status write comes back as a new copy with a new resourceVersion: the same pod.
+        let mut echoed = pod("web", "u1", json!({"status": {"phase": "Pending"}}));
+        echoed.metadata.resource_version = Some("8".into());
+        let mut resized = (*db).clone();
+        resized.spec.as_mut().unwrap().containers[0].image = Some("busybox:2".into());
+        let second =
+            converted.snapshot(&PodSet::from([("u1".into(), Arc::new(echoed)), ("u2".into(), Arc::new(resized))]));
+        assert!(Arc::ptr_eq(&find(&first, "web"), &find(&second, "web")), "a status write changes nothing");
+        assert!(!Arc::ptr_eq(&find(&first, "db"), &find(&second, "db")), "a new image is a change");
+        assert_eq!(find(&second, "db").spec.as_ref().unwrap().containers[0].image.as_deref(), Some("busybox:2"));
+        // A pod gone from the set is forgotten: back under its UID, it is converted anew.
+        let third = converted.snapshot(&PodSet::from([("u1".into(), web.clone())]));
+        assert_eq!(third.pods.len(), 1);
+        assert!(!converted.0.contains_key("u2"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! answer that does not parse) keeps the set served before; until a first answer, pods adopted at start are not
 //! cleaned up.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -107,6 +108,7 @@ impl PodSource for UrlPodSource {
             if last_error.take().is_some() {
                 tracing::info!(url = %self.url, pods = pods.len(), "staticPodURL answers again");
             }
+            let pods = pods.into_iter().map(Arc::new).collect();
             let snapshot = SourceSnapshot { source: HTTP_SOURCE, pods, invalid: Vec::new() };
             tokio::select! {
                 () = shutdown.cancelled() => return,

@@ -37,7 +37,7 @@ pub const MAX_WORKER_PANICS: u32 = 5;
 /// A worker, as the manager reaches it: the latest spec (a newer one replaces it) and its terminations (never
 /// dropped).
 struct Handle {
-    spec: watch::Sender<Pod>,
+    spec: watch::Sender<Arc<Pod>>,
     terminations: mpsc::UnboundedSender<TerminateRequest>,
     task: tokio::task::JoinHandle<()>,
     busy: Arc<Mutex<Option<Instant>>>,
@@ -279,8 +279,9 @@ impl<R: Runtime> PodManager<R> {
                         h.wanted_again = true;
                         tracing::info!(pod_uid = %uid, pod = %h.name, "pod added again while it terminates; it starts anew after");
                     }
+                    // The same `Arc` is the same pod: only a pod its source rebuilt is compared.
                     h.spec.send_if_modified(|current| {
-                        let changed = *current != p;
+                        let changed = !Arc::ptr_eq(current, &p) && **current != *p;
                         if changed {
                             *current = p.clone();
                         }
@@ -301,7 +302,7 @@ impl<R: Runtime> PodManager<R> {
     }
 
     /// Starts a worker for a pod; `incident` says why the pod needed a new one.
-    fn spawn_worker(&self, pod: Pod, source: &'static str, incident: Option<String>) -> Handle {
+    fn spawn_worker(&self, pod: Arc<Pod>, source: &'static str, incident: Option<String>) -> Handle {
         let name = pod::full_name(&pod);
         let lock = self
             .name_locks
@@ -315,7 +316,7 @@ impl<R: Runtime> PodManager<R> {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let busy = Arc::new(Mutex::new(None));
         let stoppable = Stoppable::default();
-        let worker = Worker::new(self.ctx.clone(), pod, events_tx, busy.clone(), stoppable.clone(), lock)
+        let worker = Worker::new(self.ctx.clone(), Pod::clone(&pod), events_tx, busy.clone(), stoppable.clone(), lock)
             .with_incident(incident);
         let task = self.tasks.spawn(worker.run(spec_rx, terminations_rx, events_rx));
         Handle {

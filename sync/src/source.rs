@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
@@ -29,8 +30,10 @@ pub struct InvalidManifest {
 pub struct SourceSnapshot {
     /// The source's name (`file`, `api`).
     pub source: &'static str,
-    /// The valid pods, each with its UID set.
-    pub pods: Vec<Pod>,
+    /// The valid pods, each with its UID set. Shared: a source hands over the same `Arc` for a pod that has not
+    /// changed since its last snapshot, and the pod manager passes over it without comparing it field by field
+    /// (a hundred pods and a snapshot on every change would otherwise cost a hundred deep comparisons each).
+    pub pods: Vec<Arc<Pod>>,
     /// What was refused.
     pub invalid: Vec<InvalidManifest>,
 }
@@ -84,7 +87,7 @@ pub struct StaticPodSource {
     dir: PathBuf,
     node_name: String,
     resync: Duration,
-    cache: HashMap<PathBuf, (FileKey, Result<Pod, ManifestError>)>,
+    cache: HashMap<PathBuf, (FileKey, Result<Arc<Pod>, ManifestError>)>,
     /// The last scan met a transient error: the next one comes after [`RETRY_AFTER`].
     retry: bool,
 }
@@ -151,13 +154,13 @@ impl StaticPodSource {
 
     /// Parses a manifest, or takes it from the cache when unchanged. A file that cannot be read is not cached
     /// (it is read again on the next scan) and keeps the pod it last gave, if any.
-    fn parse(&mut self, path: &Path, key: FileKey) -> Result<Pod, ManifestError> {
+    fn parse(&mut self, path: &Path, key: FileKey) -> Result<Arc<Pod>, ManifestError> {
         if let Some((k, parsed)) = self.cache.get(path)
             && *k == key
         {
             return parsed.clone();
         }
-        let parsed = read_manifest(path).and_then(|b| parse_static_pod(&b, path, &self.node_name));
+        let parsed = read_manifest(path).and_then(|b| parse_static_pod(&b, path, &self.node_name)).map(Arc::new);
         match &parsed {
             Err(e @ ManifestError::Read(_)) => {
                 self.retry = true;

@@ -283,7 +283,7 @@ impl<R: Runtime> Worker<R> {
     /// wins.
     pub(crate) async fn run(
         mut self,
-        mut spec: watch::Receiver<Pod>,
+        mut spec: watch::Receiver<Arc<Pod>>,
         mut terminations: mpsc::UnboundedReceiver<TerminateRequest>,
         mut events: mpsc::UnboundedReceiver<Event>,
     ) {
@@ -319,7 +319,7 @@ impl<R: Runtime> Worker<R> {
                     if changed.is_err() {
                         return;
                     }
-                    let pod = spec.borrow_and_update().clone();
+                    let pod = Pod::clone(&spec.borrow_and_update());
                     if pod == self.pod {
                         continue;
                     }

@@ -357,6 +357,7 @@ impl Harness {
 
     /// A snapshot of `source`.
     async fn send(&self, source: &'static str, pods: Vec<Pod>) {
+        let pods = pods.into_iter().map(Arc::new).collect();
         self.tx.send(SourceSnapshot { source, pods, invalid: vec![] }).await.unwrap();
     }
 
