@@ -1,6 +1,7 @@
 //! Container log rotation, as the kubelet's container log manager does it: every `containerLogMonitorInterval`, a
 //! running container's log that reached `containerLogMaxSize` is moved aside to `<log>.<UTC timestamp>.<sequence>`,
-//! and then the oldest rotated files beyond `containerLogMaxFiles` (the live one counts) are removed. Age is the
+//! after the oldest rotated files were removed to make room for it: there are never more than
+//! `containerLogMaxFiles` (the live one counts), not even for the moment between a rotation and its cleanup. Age is the
 //! sequence, one more than the highest there, not the timestamp: after the clock steps back, the newest files are
 //! still the ones kept. How the live file is moved aside is the runtime's ([`crate::Runtime::rotate_log`]): copy and
 //! truncate where the container holds the file open with `O_APPEND` (the process runtime), rename and
@@ -91,9 +92,10 @@ pub fn prune(log: &Path, keep: u32) {
     }
 }
 
-/// Rotates `log` of container `id` through `runtime` when it is full, then removes the oldest rotated files so
-/// that there are at most `containerLogMaxFiles`, the live file included. A rotation that failed removes nothing:
-/// the files it would have replaced are all that is left of those logs.
+/// Rotates `log` of container `id` through `runtime` when it is full. The oldest rotated files are removed first,
+/// as the kubelet does, so that the file the rotation adds keeps the count at `containerLogMaxFiles`, the live file
+/// included: a flood never finds more on disk than the operator allowed. A rotation that fails has then cost the
+/// oldest rotated file, which the next rotation would have removed anyway.
 pub async fn rotate_if_full<R: nodewarden_runtime::Runtime>(
     runtime: &R,
     id: &nodewarden_runtime::ContainerId,
@@ -103,11 +105,17 @@ pub async fn rotate_if_full<R: nodewarden_runtime::Runtime>(
     if !is_full(log, cfg) {
         return;
     }
+    make_room(log, cfg);
     let to = rotated_name(log);
     match runtime.rotate_log(id, log, &to, cfg.max_size).await {
         Ok(()) => prune(log, cfg.max_files.saturating_sub(1)),
         Err(e) => tracing::warn!(container_id = %id, error = %e, "cannot rotate the container's log"),
     }
+}
+
+/// Removes the oldest rotated files of `log` so that one more rotation keeps it at `containerLogMaxFiles`.
+fn make_room(log: &Path, cfg: &LogRotation) {
+    prune(log, cfg.max_files.saturating_sub(2));
 }
 
 /// Whether `log` has reached the size at which it is rotated.
@@ -147,7 +155,11 @@ mod tests {
         for round in 0..5 {
             writer.write_all(&vec![b'a' + round; 2048]).unwrap();
             assert!(is_full(&log, &cfg));
+            make_room(&log, &cfg);
             copy_truncate(&log, &rotated_name(&log), cfg.max_size).unwrap();
+            // Never more than max_files on disk, the live file included, not even before the cleanup.
+            let on_disk = std::fs::read_dir(dir.path()).unwrap().count();
+            assert!(on_disk <= 3, "round {round}: {on_disk} files");
             prune(&log, cfg.max_files - 1);
             assert!(!is_full(&log, &cfg));
         }
