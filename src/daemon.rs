@@ -542,6 +542,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), shutdown.clone()));
     }
     if let Some(collector) = pods.image_collector() {
+        tasks.spawn(nodewarden_sync::measure_writable_layers(pods.clone(), shutdown.clone()));
         let events: Arc<dyn nodewarden_sync::EventSink> = pod_events.clone();
         let config = reloader.config.subscribe();
         tasks.spawn(crate::image_gc::run(collector, config, events, shutdown.clone()));

@@ -3,9 +3,10 @@
 //! the tests share it, so they run one at a time.
 //!
 //! A static pod runs as a sandbox whose cgroup is the placement's, with the placement's limits; an OOM kill is
-//! reported; eviction stops the hog through CRI; a restarted daemon adopts its sandboxes; a containerd restart is
-//! survived; pods on the pod network get their CNI address and wait while it is not ready (the Node says so);
-//! unpullable images, a missing socket and `nodewarden cri` are checked.
+//! reported; eviction stops the hog through CRI; a container's writes to its root count toward its
+//! ephemeral-storage limit; a restarted daemon adopts its sandboxes; a containerd restart is survived; pods on the
+//! pod network get their CNI address and wait while it is not ready (the Node says so); unpullable images, a
+//! missing socket and `nodewarden cri` are checked.
 #![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 #![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
@@ -202,6 +203,33 @@ fn memory_pressure_evicts_the_besteffort_hog_through_cri() {
     assert!(running(&quiet), "the Guaranteed pod was disturbed: {quiet:#}");
     assert_eq!(container_id(&quiet), quiet_id);
     remove_pod(&n, "quiet.yaml", "quiet");
+}
+
+#[test]
+fn a_container_writing_past_its_ephemeral_storage_limit_to_its_root_is_evicted() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // What a container writes to its own root file system (its writable layer, measured by containerd) counts
+    // toward its limits.ephemeral-storage, as its logs do. The side container's limit keeps the pod's total above
+    // what is written: the container's own limit is the one crossed.
+    let n = cri_node("cri-layer", "");
+    let pod = pod_yaml(
+        "layer",
+        &format!(
+            "  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {BUSYBOX}\n    \
+             command: [sh, -c, 'dd if=/dev/zero of=/fill bs=1M count=40; exec sleep 3600']\n    resources:\n      \
+             limits: {{ephemeral-storage: 20Mi}}\n  - name: side\n    image: {BUSYBOX}\n    command: [sleep, '3600']\n    \
+             resources:\n      limits: {{ephemeral-storage: 200Mi}}\n"
+        ),
+    );
+    n.write("layer.yaml", &pod);
+    let p = n.wait_pod("layer", 120, "was evicted", |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted");
+    assert_eq!(p["status"]["message"], "Container app exceeded its local ephemeral storage limit \"20Mi\". ", "{p:#}");
+    let uid = p["metadata"]["uid"].as_str().unwrap();
+    wait_until(30, "the pod's sandbox was removed", || sandboxes(uid).is_empty());
+    remove_pod(&n, "layer.yaml", "layer");
 }
 
 #[test]

@@ -214,7 +214,7 @@ fn candidates<E: Evictor>(view: &LedgerView, evictor: &E, signal: Signal, skip: 
             .map(|c| {
                 let p = c.placement;
                 Candidate {
-                    disk_usage: if disk { evictor.disk_usage(&p.uid) } else { 0 },
+                    disk_usage: if disk { evictor.disk_usage(&p.uid, signal) } else { 0 },
                     name: p.pod,
                     priority: p.priority,
                     critical: c.critical,

@@ -20,6 +20,6 @@ pub use seam::{
     ContainerId, ContainerSpec, EXEC_OUTPUT_LIMIT, ExecOutput, ExitInfo, ImageService, ImageSummary, LinuxResources,
     MainProcess, Mount, NoImages, NoSandboxes, NoStreaming, NodeImage, Problem, PullPolicy, PulledImage, RegistryAuth,
     RunningSandbox, Runtime, RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
-    StopSignals, StreamingRuntime, Streams, exit_reason,
+    StopSignals, StreamingRuntime, Streams, WritableLayer, exit_reason,
 };
 pub use selected::SelectedRuntime;

@@ -645,11 +645,26 @@ pub trait ImageService: Send + Sync + 'static {
     /// Removes image `id`; one already gone is no error.
     fn remove_image(&self, id: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
 
+    /// What each container's writable layer holds (CRI `ListContainerStats`): the disk a container fills by
+    /// writing to its root file system, which counts toward its `ephemeral-storage` as its logs do.
+    fn writable_layers(&self) -> impl Future<Output = Result<Vec<WritableLayer>, RuntimeError>> + Send;
+
     /// How many pulls may run at once from now on (`None`: no limit), as a reload of `serializeImagePulls` or
     /// `maxParallelImagePulls` says. The default ignores it.
     fn set_pull_limit(&self, limit: Option<u32>) {
         let _ = limit;
     }
+}
+
+/// A container's writable layer, as the runtime measured it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WritableLayer {
+    /// The UID of the container's pod.
+    pub pod_uid: String,
+    /// The container's name in its pod.
+    pub container: String,
+    /// Bytes the layer holds.
+    pub bytes: u64,
 }
 
 /// An image on the node, as the image garbage collector sees it.
@@ -688,6 +703,10 @@ impl ImageService for NoImages {
     }
 
     async fn remove_image(&self, _id: &str) -> Result<(), RuntimeError> {
+        match *self {}
+    }
+
+    async fn writable_layers(&self) -> Result<Vec<WritableLayer>, RuntimeError> {
         match *self {}
     }
 }

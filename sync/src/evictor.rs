@@ -75,9 +75,18 @@ impl<R: Runtime> PodManager<R> {
 }
 
 impl<R: Runtime> Evictor for PodManager<R> {
-    fn disk_usage(&self, uid: &str) -> u64 {
+    fn disk_usage(&self, uid: &str, signal: Signal) -> u64 {
         let settings = self.settings();
-        pod_disk_usage(&settings.root_dir, &settings.log_dir, uid, self.store().get(uid).as_ref())
+        let files = || pod_disk_usage(&settings.root_dir, &settings.log_dir, uid, self.store().get(uid).as_ref());
+        let layers = || self.writable_layers().pod_total(uid);
+        // The process runtime has no images and no layers: its pods' files are all there is.
+        let one_fs = self.image_collector().is_none_or(|c| c.covers(Signal::NodeFsAvailable));
+        let imagefs = matches!(signal, Signal::ImageFsAvailable | Signal::ImageFsInodesFree);
+        match (one_fs, imagefs) {
+            (true, _) => files().saturating_add(layers()),
+            (false, true) => layers(),
+            (false, false) => files(),
+        }
     }
 
     fn reclaim_disk(&self, signal: Signal) -> Reclaimed {

@@ -582,6 +582,10 @@ mod tests {
             self.removed.lock().unwrap().push(id.to_owned());
             Ok(())
         }
+
+        async fn writable_layers(&self) -> Result<Vec<nodewarden_runtime::WritableLayer>, RuntimeError> {
+            Ok(Vec::new())
+        }
     }
 
     const MIB: u64 = 1 << 20;

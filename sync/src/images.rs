@@ -182,6 +182,10 @@ mod tests {
         async fn remove_image(&self, _id: &str) -> Result<(), RuntimeError> {
             Ok(())
         }
+
+        async fn writable_layers(&self) -> Result<Vec<nodewarden_runtime::WritableLayer>, RuntimeError> {
+            Ok(Vec::new())
+        }
     }
 
     fn spec(image: &str, pull_policy: PullPolicy) -> ContainerSpec {

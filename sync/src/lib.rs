@@ -14,6 +14,7 @@ mod feed;
 pub mod fuzzing;
 mod image_gc;
 mod images;
+mod layers;
 mod local_storage;
 mod logs;
 mod manager;
@@ -37,6 +38,7 @@ pub use feed::{StatusReader, StatusUpdate};
 pub use image_gc::{
     Freed, GcReason, ImageCollector, ImageFs, ImageGc, ImageGcError, ImageGcPolicy, RECLAIM_WAIT, ReclaimSettings,
 };
+pub use layers::{MEASURE_PERIOD, measure_writable_layers};
 pub use local_storage::enforce_local_storage;
 pub use logs::LogRotation;
 pub use manager::{MAX_WORKER_PANICS, ORPHAN_GRACE, PodManager, RunningPod, STUCK_AFTER, TICK, TerminateError};

@@ -1,9 +1,11 @@
 //! Ephemeral-storage limits, enforced as the kubelet's eviction manager does in its `localStorageEviction`,
 //! whatever the node's pressure: a pod whose disk-backed `emptyDir` holds more than its `sizeLimit`, whose
-//! ephemeral storage (its containers' logs and its disk-backed volumes) exceeds its containers' limits summed, or
-//! with a container whose logs exceed its own `limits.ephemeral-storage`, is evicted with 1 s of grace and the
-//! kubelet's message. Every [`CHECK_PERIOD`], by walking the pods' directories on a blocking thread, never on the
-//! eviction thread. Under CRI a container's writable layer is not counted yet.
+//! ephemeral storage (its containers' writable layers and logs, and its disk-backed volumes) exceeds its
+//! containers' limits summed, or with a container whose writable layer and logs exceed its own
+//! `limits.ephemeral-storage`, is evicted with 1 s of grace and the kubelet's message. Every [`CHECK_PERIOD`], by
+//! walking the pods' directories on a blocking thread, never on the eviction thread; the writable layers are the
+//! runtime's last measure (see `layers`), none under the process runtime, whose containers write to the node's
+//! own file system.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -57,9 +59,9 @@ pub(crate) struct Limits {
 pub(crate) struct Usage {
     /// Each disk-backed `emptyDir` with a limit, by name.
     empty_dirs: BTreeMap<String, u64>,
-    /// The whole pod: its containers' logs and its volumes on the node's disk.
+    /// The whole pod: its containers' writable layers and logs, and its volumes on the node's disk.
     pod: u64,
-    /// Each container with a limit: its logs.
+    /// Each container with a limit: its writable layer and its logs.
     containers: BTreeMap<String, u64>,
 }
 
@@ -127,16 +129,33 @@ fn quantity(bytes: u64, binary: bool) -> String {
 }
 
 /// Measures what `limits` needs of pod `uid` (`pod`), walking its directories below `root` (the pods' volumes)
-/// and `log_root` (their logs).
-pub(crate) fn measure(root: &Path, log_root: &Path, pod: &Pod, uid: &str, limits: &Limits) -> Usage {
+/// and `log_root` (their logs), with its containers' writable layers (`layers`, by container name).
+pub(crate) fn measure(
+    root: &Path,
+    log_root: &Path,
+    pod: &Pod,
+    uid: &str,
+    limits: &Limits,
+    layers: &BTreeMap<String, u64>,
+) -> Usage {
     let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
     let empty_dirs = volumes
         .filter(|v| limits.empty_dirs.iter().any(|(name, _)| *name == v.name))
         .map(|v| (v.name.clone(), du(&volume_dir(root, uid, v))))
         .collect();
     let logs = log_root.join(pod_log_dir_name(pod));
-    let containers = limits.containers.iter().map(|(name, _)| (name.clone(), du(&logs.join(name)))).collect();
-    let pod_usage = if limits.pod.is_some() { pod_disk_usage(root, log_root, uid, Some(pod)) } else { 0 };
+    let layer = |name: &str| layers.get(name).copied().unwrap_or(0);
+    let containers = limits
+        .containers
+        .iter()
+        .map(|(name, _)| (name.clone(), du(&logs.join(name)).saturating_add(layer(name))))
+        .collect();
+    let all_layers = layers.values().fold(0u64, |a, b| a.saturating_add(*b));
+    let pod_usage = if limits.pod.is_some() {
+        pod_disk_usage(root, log_root, uid, Some(pod)).saturating_add(all_layers)
+    } else {
+        0
+    };
     Usage { empty_dirs, pod: pod_usage, containers }
 }
 
@@ -204,7 +223,8 @@ impl<R: Runtime> PodManager<R> {
             }
             let Some(pod) = self.store().get(uid) else { continue };
             let Some(limits) = limits(&pod) else { continue };
-            let usage = measure(&settings.root_dir, &settings.log_dir, &pod, uid, &limits);
+            let layers = self.writable_layers().of_pod(uid);
+            let usage = measure(&settings.root_dir, &settings.log_dir, &pod, uid, &limits, &layers);
             if let Some(message) = exceeded(&limits, &usage) {
                 out.push((uid.clone(), nodewarden_resources::pod::full_name(&pod), message));
             }
@@ -298,9 +318,16 @@ mod tests {
         std::fs::create_dir_all(&app_logs).unwrap();
         std::fs::write(app_logs.join("0.log"), vec![b'x'; 1 << 20]).unwrap();
         let l = limits(&p).unwrap();
-        let u = measure(&root, &logs, &p, "u1", &l);
+        let u = measure(&root, &logs, &p, "u1", &l, &BTreeMap::new());
         assert!(u.empty_dirs["scratch"] >= 3 * MIB, "{u:?}");
         assert!(u.containers["app"] >= MIB && u.containers["app"] < 2 * MIB, "{u:?}");
-        assert!(u.pod >= 4 * MIB, "{u:?}");
+        assert!(u.pod >= 4 * MIB && u.pod < 5 * MIB, "{u:?}");
+        // Under CRI, what the container wrote to its root file system counts for it and for the pod.
+        let layers = BTreeMap::from([("app".to_owned(), 8 * MIB), ("other".to_owned(), 2 * MIB)]);
+        let u = measure(&root, &logs, &p, "u1", &l, &layers);
+        assert!(u.containers["app"] >= 9 * MIB && u.containers["app"] < 10 * MIB, "{u:?}");
+        assert!(u.pod >= 14 * MIB && u.pod < 15 * MIB, "{u:?}");
+        let over = exceeded(&l, &u).unwrap();
+        assert_eq!(over, "Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. ");
     }
 }

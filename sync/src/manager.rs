@@ -96,6 +96,8 @@ pub struct PodManager<R: Runtime> {
     shutdown: CancellationToken,
     /// The image collector, for a runtime with images.
     images: Option<Arc<crate::ImageCollector<R>>>,
+    /// The containers' writable layers, for a runtime with images.
+    layers: crate::layers::WritableLayers,
 }
 
 impl<R: Runtime> std::fmt::Debug for PodManager<R> {
@@ -138,6 +140,7 @@ impl<R: Runtime> PodManager<R> {
             tasks,
             shutdown,
             images,
+            layers: crate::layers::WritableLayers::default(),
         })
     }
 
@@ -145,6 +148,16 @@ impl<R: Runtime> PodManager<R> {
     /// manager's reclaim removes unused images through it.
     pub fn image_collector(&self) -> Option<Arc<crate::ImageCollector<R>>> {
         self.images.clone()
+    }
+
+    /// The runtime.
+    pub(crate) fn runtime(&self) -> &R {
+        &self.ctx.runtime
+    }
+
+    /// The containers' writable layers, as last measured.
+    pub(crate) fn writable_layers(&self) -> &crate::layers::WritableLayers {
+        &self.layers
     }
 
     /// The status store (`/pods`).

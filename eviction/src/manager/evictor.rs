@@ -11,8 +11,10 @@ use crate::Signal;
 /// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger's view
 /// ([`LedgerView::eviction_candidates`](nodewarden_resources::LedgerView::eviction_candidates)).
 pub trait Evictor: Send + Sync + 'static {
-    /// Bytes of node storage a pod uses (container logs and disk-backed volumes).
-    fn disk_usage(&self, uid: &str) -> u64;
+    /// Bytes a pod uses of the file system `signal` measures, as the kubelet ranks pods: its containers' writable
+    /// layers, logs and disk-backed volumes where one file system holds them all; with images on a file system of
+    /// their own, the writable layers for an `imagefs` signal and the logs and volumes for a `nodefs` one.
+    fn disk_usage(&self, uid: &str, signal: Signal) -> u64;
 
     /// Frees node storage without evicting a running pod (the logs of pods that are over; unused images where
     /// `signal` is about the file system that holds them). Called on disk pressure before any pod is evicted,

@@ -365,7 +365,7 @@ mod tests {
     }
 
     impl Evictor for Stub {
-        fn disk_usage(&self, _: &str) -> u64 {
+        fn disk_usage(&self, _: &str, _: Signal) -> u64 {
             0
         }
 

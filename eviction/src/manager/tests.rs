@@ -40,7 +40,7 @@ struct FakeEvictor {
 }
 
 impl Evictor for FakeEvictor {
-    fn disk_usage(&self, uid: &str) -> u64 {
+    fn disk_usage(&self, uid: &str, _signal: Signal) -> u64 {
         if uid.starts_with("writer") { 50 * MIB } else { MIB }
     }
 

@@ -9,12 +9,13 @@ use hyper_util::rt::TokioIo;
 use nodewarden_proto::v1::image_service_client::ImageServiceClient;
 use nodewarden_proto::v1::runtime_service_client::RuntimeServiceClient;
 use nodewarden_proto::v1::{
-    AttachRequest, Container, ContainerFilter, ContainerStatusRequest, ContainerStatusResponse, CreateContainerRequest,
-    ExecRequest, ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest, ListContainersRequest,
-    ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxStatusRequest,
-    PodSandboxStatusResponse, PortForwardRequest, PullImageRequest, RemoveContainerRequest, RemoveImageRequest,
-    RemovePodSandboxRequest, ReopenContainerLogRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest,
-    StatusResponse, StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
+    AttachRequest, Container, ContainerFilter, ContainerStats, ContainerStatusRequest, ContainerStatusResponse,
+    CreateContainerRequest, ExecRequest, ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest,
+    ListContainerStatsRequest, ListContainersRequest, ListImagesRequest, ListPodSandboxRequest, PodSandbox,
+    PodSandboxFilter, PodSandboxStatusRequest, PodSandboxStatusResponse, PortForwardRequest, PullImageRequest,
+    RemoveContainerRequest, RemoveImageRequest, RemovePodSandboxRequest, ReopenContainerLogRequest,
+    RunPodSandboxRequest, StartContainerRequest, StatusRequest, StatusResponse, StopContainerRequest,
+    StopPodSandboxRequest, VersionRequest, VersionResponse,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -283,6 +284,12 @@ impl CriClient {
     pub async fn list_containers(&self, filter: Option<ContainerFilter>) -> Result<Vec<Container>, CriError> {
         let req = ListContainersRequest { filter };
         rpc!(self, runtime.list_containers("ListContainers", req, self.timeout)).map(|r| r.containers)
+    }
+
+    /// `ListContainerStats` of every container the runtime has stats for (its running ones).
+    pub async fn list_container_stats(&self) -> Result<Vec<ContainerStats>, CriError> {
+        let req = ListContainerStatsRequest { filter: None };
+        rpc!(self, runtime.list_container_stats("ListContainerStats", req, self.timeout)).map(|r| r.stats)
     }
 
     /// `ContainerStatus`; `verbose` adds the runtime's info (the PID, the OCI spec).

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use nodewarden_proto::v1::{
-    AuthConfig, ContainerFilter, ContainerState, CreateContainerRequest, PodSandboxConfig, PodSandboxFilter,
-    PodSandboxState, PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
+    AuthConfig, ContainerFilter, ContainerState, ContainerStats, CreateContainerRequest, PodSandboxConfig,
+    PodSandboxFilter, PodSandboxState, PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +31,7 @@ pub use metrics::RuntimeMetrics;
 use crate::seam::{
     ContainerId, ContainerSpec, ExecOutput, ExitInfo, ImageService, ImageSummary, MainProcess, NodeImage, PulledImage,
     RunningSandbox, Runtime, RuntimeError, RuntimeFacts, RuntimeHealth, SandboxRuntime, SandboxSpec, Started,
-    StreamingRuntime, Streams,
+    StreamingRuntime, Streams, WritableLayer,
 };
 
 /// Sandboxes are checked every this many relists: a dead sandbox is rare, and listing sandboxes every second
@@ -295,6 +295,16 @@ impl CriRuntime {
 }
 
 /// CRI's form of registry credentials.
+/// A container's writable layer from its stats, for a container of a pod (labelled with the pod's UID and the
+/// container's name, as the kubelet and nodewarden label theirs); `None` for one without, or without a measure.
+fn writable_layer(stats: ContainerStats) -> Option<WritableLayer> {
+    let attributes = stats.attributes?;
+    let bytes = stats.writable_layer?.used_bytes?.value;
+    let label = |key: &str| attributes.labels.get(key).filter(|v| !v.is_empty()).cloned();
+    let container = label(CONTAINER_NAME_LABEL).or_else(|| attributes.metadata.map(|m| m.name))?;
+    Some(WritableLayer { pod_uid: label(POD_UID_LABEL)?, container, bytes })
+}
+
 fn auth_config(a: &crate::seam::RegistryAuth) -> AuthConfig {
     AuthConfig {
         username: a.username.clone(),
@@ -484,6 +494,11 @@ impl ImageService for CriRuntime {
 
     fn set_pull_limit(&self, limit: Option<u32>) {
         self.pulls.set_limit(limit);
+    }
+
+    async fn writable_layers(&self) -> Result<Vec<WritableLayer>, RuntimeError> {
+        let stats = self.client.list_container_stats().await.map_err(runtime_error)?;
+        Ok(stats.into_iter().filter_map(writable_layer).collect())
     }
 
     async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {

@@ -29,6 +29,8 @@ struct State {
     private: Option<(String, String)>,
     sandboxes: Vec<(PodSandbox, PodSandboxConfig)>,
     containers: Vec<(Container, ContainerStatus, ContainerConfig)>,
+    /// What each container wrote to its writable layer, by ID.
+    written: HashMap<String, u64>,
     next: u32,
 }
 
@@ -228,6 +230,35 @@ impl RuntimeService for Fake {
     ) -> Result<Response<ReopenContainerLogResponse>, Status> {
         self.record(&format!("ReopenContainerLog {}", r.into_inner().container_id));
         Ok(Response::new(ReopenContainerLogResponse {}))
+    }
+
+    async fn list_container_stats(
+        &self,
+        _r: Request<ListContainerStatsRequest>,
+    ) -> Result<Response<ListContainerStatsResponse>, Status> {
+        // Running containers only, as containerd answers; one without labels (another client's) too.
+        let s = self.state();
+        let running = s.containers.iter().filter(|c| c.0.state == i32::from(ContainerState::ContainerRunning));
+        let stats = running
+            .map(|c| ContainerStats {
+                attributes: Some(ContainerAttributes {
+                    id: c.0.id.clone(),
+                    metadata: c.0.metadata.clone(),
+                    labels: c.0.labels.clone(),
+                }),
+                writable_layer: Some(FilesystemUsage {
+                    timestamp: 1,
+                    fs_id: None,
+                    used_bytes: Some(UInt64Value { value: s.written.get(&c.0.id).copied().unwrap_or(0) }),
+                    inodes_used: None,
+                }),
+            })
+            .chain(std::iter::once(ContainerStats {
+                attributes: Some(ContainerAttributes::default()),
+                writable_layer: None,
+            }))
+            .collect();
+        Ok(Response::new(ListContainerStatsResponse { stats }))
     }
 
     async fn list_containers(
@@ -583,6 +614,22 @@ async fn images_are_listed_with_those_in_use_and_removed() {
     rt.remove_image("sha256:localhost/old:1").await.unwrap();
     rt.remove_image("sha256:localhost/old:1").await.unwrap();
     assert_eq!(rt.list_images().await.unwrap().len(), 3, "removed; a second removal is no error");
+}
+
+#[tokio::test]
+async fn writable_layers_are_read_from_the_container_stats_by_pod_and_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    fake.state().images.insert("localhost/app:1".into());
+    let rt = started(&fake, dir.path());
+    let sb = rt.run_sandbox(&sandbox("u5")).await.unwrap().id;
+    let id = rt.start(&container(&sb, "u5", "localhost/app:1", PullPolicy::IfNotPresent)).await.unwrap().id;
+    fake.state().written.insert(id.as_str().to_owned(), 7 << 20);
+    let layers = rt.writable_layers().await.unwrap();
+    let want = WritableLayer { pod_uid: "u5".into(), container: "app".into(), bytes: 7 << 20 };
+    assert_eq!(layers, [want], "the unlabelled container without a measure is left out");
+    fake.exit(id.as_str(), 0, "Completed");
+    assert_eq!(rt.writable_layers().await.unwrap(), [], "a container that exited has no stats");
 }
 
 #[tokio::test]

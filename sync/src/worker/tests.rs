@@ -54,6 +54,8 @@ struct Fake {
     /// The images the runtime lists (none are in use), and those removed.
     images: Mutex<Vec<nodewarden_runtime::NodeImage>>,
     removed_images: Mutex<Vec<String>>,
+    /// The containers' writable layers the runtime measures.
+    layers: Mutex<Vec<nodewarden_runtime::WritableLayer>>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -149,6 +151,10 @@ impl nodewarden_runtime::ImageService for Fake {
         self.images.lock().unwrap().retain(|i| i.id != id);
         self.removed_images.lock().unwrap().push(id.to_owned());
         Ok(())
+    }
+
+    async fn writable_layers(&self) -> Result<Vec<nodewarden_runtime::WritableLayer>, RuntimeError> {
+        Ok(self.layers.lock().unwrap().clone())
     }
 }
 
@@ -1510,4 +1516,47 @@ async fn disk_pressure_reclaims_unused_images_before_any_eviction_without_blocki
         .map(|m| m.get_counter().get_value())
         .collect();
     assert_eq!(space, [1.0], "kubelet_image_garbage_collected_total{{reason=space}}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn disk_ranking_counts_writable_layers_on_the_file_system_that_holds_them() {
+    use nodewarden_eviction::{Evictor, Signal};
+    let h = harness();
+    h.set(vec![pod("u1", json!({"containers": [app("app")]})), pod("u2", json!({"containers": [app("app")]}))]).await;
+    for uid in ["u1", "u2"] {
+        h.until(uid, "runs", |v| phase(v) == "Running").await;
+    }
+    // u2 writes logs; u1 fills its root file system, which only the runtime sees.
+    let quiet = h.manager.store().get("u2").unwrap();
+    let logs = h._host.path().join("logs").join(crate::spec::pod_log_dir_name(&quiet)).join("app");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("9.log"), vec![b'x'; 1 << 20]).unwrap();
+    let layer = |uid: &str, bytes: u64| nodewarden_runtime::WritableLayer {
+        pod_uid: uid.into(),
+        container: "app".into(),
+        bytes,
+    };
+    *h.fake.layers.lock().unwrap() = vec![layer("u1", 30 << 20), layer("u2", 0)];
+    let token = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(crate::measure_writable_layers(h.manager.clone(), token.clone()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let collector = h.manager.image_collector().unwrap();
+    let usage = |uid: &str, s: Signal| h.manager.disk_usage(uid, s);
+
+    // One file system for images and pods: everything counts, and the writer ranks first.
+    collector.set_reclaim(crate::ReclaimSettings { minimum_age: Duration::ZERO, shares_nodefs: true });
+    assert!(usage("u1", Signal::NodeFsAvailable) >= 30 << 20);
+    let quiet_nodefs = usage("u2", Signal::NodeFsAvailable);
+    assert!((1 << 20..2 << 20).contains(&quiet_nodefs), "{quiet_nodefs}");
+    // Images on a file system of their own: imagefs pressure ranks by the layers, nodefs by logs and volumes.
+    collector.set_reclaim(crate::ReclaimSettings { minimum_age: Duration::ZERO, shares_nodefs: false });
+    assert_eq!((usage("u1", Signal::ImageFsAvailable), usage("u2", Signal::ImageFsAvailable)), (30 << 20, 0));
+    assert!(usage("u1", Signal::NodeFsAvailable) < 1 << 20);
+    assert!(usage("u2", Signal::NodeFsAvailable) >= 1 << 20);
+
+    // A new measure replaces the last: the writer deleted its files.
+    *h.fake.layers.lock().unwrap() = vec![layer("u1", 4096)];
+    tokio::time::sleep(crate::MEASURE_PERIOD + Duration::from_millis(100)).await;
+    assert_eq!(usage("u1", Signal::ImageFsAvailable), 4096);
+    token.cancel();
 }

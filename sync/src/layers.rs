@@ -1,0 +1,92 @@
+//! The containers' writable layers, as the runtime last measured them: what a container writes to its root file
+//! system is disk the node loses as much as its logs are, so it counts in the disk ranking and toward
+//! `ephemeral-storage` limits, as the kubelet counts a container's rootfs. Read from the runtime every
+//! [`MEASURE_PERIOD`] off the eviction thread, which reads only this copy.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nodewarden_runtime::{ImageService, Runtime, WritableLayer};
+use tokio_util::sync::CancellationToken;
+
+use crate::manager::PodManager;
+
+/// How often the layers are measured (the kubelet's housekeeping of container stats is 10 s).
+pub const MEASURE_PERIOD: Duration = Duration::from_secs(10);
+
+/// Each pod's containers' writable layers, in bytes by container name.
+#[derive(Debug, Default)]
+pub(crate) struct WritableLayers(Mutex<HashMap<String, BTreeMap<String, u64>>>);
+
+impl WritableLayers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<String, u64>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces what is known with a new measure of every container (two of one name, a restart's, are summed).
+    pub(crate) fn replace(&self, layers: Vec<WritableLayer>) {
+        let mut by_pod: HashMap<String, BTreeMap<String, u64>> = HashMap::new();
+        for l in layers {
+            let bytes = by_pod.entry(l.pod_uid).or_default().entry(l.container).or_default();
+            *bytes = bytes.saturating_add(l.bytes);
+        }
+        *self.lock() = by_pod;
+    }
+
+    /// The layers of pod `uid`'s containers, by name.
+    pub(crate) fn of_pod(&self, uid: &str) -> BTreeMap<String, u64> {
+        self.lock().get(uid).cloned().unwrap_or_default()
+    }
+
+    /// The bytes of pod `uid`'s containers' layers together.
+    pub(crate) fn pod_total(&self, uid: &str) -> u64 {
+        self.lock().get(uid).map_or(0, |c| c.values().fold(0u64, |a, b| a.saturating_add(*b)))
+    }
+}
+
+/// Measures the writable layers every [`MEASURE_PERIOD`] until `shutdown`, for a runtime with images; a failed
+/// measure keeps the last one (and is logged once until one succeeds).
+pub async fn measure_writable_layers<R: Runtime>(manager: Arc<PodManager<R>>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(MEASURE_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(images) = manager.runtime().image_service() else { return };
+        match images.writable_layers().await {
+            Ok(layers) => {
+                failing = false;
+                manager.writable_layers().replace(layers);
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "cannot read the containers' writable layers from the runtime; the last measure stays");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(uid: &str, container: &str, bytes: u64) -> WritableLayer {
+        WritableLayer { pod_uid: uid.into(), container: container.into(), bytes }
+    }
+
+    #[test]
+    fn layers_are_kept_by_pod_and_container_and_replaced_whole() {
+        let l = WritableLayers::default();
+        l.replace(vec![layer("u1", "app", 10), layer("u1", "side", 5), layer("u1", "app", 1), layer("u2", "db", 7)]);
+        assert_eq!(l.pod_total("u1"), 16);
+        assert_eq!(l.of_pod("u1"), BTreeMap::from([("app".to_owned(), 11), ("side".to_owned(), 5)]));
+        assert_eq!(l.pod_total("gone"), 0);
+        l.replace(vec![layer("u2", "db", 9)]);
+        assert_eq!((l.pod_total("u1"), l.pod_total("u2")), (0, 9), "a pod no longer measured has no layers");
+    }
+}
