@@ -127,7 +127,11 @@ fn crash_loop_back_off_and_oom_killed() {
         container(p, "app")["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     });
     assert_eq!(phase(&backoff), "Running");
-    n.wait_pod("crash", 20, "restarted twice", |p| container(p, "app")["restartCount"] == 2);
+    let p = n.wait_pod("crash", 20, "restarted twice", |p| container(p, "app")["restartCount"] == 2);
+    // The third run keeps the log of the second, as the kubelet keeps one dead container, and the first's is gone.
+    let logs = n.logs.join(format!("default_crash-vm_{}/app", p["metadata"]["uid"].as_str().unwrap()));
+    let runs = || ["0.log", "1.log", "2.log"].map(|f| logs.join(f).exists());
+    wait_until(10, "the first run's log was removed", || runs() == [false, true, true]);
     // The gaps come from the daemon's own timestamps of each start: when this test's polls saw a restart depends
     // on what else it waited for meanwhile (the OOM pod above) and on how loaded the guest is.
     let log = n.d.log();

@@ -118,6 +118,30 @@ fn make_room(log: &Path, cfg: &LogRotation) {
     prune(log, cfg.max_files.saturating_sub(2));
 }
 
+/// Removes from `dir`, one container's log directory, the logs of its runs before the one that ended last, when
+/// run `attempt` starts: as the kubelet's container garbage collection with its default policy (one dead container
+/// kept per container, `--maximum-dead-containers-per-container`, of any age), the previous run's log stays for
+/// `kubectl logs --previous` and older runs' logs, rotated files included, go. A container that crash-loops for a
+/// day thus keeps two runs' logs, not hundreds.
+pub fn remove_older_runs(dir: &Path, attempt: u32) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(run) = name.to_str().and_then(run_of) else { continue };
+        if run.saturating_add(1) < attempt
+            && let Err(err) = std::fs::remove_file(e.path())
+        {
+            tracing::debug!(file = %e.path().display(), error = %err, "cannot remove an old run's log");
+        }
+    }
+}
+
+/// The run a log file belongs to: `<run>.log`, or `<run>.log.<rotation>` for its rotated files.
+fn run_of(name: &str) -> Option<u32> {
+    let (run, rest) = name.split_once('.')?;
+    (rest == "log" || rest.starts_with("log.")).then(|| run.parse().ok()).flatten()
+}
+
 /// Whether `log` has reached the size at which it is rotated.
 pub fn is_full(log: &Path, cfg: &LogRotation) -> bool {
     std::fs::metadata(log).is_ok_and(|m| m.len() >= cfg.max_size)
@@ -173,6 +197,37 @@ mod tests {
         assert!(last.iter().all(|b| *b == b'e') && last.len() == 1024);
         let before = std::fs::read(&kept[0]).unwrap();
         assert!(before.iter().all(|b| *b == b'd'));
+    }
+
+    #[test]
+    fn older_runs_logs_are_removed_and_the_previous_run_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "0.log",
+            "0.log.20261207-101500.1",
+            "1.log",
+            "2.log",
+            "2.log.20261207-101700.1",
+            "3.log",
+            ".1.log.20261207-101600.1.tmp",
+            "notes",
+            "x.log",
+        ];
+        for n in names {
+            std::fs::write(dir.path().join(n), n).unwrap();
+        }
+        remove_older_runs(dir.path(), 3);
+        let mut left: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        // Run 3 is live, run 2 ended last (kept with its rotated file), runs 0 and 1 are gone; others are not logs.
+        assert_eq!(
+            left,
+            [".1.log.20261207-101600.1.tmp", "2.log", "2.log.20261207-101700.1", "3.log", "notes", "x.log"]
+        );
+        remove_older_runs(dir.path(), 1);
+        remove_older_runs(&dir.path().join("missing"), 9);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 6, "the first restart keeps everything");
     }
 
     #[test]

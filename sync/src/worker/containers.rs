@@ -210,6 +210,12 @@ impl<R: Runtime> Worker<R> {
                 tracing::warn!(pod = %self.full_name(), container = %name, error = %e, "cannot make the container's cgroup again")
             }
         }
+        if attempt > 1 {
+            crate::logs::remove_older_runs(
+                &crate::spec::log_dir(&self.shared.settings.log_dir, &self.pod, name),
+                attempt,
+            );
+        }
         let objects = self.start_objects(index).await;
         let spec = match self.build_spec(index, attempt, Some(&objects)) {
             Ok(mut s) => {
