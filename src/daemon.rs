@@ -470,6 +470,15 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         host_ips: node_ip.iter().map(ToString::to_string).collect(),
         sync_frequency: config.pods.sync_frequency,
     };
+    // Says how the pods' disk usage will be measured: read from project quotas, or walked.
+    for (dir, what) in [(&settings.root_dir, "emptyDir volumes"), (&settings.log_dir, "pod logs")] {
+        match nodewarden_sync::disk_usage::usage_method(dir) {
+            Ok(()) => tracing::info!(dir = %dir.display(), "the disk usage of {what} is read from project quotas"),
+            Err(e) => {
+                tracing::info!(dir = %dir.display(), reason = %e, "the disk usage of {what} is measured by walking their files")
+            }
+        }
+    }
     // Bound before pods start; a port that is held is tried again, while pods and eviction run (see `listen`).
     let healthz = config.endpoints.healthz;
     let first_bind = match healthz {

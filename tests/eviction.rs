@@ -1,8 +1,8 @@
 //! The eviction manager end to end with the real kernel (inside the VM of `deploy/vm`; skipped where cgroup v2 is
 //! missing): each signal's hard threshold evicts the ranked victim, a soft threshold waits for its grace period
 //! and caps the pod's, node conditions hold for the transition period and refuse pods at admission, thresholds
-//! are hot-reloaded (in-place write, rename over, Kubernetes' `..data` symlink swap), and a real Prometheus
-//! scrapes `/metrics`.
+//! are hot-reloaded (in-place write, rename over, Kubernetes' `..data` symlink swap), ephemeral-storage limits hold
+//! (on ext4 with project quotas, measured from the quotas), and a real Prometheus scrapes `/metrics`.
 //!
 //! The signals are the node's, so these tests run one at a time.
 #![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
@@ -257,6 +257,35 @@ fn pods_over_their_ephemeral_storage_limits_are_evicted_without_node_pressure() 
     assert_eq!(p["status"]["message"], "Container app exceeded its local ephemeral storage limit \"1Mi\". ");
     assert_eq!(phase(&n.pod("calm").unwrap()), "Running");
     assert!(!condition(&n, "DiskPressure"), "no node pressure was needed");
+}
+
+#[test]
+fn on_a_file_system_with_project_quotas_an_empty_dir_is_measured_by_its_quota() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // ext4 with project quotas: the daemon says so, each disk-backed emptyDir and pod log directory owns a project,
+    // and its usage is the quota's. The writer fills its emptyDir past the sizeLimit through a file it has already
+    // deleted: no walk can see those 8 MiB (the kubelet's walk misses them too), the quota does.
+    let n = node_on_ext4(128, "evict-quota", &["-O", "quota,project"], "");
+    let log = n.d.log();
+    assert!(log.contains("the disk usage of emptyDir volumes is read from project quotas"), "{log}");
+    assert!(log.contains("the disk usage of pod logs is read from project quotas"), "{log}");
+    let mount = "    volumeMounts:\n    - {name: data, mountPath: /mnt}\n";
+    let volume = "  volumes:\n  - name: data\n    emptyDir: {sizeLimit: 5Mi}\n";
+    let hidden = "[sh, -c, 'exec 3>/mnt/fill; rm /mnt/fill; dd if=/dev/zero bs=1M count=8 >&3; exec sleep 1000']";
+    n.write("hidden.yaml", &pod_yaml("hidden", &format!("{}{mount}{volume}", containers(hidden, ""))));
+    let running = n.wait_pod("hidden", 60, "runs", |p| phase(p) == "Running");
+    let uid = running["metadata"]["uid"].as_str().unwrap().to_owned();
+    let dir = n.root.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/data"));
+    let out = Command::new("lsattr").args(["-pd"]).arg(&dir).output().unwrap();
+    let attrs = String::from_utf8_lossy(&out.stdout).into_owned();
+    let project: u32 = attrs.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    assert!(project >= 1_048_577, "the emptyDir owns no project: {attrs}");
+    assert!(attrs.split_whitespace().nth(1).is_some_and(|f| f.contains('P')), "no inheritance: {attrs}");
+    let p = n.wait_pod("hidden", 60, "was evicted", evicted);
+    assert_eq!(p["status"]["message"], "Usage of EmptyDir volume \"data\" exceeds the limit \"5Mi\". ");
 }
 
 #[test]

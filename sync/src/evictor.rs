@@ -2,44 +2,17 @@
 //! eviction through the pod workers (the same graceful termination as a deletion; the pod stays `Failed` with
 //! reason `Evicted`).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::{EvictError, Eviction, Evictor, Reclaimed, Signal};
 
+use crate::disk_usage::du;
 use crate::manager::{PodManager, TerminateError};
 use crate::spec::pod_log_dir_name;
 use crate::volumes::pod_dir;
 use nodewarden_runtime::Runtime;
-
-/// How deep [`du`] descends; deeper trees are counted up to this depth.
-const MAX_DEPTH: usize = 32;
-
-/// Bytes allocated by the files below `dir` on the same file system (a memory-backed emptyDir mounted below
-/// is not node storage), without following symbolic links. Only directories are compared by device: overlayfs
-/// reports a regular file's device as its layer's, not the overlay's, so a per-file check counts nothing there.
-pub(crate) fn du(dir: &Path) -> u64 {
-    let Ok(meta) = std::fs::symlink_metadata(dir) else { return 0 };
-    let dev = meta.dev();
-    let mut total = 0u64;
-    let mut stack = vec![(dir.to_path_buf(), 0usize)];
-    while let Some((d, depth)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for e in entries.flatten() {
-            let Ok(m) = e.path().symlink_metadata() else { continue };
-            if m.is_dir() && m.dev() != dev {
-                continue;
-            }
-            total = total.saturating_add(m.blocks().saturating_mul(512));
-            if m.is_dir() && depth < MAX_DEPTH {
-                stack.push((e.path(), depth + 1));
-            }
-        }
-    }
-    total
-}
 
 /// Bytes of node storage pod `uid` uses: its volumes below `root` and, where the pod is known, its logs below
 /// `log_root`.
@@ -128,17 +101,6 @@ fn evict_error(e: TerminateError) -> EvictError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn du_counts_allocated_bytes_without_following_links() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
-        std::fs::write(dir.path().join("a/b/f"), vec![1u8; 64 * 1024]).unwrap();
-        std::os::unix::fs::symlink("/usr", dir.path().join("a/link")).unwrap();
-        let n = du(dir.path());
-        assert!((64 * 1024..1024 * 1024).contains(&n), "{n}");
-        assert_eq!(du(&dir.path().join("missing")), 0);
-    }
 
     #[test]
     fn a_refused_eviction_keeps_the_managers_cause_and_words() {

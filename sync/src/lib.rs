@@ -7,6 +7,7 @@
 
 mod atomic_writer;
 mod backoff;
+pub mod disk_usage;
 mod env;
 mod events;
 mod evictor;
@@ -24,6 +25,7 @@ mod objects;
 mod probe;
 mod projection;
 mod pull_secrets;
+mod quota;
 mod source;
 mod spec;
 mod state;

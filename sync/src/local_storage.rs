@@ -17,7 +17,8 @@ use nodewarden_resources::parse_non_negative;
 use nodewarden_runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
-use crate::evictor::{du, pod_disk_usage};
+use crate::disk_usage::du;
+use crate::evictor::pod_disk_usage;
 use crate::manager::PodManager;
 use crate::spec::pod_log_dir_name;
 use crate::volumes::volume_dir;

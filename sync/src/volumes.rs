@@ -162,6 +162,10 @@ pub fn prepare(
                 // Writable by a container of any user, as the kubelet makes it.
                 std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
                     .map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+                // Its usage is then one read of its project's quota, where the file system keeps them.
+                if let Err(e) = crate::quota::claim(&dir) {
+                    tracing::trace!(dir = %dir.display(), error = %e, "the emptyDir's usage is walked");
+                }
                 dir
             }
             VolumeSource::Memory(size) => {

@@ -17,13 +17,17 @@ pub struct Node {
     pub tmpfs: Option<Tmpfs>,
 }
 
-/// A tmpfs mounted for a test, unmounted (lazily: the killed pods may still hold files) when dropped.
-pub struct Tmpfs(PathBuf);
+/// A file system mounted for a test (a tmpfs, or an ext4 on a loop device), unmounted (lazily: the killed pods
+/// may still hold files) when dropped, its loop device detached.
+pub struct Tmpfs(PathBuf, Option<String>);
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
         let _ = std::fs::remove_dir(&self.0);
+        if let Some(dev) = &self.1 {
+            let _ = std::process::Command::new("losetup").args(["-d", dev]).status();
+        }
     }
 }
 
@@ -62,8 +66,32 @@ pub fn node_on_tmpfs(mib: u64, name: &str, nodewarden: &str, top: &str) -> Node 
         .status()
         .unwrap();
     assert!(status.success(), "cannot mount a tmpfs at {}", dir.display());
-    let mounted = Tmpfs(dir.clone());
+    let mounted = Tmpfs(dir.clone(), None);
     let fs = format!("  nodefsPath: {0}\n  imagefsPath: {0}\n{nodewarden}", dir.display());
+    let mut n = node_in(dir, name, &fs, top);
+    n.tmpfs = Some(mounted);
+    n
+}
+
+/// A node whose directories, nodefs and imagefs are an ext4 of `mib` MiB of its own on a loop device, made with
+/// `mkfs_options` (`-O quota,project` for project quotas, mounted with `prjquota` then).
+pub fn node_on_ext4(mib: u64, name: &str, mkfs_options: &[&str], top: &str) -> Node {
+    let run = |cmd: &str, args: &[&str]| {
+        let out = std::process::Command::new(cmd).args(args).output().unwrap();
+        assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let image = tempfile::NamedTempFile::new().unwrap();
+    image.as_file().set_len(mib << 20).unwrap();
+    let image = image.path().to_str().unwrap();
+    run("mkfs.ext4", &[&["-q", "-F"][..], mkfs_options, &[image]].concat());
+    let dev = run("losetup", &["-f", "--show", image]);
+    let dir = tempfile::tempdir().unwrap().keep();
+    let quota = mkfs_options.iter().any(|o| o.contains("project"));
+    let options = if quota { "prjquota" } else { "defaults" };
+    run("mount", &["-t", "ext4", "-o", options, &dev, dir.to_str().unwrap()]);
+    let mounted = Tmpfs(dir.clone(), Some(dev));
+    let fs = format!("  nodefsPath: {0}\n  imagefsPath: {0}\n", dir.display());
     let mut n = node_in(dir, name, &fs, top);
     n.tmpfs = Some(mounted);
     n

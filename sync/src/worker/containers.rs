@@ -210,6 +210,14 @@ impl<R: Runtime> Worker<R> {
                 tracing::warn!(pod = %self.full_name(), container = %name, error = %e, "cannot make the container's cgroup again")
             }
         }
+        // The pod's log directory, made before its first container writes there, owns a project where the file
+        // system keeps project quotas: its usage is then one read.
+        let pod_logs = self.shared.settings.log_dir.join(crate::spec::pod_log_dir_name(&self.pod));
+        if std::fs::create_dir_all(&pod_logs).is_ok()
+            && let Err(e) = crate::quota::claim(&pod_logs)
+        {
+            tracing::trace!(dir = %pod_logs.display(), error = %e, "the pod's logs are walked");
+        }
         if attempt > 1 {
             crate::logs::remove_older_runs(
                 &crate::spec::log_dir(&self.shared.settings.log_dir, &self.pod, name),
