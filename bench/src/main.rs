@@ -23,6 +23,9 @@
 //!
 //! `placement`: the time to place a pod under each cgroup driver (see `placement.rs`).
 //!
+//! `disk-usage`: the pods' disk usage read from project quotas against the walk of their files (see
+//! `diskusage.rs`).
+//!
 //! `saves`: the pod state saves of pods starting together, on the host's disk (see `saves.rs`; no VM needed).
 //!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
@@ -33,6 +36,7 @@
 mod apipods;
 mod cluster;
 mod cri;
+mod diskusage;
 mod eviction;
 mod hog;
 mod manynodes;
@@ -260,6 +264,25 @@ enum Cmd {
         #[arg(long, default_value = "results/saves.md")]
         out: PathBuf,
     },
+    /// The pods' disk usage from project quotas against the walk, on the same files (inside the VM, with
+    /// `NODEWARDEN_VM_DISK`).
+    DiskUsage {
+        /// Pods, each with one `emptyDir`.
+        #[arg(long, default_value_t = 110)]
+        pods: usize,
+        /// Files of 1 KiB in each pod's `emptyDir`.
+        #[arg(long, default_value_t = 1000)]
+        files: usize,
+        /// Runs; the table reports the median and the worst.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// A directory on a file system that keeps project quotas.
+        #[arg(long, default_value = "/mnt/disk")]
+        dir: PathBuf,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/disk-usage.md")]
+        out: PathBuf,
+    },
 }
 
 const ROOT: &str = "/nwbench";
@@ -290,6 +313,7 @@ fn main() -> Result<()> {
         Cmd::Placement { pods, runs, out } => placement::run(pods, runs, &out),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
         Cmd::Saves { pods, runs, dir, out } => saves::run(pods, runs, &dir, &out),
+        Cmd::DiskUsage { pods, files, runs, dir, out } => diskusage::run(pods, files, runs, &dir, &out),
     }
 }
 
