@@ -3,10 +3,11 @@
 //! the tests share it, so they run one at a time.
 //!
 //! A static pod runs as a sandbox whose cgroup is the placement's, with the placement's limits; an OOM kill is
-//! reported; eviction stops the hog through CRI; a container's writes to its root count toward its
-//! ephemeral-storage limit; a restarted daemon adopts its sandboxes; a containerd restart is survived; pods on the
-//! pod network get their CNI address and wait while it is not ready (the Node says so); unpullable images, a
-//! missing socket and `nodewarden cri` are checked.
+//! reported; eviction stops the hog through CRI; a container's writes to its root count toward its ephemeral-storage
+//! limit; imagefs pressure is relieved by removing unused images before a pod is evicted, and what that cannot cover
+//! evicts the pod that filled its writable layer; a restarted daemon adopts its sandboxes; a containerd restart is
+//! survived; pods on the pod network get their CNI address and wait while it is not ready (the Node says so);
+//! unpullable images, a missing socket and `nodewarden cri` are checked.
 #![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 #![expect(clippy::disallowed_types, reason = "waits for real processes, in real time")]
 
@@ -514,6 +515,83 @@ fn unused_images_are_collected_and_a_reload_of_the_thresholds_applies_at_once() 
     wait_until(10, "the shortfall was reported", || n.d.log().contains("FreeDiskSpaceFailed"));
     assert!(n.d.log().contains("Failed to garbage collect required amount of images"), "{}", n.d.log());
     remove_pod(&n, "web.yaml", "web");
+}
+
+/// Bytes available on the file system of `path`, as `df` reads them.
+fn available(path: &str) -> u64 {
+    let out = Command::new("df").args(["-B1", "--output=avail", path]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn imagefs_pressure_is_relieved_by_removing_unused_images_before_any_pod_is_evicted() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    const IMAGEFS: &str = "/var/lib/nodewarden-containerd";
+    // An unused image of 48 MiB (its blob and its unpacked snapshot, on containerd's own file system).
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("bulky.tar");
+    let make = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/containerd/make-image");
+    let made = Command::new(make).env("PAD_MIB", "48").arg("localhost/bulky:1").arg(&tar).status().unwrap();
+    assert!(made.success());
+    let mut import = Command::new("ctr");
+    import.args(["--address", SOCKET, "-n", "k8s.io", "images", "import"]).arg(&tar);
+    assert!(import.status().unwrap().success());
+    let images = || cri(&["images"]).1;
+    assert!(images().contains("localhost/bulky"), "{}", images());
+    let off = "imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\nimageMinimumGCAge: 0s\n";
+    let hard = |mib: u64| format!("{off}evictionHard:\n  imagefs.available: {mib}Mi\n");
+    let n = node_with(
+        "cri-reclaim",
+        &format!("  imagefsPath: {IMAGEFS}\n"),
+        &format!("containerRuntimeEndpoint: {ENDPOINT}\n{}", hard(1)),
+    );
+    // A quiet pod, and one that fills its own root file system (its writable layer, on the image file system).
+    n.write("quiet.yaml", &busybox_pod("quiet", "exec sleep 3600", "", ""));
+    n.write("filler.yaml", &busybox_pod("filler", "dd if=/dev/zero of=/fill bs=1M count=40; exec sleep 3600", "", ""));
+    n.wait_pod("quiet", 180, "ran", running);
+    n.wait_pod("filler", 180, "ran", running);
+    // containerd measures writable layers every 10 s, and the daemon reads them every 10 s.
+    std::thread::sleep(Duration::from_secs(25));
+    let reload = |from: u64, to: u64| {
+        let config = std::fs::read_to_string(n.d.config_path()).unwrap();
+        let edited = config.replace(&hard(from), &hard(to));
+        assert_ne!(edited, config);
+        std::fs::write(n.d.config_path(), edited).unwrap();
+    };
+    let mib = |b: u64| b >> 20;
+    let evictions = || -> Value { serde_json::from_str(&get(n.d.port, "/evictions").unwrap().1).unwrap() };
+
+    // Crossed at once by 30 MiB, which removing the unused image covers: no pod is evicted.
+    let threshold = mib(available(IMAGEFS)) + 30;
+    reload(1, threshold);
+    let t0 = Instant::now();
+    wait_until(60, "the unused image was removed", || !images().contains("localhost/bulky"));
+    wait_until(30, "the disk is above its threshold", || mib(available(IMAGEFS)) > threshold);
+    eprintln!("reload → the disk above its threshold again: {:.2} s, with no eviction", t0.elapsed().as_secs_f64());
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(evictions()["evictions"].as_array().map(Vec::len), Some(0), "{:#}\n{}", evictions(), n.d.log());
+    assert!(running(&n.pod("quiet").unwrap()) && running(&n.pod("filler").unwrap()), "{}", n.d.log());
+    let left = images();
+    assert!(left.contains("localhost/busybox") && left.contains("localhost/pause"), "images in use stay: {left}");
+
+    // What no reclaim covers (no image is unused now): the pod that filled its writable layer is evicted, not the
+    // quiet one.
+    let next = mib(available(IMAGEFS)) + 20;
+    reload(threshold, next);
+    let p = n.wait_pod("filler", 90, "was evicted", |p| phase(p) == "Failed" && p["status"]["reason"] == "Evicted");
+    let message = p["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("The node was low on resource: ephemeral-storage."), "{message}");
+    let e = evictions();
+    assert_eq!(e["evictions"][0]["signal"], "imagefs.available", "{e:#}");
+    let first = &e["evictions"][0]["candidates"][0];
+    assert_eq!(first["pod"], "default/filler-vm", "{e:#}");
+    assert!(first["usage"].as_u64().unwrap() >= 30 << 20, "ranked by its writable layer: {e:#}");
+    assert!(running(&n.pod("quiet").unwrap()), "{}", n.d.log());
+    remove_pod(&n, "quiet.yaml", "quiet");
+    remove_pod(&n, "filler.yaml", "filler");
 }
 
 #[test]

@@ -119,7 +119,7 @@ fn candidates(key: &str) -> impl Iterator<Item = u32> {
 /// project quotas (the error says why).
 pub fn claim(dir: &Path) -> io::Result<u32> {
     let f = File::open(dir)?;
-    let mut x = get_xattr(&f)?;
+    let mut x = get_xattr(&f).map_err(|e| io::Error::other(format!("the file system has no project IDs ({e})")))?;
     let parent = dir.parent().map_or(0, project_id);
     if x.projid != 0 && x.xflags & FS_XFLAG_PROJINHERIT != 0 && x.projid != parent {
         return Ok(x.projid);
@@ -129,7 +129,8 @@ pub fn claim(dir: &Path) -> io::Result<u32> {
     }
     let _one = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
     for id in candidates(&dir.to_string_lossy()) {
-        let (bytes, inodes) = read_quota(&f, id)?;
+        let (bytes, inodes) = read_quota(&f, id)
+            .map_err(|e| io::Error::other(format!("the file system keeps no project quotas ({e})")))?;
         if bytes != 0 || inodes != 0 {
             continue;
         }
