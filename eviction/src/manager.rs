@@ -6,6 +6,7 @@
 //! configured bounds), when a pressure event arrives (PSI trigger, `memory.events`), when the configuration
 //! changes, and when an eviction finishes.
 
+mod disk_usage;
 mod evictor;
 mod handoff;
 mod read_ahead;
@@ -34,6 +35,7 @@ use crate::signal::Signal;
 use crate::status::EvictionStatus;
 use crate::threshold::Thresholds;
 use crate::wake::Wake;
+use disk_usage::DiskUsage;
 
 pub use evictor::{EvictError, Eviction, Evictor, Reclaimed};
 pub use handoff::VICTIM_HEADSTART;
@@ -104,6 +106,8 @@ pub struct EvictionManager<E: Evictor> {
     inline: Option<(MeminfoReader, HostPaths)>,
     /// The candidates for memory and PID evictions, read ahead while a signal nears its threshold.
     ahead: ReadAhead,
+    /// The pods' disk usage for a disk ranking, measured off this thread.
+    disk: DiskUsage,
 }
 
 /// The daemon's task tracker and shutdown token: the eviction tasks, which outlive a pass, and the settle of a
@@ -202,34 +206,29 @@ pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
     )
 }
 
-/// The pods that may be evicted for `signal`, with their usage, from the ledger; pods in `skip` (already being
-/// evicted, or backing off after a failed eviction) are left out. Reads files, on the loop's own thread.
-fn candidates<E: Evictor>(view: &LedgerView, evictor: &E, signal: Signal, skip: &HashSet<String>) -> Vec<Candidate> {
-    let found = view.eviction_candidates();
-    let disk = signal.condition() == Condition::DiskPressure;
-    let with_usage = move || {
-        found
-            .into_iter()
-            .filter(|c| !skip.contains(&c.placement.uid))
-            .map(|c| {
-                let p = c.placement;
-                Candidate {
-                    disk_usage: if disk { evictor.disk_usage(&p.uid, signal) } else { 0 },
-                    name: p.pod,
-                    priority: p.priority,
-                    critical: c.critical,
-                    memory_request: p.memory_request,
-                    memory_usage: c.usage.memory_working_set,
-                    disk_request: p.ephemeral_request,
-                    pids: c.usage.pids,
-                    grace: p.grace_period,
-                    uid: p.uid,
-                }
-            })
-            .collect()
-    };
-    // Walking the pods' files takes as long as they have files: not ahead of every normal task.
-    if disk { with_normal_scheduler(with_usage) } else { with_usage() }
+/// The pods that may be evicted, with their usage, from the ledger, and for a disk signal what each uses of its
+/// file system (`disk`, measured apart: see `disk_usage`); pods in `skip` (already being evicted, or backing off
+/// after a failed eviction) are left out.
+fn candidates(view: &LedgerView, skip: &HashSet<String>, disk: Option<&disk_usage::Usage>) -> Vec<Candidate> {
+    view.eviction_candidates()
+        .into_iter()
+        .filter(|c| !skip.contains(&c.placement.uid))
+        .map(|c| {
+            let p = c.placement;
+            Candidate {
+                disk_usage: disk.and_then(|d| d.get(&p.uid).copied()).unwrap_or(0),
+                name: p.pod,
+                priority: p.priority,
+                critical: c.critical,
+                memory_request: p.memory_request,
+                memory_usage: c.usage.memory_working_set,
+                disk_request: p.ephemeral_request,
+                pids: c.usage.pids,
+                grace: p.grace_period,
+                uid: p.uid,
+            }
+        })
+        .collect()
 }
 
 impl<E: Evictor> EvictionManager<E> {
@@ -260,6 +259,7 @@ impl<E: Evictor> EvictionManager<E> {
             schedule: Schedule::default(),
             inline: None,
             ahead: ReadAhead::default(),
+            disk: DiskUsage::default(),
         }
     }
 
@@ -554,7 +554,7 @@ impl<E: Evictor> EvictionManager<E> {
     fn read_ahead(&mut self, periods: &BTreeMap<Signal, Duration>, evaluation: &Evaluation) {
         let now = Instant::now();
         if self.ahead.wanted(now, periods, self.schedule.rates(), &evaluation.met) {
-            let found = candidates(&self.view, self.evictor.as_ref(), Signal::MemoryAvailable, &HashSet::new());
+            let found = candidates(&self.view, &HashSet::new(), None);
             self.ahead.keep(now, found);
         }
     }
@@ -571,7 +571,9 @@ impl<E: Evictor> EvictionManager<E> {
     /// What `condition`'s signals said before now is out of date: they are read at the next pass.
     fn settled(&mut self, condition: Condition) {
         // Candidates read before a victim was reclaimed are such a reading too (the victim among them).
-        if condition != Condition::DiskPressure {
+        if condition == Condition::DiskPressure {
+            self.disk.forget();
+        } else {
             self.ahead.clear();
         }
         self.schedule.settled(condition, Instant::now());
@@ -629,7 +631,13 @@ impl<E: Evictor> EvictionManager<E> {
             .filter(|_| condition != Condition::DiskPressure)
             .map(|found| found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect::<Vec<_>>());
         let read_ahead = ahead.is_some();
-        let found = ahead.unwrap_or_else(|| candidates(&self.view, self.evictor.as_ref(), signal, &skip));
+        let found = if condition == Condition::DiskPressure {
+            let uids = candidates(&self.view, &skip, None).into_iter().map(|c| c.uid).collect();
+            let usage = self.disk.of(&self.evictor, signal, uids)?;
+            candidates(&self.view, &skip, Some(&usage))
+        } else {
+            ahead.unwrap_or_else(|| candidates(&self.view, &skip, None))
+        };
         let mut ranked = rank(signal, &found);
         tracing::debug!(%signal, candidates = ranked.len(), read_ahead, took_us = micros(now.elapsed()), "candidates ranked");
         if ranked.is_empty() {

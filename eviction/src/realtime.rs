@@ -27,7 +27,7 @@ pub fn make_realtime(priority: u8) -> io::Result<()> {
 }
 
 /// Runs `f` with the calling thread under the normal scheduler, and puts it back under `SCHED_FIFO` at its priority
-/// after: for work whose length has no bound (walking pods' files on disk pressure), which must not hold a CPU
+/// after: for work whose length has no bound (the reclaim of node storage on disk pressure), which must not hold a CPU
 /// ahead of every normal task. A thread not under `SCHED_FIFO` just runs `f`.
 pub fn with_normal_scheduler<T>(f: impl FnOnce() -> T) -> T {
     let mut param = libc::sched_param { sched_priority: 0 };
