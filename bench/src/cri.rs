@@ -48,7 +48,8 @@ struct Run {
     bare: Vec<BareStart>,
 }
 
-fn manifest(name: &str) -> String {
+/// A host-network busybox pod that sleeps.
+pub(crate) fn manifest(name: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  \
          terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: localhost/busybox:1\n    \

@@ -26,6 +26,9 @@
 //! `disk-usage`: the pods' disk usage read from project quotas against the walk of their files (see
 //! `diskusage.rs`).
 //!
+//! `disk-reclaim`: imagefs pressure that removing an unused image covers: the time to the space reclaimed, and the
+//! evictions, for nodewarden or the kubelet's cadence (see `reclaim.rs`).
+//!
 //! `saves`: the pod state saves of pods starting together, on the host's disk (see `saves.rs`; no VM needed).
 //!
 //! `eviction`: stress scenarios against the kernel OOM killer, earlyoom, a kubelet-like nodewarden and
@@ -42,6 +45,7 @@ mod hog;
 mod manynodes;
 mod placement;
 mod pods;
+mod reclaim;
 mod reload;
 mod saves;
 mod svg;
@@ -264,6 +268,25 @@ enum Cmd {
         #[arg(long, default_value = "results/saves.md")]
         out: PathBuf,
     },
+    /// imagefs pressure that an unused image's removal covers: time to the space reclaimed, and evictions.
+    DiskReclaim {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        /// `nodewarden`, or `kubelet-like` (nodewarden at the kubelet's cadence: a reading every 10 s, no pressure
+        /// events, the normal scheduler).
+        #[arg(long, default_value = "nodewarden")]
+        agent: String,
+        /// Runs; the table reports the median and the worst.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// The script that starts containerd with the local images.
+        #[arg(long, default_value = "deploy/containerd/start")]
+        containerd: PathBuf,
+        /// Where the Markdown table is written.
+        #[arg(long, default_value = "results/disk-reclaim.md")]
+        out: PathBuf,
+    },
     /// The pods' disk usage from project quotas against the walk, on the same files (inside the VM, with
     /// `NODEWARDEN_VM_DISK`).
     DiskUsage {
@@ -313,6 +336,9 @@ fn main() -> Result<()> {
         Cmd::Placement { pods, runs, out } => placement::run(pods, runs, &out),
         Cmd::Reload { nodewarden, runs, edits, out } => reload::run(&nodewarden, runs, edits, &out),
         Cmd::Saves { pods, runs, dir, out } => saves::run(pods, runs, &dir, &out),
+        Cmd::DiskReclaim { nodewarden, agent, runs, containerd, out } => {
+            reclaim::run(&nodewarden, &agent, &containerd, runs, &out)
+        }
         Cmd::DiskUsage { pods, files, runs, dir, out } => diskusage::run(pods, files, runs, &dir, &out),
     }
 }
@@ -523,6 +549,11 @@ impl StaticNode {
 
     /// As [`StaticNode::start`], with more arguments for `nodewarden run`.
     fn start_with(bin: &Path, name: &str, extra: &str, args: &[&str]) -> Result<Self> {
+        Self::start_full(bin, name, extra, "", args)
+    }
+
+    /// As [`StaticNode::start_with`], with lines of the `nodewarden` section (indented two spaces).
+    fn start_full(bin: &Path, name: &str, extra: &str, nodewarden: &str, args: &[&str]) -> Result<Self> {
         remove_tree(&root());
         let dir = std::env::temp_dir().join(format!("nwbench-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -532,7 +563,7 @@ impl StaticNode {
         let config = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupRoot: {ROOT}\n\
              healthzPort: {port}\nstaticPodPath: {}\npodLogsDir: {}\n{extra}nodewarden:\n  rootDir: {}\n  \
-             nodeName: bench\n",
+             nodeName: bench\n{nodewarden}",
             manifests.display(),
             dir.join("logs").display(),
             dir.join("root").display()
