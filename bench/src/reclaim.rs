@@ -52,7 +52,7 @@ fn one_run(bin: &Path, kubelet_like: bool, tar: &Path) -> Result<Run> {
         ""
     };
     // The threshold 20 MiB below what is free: a node process's 40 MiB write crosses it.
-    let threshold = available()? / MIB - 20;
+    let threshold = (available()? / MIB).checked_sub(20).context("less than 20 MiB free on the image file system")?;
     let extra = format!(
         "containerRuntimeEndpoint: {ENDPOINT}\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n\
          imageMinimumGCAge: 0s\nevictionPressureTransitionPeriod: 5s\n{}",

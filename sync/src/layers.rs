@@ -45,12 +45,16 @@ impl WritableLayers {
     }
 }
 
+/// How many measures in a row may fail before the last one is dropped: layers that old are unknown, as the kubelet
+/// ranks and limits pods it has no stats for by what else it knows.
+pub(crate) const KEPT_THROUGH_FAILURES: u32 = 3;
+
 /// Measures the writable layers every [`MEASURE_PERIOD`] until `shutdown`, for a runtime with images; a failed
-/// measure keeps the last one (and is logged once until one succeeds).
+/// measure keeps the last one for [`KEPT_THROUGH_FAILURES`] periods, then drops it (logged once each).
 pub async fn measure_writable_layers<R: Runtime>(manager: Arc<PodManager<R>>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(MEASURE_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
+    let mut failures = 0u32;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -59,14 +63,18 @@ pub async fn measure_writable_layers<R: Runtime>(manager: Arc<PodManager<R>>, sh
         let Some(images) = manager.runtime().image_service() else { return };
         match images.writable_layers().await {
             Ok(layers) => {
-                failing = false;
+                failures = 0;
                 manager.writable_layers().replace(layers);
             }
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(error = %e, "cannot read the containers' writable layers from the runtime; the last measure stays");
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                if failures == 1 {
+                    tracing::warn!(error = %e, "cannot read the containers' writable layers from the runtime; the last measure stays for now");
+                } else if failures == KEPT_THROUGH_FAILURES {
+                    tracing::warn!(error = %e, "the containers' writable layers are unknown until the runtime answers again");
+                    manager.writable_layers().replace(Vec::new());
+                }
             }
-            Err(_) => {}
         }
     }
 }

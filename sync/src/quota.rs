@@ -119,6 +119,7 @@ fn candidates(key: &str) -> impl Iterator<Item = u32> {
 /// project quotas (the error says why).
 pub fn claim(dir: &Path) -> io::Result<u32> {
     let f = File::open(dir)?;
+    let _one = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
     let mut x = get_xattr(&f).map_err(|e| io::Error::other(format!("the file system has no project IDs ({e})")))?;
     let parent = dir.parent().map_or(0, project_id);
     if x.projid != 0 && x.xflags & FS_XFLAG_PROJINHERIT != 0 && x.projid != parent {
@@ -127,10 +128,12 @@ pub fn claim(dir: &Path) -> io::Result<u32> {
     if std::fs::read_dir(dir)?.next().is_some() {
         return Err(io::Error::other("the directory already holds files, which a project would not count"));
     }
-    let _one = CLAIMS.lock().unwrap_or_else(PoisonError::into_inner);
     for id in candidates(&dir.to_string_lossy()) {
-        let (bytes, inodes) = read_quota(&f, id)
-            .map_err(|e| io::Error::other(format!("the file system keeps no project quotas ({e})")))?;
+        // XFS answers ENOENT for a project it has no record of: an ID nobody uses.
+        let (bytes, inodes) = match read_quota(&f, id) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => (0, 0),
+            read => read.map_err(|e| io::Error::other(format!("the file system keeps no project quotas ({e})")))?,
+        };
         if bytes != 0 || inodes != 0 {
             continue;
         }

@@ -163,8 +163,10 @@ fn rig_on(s: EvictionSettings, pods: Vec<(Pod, u64, u64)>, paths: impl FnOnce(Ho
     assert!(evictor.ledger.set(ledger.clone()).is_ok());
     let metrics = EvictionMetrics::new(&prometheus::Registry::new()).unwrap();
     let (tasks, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let manager =
+    let mut manager =
         EvictionManager::new(ledger.clone(), evictor.clone(), rx, metrics, None, tasks.clone(), shutdown.clone());
+    // The fake's disk measure is immediate, but its thread may start late on a loaded machine: a pass waits for it.
+    manager.disk = DiskUsage::with_wait(Duration::from_secs(10));
     Rig { host, ledger, evictor, settings: tx, manager, tasks, shutdown }
 }
 

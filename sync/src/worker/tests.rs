@@ -54,8 +54,9 @@ struct Fake {
     /// The images the runtime lists (none are in use), and those removed.
     images: Mutex<Vec<nodewarden_runtime::NodeImage>>,
     removed_images: Mutex<Vec<String>>,
-    /// The containers' writable layers the runtime measures.
+    /// The containers' writable layers the runtime measures, and whether it fails to answer.
     layers: Mutex<Vec<nodewarden_runtime::WritableLayer>>,
+    layers_fail: Mutex<bool>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -154,6 +155,9 @@ impl nodewarden_runtime::ImageService for Fake {
     }
 
     async fn writable_layers(&self) -> Result<Vec<nodewarden_runtime::WritableLayer>, RuntimeError> {
+        if *self.layers_fail.lock().unwrap() {
+            return Err(RuntimeError::Other("the runtime does not answer".into()));
+        }
         Ok(self.layers.lock().unwrap().clone())
     }
 }
@@ -1558,5 +1562,11 @@ async fn disk_ranking_counts_writable_layers_on_the_file_system_that_holds_them(
     *h.fake.layers.lock().unwrap() = vec![layer("u1", 4096)];
     tokio::time::sleep(crate::MEASURE_PERIOD + Duration::from_millis(100)).await;
     assert_eq!(usage("u1", Signal::ImageFsAvailable), 4096);
+    // The runtime stops answering: the last measure stays a while, then the layers are unknown (0), not old.
+    *h.fake.layers_fail.lock().unwrap() = true;
+    tokio::time::sleep(crate::MEASURE_PERIOD).await;
+    assert_eq!(usage("u1", Signal::ImageFsAvailable), 4096, "dropped at the first failure");
+    tokio::time::sleep(crate::MEASURE_PERIOD * 2).await;
+    assert_eq!(usage("u1", Signal::ImageFsAvailable), 0, "layers measured three failures ago still count");
     token.cancel();
 }
