@@ -206,17 +206,16 @@ pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
     )
 }
 
-/// The pods that may be evicted, with their usage, from the ledger, and for a disk signal what each uses of its
-/// file system (`disk`, measured apart: see `disk_usage`); pods in `skip` (already being evicted, or backing off
-/// after a failed eviction) are left out.
-fn candidates(view: &LedgerView, skip: &HashSet<String>, disk: Option<&disk_usage::Usage>) -> Vec<Candidate> {
+/// The pods that may be evicted, with their usage, from the ledger (their disk usage is measured apart: see
+/// `disk_usage`); pods in `skip` (already being evicted, or backing off after a failed eviction) are left out.
+fn candidates(view: &LedgerView, skip: &HashSet<String>) -> Vec<Candidate> {
     view.eviction_candidates()
         .into_iter()
         .filter(|c| !skip.contains(&c.placement.uid))
         .map(|c| {
             let p = c.placement;
             Candidate {
-                disk_usage: disk.and_then(|d| d.get(&p.uid).copied()).unwrap_or(0),
+                disk_usage: 0,
                 name: p.pod,
                 priority: p.priority,
                 critical: c.critical,
@@ -554,7 +553,7 @@ impl<E: Evictor> EvictionManager<E> {
     fn read_ahead(&mut self, periods: &BTreeMap<Signal, Duration>, evaluation: &Evaluation) {
         let now = Instant::now();
         if self.ahead.wanted(now, periods, self.schedule.rates(), &evaluation.met) {
-            let found = candidates(&self.view, &HashSet::new(), None);
+            let found = candidates(&self.view, &HashSet::new());
             self.ahead.keep(now, found);
         }
     }
@@ -631,13 +630,14 @@ impl<E: Evictor> EvictionManager<E> {
             .filter(|_| condition != Condition::DiskPressure)
             .map(|found| found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect::<Vec<_>>());
         let read_ahead = ahead.is_some();
-        let found = if condition == Condition::DiskPressure {
-            let uids = candidates(&self.view, &skip, None).into_iter().map(|c| c.uid).collect();
+        let mut found = ahead.unwrap_or_else(|| candidates(&self.view, &skip));
+        if condition == Condition::DiskPressure {
+            let uids = found.iter().map(|c| c.uid.clone()).collect();
             let usage = self.disk.of(&self.evictor, signal, uids)?;
-            candidates(&self.view, &skip, Some(&usage))
-        } else {
-            ahead.unwrap_or_else(|| candidates(&self.view, &skip, None))
-        };
+            for c in &mut found {
+                c.disk_usage = usage.get(&c.uid).copied().unwrap_or(0);
+            }
+        }
         let mut ranked = rank(signal, &found);
         tracing::debug!(%signal, candidates = ranked.len(), read_ahead, took_us = micros(now.elapsed()), "candidates ranked");
         if ranked.is_empty() {

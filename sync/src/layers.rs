@@ -41,8 +41,13 @@ impl WritableLayers {
 
     /// The bytes of pod `uid`'s containers' layers together.
     pub(crate) fn pod_total(&self, uid: &str) -> u64 {
-        self.lock().get(uid).map_or(0, |c| c.values().fold(0u64, |a, b| a.saturating_add(*b)))
+        self.lock().get(uid).map_or(0, total)
     }
+}
+
+/// The bytes of a pod's containers' layers (by container name) together.
+pub(crate) fn total(layers: &BTreeMap<String, u64>) -> u64 {
+    layers.values().fold(0u64, |a, b| a.saturating_add(*b))
 }
 
 /// How many measures in a row may fail before the last one is dropped: layers that old are unknown, as the kubelet

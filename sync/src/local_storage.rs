@@ -151,7 +151,7 @@ pub(crate) fn measure(
         .iter()
         .map(|(name, _)| (name.clone(), du(&logs.join(name)).saturating_add(layer(name))))
         .collect();
-    let all_layers = layers.values().fold(0u64, |a, b| a.saturating_add(*b));
+    let all_layers = crate::layers::total(layers);
     let pod_usage = if limits.pod.is_some() {
         pod_disk_usage(root, log_root, uid, Some(pod)).saturating_add(all_layers)
     } else {

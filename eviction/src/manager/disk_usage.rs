@@ -186,14 +186,7 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_millis(400), "the pass waited for the walk: {:?}", t0.elapsed());
         // Passes meanwhile start no second measure.
         assert_eq!(d.of(&e, Signal::NodeFsAvailable, uids()), None);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let usage = loop {
-            if let Some(u) = d.of(&e, Signal::NodeFsAvailable, uids()) {
-                break u;
-            }
-            assert!(Instant::now() < deadline, "the measure never ended");
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let usage = answer(&mut d, &e, Signal::NodeFsAvailable);
         assert_eq!(usage.len(), 2);
         assert_eq!(*e.measured.lock().unwrap(), 2, "one measure of two pods");
         // Used once: the next pass measures again.

@@ -213,7 +213,8 @@ impl<R: Runtime> Worker<R> {
         // The pod's log directory, made before its first container writes there, owns a project where the file
         // system keeps project quotas: its usage is then one read.
         let pod_logs = self.shared.settings.log_dir.join(crate::spec::pod_log_dir_name(&self.pod));
-        if std::fs::create_dir_all(&pod_logs).is_ok()
+        if !pod_logs.exists()
+            && std::fs::create_dir_all(&pod_logs).is_ok()
             && let Err(e) = crate::quota::claim(&pod_logs)
         {
             tracing::trace!(dir = %pod_logs.display(), error = %e, "the pod's logs are walked");
