@@ -469,6 +469,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         log_rotation: config.pods.log_rotation,
         host_ips: node_ip.iter().map(ToString::to_string).collect(),
         sync_frequency: config.pods.sync_frequency,
+        dead_containers: config.pods.dead_containers,
     };
     // Says how the pods' disk usage will be measured: read from project quotas, or walked.
     for (dir, what) in [(&settings.root_dir, "emptyDir volumes"), (&settings.log_dir, "pod logs")] {
@@ -708,6 +709,7 @@ mod tests {
             log_rotation: nodewarden_sync::LogRotation::default(),
             host_ips: Vec::new(),
             sync_frequency: Duration::from_secs(60),
+            dead_containers: nodewarden_sync::DeadContainerPolicy::default(),
         };
         let metrics = Arc::new(Metrics::new().unwrap());
         let daemon = Daemon::build(config, manager, runtime, settings, metrics, &tasks, &shutdown).unwrap();

@@ -444,6 +444,42 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
     Guard(Some(f))
 }
 
+/// The `nodewarden cri ps --all` rows of pod `name`: (short container ID, state).
+fn containers_of(name: &str) -> Vec<(String, String)> {
+    let (code, out) = cri(&["ps", "--all"]);
+    assert_eq!(code, 0, "{out}");
+    let rows = out.lines().skip(1).map(|l| l.split_whitespace().collect::<Vec<_>>());
+    rows.filter(|r| r.last() == Some(&name)).map(|r| (r[0].to_owned(), r[r.len() - 5].to_owned())).collect()
+}
+
+#[test]
+fn a_crash_looping_container_keeps_its_last_dead_container_until_the_pod_ends() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    let n = cri_node("cri-dead", "");
+    n.write("crash.yaml", &busybox_pod("crash", "echo run; exit 1", "", ""));
+    let p = n.wait_pod("crash", 180, "restarted twice", |p| container(p, "app")["restartCount"].as_i64() >= Some(2));
+    let name = p["metadata"]["name"].as_str().unwrap().to_owned();
+    // As the kubelet's default policy: the newest dead container stays (for `crictl ps -a`, its layer, its exit in
+    // lastState), the ones before it go: besides the live one, one dead (two for the moment between an exit and
+    // its worker's reading of it), never the whole history.
+    let mut seen = Vec::new();
+    wait_until(60, "one dead container kept, the one lastState names", || {
+        let rows = containers_of(&name);
+        assert!(rows.len() <= 3, "{rows:?}");
+        let p = n.pod("crash").unwrap();
+        let last = container(&p, "app")["lastState"]["terminated"]["containerID"].as_str().unwrap_or("").to_owned();
+        let exited: Vec<&(String, String)> = rows.iter().filter(|r| r.1 == "EXITED").collect();
+        seen = rows.clone();
+        exited.len() == 1 && last.strip_prefix("containerd://").is_some_and(|id| id.starts_with(&exited[0].0))
+    });
+    eprintln!("the pod's containers: {seen:?}");
+    remove_pod(&n, "crash.yaml", "crash");
+    assert_eq!(containers_of(&name), [], "the pod's end takes its dead containers");
+}
+
 #[test]
 fn a_sandbox_that_died_is_replaced() {
     if !cgroup2_available() {

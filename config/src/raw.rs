@@ -217,6 +217,18 @@ pub struct NodewardenSettings {
     /// The node name, appended to static pod names. Default: the host name (the kubelet's default too).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// How long an exited container is kept at least (the kubelet's `--minimum-container-ttl-duration`).
+    /// Default `0s`.
+    #[serde(rename = "minimumContainerTTLDuration", skip_serializing_if = "Option::is_none")]
+    pub minimum_container_ttl_duration: Option<String>,
+    /// Exited containers kept per container of a pod, the newest (the kubelet's
+    /// `--maximum-dead-containers-per-container`); negative: no limit. Default `1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maximum_dead_containers_per_container: Option<i64>,
+    /// Exited containers kept on the node (the kubelet's `--maximum-dead-containers`); negative: no limit.
+    /// Default `-1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maximum_dead_containers: Option<i64>,
 }
 
 fn or<T>(v: &mut Option<T>, default: T) {
@@ -335,6 +347,9 @@ impl KubeletConfiguration {
         or(&mut nw.daemon_memory_min, "16Mi".into());
         or(&mut nw.static_pods_critical, false);
         or(&mut nw.root_dir, "/var/lib/nodewarden".into());
+        or(&mut nw.minimum_container_ttl_duration, "0s".into());
+        or(&mut nw.maximum_dead_containers_per_container, 1);
+        or(&mut nw.maximum_dead_containers, -1);
         if nw.node_name.as_deref().is_none_or(str::is_empty) {
             nw.node_name = Some(rustix::system::uname().nodename().to_string_lossy().to_lowercase());
         }

@@ -119,6 +119,9 @@ restart_only!(NODEWARDEN_RESTART_ONLY, keep_nodewarden, NodewardenSettings;
     daemon_memory_min => "nodewarden.daemonMemoryMin",
     root_dir => "nodewarden.rootDir",
     node_name => "nodewarden.nodeName",
+    minimum_container_ttl_duration => "nodewarden.minimumContainerTTLDuration",
+    maximum_dead_containers_per_container => "nodewarden.maximumDeadContainersPerContainer",
+    maximum_dead_containers => "nodewarden.maximumDeadContainers",
 );
 
 /// The fields whose change needs a restart, as the file names them: an edit is reported and the running value

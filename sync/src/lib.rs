@@ -7,6 +7,7 @@
 
 mod atomic_writer;
 mod backoff;
+mod container_gc;
 pub mod disk_usage;
 mod env;
 mod events;
@@ -35,6 +36,7 @@ mod subpath;
 mod volumes;
 mod worker;
 
+pub use container_gc::DeadContainerPolicy;
 pub use events::{EventSink, EventType, PodEvent};
 pub use feed::{StatusReader, StatusUpdate};
 pub use image_gc::{

@@ -121,6 +121,7 @@ impl<R: Runtime> PodManager<R> {
         let store = Arc::new(StatusStore::default());
         let log_epoch = Instant::now();
         let images = crate::ImageCollector::new(runtime.clone(), store.clone(), metrics.images_collected.clone());
+        let dead = crate::container_gc::DeadContainers::new(settings.dead_containers);
         let ctx = Arc::new(Shared {
             ledger,
             runtime,
@@ -130,6 +131,7 @@ impl<R: Runtime> PodManager<R> {
             events: ports.events,
             objects: ports.objects,
             log_epoch,
+            dead,
         });
         Arc::new(Self {
             ctx,
@@ -244,6 +246,12 @@ impl<R: Runtime> PodManager<R> {
         *self.last_tick.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         self.reap(&mut self.workers());
         self.name_locks.lock().unwrap_or_else(PoisonError::into_inner).retain(|_, s| Arc::strong_count(s) > 1);
+        let gone = self.ctx.dead.collect(Instant::now());
+        if !gone.is_empty() {
+            let (runtime, stop) = (self.ctx.runtime.clone(), self.shutdown.clone());
+            self.tasks
+                .spawn(async move { stop.run_until_cancelled(crate::worker::remove_dead(&*runtime, gone)).await });
+        }
         let (pods, containers) = self.ctx.store.counts();
         self.ctx.metrics.running_pods.set(pods);
         for (state, n) in containers {

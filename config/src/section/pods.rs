@@ -1,13 +1,14 @@
 //! The pods section: where pod sync finds static pods and keeps pods' state and logs, from `staticPodPath`,
 //! `fileCheckFrequency`, `staticPodURL`, `staticPodURLHeader`, `httpCheckFrequency`, `syncFrequency`, `podLogsDir`,
-//! `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval` and nodewarden's `rootDir` and
-//! `nodeName`.
+//! `containerLogMaxSize`, `containerLogMaxFiles`, `containerLogMonitorInterval` and nodewarden's `rootDir`,
+//! `nodeName` and how many exited containers are kept (`minimumContainerTTLDuration`,
+//! `maximumDeadContainersPerContainer`, `maximumDeadContainers`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use nodewarden_resources::parse_non_negative;
-use nodewarden_sync::LogRotation;
+use nodewarden_sync::{DeadContainerPolicy, LogRotation};
 
 use super::{duration_field, nodewarden, required};
 use crate::{ConfigError, KubeletConfiguration};
@@ -35,6 +36,8 @@ pub struct PodsConfig {
     pub root_dir: PathBuf,
     /// `nodewarden.nodeName`.
     pub node_name: String,
+    /// `nodewarden.minimumContainerTTLDuration`, `maximumDeadContainersPerContainer` and `maximumDeadContainers`.
+    pub dead_containers: DeadContainerPolicy,
 }
 
 impl PodsConfig {
@@ -95,8 +98,22 @@ impl PodsConfig {
             log_rotation,
             root_dir,
             node_name,
+            dead_containers: dead_containers(nw)?,
         })
     }
+}
+
+/// The container garbage collection policy: as the kubelet's flags, a negative limit is none.
+fn dead_containers(nw: &crate::raw::NodewardenSettings) -> Result<DeadContainerPolicy, ConfigError> {
+    let field = "nodewarden.minimumContainerTTLDuration";
+    let min_age = super::parse_duration(field, required(&nw.minimum_container_ttl_duration, field)?)?;
+    let limit = |field: &str, v: &Option<i64>| -> Result<Option<usize>, ConfigError> {
+        Ok(usize::try_from(*required(v, field)?).ok())
+    };
+    let max_per_container =
+        limit("nodewarden.maximumDeadContainersPerContainer", &nw.maximum_dead_containers_per_container)?;
+    let max_containers = limit("nodewarden.maximumDeadContainers", &nw.maximum_dead_containers)?;
+    Ok(DeadContainerPolicy { min_age, max_per_container, max_containers })
 }
 
 /// A check frequency: as in the kubelet, zero (kubeadm writes `0s`) means the default, 20 s; at least 1 s.
@@ -158,8 +175,21 @@ mod tests {
                 log_rotation: LogRotation::default(),
                 root_dir: PathBuf::from("/var/lib/nodewarden"),
                 node_name: "n1".into(),
+                dead_containers: DeadContainerPolicy::default(),
             }
         );
+        let p = PodsConfig::validate(&raw("nodewarden:
+  minimumContainerTTLDuration: 1m
+  maximumDeadContainersPerContainer: -1
+  maximumDeadContainers: 100
+"))
+        .unwrap();
+        let policy = DeadContainerPolicy {
+            min_age: Duration::from_secs(60),
+            max_per_container: None,
+            max_containers: Some(100),
+        };
+        assert_eq!(p.dead_containers, policy, "a negative limit is none, as the kubelet's flags");
         let p = PodsConfig::validate(&raw("staticPodPath: /m\nfileCheckFrequency: 0s\n")).unwrap();
         assert_eq!((p.static_pod_path, p.file_check_frequency), (Some(PathBuf::from("/m")), Duration::from_secs(20)));
         let p = PodsConfig::validate(&raw("staticPodURL: https://config.example/pods
@@ -193,6 +223,7 @@ httpCheckFrequency: 5s
                 ("podLogsDir: logs\n", "podLogsDir"),
                 ("nodewarden:\n  rootDir: state\n", "nodewarden.rootDir"),
                 ("nodewarden:\n  nodeName: Not_A_Name\n", "nodewarden.nodeName"),
+                ("nodewarden:\n  minimumContainerTTLDuration: -1s\n", "nodewarden.minimumContainerTTLDuration"),
             ],
         );
     }

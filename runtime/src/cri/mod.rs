@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use nodewarden_proto::v1::{
-    AuthConfig, ContainerFilter, ContainerState, ContainerStats, CreateContainerRequest, PodSandboxConfig,
-    PodSandboxFilter, PodSandboxState, PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
+    AuthConfig, ContainerFilter, ContainerState, ContainerStateValue, ContainerStats, CreateContainerRequest,
+    PodSandboxConfig, PodSandboxFilter, PodSandboxState, PodSandboxStateValue, PullImageRequest, RunPodSandboxRequest,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -496,9 +496,15 @@ impl ImageService for CriRuntime {
         self.pulls.set_limit(limit);
     }
 
+    /// The running containers' layers: as in the kubelet's stats, a dead container kept for inspection is no
+    /// pod's usage (and would stand for a running one of the same name).
     async fn writable_layers(&self) -> Result<Vec<WritableLayer>, RuntimeError> {
+        let state = Some(ContainerStateValue { state: ContainerState::ContainerRunning.into() });
+        let running = self.client.list_containers(Some(ContainerFilter { state, ..ContainerFilter::default() }));
+        let running: BTreeSet<String> = running.await.map_err(runtime_error)?.into_iter().map(|c| c.id).collect();
         let stats = self.client.list_container_stats().await.map_err(runtime_error)?;
-        Ok(stats.into_iter().filter_map(writable_layer).collect())
+        let live = |s: &ContainerStats| s.attributes.as_ref().is_some_and(|a| running.contains(&a.id));
+        Ok(stats.into_iter().filter(live).filter_map(writable_layer).collect())
     }
 
     async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {

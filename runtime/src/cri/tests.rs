@@ -236,10 +236,12 @@ impl RuntimeService for Fake {
         &self,
         _r: Request<ListContainerStatsRequest>,
     ) -> Result<Response<ListContainerStatsResponse>, Status> {
-        // Running containers only, as containerd answers; one without labels (another client's) too.
+        // Every container, exited ones too (containerd leaves those out, other runtimes may not); one without
+        // labels (another client's) too.
         let s = self.state();
-        let running = s.containers.iter().filter(|c| c.0.state == i32::from(ContainerState::ContainerRunning));
-        let stats = running
+        let stats = s
+            .containers
+            .iter()
             .map(|c| ContainerStats {
                 attributes: Some(ContainerAttributes {
                     id: c.0.id.clone(),
@@ -272,6 +274,7 @@ impl RuntimeService for Fake {
             .iter()
             .map(|c| c.0.clone())
             .filter(|c| f.pod_sandbox_id.is_empty() || c.pod_sandbox_id == f.pod_sandbox_id)
+            .filter(|c| f.state.as_ref().is_none_or(|st| st.state == c.state))
             .filter(|c| matches(&c.labels, &f.label_selector))
             .collect();
         Ok(Response::new(ListContainersResponse { containers }))
@@ -629,7 +632,7 @@ async fn writable_layers_are_read_from_the_container_stats_by_pod_and_name() {
     let want = WritableLayer { pod_uid: "u5".into(), container: "app".into(), bytes: 7 << 20 };
     assert_eq!(layers, [want], "the unlabelled container without a measure is left out");
     fake.exit(id.as_str(), 0, "Completed");
-    assert_eq!(rt.writable_layers().await.unwrap(), [], "a container that exited has no stats");
+    assert_eq!(rt.writable_layers().await.unwrap(), [], "a container that exited is no pod's usage");
 }
 
 #[tokio::test]

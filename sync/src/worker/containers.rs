@@ -223,6 +223,7 @@ impl<R: Runtime> Worker<R> {
             crate::logs::remove_older_runs(
                 &crate::spec::log_dir(&self.shared.settings.log_dir, &self.pod, name),
                 attempt,
+                self.shared.settings.dead_containers.max_per_container,
             );
         }
         let objects = self.start_objects(index).await;

@@ -464,8 +464,9 @@ pub(crate) enum Action {
     StartContainer { index: usize, attempt: u32 },
     /// Stop a container that failed its liveness or startup probe (it is restarted once it exits).
     StopContainer { id: ContainerId, grace: Duration, why: String },
-    /// Forget an exited container.
-    RemoveContainer { id: ContainerId },
+    /// Container `index` exited as `id`: it is kept as a dead container, or removed, under the container
+    /// garbage collection policy.
+    RetireContainer { index: usize, id: ContainerId },
     /// Drop the runtime calls in flight (image pulls, starts, sandbox creation).
     Abandon,
     /// Tell the resource manager the pod is terminating.

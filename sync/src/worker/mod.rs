@@ -52,6 +52,16 @@ pub struct SyncSettings {
     /// How often the files of volumes made from objects (ConfigMaps, Secrets, tokens, the pod's metadata) are
     /// made again (`syncFrequency`, a minute by default).
     pub sync_frequency: Duration,
+    /// Which exited containers are kept, and for how long.
+    pub dead_containers: crate::DeadContainerPolicy,
+}
+
+/// Removes dead containers the container garbage collection no longer keeps.
+pub(crate) async fn remove_dead<R: Runtime>(runtime: &R, ids: Vec<ContainerId>) {
+    for id in ids {
+        tracing::debug!(container_id = %id.as_str(), "removing a dead container");
+        runtime.remove(&id).await;
+    }
 }
 
 /// How long fetching the objects of one use of a pod (its volumes, a container's environment) may take.
@@ -71,6 +81,8 @@ pub(crate) struct Shared<R> {
     pub objects: Arc<dyn crate::PodObjects>,
     /// Where the grid of container log checks starts ([`crate::logs::first_check`]).
     pub log_epoch: Instant,
+    /// The exited containers kept.
+    pub dead: crate::container_gc::DeadContainers,
 }
 
 /// A request to terminate a pod.
@@ -536,10 +548,14 @@ impl<R: Runtime> Worker<R> {
                 self.stop_container(id, grace, &why);
                 None
             }
-            Action::RemoveContainer { id } => {
+            Action::RetireContainer { index, id } => {
                 self.tasks.containers.remove(&id);
-                let runtime = self.shared.runtime.clone();
-                self.tasks.background.spawn(async move { runtime.remove(&id).await });
+                let name = &self.lifecycle.containers[index].name;
+                let gone = self.shared.dead.died(&self.uid, name, id, Instant::now());
+                if !gone.is_empty() {
+                    let runtime = self.shared.runtime.clone();
+                    self.tasks.background.spawn(async move { remove_dead(&*runtime, gone).await });
+                }
                 None
             }
             Action::Abandon => {

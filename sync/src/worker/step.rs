@@ -355,7 +355,7 @@ impl Lifecycle {
             ContainerState::Exited
         };
         c.last_exit = Some(LastExit { info, container_id: Some(id.clone()) });
-        out.extend([Action::RemoveContainer { id }, Action::Save]);
+        out.extend([Action::RetireContainer { index: i, id }, Action::Save]);
     }
 
     /// Container `i`'s definition changed (a new image), as the kubelet's container hash sees it: a running one

@@ -57,6 +57,8 @@ struct Fake {
     /// The containers' writable layers the runtime measures, and whether it fails to answer.
     layers: Mutex<Vec<nodewarden_runtime::WritableLayer>>,
     layers_fail: Mutex<bool>,
+    /// The containers removed, in order.
+    removed: Mutex<Vec<String>>,
 }
 
 fn exit(code: i32) -> ExitInfo {
@@ -75,6 +77,13 @@ impl Fake {
 
     fn starts(&self, name: &str) -> Vec<Instant> {
         self.started.lock().unwrap().iter().filter(|(_, s)| s.name == name).map(|(t, _)| *t).collect()
+    }
+
+    /// The ID of the running container `name`.
+    fn id_of(&self, name: &str) -> String {
+        let running = self.running.lock().unwrap();
+        let found = running.iter().find(|(_, (n, tx))| n == name && tx.borrow().is_none());
+        found.map(|(id, _)| id.clone()).unwrap_or_else(|| panic!("{name} is not running"))
     }
 
     fn is_running(&self, name: &str) -> bool {
@@ -243,7 +252,9 @@ impl Runtime for Fake {
         Ok(ExecOutput { exit_code: Some(i32::from(fails)), output: String::new() })
     }
 
-    async fn remove(&self, _id: &ContainerId) {}
+    async fn remove(&self, id: &ContainerId) {
+        self.removed.lock().unwrap().push(id.as_str().to_owned());
+    }
 }
 
 /// The pod events recorded, as (pod UID, reason, message).
@@ -316,6 +327,7 @@ fn harness_with(host: FakeHost, sources: &[&'static str], objects: Arc<dyn crate
         log_rotation: crate::LogRotation::default(),
         host_ips: vec!["192.0.2.10".into()],
         sync_frequency: Duration::from_secs(60),
+        dead_containers: crate::DeadContainerPolicy::default(),
     };
     let registry = prometheus::Registry::new();
     let metrics = SyncMetrics::new(&registry).unwrap();
@@ -458,6 +470,41 @@ async fn crash_loop_back_off_doubles_from_ten_seconds() {
             .any(|(_, r, m)| r == "BackOff" && m == "Back-off restarting failed container app in pod p-u1_default(u1)"),
         "{messages:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_container_keeps_its_last_dead_one_until_the_next_exit_or_the_pods_end() {
+    let h = harness();
+    let removed = || h.fake.removed.lock().unwrap().clone();
+    h.set(vec![pod("u1", json!({"containers": [app("app"), app("side")]}))]).await;
+    h.until("u1", "runs", |v| phase(v) == "Running").await;
+    let side = h.fake.id_of("side");
+    let mut dead = Vec::new();
+    for round in 0..3 {
+        let n = h.fake.starts("app").len();
+        dead.push(h.fake.id_of("app"));
+        h.fake.finish("app", 1);
+        while h.fake.starts("app").len() == n {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The kubelet's default policy: one dead container per container, the newest, kept for inspection.
+        assert_eq!(removed(), dead[..round], "after restart {}", round + 1);
+    }
+    let v =
+        h.until("u1", "reports the last exit", |v| container(v, "app")["lastState"]["terminated"].is_object()).await;
+    let last = container(&v, "app")["lastState"]["terminated"]["containerID"].clone();
+    assert_eq!(last, format!("fake://{}", dead[2]), "the last state names the dead container still kept");
+    let live = h.fake.id_of("app");
+    h.set(vec![]).await;
+    while h.manager.store().get("u1").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut gone = removed();
+    gone.sort();
+    let mut want = [&dead[..], &[live, side]].concat();
+    want.sort();
+    assert_eq!(gone, want, "the pod's end takes its dead containers and the ones that ran, each once");
 }
 
 #[tokio::test(start_paused = true)]

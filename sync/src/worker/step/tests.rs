@@ -195,7 +195,11 @@ fn transitions() {
             pod(stopping(evicted()), vec![app(running("c1", now))]),
             Input::ContainerExited { id: "c1".into(), info: exit(143) },
             terminating(evicted(), secs(10), Stage::CleaningUp),
-            vec![Action::RemoveContainer { id: "c1".into() }, Action::Save, Action::CleanUp { deleted: false }],
+            vec![
+                Action::RetireContainer { index: 0, id: "c1".into() },
+                Action::Save,
+                Action::CleanUp { deleted: false },
+            ],
         ),
         (
             "an evicted pod is kept once cleaned up",
@@ -252,7 +256,7 @@ fn transitions() {
             Input::ContainerExited { id: "c1".into(), info: exit(3) },
             terminating(Reason::Completed(failed_init.clone()), secs(30), Stage::CleaningUp),
             vec![
-                Action::RemoveContainer { id: "c1".into() },
+                Action::RetireContainer { index: 0, id: "c1".into() },
                 Action::Save,
                 Action::MarkTerminating,
                 Action::CleanUp { deleted: false },
@@ -264,7 +268,7 @@ fn transitions() {
             Input::ContainerExited { id: "c1".into(), info: exit(0) },
             PodState::Running,
             vec![
-                Action::RemoveContainer { id: "c1".into() },
+                Action::RetireContainer { index: 0, id: "c1".into() },
                 Action::Save,
                 Action::StartContainer { index: 1, attempt: 0 },
             ],
@@ -275,7 +279,7 @@ fn transitions() {
             Input::ContainerExited { id: "c1".into(), info: exit(1) },
             PodState::Running,
             vec![
-                Action::RemoveContainer { id: "c1".into() },
+                Action::RetireContainer { index: 0, id: "c1".into() },
                 Action::Save,
                 Action::StartContainer { index: 0, attempt: 1 },
             ],
@@ -440,7 +444,10 @@ fn a_pod_waiting_for_a_new_sandbox_restarts_its_containers_once_it_has_one() {
     let preparing = PodState::Preparing { step: PrepareStep::Sandbox, then: Resume::Running };
     let p = pod(preparing.clone(), vec![slot("app", Role::App, running("c1", now))]);
     let (p, actions) = step(p, Input::ContainerExited { id: "c1".into(), info: exit(137) }, now);
-    assert_eq!((&p.state, actions), (&preparing, vec![Action::RemoveContainer { id: "c1".into() }, Action::Save]));
+    assert_eq!(
+        (&p.state, actions),
+        (&preparing, vec![Action::RetireContainer { index: 0, id: "c1".into() }, Action::Save])
+    );
     assert_eq!(p.containers[0].state, ContainerState::BackOff { until: now });
     let (p, actions) = step(p, Input::SandboxReady(Ok(())), now);
     assert_eq!(p.state, PodState::Running);
