@@ -278,6 +278,8 @@ pub(crate) struct Daemon {
     pub(crate) pod_objects: Arc<ApiObjects>,
     /// The eviction loop.
     pub(crate) eviction: EvictionManager<PodManager<SelectedRuntime>>,
+    /// `kubelet_evictions`, where the evictions for ephemeral-storage limits (made outside the loop) count too.
+    pub(crate) limit_evictions: prometheus::IntCounterVec,
 }
 
 impl Daemon {
@@ -307,6 +309,7 @@ impl Daemon {
         let pods = PodManager::new(ledger.clone(), Arc::new(runtime), settings, sync_metrics, ports, t, s);
         let (settings_tx, settings_rx) = watch::channel(Arc::new(eviction_settings(&config)));
         let eviction_metrics = EvictionMetrics::new(metrics.registry()).context("cannot create metrics")?;
+        let limit_evictions = eviction_metrics.evictions.clone();
         let gauges: Arc<dyn PassObserver> = Arc::new(Gauges { metrics: metrics.clone() });
         let eviction = EvictionManager::new(
             ledger.clone(),
@@ -343,6 +346,7 @@ impl Daemon {
             pod_events,
             pod_objects,
             eviction,
+            limit_evictions,
         })
     }
 
@@ -546,10 +550,12 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         pod_events,
         pod_objects,
         eviction,
+        limit_evictions,
         ..
     } = daemon;
     if reloader.config().eviction.local_storage_limits {
-        tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), shutdown.clone()));
+        let evictions = limit_evictions.clone();
+        tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), evictions, shutdown.clone()));
     }
     if let Some(collector) = pods.image_collector() {
         tasks.spawn(nodewarden_sync::measure_writable_layers(pods.clone(), shutdown.clone()));

@@ -252,10 +252,17 @@ fn pods_over_their_ephemeral_storage_limits_are_evicted_without_node_pressure() 
     n.write("calm.yaml", &pod_yaml("calm", &format!("{}{mount}{volume}", containers(calm, limit))));
     let p = n.wait_pod("dir", 60, "was evicted", evicted);
     assert_eq!(p["status"]["message"], "Usage of EmptyDir volume \"data\" exceeds the limit \"5Mi\". ");
-    assert_eq!(disruption(&p)["reason"], "TerminationByKubelet");
+    // As the kubelet's: the pod broke its own limit, nothing disrupted it.
+    assert_eq!(disruption(&p), Value::Null, "{p:#}");
     let p = n.wait_pod("log", 60, "was evicted", evicted);
     assert_eq!(p["status"]["message"], "Container app exceeded its local ephemeral storage limit \"1Mi\". ");
     assert_eq!(phase(&n.pod("calm").unwrap()), "Running");
+    // Counted as the kubelet counts them, by the limit's name.
+    let text = metrics(&n);
+    for signal in ["emptydirfs.limit", "ephemeralcontainerfs.limit"] {
+        let series = format!("kubelet_evictions{{eviction_signal=\"{signal}\"}}");
+        assert_eq!(metric(&text, &series), Some(1.0), "{text}");
+    }
     assert!(!condition(&n, "DiskPressure"), "no node pressure was needed");
 }
 

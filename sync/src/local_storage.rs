@@ -160,32 +160,53 @@ pub(crate) fn measure(
     Usage { empty_dirs, pod: pod_usage, containers }
 }
 
-/// The kubelet's eviction message for the first limit `usage` exceeds, in its order: an `emptyDir`, the pod,
-/// a container.
-pub(crate) fn exceeded(limits: &Limits, usage: &Usage) -> Option<String> {
+/// A limit exceeded: the kubelet's name for it in `kubelet_evictions{eviction_signal}`, and its eviction message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Exceeded {
+    /// `emptydirfs.limit`, `ephemeralpodfs.limit` or `ephemeralcontainerfs.limit`.
+    pub signal: &'static str,
+    /// The message of the pod's status and its `Evicted` event.
+    pub message: String,
+}
+
+/// The first limit `usage` exceeds, in the kubelet's order: an `emptyDir`, the pod, a container.
+pub(crate) fn exceeded(limits: &Limits, usage: &Usage) -> Option<Exceeded> {
+    let over = |signal, message| Some(Exceeded { signal, message });
     for (name, limit) in &limits.empty_dirs {
         if usage.empty_dirs.get(name).is_some_and(|used| *used > limit.bytes) {
-            return Some(format!("Usage of EmptyDir volume {name:?} exceeds the limit {:?}. ", limit.text));
+            return over(
+                "emptydirfs.limit",
+                format!("Usage of EmptyDir volume {name:?} exceeds the limit {:?}. ", limit.text),
+            );
         }
     }
     if let Some(limit) = &limits.pod
         && usage.pod > limit.bytes
     {
-        return Some(format!(
-            "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
-            limit.text
-        ));
+        return over(
+            "ephemeralpodfs.limit",
+            format!("Pod ephemeral local storage usage exceeds the total limit of containers {}. ", limit.text),
+        );
     }
     for (name, limit) in &limits.containers {
         if usage.containers.get(name).is_some_and(|used| *used > limit.bytes) {
-            return Some(format!("Container {name} exceeded its local ephemeral storage limit {:?}. ", limit.text));
+            return over(
+                "ephemeralcontainerfs.limit",
+                format!("Container {name} exceeded its local ephemeral storage limit {:?}. ", limit.text),
+            );
         }
     }
     None
 }
 
-/// Checks every running pod's limits each [`CHECK_PERIOD`] until `shutdown`, evicting those over one.
-pub async fn enforce_local_storage<R: Runtime>(manager: Arc<PodManager<R>>, shutdown: CancellationToken) {
+/// Checks every running pod's limits each [`CHECK_PERIOD`] until `shutdown`, evicting those over one and counting
+/// each in `evictions` (the kubelet's `kubelet_evictions`) by the limit's name. As the kubelet's, such an eviction
+/// sets no `DisruptionTarget` condition: the pod broke its own limit.
+pub async fn enforce_local_storage<R: Runtime>(
+    manager: Arc<PodManager<R>>,
+    evictions: prometheus::IntCounterVec,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(CHECK_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -199,9 +220,10 @@ pub async fn enforce_local_storage<R: Runtime>(manager: Arc<PodManager<R>>, shut
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => return,
         };
-        for (uid, name, message) in over {
-            match manager.evict(&uid, GRACE, message.clone()) {
+        for (uid, name, Exceeded { signal, message }) in over {
+            match manager.evict_for_limit(&uid, GRACE, message.clone()) {
                 Ok(_) => {
+                    evictions.with_label_values(&[signal]).inc();
                     tracing::info!(pod = %name, pod_uid = %uid, %message, "evicted a pod over its ephemeral-storage limit")
                 }
                 Err(e) => {
@@ -213,8 +235,8 @@ pub async fn enforce_local_storage<R: Runtime>(manager: Arc<PodManager<R>>, shut
 }
 
 impl<R: Runtime> PodManager<R> {
-    /// The running pods over one of their ephemeral-storage limits, but critical ones: UID, name, message.
-    fn over_local_storage_limits(&self) -> Vec<(String, String, String)> {
+    /// The running pods over one of their ephemeral-storage limits, but critical ones: UID, name, the limit.
+    fn over_local_storage_limits(&self) -> Vec<(String, String, Exceeded)> {
         let settings = self.settings();
         let mut out = Vec::new();
         for candidate in self.ledger_view().eviction_candidates() {
@@ -226,8 +248,8 @@ impl<R: Runtime> PodManager<R> {
             let Some(limits) = limits(&pod) else { continue };
             let layers = self.writable_layers().of_pod(uid);
             let usage = measure(&settings.root_dir, &settings.log_dir, &pod, uid, &limits, &layers);
-            if let Some(message) = exceeded(&limits, &usage) {
-                out.push((uid.clone(), nodewarden_resources::pod::full_name(&pod), message));
+            if let Some(over) = exceeded(&limits, &usage) {
+                out.push((uid.clone(), nodewarden_resources::pod::full_name(&pod), over));
             }
         }
         out
@@ -290,17 +312,24 @@ mod tests {
             containers: [("app".to_owned(), app), ("side".to_owned(), 0)].into(),
         };
         assert_eq!(exceeded(&l, &usage(5 * MIB, 20 * MIB, 10 * MIB)), None, "at a limit is not over it");
+        let said = |u: Usage| exceeded(&l, &u).map(|e| (e.signal, e.message)).unwrap();
         assert_eq!(
-            exceeded(&l, &usage(5 * MIB + 1, 30 * MIB, 11 * MIB)).unwrap(),
-            "Usage of EmptyDir volume \"scratch\" exceeds the limit \"5Mi\". "
+            said(usage(5 * MIB + 1, 30 * MIB, 11 * MIB)),
+            ("emptydirfs.limit", "Usage of EmptyDir volume \"scratch\" exceeds the limit \"5Mi\". ".to_owned())
         );
         assert_eq!(
-            exceeded(&l, &usage(0, 20 * MIB + 1, 11 * MIB)).unwrap(),
-            "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. "
+            said(usage(0, 20 * MIB + 1, 11 * MIB)),
+            (
+                "ephemeralpodfs.limit",
+                "Pod ephemeral local storage usage exceeds the total limit of containers 20Mi. ".to_owned()
+            )
         );
         assert_eq!(
-            exceeded(&l, &usage(0, 0, 10 * MIB + 1)).unwrap(),
-            "Container app exceeded its local ephemeral storage limit \"10Mi\". "
+            said(usage(0, 0, 10 * MIB + 1)),
+            (
+                "ephemeralcontainerfs.limit",
+                "Container app exceeded its local ephemeral storage limit \"10Mi\". ".to_owned()
+            )
         );
     }
 
@@ -328,7 +357,7 @@ mod tests {
         let u = measure(&root, &logs, &p, "u1", &l, &layers);
         assert!(u.containers["app"] >= 9 * MIB && u.containers["app"] < 10 * MIB, "{u:?}");
         assert!(u.pod >= 14 * MIB && u.pod < 15 * MIB, "{u:?}");
-        let over = exceeded(&l, &u).unwrap();
+        let over = exceeded(&l, &u).unwrap().message;
         assert_eq!(over, "Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. ");
     }
 }

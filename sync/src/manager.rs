@@ -463,9 +463,30 @@ impl<R: Runtime> PodManager<R> {
     /// signals. The worker's stop then only waits and kills; the queued termination, which it reads before the
     /// container exit the signal caused, makes the pod end `Evicted`.
     pub fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, TerminateError> {
+        self.evict_with(uid, grace, message, true)
+    }
+
+    /// [`PodManager::evict`] for a pod over its own ephemeral-storage limit: as the kubelet's, its status gets
+    /// no `DisruptionTarget` condition.
+    pub(crate) fn evict_for_limit(
+        &self,
+        uid: &str,
+        grace: Duration,
+        message: String,
+    ) -> Result<Eviction, TerminateError> {
+        self.evict_with(uid, grace, message, false)
+    }
+
+    fn evict_with(
+        &self,
+        uid: &str,
+        grace: Duration,
+        message: String,
+        disruption: bool,
+    ) -> Result<Eviction, TerminateError> {
         let started = Instant::now();
         let said = message.clone();
-        let reason = Reason::Evicted(message);
+        let reason = Reason::Evicted { message, disruption };
         let (terminations, stoppable) = {
             let mut workers = self.workers();
             let handle = workers.get_mut(uid).ok_or_else(|| TerminateError::UnknownPod(uid.into()))?;

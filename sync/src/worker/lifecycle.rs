@@ -32,8 +32,9 @@ pub(crate) fn after(now: Instant, wait: Duration) -> Instant {
 pub(crate) enum Reason {
     /// Its source no longer has it: remove it entirely.
     Deleted,
-    /// The eviction manager evicted it: it stays, `Failed` with reason `Evicted` and this message.
-    Evicted(String),
+    /// The eviction manager evicted it: it stays, `Failed` with reason `Evicted` and this message; with the
+    /// `DisruptionTarget` condition unless the pod broke its own ephemeral-storage limit.
+    Evicted { message: String, disruption: bool },
     /// The node shuts down: `Failed` with the kubelet's reason `Terminated` and its message.
     Shutdown,
     /// It ended on its own (its app containers are done, or an init container failed under `Never`).
@@ -45,7 +46,9 @@ impl Reason {
     pub(crate) fn terminal(&self) -> Option<Terminal> {
         match self {
             Self::Deleted => None,
-            Self::Evicted(message) => Some(Terminal::evicted(message.clone())),
+            Self::Evicted { message, disruption } => {
+                Some(Terminal { by_kubelet: *disruption, ..Terminal::evicted(message.clone()) })
+            }
             Self::Shutdown => Some(Terminal::shutdown()),
             Self::Completed(t) => Some(t.clone()),
         }

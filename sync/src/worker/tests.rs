@@ -997,6 +997,7 @@ async fn eviction_leaves_a_failed_evicted_pod() {
     assert_eq!(container(&v, "hog")["state"]["terminated"]["exitCode"], 128 + SIGTERM);
     assert!(!h.cg.join("besteffort/podu6").exists());
     assert_eq!(v["status"]["qosClass"], "BestEffort", "the class outlives the placement");
+    assert_disrupted(&v, msg);
     // It stays evicted while its manifest is unchanged.
     h.set(vec![pod("u6", json!({"containers": [app("hog")]}))]).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -1005,6 +1006,20 @@ async fn eviction_leaves_a_failed_evicted_pod() {
         h.manager.evict("nope", Duration::ZERO, String::new()).err(),
         Some(crate::TerminateError::UnknownPod("nope".into()))
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_evicted_for_its_own_limit_is_evicted_without_a_disruption_condition() {
+    let h = harness();
+    h.set(vec![pod("u7", json!({"containers": [app("app")]}))]).await;
+    h.until("u7", "runs", |v| phase(v) == "Running").await;
+    let msg = "Container app exceeded its local ephemeral storage limit \"1Mi\". ";
+    let eviction = h.manager.evict_for_limit("u7", Duration::from_secs(1), msg.into()).unwrap();
+    eviction.terminated.await.unwrap();
+    let v = h.until("u7", "is evicted", |v| phase(v) == "Failed").await;
+    assert_eq!((&v["status"]["reason"], &v["status"]["message"]), (&json!("Evicted"), &json!(msg)));
+    let conditions = v["status"]["conditions"].as_array().unwrap();
+    assert!(conditions.iter().all(|c| c["type"] != "DisruptionTarget"), "as the kubelet's: {conditions:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -63,7 +63,7 @@ fn terminate(grace: u64, reason: Reason) -> Input {
 }
 
 fn evicted() -> Reason {
-    Reason::Evicted("low on memory".into())
+    Reason::Evicted { message: "low on memory".into(), disruption: true }
 }
 
 fn terminating(reason: Reason, deadline: Instant, stage: Stage) -> PodState {
