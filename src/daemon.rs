@@ -106,17 +106,13 @@ impl PassObserver for Gauges {
 /// The runtime `containerRuntimeEndpoint` selects. For CRI, the runtime's version is checked first: a runtime
 /// that does not serve CRI v1 stops the daemon; one that does not answer yet is waited for (pods wait, `/readyz`
 /// says why) while everything else is served.
-async fn select_runtime(
+async fn connect_cri(
     config: &Config,
-    fs: &CgroupFs,
     metrics: &Metrics,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
-) -> Result<SelectedRuntime, DaemonError> {
-    let Some(endpoint) = &config.runtime.endpoint else {
-        let scratch = config.pods.root_dir.join("process-runtime");
-        return Ok(SelectedRuntime::Process(ProcessRuntime::new(fs.clone(), scratch, tasks.clone(), shutdown.clone())));
-    };
+) -> Result<Option<Arc<CriRuntime>>, DaemonError> {
+    let Some(endpoint) = &config.runtime.endpoint else { return Ok(None) };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
         request_timeout: config.runtime.request_timeout,
@@ -134,7 +130,34 @@ async fn select_runtime(
         Err(e) => return Err(anyhow::Error::new(e).into()),
     }
     tasks.spawn(cri.clone().monitor(shutdown.clone()));
-    Ok(SelectedRuntime::Cri(cri))
+    Ok(Some(cri))
+}
+
+/// The image file system: under CRI the one the runtime names (`ImageFsInfo`), as the kubelet measures it; else,
+/// or where the runtime names none or does not answer, `nodewarden.imagefsPath`.
+async fn image_fs(config: &Config, cri: Option<&CriRuntime>) -> PathBuf {
+    let configured = &config.host.imagefs_path;
+    let Some(cri) = cri else { return configured.clone() };
+    match cri.image_fs().await {
+        Ok(Some(named)) => {
+            if !crate::image_gc::same_fs(&named, configured) {
+                tracing::info!(
+                    runtime = %named.display(),
+                    imagefs_path = %configured.display(),
+                    "the image file system is the one the runtime names (ImageFsInfo), not nodewarden.imagefsPath"
+                );
+            }
+            named
+        }
+        Ok(None) => {
+            tracing::warn!(imagefs_path = %configured.display(), "the runtime names no image file system; nodewarden.imagefsPath is measured");
+            configured.clone()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, imagefs_path = %configured.display(), "cannot ask the runtime for its image file system; nodewarden.imagefsPath is measured");
+            configured.clone()
+        }
+    }
 }
 
 /// How often the CRI runtime's containers are listed (exits, health): the kubelet's PLEG relist period.
@@ -426,9 +449,22 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         tracing::warn!("Memory QoS needs Linux 5.9 or newer; memory.min and memory.high are not set");
         config.resources.memory_qos = false;
     }
+    // Before the observations: a CRI runtime names the image file system they read. One shutdown path: every
+    // long-lived task ends on this token and is tracked, so the exit waits for them.
+    let metrics = Arc::new(Metrics::new().context("cannot create metrics")?);
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let cri = match signals.unless(connect_cri(&config, &metrics, &tasks, &shutdown)).await {
+        Ok(cri) => cri?,
+        Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
+    };
+    let imagefs = match signals.unless(image_fs(&config, cri.as_deref())).await {
+        Ok(path) => path,
+        Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
+    };
     let host = HostPaths {
         nodefs: existing_ancestor(&config.host.nodefs_path),
-        imagefs: existing_ancestor(&config.host.imagefs_path),
+        imagefs: existing_ancestor(&imagefs),
         ..HostPaths::default()
     };
     let proc = host.proc.clone();
@@ -455,15 +491,14 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     for uid in &adopted {
         tracing::info!(pod_uid = %uid, "adopted existing pod cgroup");
     }
-    let metrics = Arc::new(Metrics::new().context("cannot create metrics")?);
     metrics.set_allocatable(&alloc, config.resources.max_pods);
     let fs = manager.cgroupfs().clone();
-    // One shutdown path: every long-lived task ends on this token and is tracked, so the exit waits for them.
-    let shutdown = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    let runtime = match signals.unless(select_runtime(&config, &fs, &metrics, &tasks, &shutdown)).await {
-        Ok(runtime) => runtime?,
-        Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
+    let runtime = match cri {
+        Some(cri) => SelectedRuntime::Cri(cri),
+        None => {
+            let scratch = config.pods.root_dir.join("process-runtime");
+            SelectedRuntime::Process(ProcessRuntime::new(fs.clone(), scratch, tasks.clone(), shutdown.clone()))
+        }
     };
     let node_ip = flags.node_ip.or_else(nodewarden_cluster::node_ip);
     let settings = SyncSettings {
@@ -561,7 +596,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         tasks.spawn(nodewarden_sync::measure_writable_layers(pods.clone(), shutdown.clone()));
         let events: Arc<dyn nodewarden_sync::EventSink> = pod_events.clone();
         let config = reloader.config.subscribe();
-        tasks.spawn(crate::image_gc::run(collector, config, events, shutdown.clone()));
+        tasks.spawn(crate::image_gc::run(collector, config, imagefs, events, shutdown.clone()));
     }
     let eviction = eviction.spawn(wake_rx, TASK_DRAIN, realtime).context("cannot start the eviction thread")?;
     let config = reloader.config();

@@ -1,12 +1,13 @@
 //! The image garbage collector's loop, for a runtime with images (CRI): a pass at start and every five minutes,
 //! as the kubelet's, and at once when a reload changes its settings (`imageGCHighThresholdPercent` and the
-//! others apply live; so do `serializeImagePulls` and `maxParallelImagePulls`, handed to the runtime from here). The image file system is `nodewarden.imagefsPath`. A shortfall is the kubelet's
+//! others apply live; so do `serializeImagePulls` and `maxParallelImagePulls`, handed to the runtime from here). The
+//! image file system is the one the runtime names (`ImageFsInfo`), else `nodewarden.imagefsPath`. A shortfall is the kubelet's
 //! `FreeDiskSpaceFailed` node event; a pass that fails after a failed one, its `ImageGCFailed`. The eviction
 //! manager's reclaim shares the collector (see `nodewarden_sync::ImageCollector`); this loop keeps its
 //! settings.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,25 +32,26 @@ fn policy(c: &ImagesConfig) -> ImageGcPolicy {
 }
 
 /// Whether two paths are on one file system (their nearest existing ancestors' devices).
-fn same_fs(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_fs(a: &Path, b: &Path) -> bool {
     let dev = |p: &Path| std::fs::metadata(crate::daemon::existing_ancestor(p)).ok().map(|m| m.dev());
     dev(a).is_some_and(|d| Some(d) == dev(b))
 }
 
-/// What the eviction manager's reclaim follows, from `config`.
-fn reclaim_settings(config: &Config) -> ReclaimSettings {
-    let shares_nodefs = same_fs(&config.host.nodefs_path, &config.host.imagefs_path);
+/// What the eviction manager's reclaim follows, from `config` and the image file system.
+fn reclaim_settings(config: &Config, imagefs: &Path) -> ReclaimSettings {
+    let shares_nodefs = same_fs(&config.host.nodefs_path, imagefs);
     ReclaimSettings { minimum_age: config.images.minimum_age, shares_nodefs }
 }
 
-/// Runs the collector's passes until `shutdown`.
+/// Runs the collector's passes until `shutdown`; `imagefs` is the image file system (the one the runtime names).
 pub async fn run(
     collector: Arc<ImageCollector<SelectedRuntime>>,
     mut config: watch::Receiver<Arc<Config>>,
+    imagefs: PathBuf,
     events: Arc<dyn EventSink>,
     shutdown: CancellationToken,
 ) {
-    collector.set_reclaim(reclaim_settings(&config.borrow()));
+    collector.set_reclaim(reclaim_settings(&config.borrow(), &imagefs));
     // The images there are now count their age from the start, as the kubelet's.
     if let Err(e) = collector.detect(Instant::now()).await {
         tracing::warn!(error = %e, "cannot list the images");
@@ -75,10 +77,10 @@ pub async fn run(
                     collector.set_pull_limit(now.parallel_pulls);
                 }
                 in_force = now;
-                collector.set_reclaim(reclaim_settings(&config.borrow()));
+                collector.set_reclaim(reclaim_settings(&config.borrow(), &imagefs));
             }
         }
-        let path = crate::daemon::existing_ancestor(&config.borrow().host.imagefs_path);
+        let path = crate::daemon::existing_ancestor(&imagefs);
         let fs = || match nodewarden_resources::fs_stats(&path) {
             Ok(s) => Some(ImageFs { capacity_bytes: s.capacity_bytes, available_bytes: s.available_bytes }),
             Err(e) => {

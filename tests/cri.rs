@@ -530,6 +530,10 @@ fn unused_images_are_collected_and_a_reload_of_the_thresholds_applies_at_once() 
     assert!(import.status().unwrap().success());
     let off = "imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n";
     let n = cri_node("cri-imagegc", &format!("{off}imageMinimumGCAge: 0s\n"));
+    // containerd keeps its images on its own file system, which ImageFsInfo names: that one is measured, whatever
+    // nodewarden.imagefsPath (left at its default here) says.
+    let said = "the image file system is the one the runtime names (ImageFsInfo)";
+    assert!(n.d.log().contains(said) && n.d.log().contains("/var/lib/nodewarden-containerd/"), "{}", n.d.log());
     n.write("web.yaml", &busybox_pod("web", "sleep 1000", "", ""));
     n.wait_pod("web", 120, "running", running);
     let images = || cri(&["images"]).1;

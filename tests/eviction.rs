@@ -2,7 +2,8 @@
 //! missing): each signal's hard threshold evicts the ranked victim, a soft threshold waits for its grace period
 //! and caps the pod's, node conditions hold for the transition period and refuse pods at admission, thresholds
 //! are hot-reloaded (in-place write, rename over, Kubernetes' `..data` symlink swap), ephemeral-storage limits hold
-//! (on ext4 with project quotas, measured from the quotas), and a real Prometheus scrapes `/metrics`.
+//! (on ext4 with project quotas, measured from the quotas; on ext4 without, walked), and a real Prometheus scrapes
+//! `/metrics`.
 //!
 //! The signals are the node's, so these tests run one at a time.
 #![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
@@ -292,6 +293,32 @@ fn on_a_file_system_with_project_quotas_an_empty_dir_is_measured_by_its_quota() 
     assert!(project >= 1_048_577, "the emptyDir owns no project: {attrs}");
     assert!(attrs.split_whitespace().nth(1).is_some_and(|f| f.contains('P')), "no inheritance: {attrs}");
     let p = n.wait_pod("hidden", 60, "was evicted", evicted);
+    assert_eq!(p["status"]["message"], "Usage of EmptyDir volume \"data\" exceeds the limit \"5Mi\". ");
+}
+
+#[test]
+fn on_ext4_without_project_quotas_an_empty_dir_is_walked_and_its_limit_still_holds() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // The same file system without the quota feature: the daemon says the files are walked, no directory is given a
+    // project, and an emptyDir over its sizeLimit is still evicted, measured by the walk.
+    let n = node_on_ext4(128, "evict-walk", &[], "");
+    let log = n.d.log();
+    assert!(log.contains("the disk usage of emptyDir volumes is measured by walking their files"), "{log}");
+    assert!(log.contains("the disk usage of pod logs is measured by walking their files"), "{log}");
+    let mount = "    volumeMounts:\n    - {name: data, mountPath: /mnt}\n";
+    let volume = "  volumes:\n  - name: data\n    emptyDir: {sizeLimit: 5Mi}\n";
+    let writer = "[sh, -c, 'sleep 2; dd if=/dev/zero of=/mnt/fill bs=1M count=8; exec sleep 1000']";
+    n.write("walked.yaml", &pod_yaml("walked", &format!("{}{mount}{volume}", containers(writer, ""))));
+    let running = n.wait_pod("walked", 60, "runs", |p| phase(p) == "Running");
+    let uid = running["metadata"]["uid"].as_str().unwrap().to_owned();
+    let dir = n.root.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/data"));
+    let out = Command::new("lsattr").args(["-pd"]).arg(&dir).output().unwrap();
+    let attrs = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(attrs.split_whitespace().next(), Some("0"), "a project where quotas are off: {attrs}");
+    let p = n.wait_pod("walked", 60, "was evicted", evicted);
     assert_eq!(p["status"]["message"], "Usage of EmptyDir volume \"data\" exceeds the limit \"5Mi\". ");
 }
 

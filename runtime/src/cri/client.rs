@@ -10,12 +10,12 @@ use nodewarden_proto::v1::image_service_client::ImageServiceClient;
 use nodewarden_proto::v1::runtime_service_client::RuntimeServiceClient;
 use nodewarden_proto::v1::{
     AttachRequest, Container, ContainerFilter, ContainerStats, ContainerStatusRequest, ContainerStatusResponse,
-    CreateContainerRequest, ExecRequest, ExecSyncRequest, ExecSyncResponse, Image, ImageSpec, ImageStatusRequest,
-    ListContainerStatsRequest, ListContainersRequest, ListImagesRequest, ListPodSandboxRequest, PodSandbox,
-    PodSandboxFilter, PodSandboxStatusRequest, PodSandboxStatusResponse, PortForwardRequest, PullImageRequest,
-    RemoveContainerRequest, RemoveImageRequest, RemovePodSandboxRequest, ReopenContainerLogRequest,
-    RunPodSandboxRequest, StartContainerRequest, StatusRequest, StatusResponse, StopContainerRequest,
-    StopPodSandboxRequest, VersionRequest, VersionResponse,
+    CreateContainerRequest, ExecRequest, ExecSyncRequest, ExecSyncResponse, FilesystemUsage, Image, ImageFsInfoRequest,
+    ImageSpec, ImageStatusRequest, ListContainerStatsRequest, ListContainersRequest, ListImagesRequest,
+    ListPodSandboxRequest, PodSandbox, PodSandboxFilter, PodSandboxStatusRequest, PodSandboxStatusResponse,
+    PortForwardRequest, PullImageRequest, RemoveContainerRequest, RemoveImageRequest, RemovePodSandboxRequest,
+    ReopenContainerLogRequest, RunPodSandboxRequest, StartContainerRequest, StatusRequest, StatusResponse,
+    StopContainerRequest, StopPodSandboxRequest, VersionRequest, VersionResponse,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -353,6 +353,12 @@ impl CriClient {
     pub async fn list_images(&self) -> Result<Vec<Image>, CriError> {
         let req = ListImagesRequest { filter: None };
         rpc!(self, images.list_images("ListImages", req, self.timeout)).map(|r| r.images)
+    }
+
+    /// `ImageFsInfo`: the file systems the runtime keeps its images on.
+    pub async fn image_fs_info(&self) -> Result<Vec<FilesystemUsage>, CriError> {
+        let req = ImageFsInfoRequest {};
+        rpc!(self, images.image_fs_info("ImageFsInfo", req, self.timeout)).map(|r| r.image_filesystems)
     }
 
     /// `PullImage`: the image reference the runtime resolved. Pulls are not bounded by the request timeout (the

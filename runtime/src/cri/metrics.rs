@@ -74,6 +74,8 @@ fn operation_type(rpc: &str) -> &'static str {
         "ImageStatus" => "image_status",
         "ListImages" => "list_images",
         "PullImage" => "pull_image",
+        "ImageFsInfo" => "image_fs_info",
+        "ListContainerStats" => "list_container_stats",
         _ => "other",
     }
 }

@@ -31,6 +31,8 @@ struct State {
     containers: Vec<(Container, ContainerStatus, ContainerConfig)>,
     /// What each container wrote to its writable layer, by ID.
     written: HashMap<String, u64>,
+    /// The mount point `ImageFsInfo` names, if any.
+    image_fs: Option<String>,
     next: u32,
 }
 
@@ -351,6 +353,18 @@ impl RuntimeService for Fake {
 
 #[tonic::async_trait]
 impl ImageService for Fake {
+    async fn image_fs_info(&self, _r: Request<ImageFsInfoRequest>) -> Result<Response<ImageFsInfoResponse>, Status> {
+        let mountpoint = self.state().image_fs.clone();
+        let fs = |mountpoint: String| FilesystemUsage {
+            fs_id: Some(FilesystemIdentifier { mountpoint }),
+            ..FilesystemUsage::default()
+        };
+        Ok(Response::new(ImageFsInfoResponse {
+            image_filesystems: mountpoint.into_iter().map(fs).collect(),
+            container_filesystems: Vec::new(),
+        }))
+    }
+
     async fn list_images(&self, _r: Request<ListImagesRequest>) -> Result<Response<ListImagesResponse>, Status> {
         let images = self
             .state()
@@ -617,6 +631,19 @@ async fn images_are_listed_with_those_in_use_and_removed() {
     rt.remove_image("sha256:localhost/old:1").await.unwrap();
     rt.remove_image("sha256:localhost/old:1").await.unwrap();
     assert_eq!(rt.list_images().await.unwrap().len(), 3, "removed; a second removal is no error");
+}
+
+#[tokio::test]
+async fn the_image_file_system_is_the_one_image_fs_info_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::default();
+    let rt = started(&fake, dir.path());
+    assert_eq!(rt.image_fs().await.unwrap(), None, "none named");
+    fake.state().image_fs = Some("relative/dir".into());
+    assert_eq!(rt.image_fs().await.unwrap(), None, "not a mount point");
+    fake.state().image_fs = Some("/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs".into());
+    let named = rt.image_fs().await.unwrap();
+    assert_eq!(named, Some("/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs".into()));
 }
 
 #[tokio::test]
