@@ -231,6 +231,35 @@ fn nodefs_pressure_evicts_the_pod_writing_to_its_empty_dir() {
 }
 
 #[test]
+fn inode_pressure_evicts_the_pod_with_the_most_files_not_the_most_bytes() {
+    if !cgroup2_available() {
+        return;
+    }
+    let _serial = serial();
+    // A file system of its own with 2000 inodes: one pod writes 20 MiB in one file, the other 1200 empty files.
+    let top = "evictionHard:\n  nodefs.inodesFree: 50%\n";
+    let n = node_on_tmpfs_with("size=64m,nr_inodes=2000", "evict-inodes", "", top);
+    let volume = "  volumes:\n  - name: data\n    emptyDir: {}\n";
+    let mount = "    volumeMounts:\n    - {name: data, mountPath: /mnt}\n";
+    let big = "[sh, -c, 'dd if=/dev/zero of=/mnt/fill bs=1M count=20; sleep 1000']";
+    n.write("big.yaml", &pod_yaml("big", &format!("{}{mount}{volume}", containers(big, ""))));
+    n.wait_pod("big", 60, "ran", |v| phase(v) == "Running");
+    std::thread::sleep(Duration::from_secs(2));
+    let many = "[sh, -c, 'i=0; while [ $i -lt 1200 ]; do : > /mnt/f$i; i=$((i+1)); done; sleep 1000']";
+    n.write("many.yaml", &pod_yaml("many", &format!("{}{mount}{volume}", containers(many, ""))));
+    let p = n.wait_pod("many", 90, "was evicted", evicted);
+    let message = p["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("The node was low on resource: inodes."), "{message}");
+    assert_eq!(phase(&n.pod("big").unwrap()), "Running", "the pod with the most bytes stays");
+    let e = evictions(&n);
+    assert_eq!(e["evictions"][0]["signal"], "nodefs.inodesFree", "{e:#}");
+    // Ranked by inodes, against no request, as the kubelet ranks them.
+    let first = &e["evictions"][0]["candidates"][0];
+    assert_eq!(first["pod"], "default/many-vm", "{e:#}");
+    assert!(first["usage"].as_u64().is_some_and(|u| (500..100_000).contains(&u)), "{e:#}");
+}
+
+#[test]
 fn pods_over_their_ephemeral_storage_limits_are_evicted_without_node_pressure() {
     if !cgroup2_available() {
         return;

@@ -28,7 +28,8 @@ pub struct Candidate {
     pub memory_usage: u64,
     /// The pod's ephemeral-storage request in bytes.
     pub disk_request: u64,
-    /// Bytes the pod writes to node storage (logs and disk-backed emptyDir volumes); read only for disk pressure.
+    /// What the pod uses of node storage (writable layers, logs and disk-backed emptyDir volumes): bytes, or
+    /// inodes for an `inodesFree` signal; read only for disk pressure.
     pub disk_usage: u64,
     /// Processes and threads in the pod cgroup.
     pub pids: u64,
@@ -37,10 +38,12 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// The usage ranking compares for a signal and the matching request (bytes, or processes and 0).
+    /// The usage ranking compares for a signal and the matching request (bytes; or processes, or inodes, and 0:
+    /// as the kubelet's, no pod requests those).
     pub fn usage(&self, signal: Signal) -> (u64, u64) {
         match signal.condition() {
             Condition::MemoryPressure => (self.memory_usage, self.memory_request),
+            Condition::DiskPressure if signal.counts_inodes() => (self.disk_usage, 0),
             Condition::DiskPressure => (self.disk_usage, self.disk_request),
             Condition::PidPressure => (self.pids, 0),
         }
@@ -164,5 +167,16 @@ mod tests {
         assert_eq!(names(&r), ["writer", "quiet"]);
         assert_eq!(r[0].reclaims(Signal::NodeFsAvailable), 50 * MIB);
         assert_eq!(r[0].reclaims(Signal::PidAvailable), 1);
+    }
+
+    #[test]
+    fn inode_ranking_compares_inodes_against_no_request() {
+        // (name, priority, ephemeral-storage request, usage): the usage read for an inodes signal is inodes.
+        let pods = [pod("many-files-within-request", 0, 10_000, 5_000, 1), pod("few-files-no-request", 0, 0, 100, 1)];
+        assert_eq!(names(&rank(Signal::NodeFsAvailable, &pods)), ["few-files-no-request", "many-files-within-request"]);
+        // No pod requests inodes: the one with the most files goes first, whatever its storage request.
+        let r = rank(Signal::NodeFsInodesFree, &pods);
+        assert_eq!(names(&r), ["many-files-within-request", "few-files-no-request"]);
+        assert_eq!(r[0].usage(Signal::ImageFsInodesFree), (5_000, 0));
     }
 }

@@ -49,6 +49,11 @@ impl Signal {
         }
     }
 
+    /// Whether the signal counts inodes (`*.inodesFree`), not bytes.
+    pub fn counts_inodes(self) -> bool {
+        matches!(self, Signal::NodeFsInodesFree | Signal::ImageFsInodesFree)
+    }
+
     /// The node condition the signal raises.
     pub fn condition(self) -> Condition {
         match self {

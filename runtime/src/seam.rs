@@ -665,6 +665,8 @@ pub struct WritableLayer {
     pub container: String,
     /// Bytes the layer holds.
     pub bytes: u64,
+    /// Inodes it holds (0 where the runtime does not say).
+    pub inodes: u64,
 }
 
 /// An image on the node, as the image garbage collector sees it.

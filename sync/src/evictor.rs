@@ -8,18 +8,18 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use nodewarden_eviction::{EvictError, Eviction, Evictor, Reclaimed, Signal};
 
-use crate::disk_usage::du;
+use crate::disk_usage::{DiskUsage, du, usage};
 use crate::manager::{PodManager, TerminateError};
 use crate::spec::pod_log_dir_name;
 use crate::volumes::pod_dir;
 use nodewarden_runtime::Runtime;
 
-/// Bytes of node storage pod `uid` uses: its volumes below `root` and, where the pod is known, its logs below
+/// The node storage pod `uid` uses: its volumes below `root` and, where the pod is known, its logs below
 /// `log_root`.
-pub(crate) fn pod_disk_usage(root: &Path, log_root: &Path, uid: &str, pod: Option<&Pod>) -> u64 {
+pub(crate) fn pod_disk_usage(root: &Path, log_root: &Path, uid: &str, pod: Option<&Pod>) -> DiskUsage {
     let volumes = pod_dir(root, uid).join("volumes");
-    let logs = pod.map_or(0, |p| du(&log_root.join(pod_log_dir_name(p))));
-    du(&volumes).saturating_add(logs)
+    let logs = pod.map_or_else(DiskUsage::default, |p| usage(&log_root.join(pod_log_dir_name(p))));
+    usage(&volumes).plus(logs)
 }
 
 impl<R: Runtime> PodManager<R> {
@@ -55,11 +55,12 @@ impl<R: Runtime> Evictor for PodManager<R> {
         // The process runtime has no images and no layers: its pods' files are all there is.
         let one_fs = self.image_collector().is_none_or(|c| c.covers(Signal::NodeFsAvailable));
         let imagefs = matches!(signal, Signal::ImageFsAvailable | Signal::ImageFsInodesFree);
-        match (one_fs, imagefs) {
-            (true, _) => files().saturating_add(layers()),
+        let used = match (one_fs, imagefs) {
+            (true, _) => files().plus(layers()),
             (false, true) => layers(),
             (false, false) => files(),
-        }
+        };
+        if signal.counts_inodes() { used.inodes } else { used.bytes }
     }
 
     fn reclaim_disk(&self, signal: Signal) -> Reclaimed {

@@ -10,38 +10,48 @@ use std::time::Duration;
 use nodewarden_runtime::{ImageService, Runtime, WritableLayer};
 use tokio_util::sync::CancellationToken;
 
+use crate::disk_usage::DiskUsage;
 use crate::manager::PodManager;
 
 /// How often the layers are measured (the kubelet's housekeeping of container stats is 10 s).
 pub const MEASURE_PERIOD: Duration = Duration::from_secs(10);
 
-/// Each pod's containers' writable layers, in bytes by container name.
+/// One pod's containers' writable layers: bytes by container name, and the inodes of them all.
+#[derive(Debug, Default, Clone)]
+struct PodLayers {
+    bytes: BTreeMap<String, u64>,
+    inodes: u64,
+}
+
+/// Each pod's containers' writable layers.
 #[derive(Debug, Default)]
-pub(crate) struct WritableLayers(Mutex<HashMap<String, BTreeMap<String, u64>>>);
+pub(crate) struct WritableLayers(Mutex<HashMap<String, PodLayers>>);
 
 impl WritableLayers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<String, u64>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodLayers>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Replaces what is known with a new measure of every container (two of one name, a restart's, are summed).
     pub(crate) fn replace(&self, layers: Vec<WritableLayer>) {
-        let mut by_pod: HashMap<String, BTreeMap<String, u64>> = HashMap::new();
+        let mut by_pod: HashMap<String, PodLayers> = HashMap::new();
         for l in layers {
-            let bytes = by_pod.entry(l.pod_uid).or_default().entry(l.container).or_default();
+            let pod = by_pod.entry(l.pod_uid).or_default();
+            pod.inodes = pod.inodes.saturating_add(l.inodes);
+            let bytes = pod.bytes.entry(l.container).or_default();
             *bytes = bytes.saturating_add(l.bytes);
         }
         *self.lock() = by_pod;
     }
 
-    /// The layers of pod `uid`'s containers, by name.
+    /// The layers of pod `uid`'s containers, in bytes by name.
     pub(crate) fn of_pod(&self, uid: &str) -> BTreeMap<String, u64> {
-        self.lock().get(uid).cloned().unwrap_or_default()
+        self.lock().get(uid).map(|p| p.bytes.clone()).unwrap_or_default()
     }
 
-    /// The bytes of pod `uid`'s containers' layers together.
-    pub(crate) fn pod_total(&self, uid: &str) -> u64 {
-        self.lock().get(uid).map_or(0, total)
+    /// What pod `uid`'s containers' layers hold together.
+    pub(crate) fn pod_total(&self, uid: &str) -> DiskUsage {
+        self.lock().get(uid).map_or_else(DiskUsage::default, |p| DiskUsage { bytes: total(&p.bytes), inodes: p.inodes })
     }
 }
 
@@ -89,17 +99,18 @@ mod tests {
     use super::*;
 
     fn layer(uid: &str, container: &str, bytes: u64) -> WritableLayer {
-        WritableLayer { pod_uid: uid.into(), container: container.into(), bytes }
+        WritableLayer { pod_uid: uid.into(), container: container.into(), bytes, inodes: bytes / 2 }
     }
 
     #[test]
     fn layers_are_kept_by_pod_and_container_and_replaced_whole() {
         let l = WritableLayers::default();
         l.replace(vec![layer("u1", "app", 10), layer("u1", "side", 5), layer("u1", "app", 1), layer("u2", "db", 7)]);
-        assert_eq!(l.pod_total("u1"), 16);
+        assert_eq!(l.pod_total("u1"), DiskUsage { bytes: 16, inodes: 5 + 2 });
         assert_eq!(l.of_pod("u1"), BTreeMap::from([("app".to_owned(), 11), ("side".to_owned(), 5)]));
-        assert_eq!(l.pod_total("gone"), 0);
+        assert_eq!(l.pod_total("gone"), DiskUsage::default());
         l.replace(vec![layer("u2", "db", 9)]);
-        assert_eq!((l.pod_total("u1"), l.pod_total("u2")), (0, 9), "a pod no longer measured has no layers");
+        let bytes = |uid| l.pod_total(uid).bytes;
+        assert_eq!((bytes("u1"), bytes("u2")), (0, 9), "a pod no longer measured has no layers");
     }
 }

@@ -153,7 +153,7 @@ pub(crate) fn measure(
         .collect();
     let all_layers = crate::layers::total(layers);
     let pod_usage = if limits.pod.is_some() {
-        pod_disk_usage(root, log_root, uid, Some(pod)).saturating_add(all_layers)
+        pod_disk_usage(root, log_root, uid, Some(pod)).bytes.saturating_add(all_layers)
     } else {
         0
     };

@@ -92,9 +92,9 @@ fn project_id(dir: &Path) -> u32 {
     get_xattr(&f).ok().filter(|x| x.xflags & FS_XFLAG_PROJINHERIT != 0).map_or(0, |x| x.projid)
 }
 
-/// The bytes below `dir` when it owns a project whose quota the kernel keeps (see the module's doc); `None` where
-/// it must be walked.
-pub(crate) fn owned_usage(dir: &Path) -> Option<u64> {
+/// The bytes and inodes below `dir` when it owns a project whose quota the kernel keeps (see the module's doc);
+/// `None` where it must be walked.
+pub(crate) fn owned_usage(dir: &Path) -> Option<crate::disk_usage::DiskUsage> {
     let f = File::open(dir).ok()?;
     let x = get_xattr(&f).ok()?;
     if x.projid == 0 || x.xflags & FS_XFLAG_PROJINHERIT == 0 {
@@ -103,7 +103,7 @@ pub(crate) fn owned_usage(dir: &Path) -> Option<u64> {
     if dir.parent().is_some_and(|p| project_id(p) == x.projid) {
         return None;
     }
-    read_quota(&f, x.projid).ok().map(|(bytes, _)| bytes)
+    read_quota(&f, x.projid).ok().map(|(bytes, inodes)| crate::disk_usage::DiskUsage { bytes, inodes })
 }
 
 /// The candidate IDs for `key`, spread from a hash of it so that claims seldom meet.
@@ -190,7 +190,7 @@ mod tests {
         std::fs::create_dir(&d).unwrap();
         if claim(&d).is_ok() {
             // A file system that does keep them: the directory now owns its project and reads empty.
-            assert!(owned_usage(&d).is_some_and(|b| b < 64 * 1024));
+            assert!(owned_usage(&d).is_some_and(|u| u.bytes < 64 * 1024));
             return;
         }
         assert_eq!(owned_usage(&d), None);

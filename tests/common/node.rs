@@ -59,12 +59,14 @@ pub fn node_in(dir: PathBuf, name: &str, nodewarden: &str, top: &str) -> Node {
 /// A node whose directories, nodefs and imagefs are a tmpfs of `mib` MiB of its own, so what its pods write
 /// fills nothing another test's daemon measures (tests run in parallel on the VM's one small root).
 pub fn node_on_tmpfs(mib: u64, name: &str, nodewarden: &str, top: &str) -> Node {
+    node_on_tmpfs_with(&format!("size={mib}m"), name, nodewarden, top)
+}
+
+/// [`node_on_tmpfs`] with the tmpfs mounted with `options` (`size=64m,nr_inodes=2000`).
+pub fn node_on_tmpfs_with(options: &str, name: &str, nodewarden: &str, top: &str) -> Node {
     let dir = tempfile::tempdir().unwrap().keep();
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-        .arg(&dir)
-        .status()
-        .unwrap();
+    let status =
+        std::process::Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(&dir).status().unwrap();
     assert!(status.success(), "cannot mount a tmpfs at {}", dir.display());
     let mounted = Tmpfs(dir.clone(), None);
     let fs = format!("  nodefsPath: {0}\n  imagefsPath: {0}\n{nodewarden}", dir.display());

@@ -11,9 +11,10 @@ use crate::Signal;
 /// Carries out evictions; pod sync implements it. Which pods may be evicted comes from the ledger's view
 /// ([`LedgerView::eviction_candidates`](nodewarden_resources::LedgerView::eviction_candidates)).
 pub trait Evictor: Send + Sync + 'static {
-    /// Bytes a pod uses of the file system `signal` measures, as the kubelet ranks pods: its containers' writable
-    /// layers, logs and disk-backed volumes where one file system holds them all; with images on a file system of
-    /// their own, the writable layers for an `imagefs` signal and the logs and volumes for a `nodefs` one. Called
+    /// Bytes a pod uses of the file system `signal` measures (inodes, for an `inodesFree` signal), as the kubelet
+    /// ranks pods: its containers' writable layers, logs and disk-backed volumes where one file system holds them
+    /// all; with images on a file system of their own, the writable layers for an `imagefs` signal and the logs and
+    /// volumes for a `nodefs` one. Called
     /// for each candidate on a disk threshold, on a thread of its own: it may take as long as a walk of the files.
     fn disk_usage(&self, uid: &str, signal: Signal) -> u64;
 

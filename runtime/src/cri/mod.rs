@@ -307,10 +307,12 @@ impl CriRuntime {
 /// container's name, as the kubelet and nodewarden label theirs); `None` for one without, or without a measure.
 fn writable_layer(stats: ContainerStats) -> Option<WritableLayer> {
     let attributes = stats.attributes?;
-    let bytes = stats.writable_layer?.used_bytes?.value;
+    let layer = stats.writable_layer?;
+    let bytes = layer.used_bytes?.value;
+    let inodes = layer.inodes_used.map_or(0, |v| v.value);
     let label = |key: &str| attributes.labels.get(key).filter(|v| !v.is_empty()).cloned();
     let container = label(CONTAINER_NAME_LABEL).or_else(|| attributes.metadata.map(|m| m.name))?;
-    Some(WritableLayer { pod_uid: label(POD_UID_LABEL)?, container, bytes })
+    Some(WritableLayer { pod_uid: label(POD_UID_LABEL)?, container, bytes, inodes })
 }
 
 fn auth_config(a: &crate::seam::RegistryAuth) -> AuthConfig {

@@ -254,7 +254,8 @@ impl RuntimeService for Fake {
                     timestamp: 1,
                     fs_id: None,
                     used_bytes: Some(UInt64Value { value: s.written.get(&c.0.id).copied().unwrap_or(0) }),
-                    inodes_used: None,
+                    // A file per MiB written.
+                    inodes_used: s.written.get(&c.0.id).map(|b| UInt64Value { value: b >> 20 }),
                 }),
             })
             .chain(std::iter::once(ContainerStats {
@@ -656,7 +657,7 @@ async fn writable_layers_are_read_from_the_container_stats_by_pod_and_name() {
     let id = rt.start(&container(&sb, "u5", "localhost/app:1", PullPolicy::IfNotPresent)).await.unwrap().id;
     fake.state().written.insert(id.as_str().to_owned(), 7 << 20);
     let layers = rt.writable_layers().await.unwrap();
-    let want = WritableLayer { pod_uid: "u5".into(), container: "app".into(), bytes: 7 << 20 };
+    let want = WritableLayer { pod_uid: "u5".into(), container: "app".into(), bytes: 7 << 20, inodes: 7 };
     assert_eq!(layers, [want], "the unlabelled container without a measure is left out");
     fake.exit(id.as_str(), 0, "Completed");
     assert_eq!(rt.writable_layers().await.unwrap(), [], "a container that exited is no pod's usage");

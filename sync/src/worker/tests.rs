@@ -1601,6 +1601,7 @@ async fn disk_ranking_counts_writable_layers_on_the_file_system_that_holds_them(
         pod_uid: uid.into(),
         container: "app".into(),
         bytes,
+        inodes: bytes >> 20,
     };
     *h.fake.layers.lock().unwrap() = vec![layer("u1", 30 << 20), layer("u2", 0)];
     let token = tokio_util::sync::CancellationToken::new();
@@ -1619,6 +1620,10 @@ async fn disk_ranking_counts_writable_layers_on_the_file_system_that_holds_them(
     assert_eq!((usage("u1", Signal::ImageFsAvailable), usage("u2", Signal::ImageFsAvailable)), (30 << 20, 0));
     assert!(usage("u1", Signal::NodeFsAvailable) < 1 << 20);
     assert!(usage("u2", Signal::NodeFsAvailable) >= 1 << 20);
+    // An inodes signal ranks by inodes: the layer's 30 on imagefs; on nodefs, the log directory's files
+    // (the pod's log directory, the container's, and its one log).
+    assert_eq!(usage("u1", Signal::ImageFsInodesFree), 30);
+    assert_eq!(usage("u2", Signal::NodeFsInodesFree), 3);
 
     // A new measure replaces the last: the writer deleted its files.
     *h.fake.layers.lock().unwrap() = vec![layer("u1", 4096)];
