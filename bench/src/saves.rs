@@ -50,6 +50,8 @@ fn started() -> SavedPod {
         pid_start: Some(1),
         started_at: Some(jiff::Timestamp::now()),
         last: None,
+        id: Some(nodewarden_runtime::ContainerId::new("0123456789abcdef")),
+        last_id: None,
     };
     SavedPod {
         uid: None,

@@ -16,7 +16,7 @@ use jiff::Timestamp;
 
 use crate::status::{PodPhase, Terminal};
 use crate::volumes::pod_dir;
-use nodewarden_runtime::ExitInfo;
+use nodewarden_runtime::{ContainerId, ExitInfo};
 
 /// One container's saved state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,6 +32,13 @@ pub struct SavedContainer {
     pub started_at: Option<Timestamp>,
     /// The last exit.
     pub last: Option<ExitInfo>,
+    /// The runtime's ID of the current run while it runs (absent in files written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<ContainerId>,
+    /// The runtime's ID of the run that ended last, kept as a dead container (absent in files written before it
+    /// was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_id: Option<ContainerId>,
 }
 
 /// A pod's saved state.

@@ -25,6 +25,8 @@ pub(super) fn saved(pod: &Lifecycle, now: (Instant, Timestamp)) -> SavedPod {
                 pid_start: running.and_then(|r| r.pid_start),
                 started_at: running.map(|r| r.started_at),
                 last: c.last_exit.as_ref().map(|l| l.info.clone()),
+                id: running.map(|r| r.id.clone()),
+                last_id: c.last_exit.as_ref().and_then(|l| l.container_id.clone()),
             };
             (c.name.clone(), saved)
         })

@@ -32,14 +32,21 @@ impl Lifecycle {
         for (i, c) in self.containers.iter_mut().enumerate() {
             let s = saved.containers.get(&c.name).cloned().unwrap_or_default();
             c.restarts = s.restarts;
-            c.last_exit = s.last.map(|info| LastExit { info, container_id: None });
+            c.last_exit = s.last.map(|info| LastExit { info, container_id: s.last_id.clone() });
+            // The dead containers the earlier daemon kept are kept again, oldest first, under the same policy.
+            if let Some(id) = s.last_id.clone() {
+                out.push(Action::RetireContainer { index: i, id });
+            }
             if let Some(mut started) = running.remove(&i).filter(|_| sandbox) {
                 started.started_at = s.started_at.unwrap_or(started.started_at);
                 c.state = ContainerState::Running(started.running(now));
             } else if s.pid.is_some_and(|pid| pid != 0) {
                 let mut info = ExitInfo::unknown(ENDED_UNSEEN, s.started_at.unwrap_or(at));
                 info.finished_at = at;
-                c.last_exit = Some(LastExit { info, container_id: None });
+                c.last_exit = Some(LastExit { info, container_id: s.id.clone() });
+                if let Some(id) = s.id.clone() {
+                    out.push(Action::RetireContainer { index: i, id });
+                }
             }
             any_app |= c.role == Role::App && (c.running().is_some() || c.last_exit.is_some());
         }

@@ -40,6 +40,8 @@ fn saved(restarts: u32, pid: Option<u32>, last: Option<i32>) -> SavedContainer {
         pid_start: None,
         started_at: pid.map(|_| STARTED),
         last: last.map(ExitInfo::at_epoch),
+        id: None,
+        last_id: None,
     }
 }
 
@@ -125,6 +127,26 @@ fn restore_table() {
             state: PodState::Running,
             containers: &["app starting 2 ContainerStatusUnknown:137"],
             actions: vec![Action::Save, Action::StartContainer { index: 0, attempt: 3 }],
+        },
+        Row {
+            what: "the dead container kept, and the one that ended unseen, are retired again, oldest first",
+            before: lifecycle(Always, &[("app", App)]),
+            found: found(
+                &[(
+                    "app",
+                    SavedContainer { id: Some("c9".into()), last_id: Some("c8".into()), ..saved(2, Some(7), Some(1)) },
+                )],
+                true,
+                &[],
+            ),
+            state: PodState::Running,
+            containers: &["app starting 2 ContainerStatusUnknown:137"],
+            actions: vec![
+                Action::RetireContainer { index: 0, id: "c8".into() },
+                Action::RetireContainer { index: 0, id: "c9".into() },
+                Action::Save,
+                Action::StartContainer { index: 0, attempt: 3 },
+            ],
         },
         Row {
             what: "under Never, the app container that ended unseen ends the pod Failed",
