@@ -111,7 +111,7 @@ async fn connect_cri(
     metrics: &Metrics,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
-) -> Result<Option<Arc<CriRuntime>>, DaemonError> {
+) -> Result<Option<Cri>, DaemonError> {
     let Some(endpoint) = &config.runtime.endpoint else { return Ok(None) };
     let settings = CriSettings {
         endpoint: endpoint.clone(),
@@ -122,24 +122,39 @@ async fn connect_cri(
     };
     let runtime_metrics = RuntimeMetrics::new(metrics.registry()).context("cannot create metrics")?;
     let cri = Arc::new(CriRuntime::new(settings, Some(runtime_metrics)).context("containerRuntimeEndpoint")?);
-    match cri.check_version().await {
-        Ok((name, version)) => tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected"),
+    let answered = match cri.check_version().await {
+        Ok((name, version)) => {
+            tracing::info!(%endpoint, runtime = %name, %version, "CRI runtime connected");
+            true
+        }
         Err(e) if e.is_transient() => {
             tracing::error!(error = %e, "the CRI runtime does not answer; pods wait until it does");
+            false
         }
         Err(e) => return Err(anyhow::Error::new(e).into()),
-    }
+    };
     tasks.spawn(cri.clone().monitor(shutdown.clone()));
-    Ok(Some(cri))
+    Ok(Some(Cri { runtime: cri, answered }))
 }
 
+/// A CRI runtime, and whether it answered at start.
+struct Cri {
+    runtime: Arc<CriRuntime>,
+    answered: bool,
+}
+
+/// How long the start waits for the runtime to name its image file system.
+const IMAGE_FS_WAIT: Duration = Duration::from_secs(10);
+
 /// The image file system: under CRI the one the runtime names (`ImageFsInfo`), as the kubelet measures it; else,
-/// or where the runtime names none or does not answer, `nodewarden.imagefsPath`.
-async fn image_fs(config: &Config, cri: Option<&CriRuntime>) -> PathBuf {
+/// or where the runtime names none or did not answer at start, `nodewarden.imagefsPath` (until a restart: the
+/// observations read one file system for the daemon's life).
+async fn image_fs(config: &Config, cri: Option<&Cri>) -> PathBuf {
     let configured = &config.host.imagefs_path;
-    let Some(cri) = cri else { return configured.clone() };
-    match cri.image_fs().await {
-        Ok(Some(named)) => {
+    let Some(cri) = cri.filter(|c| c.answered) else { return configured.clone() };
+    let named = tokio::time::timeout(IMAGE_FS_WAIT, cri.runtime.image_fs()).await;
+    match named {
+        Ok(Ok(Some(named))) => {
             if !crate::image_gc::same_fs(&named, configured) {
                 tracing::info!(
                     runtime = %named.display(),
@@ -149,12 +164,16 @@ async fn image_fs(config: &Config, cri: Option<&CriRuntime>) -> PathBuf {
             }
             named
         }
-        Ok(None) => {
+        Ok(Ok(None)) => {
             tracing::warn!(imagefs_path = %configured.display(), "the runtime names no image file system; nodewarden.imagefsPath is measured");
             configured.clone()
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, imagefs_path = %configured.display(), "cannot ask the runtime for its image file system; nodewarden.imagefsPath is measured");
+            configured.clone()
+        }
+        Err(_) => {
+            tracing::warn!(imagefs_path = %configured.display(), "the runtime did not name its image file system within {IMAGE_FS_WAIT:?}; nodewarden.imagefsPath is measured");
             configured.clone()
         }
     }
@@ -458,7 +477,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
         Ok(cri) => cri?,
         Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
     };
-    let imagefs = match signals.unless(image_fs(&config, cri.as_deref())).await {
+    let imagefs = match signals.unless(image_fs(&config, cri.as_ref())).await {
         Ok(path) => path,
         Err(signal) => return stop_early(signal, &shutdown, &[&tasks]).await,
     };
@@ -494,7 +513,7 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     metrics.set_allocatable(&alloc, config.resources.max_pods);
     let fs = manager.cgroupfs().clone();
     let runtime = match cri {
-        Some(cri) => SelectedRuntime::Cri(cri),
+        Some(cri) => SelectedRuntime::Cri(cri.runtime),
         None => {
             let scratch = config.pods.root_dir.join("process-runtime");
             SelectedRuntime::Process(ProcessRuntime::new(fs.clone(), scratch, tasks.clone(), shutdown.clone()))

@@ -596,7 +596,7 @@ impl<E: Evictor> EvictionManager<E> {
     fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) -> Option<Handover> {
         let signal = breach.threshold.signal;
         let condition = signal.condition();
-        let pending = self.handoffs.pending(condition);
+        let pending = self.handoffs.pending(signal);
         if self.schedule.stale(signal) {
             tracing::debug!(%signal, "waiting for a reading taken after the last eviction or reclaim");
             return None;

@@ -174,7 +174,8 @@ mod tests {
         // (name, priority, ephemeral-storage request, usage): the usage read for an inodes signal is inodes.
         let pods = [pod("many-files-within-request", 0, 10_000, 5_000, 1), pod("few-files-no-request", 0, 0, 100, 1)];
         assert_eq!(names(&rank(Signal::NodeFsAvailable, &pods)), ["few-files-no-request", "many-files-within-request"]);
-        // No pod requests inodes: the one with the most files goes first, whatever its storage request.
+        // No pod requests inodes: the one with the most files goes first, whatever its storage request (the
+        // kubelet's last key subtracts that request, in bytes, from the inodes; a deliberate difference).
         let r = rank(Signal::NodeFsInodesFree, &pods);
         assert_eq!(names(&r), ["many-files-within-request", "few-files-no-request"]);
         assert_eq!(r[0].usage(Signal::ImageFsInodesFree), (5_000, 0));

@@ -20,7 +20,8 @@ use nodewarden_runtime::ContainerId;
 /// The container garbage collection policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeadContainerPolicy {
-    /// A container dead for less than this is kept, whatever the limits.
+    /// A container dead for less than this is kept, whatever the limits (counted from its exit; the kubelet
+    /// counts from its creation).
     pub min_age: Duration,
     /// Dead containers kept per container of a pod, the newest; `None`: no limit.
     pub max_per_container: Option<usize>,
@@ -64,6 +65,11 @@ impl DeadContainers {
         let mut units = self.units();
         units.entry((uid.to_owned(), name.to_owned())).or_default().push(Dead { id, died: now });
         evict(&mut units, &self.policy, now)
+    }
+
+    /// How many dead containers container `name` of pod `uid` keeps now.
+    pub(crate) fn kept(&self, uid: &str, name: &str) -> usize {
+        self.units().get(&(uid.to_owned(), name.to_owned())).map_or(0, Vec::len)
     }
 
     /// Pod `uid` has ended: every dead container of it, to remove.
@@ -157,6 +163,7 @@ mod tests {
         assert_eq!(dead.died("u1", "app", id("a2"), t), ids(&["a1"]), "the older goes");
         assert_eq!(dead.died("u1", "app", id("a3"), t), ids(&["a2"]));
         assert_eq!(dead.len(), 3);
+        assert_eq!((dead.kept("u1", "app"), dead.kept("u1", "nope")), (1, 0));
         let mut gone = dead.pod_gone("u1");
         gone.sort();
         assert_eq!(gone, ids(&["a3", "s1"]), "a pod's end takes all of its own");

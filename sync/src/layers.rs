@@ -32,7 +32,7 @@ impl WritableLayers {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Replaces what is known with a new measure of every container (two of one name, a restart's, are summed).
+    /// Replaces what is known with a new measure of every running container (two of one name are summed).
     pub(crate) fn replace(&self, layers: Vec<WritableLayer>) {
         let mut by_pod: HashMap<String, PodLayers> = HashMap::new();
         for l in layers {

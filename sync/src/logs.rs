@@ -118,14 +118,13 @@ fn make_room(log: &Path, cfg: &LogRotation) {
     prune(log, cfg.max_files.saturating_sub(2));
 }
 
-/// Removes from `dir`, one container's log directory, the logs of the runs before the `keep` that ended last, when
-/// run `attempt` starts (every run's when `keep` is `None`): as the kubelet removes a dead container's log with it,
-/// and its container garbage collection keeps `keep` dead containers per container
-/// (`--maximum-dead-containers-per-container`, one by default). The previous run's log thus stays for `kubectl logs
-/// --previous`, and older runs' logs, rotated files included, go: a container that crash-loops for a day keeps two
-/// runs' logs, not hundreds.
-pub fn remove_older_runs(dir: &Path, attempt: u32, keep: Option<usize>) {
-    let Some(keep) = keep.map(|k| u32::try_from(k).unwrap_or(u32::MAX)) else { return };
+/// Removes from `dir`, one container's log directory, the logs of the runs before the last `keep` when run
+/// `attempt` starts: `keep` is how many dead containers the container keeps now (see `container_gc`), as the
+/// kubelet removes a dead container's log with it. Under the default policy (one dead container per container)
+/// the previous run's log thus stays for `kubectl logs --previous`, and older runs' logs, rotated files included,
+/// go: a container that crash-loops for a day keeps two runs' logs, not hundreds.
+pub fn remove_older_runs(dir: &Path, attempt: u32, keep: usize) {
+    let keep = u32::try_from(keep).unwrap_or(u32::MAX);
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let name = e.file_name();
@@ -218,9 +217,9 @@ mod tests {
         for n in names {
             std::fs::write(dir.path().join(n), n).unwrap();
         }
-        remove_older_runs(dir.path(), 3, None);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), names.len(), "no limit: every run is kept");
-        remove_older_runs(dir.path(), 3, Some(1));
+        remove_older_runs(dir.path(), 3, 3);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), names.len(), "three dead kept: every run's log");
+        remove_older_runs(dir.path(), 3, 1);
         let mut left: Vec<String> =
             std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         left.sort();
@@ -229,10 +228,10 @@ mod tests {
             left,
             [".1.log.20261207-101600.1.tmp", "2.log", "2.log.20261207-101700.1", "3.log", "notes", "x.log"]
         );
-        remove_older_runs(dir.path(), 1, Some(1));
-        remove_older_runs(&dir.path().join("missing"), 9, Some(1));
+        remove_older_runs(dir.path(), 1, 1);
+        remove_older_runs(&dir.path().join("missing"), 9, 1);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 6, "the first restart keeps everything");
-        remove_older_runs(dir.path(), 4, Some(0));
+        remove_older_runs(dir.path(), 4, 0);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3, "none kept: every earlier run's log goes");
     }
 

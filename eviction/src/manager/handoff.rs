@@ -77,6 +77,8 @@ impl Victim {
 /// A victim still terminating: what it will give back for its condition, until when at the most.
 struct InFlight {
     condition: Condition,
+    /// Its reclaim counts inodes (it was chosen for an `inodesFree` signal), not bytes or processes.
+    inodes: bool,
     reclaims: u64,
     until: Instant,
 }
@@ -134,11 +136,12 @@ impl Default for Handoffs {
 }
 
 impl Handoffs {
-    /// What the victims in flight for `condition` will give back; `None` while there are none.
-    pub fn pending(&self, condition: Condition) -> Option<u64> {
+    /// What the victims in flight for `signal`'s condition, counted in its unit (inodes apart from bytes), will
+    /// give back; `None` while there are none.
+    pub fn pending(&self, signal: Signal) -> Option<u64> {
         self.in_flight
             .values()
-            .filter(|f| f.condition == condition)
+            .filter(|f| f.condition == signal.condition() && f.inodes == signal.counts_inodes())
             .fold(None, |sum, f| Some(f.reclaims.saturating_add(sum.unwrap_or(0))))
     }
 
@@ -158,7 +161,7 @@ impl Handoffs {
     /// Whether to say that a breach of `condition` has no pod to evict: the first time since a victim was handed
     /// over, and only while none is in flight for it.
     pub fn first_without_candidates(&mut self, condition: Condition) -> bool {
-        let first = !self.warned_no_candidates && self.pending(condition).is_none();
+        let first = !self.warned_no_candidates && !self.in_flight.values().any(|f| f.condition == condition);
         self.warned_no_candidates |= first;
         first
     }
@@ -180,7 +183,8 @@ impl Handoffs {
         }
         let reclaims = victim.reclaims(signal);
         let until = Instant::now() + grace + IN_FLIGHT_SLACK;
-        self.in_flight.insert(victim.uid.clone(), InFlight { condition: signal.condition(), reclaims, until });
+        let flight = InFlight { condition: signal.condition(), inodes: signal.counts_inodes(), reclaims, until };
+        self.in_flight.insert(victim.uid.clone(), flight);
         Victim { candidate: victim, grace, message, reclaims, requested, early: None }
     }
 
@@ -437,27 +441,38 @@ mod tests {
     async fn victims_count_for_their_condition_until_they_end_or_expire() {
         let (mut h, stub) = (Handoffs::default(), Stub::default());
         let t = Instant::now();
-        assert_eq!(h.pending(MEMORY), None);
+        let memory = Signal::MemoryAvailable;
+        assert_eq!(h.pending(memory), None);
         for (uid, memory, signal, grace) in
             [("a", 300, Signal::MemoryAvailable, 1), ("b", 200, Signal::AllocatableMemoryAvailable, 30)]
         {
             let victim = Candidate::best_effort(uid, memory * MIB);
             h.hand_over(&stub, victim, signal, Duration::from_secs(grace), String::new());
         }
-        assert_eq!(h.pending(MEMORY), Some(500 * MIB));
-        assert_eq!(h.pending(Condition::PidPressure), None);
+        assert_eq!(h.pending(memory), Some(500 * MIB), "the two memory signals share their victims");
+        assert_eq!(h.pending(Signal::PidAvailable), None);
         assert_eq!(sorted(h.skip(t)), ["a", "b"]);
         assert_eq!(h.finished("a".into(), Outcome::Signalled, t), None, "still terminating");
-        assert_eq!(h.pending(MEMORY), Some(500 * MIB));
+        assert_eq!(h.pending(memory), Some(500 * MIB));
         assert_eq!(h.finished("a".into(), Outcome::Terminated, t), Some(MEMORY));
-        assert_eq!(h.pending(MEMORY), Some(200 * MIB));
+        assert_eq!(h.pending(memory), Some(200 * MIB));
         assert_eq!(h.finished("a".into(), Outcome::Terminated, t), None, "its end settles the condition once");
         // b's end is never reported: it stops counting a minute past its grace period.
         h.expire(t + Duration::from_secs(90) - MS);
-        assert_eq!(h.pending(MEMORY), Some(200 * MIB));
+        assert_eq!(h.pending(memory), Some(200 * MIB));
         h.expire(t + Duration::from_secs(90));
-        assert_eq!(h.pending(MEMORY), None);
+        assert_eq!(h.pending(memory), None);
         assert!(h.skip(t).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_victim_for_inodes_counts_against_inodes_not_bytes() {
+        let (mut h, stub) = (Handoffs::default(), Stub::default());
+        let victim = Candidate { disk_usage: 5_000, ..Candidate::best_effort("files", 0) };
+        h.hand_over(&stub, victim, Signal::NodeFsInodesFree, Duration::from_secs(1), String::new());
+        assert_eq!(h.pending(Signal::NodeFsInodesFree), Some(5_000));
+        assert_eq!(h.pending(Signal::ImageFsInodesFree), Some(5_000), "inodes, whichever file system");
+        assert_eq!(h.pending(Signal::NodeFsAvailable), None, "5000 inodes are not 5000 bytes");
     }
 
     #[tokio::test(start_paused = true)]

@@ -219,11 +219,11 @@ impl<R: Runtime> Worker<R> {
         {
             tracing::trace!(dir = %pod_logs.display(), error = %e, "the pod's logs are walked");
         }
-        if attempt > 1 {
+        if attempt > 0 {
             crate::logs::remove_older_runs(
                 &crate::spec::log_dir(&self.shared.settings.log_dir, &self.pod, name),
                 attempt,
-                self.shared.settings.dead_containers.max_per_container,
+                self.shared.dead.kept(&self.uid, name),
             );
         }
         let objects = self.start_objects(index).await;

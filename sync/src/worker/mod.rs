@@ -552,7 +552,10 @@ impl<R: Runtime> Worker<R> {
                 self.tasks.containers.remove(&id);
                 let name = &self.lifecycle.containers[index].name;
                 let gone = self.shared.dead.died(&self.uid, name, id, Instant::now());
-                if !gone.is_empty() {
+                if self.lifecycle.state.is_over() {
+                    // Here, not in a task the worker's end would drop: the pod's clean-up no longer sees them.
+                    remove_dead(&*self.shared.runtime, gone).await;
+                } else if !gone.is_empty() {
                     let runtime = self.shared.runtime.clone();
                     self.tasks.background.spawn(async move { remove_dead(&*runtime, gone).await });
                 }
