@@ -152,7 +152,7 @@ const IMAGE_FS_WAIT: Duration = Duration::from_secs(10);
 async fn image_fs(config: &Config, cri: Option<&Cri>) -> PathBuf {
     let configured = &config.host.imagefs_path;
     let Some(cri) = cri.filter(|c| c.answered) else { return configured.clone() };
-    let named = tokio::time::timeout(IMAGE_FS_WAIT, cri.runtime.image_fs()).await;
+    let named = tokio::time::timeout(IMAGE_FS_WAIT, cri.runtime.image_fs_info()).await;
     match named {
         Ok(Ok(Some(named))) => {
             if !crate::image_gc::same_fs(&named, configured) {

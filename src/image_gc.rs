@@ -1,7 +1,7 @@
 //! The image garbage collector's loop, for a runtime with images (CRI): a pass at start and every five minutes,
 //! as the kubelet's, and at once when a reload changes its settings (`imageGCHighThresholdPercent` and the
 //! others apply live; so do `serializeImagePulls` and `maxParallelImagePulls`, handed to the runtime from here). The
-//! image file system is the one the runtime names (`ImageFsInfo`), else `nodewarden.imagefsPath`. A shortfall is the kubelet's
+//! image file system is the one the runtime names (`ImageFsInfo`, asked at each pass), else the one found at start. A shortfall is the kubelet's
 //! `FreeDiskSpaceFailed` node event; a pass that fails after a failed one, its `ImageGCFailed`. The eviction
 //! manager's reclaim shares the collector (see `nodewarden_sync::ImageCollector`); this loop keeps its
 //! settings.
@@ -60,6 +60,7 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut in_force = config.borrow_and_update().images;
     let mut failed_before = false;
+    let mut moved_warned = false;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -80,7 +81,20 @@ pub async fn run(
                 collector.set_reclaim(reclaim_settings(&config.borrow(), &imagefs));
             }
         }
-        let path = crate::daemon::existing_ancestor(&imagefs);
+        // As the kubelet asks at each pass: the runtime's answer now (the runtime may have come up after the
+        // daemon), else what the start found.
+        let named = collector.image_fs().await;
+        if let Some(now) = named.as_ref().filter(|n| !same_fs(n, &imagefs))
+            && !moved_warned
+        {
+            moved_warned = true;
+            tracing::warn!(
+                runtime = %now.display(),
+                signals = %imagefs.display(),
+                "the runtime keeps its images on another file system than at start: image garbage collection measures it, the imagefs signals read the other until a restart"
+            );
+        }
+        let path = crate::daemon::existing_ancestor(named.as_deref().unwrap_or(&imagefs));
         let fs = || match nodewarden_resources::fs_stats(&path) {
             Ok(s) => Some(ImageFs { capacity_bytes: s.capacity_bytes, available_bytes: s.available_bytes }),
             Err(e) => {

@@ -649,6 +649,12 @@ pub trait ImageService: Send + Sync + 'static {
     /// writing to its root file system, which counts toward its `ephemeral-storage` as its logs do.
     fn writable_layers(&self) -> impl Future<Output = Result<Vec<WritableLayer>, RuntimeError>> + Send;
 
+    /// The mount point of the file system the runtime keeps its images on (CRI `ImageFsInfo`), if it names one.
+    /// The default names none.
+    fn image_fs(&self) -> impl Future<Output = Result<Option<PathBuf>, RuntimeError>> + Send {
+        std::future::ready(Ok(None))
+    }
+
     /// How many pulls may run at once from now on (`None`: no limit), as a reload of `serializeImagePulls` or
     /// `maxParallelImagePulls` says. The default ignores it.
     fn set_pull_limit(&self, limit: Option<u32>) {

@@ -449,6 +449,17 @@ impl<R: Runtime> ImageCollector<R> {
         (freed, result)
     }
 
+    /// The file system the runtime names for its images now, if it names one and answers.
+    pub async fn image_fs(&self) -> Option<std::path::PathBuf> {
+        match self.runtime.image_service()?.image_fs().await {
+            Ok(named) => named,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot ask the runtime for its image file system");
+                None
+            }
+        }
+    }
+
     /// Whether removing images frees what `signal` measures.
     pub fn covers(&self, signal: Signal) -> bool {
         match signal {

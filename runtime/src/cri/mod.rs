@@ -127,7 +127,7 @@ impl CriRuntime {
 
     /// `ImageFsInfo`: the mount point of the file system the runtime keeps its images on (the first it names),
     /// which the kubelet's image garbage collection and `imagefs` signals measure; `None` if it names none.
-    pub async fn image_fs(&self) -> Result<Option<std::path::PathBuf>, CriError> {
+    pub async fn image_fs_info(&self) -> Result<Option<std::path::PathBuf>, CriError> {
         let filesystems = self.client.image_fs_info().await?;
         let named = filesystems.into_iter().filter_map(|f| f.fs_id).map(|id| id.mountpoint);
         Ok(named.into_iter().find(|m| m.starts_with('/')).map(std::path::PathBuf::from))
@@ -515,6 +515,10 @@ impl ImageService for CriRuntime {
         let stats = self.client.list_container_stats().await.map_err(runtime_error)?;
         let live = |s: &ContainerStats| s.attributes.as_ref().is_some_and(|a| running.contains(&a.id));
         Ok(stats.into_iter().filter(live).filter_map(writable_layer).collect())
+    }
+
+    async fn image_fs(&self) -> Result<Option<std::path::PathBuf>, RuntimeError> {
+        self.image_fs_info().await.map_err(runtime_error)
     }
 
     async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {
