@@ -17,7 +17,7 @@ use nodewarden_resources::{
     ResourceManager, check_host,
 };
 use nodewarden_runtime::cri::{CriRuntime, CriSettings, RuntimeMetrics, managed_value};
-use nodewarden_runtime::{ProcessRuntime, SelectedRuntime};
+use nodewarden_runtime::{ImageService as _, ProcessRuntime, SelectedRuntime};
 use nodewarden_sync::{
     API_SOURCE, FILE_SOURCE, HTTP_SOURCE, PodManager, PodSource, StaticPodSource, SyncMetrics, SyncSettings,
 };
@@ -152,8 +152,7 @@ const IMAGE_FS_WAIT: Duration = Duration::from_secs(10);
 async fn image_fs(config: &Config, cri: Option<&Cri>) -> PathBuf {
     let configured = &config.host.imagefs_path;
     let Some(cri) = cri.filter(|c| c.answered) else { return configured.clone() };
-    let named = tokio::time::timeout(IMAGE_FS_WAIT, cri.runtime.image_fs_info()).await;
-    match named {
+    let why = match tokio::time::timeout(IMAGE_FS_WAIT, cri.runtime.image_fs()).await {
         Ok(Ok(Some(named))) => {
             if !crate::image_gc::same_fs(&named, configured) {
                 tracing::info!(
@@ -162,21 +161,14 @@ async fn image_fs(config: &Config, cri: Option<&Cri>) -> PathBuf {
                     "the image file system is the one the runtime names (ImageFsInfo), not nodewarden.imagefsPath"
                 );
             }
-            named
+            return named;
         }
-        Ok(Ok(None)) => {
-            tracing::warn!(imagefs_path = %configured.display(), "the runtime names no image file system; nodewarden.imagefsPath is measured");
-            configured.clone()
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, imagefs_path = %configured.display(), "cannot ask the runtime for its image file system; nodewarden.imagefsPath is measured");
-            configured.clone()
-        }
-        Err(_) => {
-            tracing::warn!(imagefs_path = %configured.display(), "the runtime did not name its image file system within {IMAGE_FS_WAIT:?}; nodewarden.imagefsPath is measured");
-            configured.clone()
-        }
-    }
+        Ok(Ok(None)) => "the runtime names none".to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {IMAGE_FS_WAIT:?}"),
+    };
+    tracing::warn!(reason = %why, imagefs_path = %configured.display(), "the runtime's image file system is unknown; nodewarden.imagefsPath is measured");
+    configured.clone()
 }
 
 /// How often the CRI runtime's containers are listed (exits, health): the kubelet's PLEG relist period.

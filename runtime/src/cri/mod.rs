@@ -125,14 +125,6 @@ impl CriRuntime {
         })
     }
 
-    /// `ImageFsInfo`: the mount point of the file system the runtime keeps its images on (the first it names),
-    /// which the kubelet's image garbage collection and `imagefs` signals measure; `None` if it names none.
-    pub async fn image_fs_info(&self) -> Result<Option<std::path::PathBuf>, CriError> {
-        let filesystems = self.client.image_fs_info().await?;
-        let named = filesystems.into_iter().filter_map(|f| f.fs_id).map(|id| id.mountpoint);
-        Ok(named.into_iter().find(|m| m.starts_with('/')).map(std::path::PathBuf::from))
-    }
-
     /// `Version`: checks that the runtime serves CRI `runtime.v1` and returns its name and version.
     pub async fn check_version(&self) -> Result<(String, String), VersionError> {
         let v = self.client.version().await;
@@ -517,8 +509,12 @@ impl ImageService for CriRuntime {
         Ok(stats.into_iter().filter(live).filter_map(writable_layer).collect())
     }
 
+    /// `ImageFsInfo`: the first absolute mount point the runtime names, which the kubelet's image garbage
+    /// collection and `imagefs` signals measure.
     async fn image_fs(&self) -> Result<Option<std::path::PathBuf>, RuntimeError> {
-        self.image_fs_info().await.map_err(runtime_error)
+        let filesystems = self.client.image_fs_info().await.map_err(runtime_error)?;
+        let named = filesystems.into_iter().filter_map(|f| f.fs_id).map(|id| id.mountpoint);
+        Ok(named.into_iter().find(|m| m.starts_with('/')).map(std::path::PathBuf::from))
     }
 
     async fn remove_image(&self, id: &str) -> Result<(), RuntimeError> {

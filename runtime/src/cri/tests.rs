@@ -639,11 +639,11 @@ async fn the_image_file_system_is_the_one_image_fs_info_names() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::default();
     let rt = started(&fake, dir.path());
-    assert_eq!(rt.image_fs_info().await.unwrap(), None, "none named");
+    assert_eq!(rt.image_fs().await.unwrap(), None, "none named");
     fake.state().image_fs = Some("relative/dir".into());
-    assert_eq!(rt.image_fs_info().await.unwrap(), None, "not a mount point");
+    assert_eq!(rt.image_fs().await.unwrap(), None, "not a mount point");
     fake.state().image_fs = Some("/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs".into());
-    let named = rt.image_fs_info().await.unwrap();
+    let named = rt.image_fs().await.unwrap();
     assert_eq!(named, Some("/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs".into()));
 }
 

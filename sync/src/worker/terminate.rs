@@ -140,11 +140,10 @@ impl<R: Runtime> Worker<R> {
         if released {
             self.placement = None;
         }
-        for (id, _) in self.tasks.containers.drain() {
-            self.shared.runtime.remove(&id).await;
-        }
-        // Its dead containers go with it (under CRI the sandbox took them already).
-        super::remove_dead(&*self.shared.runtime, self.shared.dead.pod_gone(&self.uid)).await;
+        // What still ran, and its dead containers, go with it (under CRI the sandbox took them already).
+        let mut ids: Vec<_> = self.tasks.containers.drain().map(|(id, _)| id).collect();
+        ids.extend(self.shared.dead.pod_gone(&self.uid));
+        super::remove_dead(&*self.shared.runtime, ids).await;
         let root = &self.shared.settings.root_dir;
         // A pod whose cgroup could not be released keeps its directory, its mark included: the next start finds
         // both and finishes the job. A pod that is over but not deleted keeps its state and terminal record,
