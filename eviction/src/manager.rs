@@ -206,6 +206,16 @@ pub fn eviction_message(b: &Breach, victim: &Candidate) -> String {
     )
 }
 
+/// What acting on a breach came to.
+enum Acted {
+    /// Victims handed over.
+    Handed(Handover),
+    /// Nothing yet, but soon: a reading after the last eviction or reclaim, a reclaim, or victims on their way.
+    Again,
+    /// Nothing until something else changes: no pod can be evicted, or the pods' disk usage is being measured.
+    Idle,
+}
+
 /// The pods that may be evicted, with their usage, from the ledger (their disk usage is measured apart: see
 /// `disk_usage`); pods in `skip` (already being evicted, or backing off after a failed eviction) are left out.
 fn candidates(view: &LedgerView, skip: &HashSet<String>) -> Vec<Candidate> {
@@ -327,6 +337,7 @@ impl<E: Evictor> EvictionManager<E> {
                     self.schedule.reload();
                     Wake::Config
                 }
+                () = self.disk.ended() => Wake::DiskUsage,
                 Some((uid, outcome)) = self.handoffs.report() => {
                     let wake = !matches!(outcome, Outcome::Signalled);
                     self.finished(uid, outcome);
@@ -516,8 +527,14 @@ impl<E: Evictor> EvictionManager<E> {
         // Evictions first: every breach's victims are handed over, then the pass waits until their SIGTERMs went
         // out (within SIGTERM_WAIT, one deadline for the pass) and gives them their headstart (once); only then
         // come the log lines, the records, the metrics, and admission hearing of the new conditions.
-        let mut handovers: Vec<Handover> =
-            evaluation.act.iter().filter_map(|breach| self.act(breach, observed_at, &settings)).collect();
+        let (mut handovers, mut idle) = (Vec::new(), Vec::new());
+        for breach in &evaluation.act {
+            match self.act(breach, observed_at, &settings) {
+                Acted::Handed(h) => handovers.push(h),
+                Acted::Again => {}
+                Acted::Idle => idle.push(breach.threshold.signal),
+            }
+        }
         if !handovers.is_empty() {
             wait_signalled(&mut handovers).await;
             for h in handovers {
@@ -525,10 +542,14 @@ impl<E: Evictor> EvictionManager<E> {
             }
         }
         self.set_pressure(evaluation.pressure);
-        // Every breach acted on is settled: its victims are on their way, or there is nothing left to evict.
-        let settled: Vec<Signal> = evaluation.act.iter().map(|b| b.threshold.signal).collect();
-        let periods =
-            signal_periods(&settings, &self.signals, &evaluation, &settled, |s| self.schedule.rates().planning(s));
+        // A breach acted on is settled (looked at again soon): its victims are on their way, or a reclaim or a
+        // reading is awaited; one with nothing to do until something else changes is idle (looked at again at the
+        // longest period, or when a measure of the pods' disk usage ends).
+        let settled: Vec<Signal> =
+            evaluation.act.iter().map(|b| b.threshold.signal).filter(|s| !idle.contains(s)).collect();
+        let periods = signal_periods(&settings, &self.signals, &evaluation, (&settled, &idle), |s| {
+            self.schedule.rates().planning(s)
+        });
         self.read_ahead(&periods, &evaluation);
         // A met threshold acted on is looked at again SETTLE_POLL after this pass, which may have waited out its
         // victims' headstart; the others, their period after the observation.
@@ -593,13 +614,13 @@ impl<E: Evictor> EvictionManager<E> {
 
     /// Chooses the victims of a breach and hands them over (SIGTERM goes out now, or from their workers), counting
     /// them as in flight; what is left to do about them once they are signalled is returned.
-    fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) -> Option<Handover> {
+    fn act(&mut self, breach: &Breach, observed_at: Instant, settings: &EvictionSettings) -> Acted {
         let signal = breach.threshold.signal;
         let condition = signal.condition();
         let pending = self.handoffs.pending(signal);
         if self.schedule.stale(signal) {
             tracing::debug!(%signal, "waiting for a reading taken after the last eviction or reclaim");
-            return None;
+            return Acted::Again;
         }
         // Node storage that no running pod needs goes first, also while an eviction is in flight (the evicted pod's
         // own logs are reclaimable once it is over); the next pass sees what that freed.
@@ -608,18 +629,18 @@ impl<E: Evictor> EvictionManager<E> {
                 Reclaimed::Freed(freed) => {
                     tracing::info!(%signal, freed, "reclaimed node storage before evicting; looking again");
                     self.settled(condition);
-                    return None;
+                    return Acted::Again;
                 }
                 Reclaimed::Running => {
                     tracing::debug!(%signal, "node storage is being reclaimed; no pod is evicted for disk meanwhile");
-                    return None;
+                    return Acted::Again;
                 }
                 Reclaimed::Nothing => {}
             }
         }
         let needed = breach.deficit().saturating_sub(pending.unwrap_or(0));
         if pending.is_some() && needed == 0 {
-            return None;
+            return Acted::Again;
         }
         let now = Instant::now();
         tracing::debug!(%signal, since_observed_us = micros(now.saturating_duration_since(observed_at)), "choosing victims");
@@ -631,9 +652,12 @@ impl<E: Evictor> EvictionManager<E> {
             .map(|found| found.iter().filter(|c| !skip.contains(&c.uid)).cloned().collect::<Vec<_>>());
         let read_ahead = ahead.is_some();
         let mut found = ahead.unwrap_or_else(|| candidates(&self.view, &skip));
-        if condition == Condition::DiskPressure {
+        // The pods' disk usage is measured only when a pod could be evicted for it: a node whose disk went to what
+        // no pod owns, or to critical pods, is not walked over and over.
+        if condition == Condition::DiskPressure && found.iter().any(|c| !c.critical) {
             let uids = found.iter().map(|c| c.uid.clone()).collect();
-            let usage = self.disk.of(&self.evictor, signal, uids)?;
+            // Measured off this thread, whose loop its end wakes ([`DiskUsage::ended`]): no poll waits for it.
+            let Some(usage) = self.disk.of(&self.evictor, signal, uids) else { return Acted::Idle };
             for c in &mut found {
                 c.disk_usage = usage.get(&c.uid).copied().unwrap_or(0);
             }
@@ -644,7 +668,7 @@ impl<E: Evictor> EvictionManager<E> {
             if self.handoffs.first_without_candidates(condition) {
                 tracing::warn!(%signal, observed = breach.observed, threshold = breach.value, "threshold crossed, but no pod can be evicted");
             }
-            return None;
+            return Acted::Idle;
         }
         // Handed over before anything else: the log lines, the records and the metrics come after the SIGTERMs
         // and the victims' headstart (see `wait_signalled`).
@@ -662,7 +686,7 @@ impl<E: Evictor> EvictionManager<E> {
             self.ahead.remove(v.uid());
         }
         ranked.truncate(10);
-        Some(Handover { breach: breach.clone(), ranked, decided, age, victims })
+        Acted::Handed(Handover { breach: breach.clone(), ranked, decided, age, victims })
     }
 }
 

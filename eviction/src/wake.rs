@@ -30,6 +30,8 @@ pub enum Wake {
     Config,
     /// An eviction finished.
     Evicted,
+    /// A measure of the pods' disk usage ended.
+    DiskUsage,
 }
 
 impl Wake {
@@ -42,6 +44,7 @@ impl Wake {
             Wake::MemoryEvents => "memory_events",
             Wake::Config => "config",
             Wake::Evicted => "eviction_done",
+            Wake::DiskUsage => "disk_usage",
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The pods' disk usage for a disk ranking, measured on a thread of its own and not on the eviction thread: where
 //! usage is walked (no project quotas), 110 pods' files took the VM 3.4 s warm and 8.3 s cold (`bench/run
 //! disk-usage`), during which the eviction thread would have read no memory or PID signal. The pass that starts a
-//! measure waits for it a little ([`WAIT`]); one that takes longer is picked up by a later pass (the loop polls
-//! every `evictionPollMin` while a threshold is met), and no pod is evicted for disk meanwhile. A measure ranks pods
+//! measure waits for it a little ([`WAIT`]); one that takes longer is picked up by the pass its end wakes
+//! ([`DiskUsage::ended`]; the loop does not poll for it), and no pod is evicted for disk meanwhile. A measure ranks pods
 //! once, for the signal it was made for, within [`FRESH`] of its end; one that a victim's end or a reclaim made out
 //! of date ([`DiskUsage::forget`]), ended or still running, is never used. A measure that runs for longer than
 //! [`HUNG_AFTER`] (a walk stuck on a hung mount) is reported, once.
@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 
 use super::Evictor;
@@ -49,6 +51,8 @@ pub struct DiskUsage {
     generation: u64,
     /// How long the pass that starts a measure waits for it ([`WAIT`]; longer in tests, whose threads may be slow).
     wait: Duration,
+    /// Notified by each measure's end, for [`DiskUsage::ended`].
+    done: Arc<Notify>,
 }
 
 impl Default for DiskUsage {
@@ -60,7 +64,7 @@ impl Default for DiskUsage {
 impl DiskUsage {
     /// Measures that the pass starting them waits `wait` for.
     pub fn with_wait(wait: Duration) -> Self {
-        Self { running: None, ended: HashMap::new(), generation: 0, wait }
+        Self { running: None, ended: HashMap::new(), generation: 0, wait, done: Arc::new(Notify::new()) }
     }
 
     /// What each of `uids` uses of the file system `signal` measures, once a measure made for it has ended; `None`
@@ -79,7 +83,7 @@ impl DiskUsage {
             return Some(Usage::new());
         }
         let (tx, rx) = mpsc::channel();
-        let measured = Arc::clone(evictor);
+        let (measured, done, started) = (Arc::clone(evictor), Arc::clone(&self.done), Instant::now());
         // Started from the eviction thread, it runs under the normal scheduler (SCHED_RESET_ON_FORK).
         let spawned = std::thread::Builder::new().name("nw-disk-usage".into()).spawn(move || {
             let usage: Usage = uids
@@ -90,16 +94,21 @@ impl DiskUsage {
                 })
                 .collect();
             let _ = tx.send((Instant::now(), usage));
+            done.notify_one();
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start a thread to measure the pods' disk usage; ranking without it");
             return Some(Usage::new());
         }
         match rx.recv_timeout(self.wait) {
-            Ok((_, usage)) => Some(usage),
+            Ok((at, usage)) => {
+                let took_ms = at.saturating_duration_since(started).as_millis();
+                tracing::debug!(%signal, took_ms, "measured the pods' disk usage");
+                Some(usage)
+            }
             Err(RecvTimeoutError::Timeout) => {
                 tracing::debug!(%signal, "measuring the pods' disk usage off the eviction thread");
-                let (generation, started) = (self.generation, Instant::now());
+                let generation = self.generation;
                 self.running = Some(Running { signal, generation, started, reported: false, result: rx });
                 None
             }
@@ -113,6 +122,8 @@ impl DiskUsage {
         let Some(r) = &mut self.running else { return };
         match r.result.try_recv() {
             Ok(ended) => {
+                let took_ms = ended.0.saturating_duration_since(r.started).as_millis();
+                tracing::debug!(signal = %r.signal, took_ms, "measured the pods' disk usage");
                 if r.generation == self.generation {
                     self.ended.insert(r.signal, ended);
                 }
@@ -126,6 +137,12 @@ impl DiskUsage {
             }
             Err(TryRecvError::Disconnected) => self.running = None,
         }
+    }
+
+    /// Completes when a measure has ended since the last time it did (or once more, for a measure the pass that
+    /// started it already had): the eviction loop waits on it rather than polling while the disk is walked.
+    pub fn ended(&self) -> Notified<'_> {
+        self.done.notified()
     }
 
     /// Makes every measure made so far, ended or running, out of date: a victim ended or a reclaim freed space.

@@ -3,8 +3,10 @@
 //! A signal above all its thresholds is read again before it could have crossed, assuming it falls at the faster
 //! of a fixed worst case ([`drain_rate`]) and twice what it was just seen to fall at; so the period shrinks
 //! geometrically on a ramp and reaches the shortest period only in the last moment before the crossing. A
-//! threshold met and acted on (victims on their way, or nothing left to evict) is looked at every
-//! [`SETTLE_POLL`]; a soft threshold waiting out its grace period, when the grace runs out. [`Schedule`] keeps
+//! threshold met and acted on (victims on their way, a reclaim or a fresh reading awaited) is looked at every
+//! [`SETTLE_POLL`]; one with nothing to do (no pod can be evicted, or the pods' disk usage is being measured, whose
+//! end wakes the loop) at the longest period; a soft threshold waiting out its grace period, when the grace runs
+//! out. [`Schedule`] keeps
 //! these deadlines from one pass to the next, with what tells whether a condition's reading is out of date.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -90,13 +92,14 @@ impl Rates {
 }
 
 /// The period until each signal with a threshold should be read again, within the settings' bounds.
-/// `settled` holds the signals whose met thresholds were acted on in this pass; `rate` gives the fall to plan
-/// with.
+/// `acted` holds the signals whose met thresholds were acted on in this pass: settled ones (looked at again
+/// [`SETTLE_POLL`] after it), then idle ones (nothing to do until something else changes: the longest period);
+/// `rate` gives the fall to plan with.
 pub fn signal_periods(
     settings: &EvictionSettings,
     signals: &BTreeMap<Signal, SignalObservation>,
     evaluation: &Evaluation,
-    settled: &[Signal],
+    (settled, idle): (&[Signal], &[Signal]),
     rate: impl Fn(Signal) -> f64,
 ) -> BTreeMap<Signal, Duration> {
     let (lo, hi) = (settings.poll_min, settings.poll_max.max(settings.poll_min));
@@ -106,7 +109,11 @@ pub fn signal_periods(
         let period = if let Some(b) = evaluation.met.iter().find(|b| b.threshold.signal == th.signal && b.hard == hard)
         {
             let waiting = th.grace_period.saturating_sub(b.met_for);
-            if waiting.is_zero() && settled.contains(&th.signal) { SETTLE_POLL.max(lo) } else { waiting }
+            match waiting.is_zero() {
+                true if settled.contains(&th.signal) => SETTLE_POLL.max(lo),
+                true if idle.contains(&th.signal) => hi,
+                _ => waiting,
+            }
         } else {
             let Some(obs) = signals.get(&th.signal) else { continue };
             let headroom = obs.available.saturating_sub(th.amount.resolve(obs.capacity)) as f64;
@@ -125,7 +132,7 @@ pub fn next_poll(
     signals: &BTreeMap<Signal, SignalObservation>,
     evaluation: &Evaluation,
 ) -> Duration {
-    signal_periods(settings, signals, evaluation, &[], drain_rate)
+    signal_periods(settings, signals, evaluation, (&[], &[]), drain_rate)
         .into_values()
         .min()
         .unwrap_or(settings.poll_max)

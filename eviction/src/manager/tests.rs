@@ -37,10 +37,19 @@ struct FakeEvictor {
     unsent: StdMutex<Vec<(oneshot::Sender<Instant>, oneshot::Sender<()>)>>,
     /// The resources of the `EvictionThresholdMet` events.
     thresholds_met: StdMutex<Vec<&'static str>>,
+    /// The pods whose disk usage was measured.
+    measured: StdMutex<Vec<String>>,
+    /// A slow disk: the next measure waits for a message here.
+    gate: StdMutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl Evictor for FakeEvictor {
     fn disk_usage(&self, uid: &str, _signal: Signal) -> u64 {
+        let gate = self.gate.lock().unwrap().take();
+        if let Some(gate) = gate {
+            let _ = gate.recv();
+        }
+        self.measured.lock().unwrap().push(uid.into());
         if uid.starts_with("writer") { 50 * MIB } else { MIB }
     }
 
@@ -397,10 +406,50 @@ async fn critical_pods_are_never_evicted_and_a_reload_applies_at_once() {
     assert!(r.evictor.victims().is_empty());
     // Raising the threshold over what is available makes the next pass act, but only critical pods are left.
     r.settings.send_replace(Arc::new(settings(&[(Signal::MemoryAvailable, Amount::Quantity(200 * MIB), None)], &[])));
-    r.manager.pass().await;
+    let period = r.manager.pass().await;
     settle().await;
     assert!(r.evictor.victims().is_empty());
     assert!(r.ledger.view().pressure().contains(Condition::MemoryPressure));
+    // With nothing to evict, the met threshold is looked at again at the longest period, not every SETTLE_POLL.
+    assert_eq!(period, Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_with_only_critical_pods_measures_nothing() {
+    let mut r = rig(
+        settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]),
+        vec![(pod("system", None, json!({"priorityClassName": "system-node-critical"})), MIB, 1)],
+    );
+    for _ in 0..3 {
+        assert_eq!(r.manager.pass().await, Duration::from_secs(1), "nothing can be evicted: no fast polls");
+    }
+    assert!(r.evictor.measured.lock().unwrap().is_empty(), "no pod can be evicted for disk: none is measured");
+    assert!(r.ledger.view().pressure().contains(Condition::DiskPressure));
+}
+
+/// A measure on a slow disk: the loop does not poll for it, and its end wakes the pass that evicts.
+#[tokio::test]
+#[expect(clippy::disallowed_types, reason = "the measure runs on a real thread, in real time")]
+async fn the_end_of_a_slow_disk_measure_wakes_the_loop() {
+    let mut s = settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]);
+    s.poll_max = Duration::from_secs(60);
+    let mut r = rig(s, vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)]);
+    r.manager.disk = DiskUsage::with_wait(Duration::from_millis(20));
+    let (release, gate) = std::sync::mpsc::channel();
+    *r.evictor.gate.lock().unwrap() = Some(gate);
+    let (_wake_tx, wake_rx) = mpsc::channel(1);
+    let (shutdown, evictor) = (r.shutdown.clone(), r.evictor.clone());
+    let started = std::time::Instant::now();
+    tokio::spawn(r.manager.run(wake_rx));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(evictor.attempts.lock().unwrap().is_empty(), "nobody is evicted while the disk is measured");
+    release.send(()).unwrap();
+    while evictor.attempts.lock().unwrap().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(20), "the measure's end did not wake the loop");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(evictor.attempts.lock().unwrap().first().map(String::as_str), Some("writer"));
+    shutdown.cancel();
 }
 
 #[tokio::test(start_paused = true)]
