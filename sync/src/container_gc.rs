@@ -2,7 +2,8 @@
 //! `lastState`) and removed under the kubelet's container garbage collection policy: its minimum age
 //! (`--minimum-container-ttl-duration`), how many dead containers each container of a pod keeps
 //! (`--maximum-dead-containers-per-container`, the newest) and how many the node keeps
-//! (`--maximum-dead-containers`). A pod's dead containers go with the pod's end.
+//! (`--maximum-dead-containers`). A pod's dead containers go with the pod's end. As the kubelet's, ages and order
+//! count from each container's creation (its run's start), not its exit.
 //!
 //! The policy is applied when a container dies and on every tick of the pod manager (for the ones that were too
 //! young), in the order the kubelet's `evictContainers` applies it: only containers past the minimum age count;
@@ -20,8 +21,8 @@ use nodewarden_runtime::ContainerId;
 /// The container garbage collection policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeadContainerPolicy {
-    /// A container dead for less than this is kept, whatever the limits (counted from its exit; the kubelet
-    /// counts from its creation).
+    /// A dead container created less than this ago is kept, whatever the limits (counted from its creation, as
+    /// the kubelet counts).
     pub min_age: Duration,
     /// Dead containers kept per container of a pod, the newest; `None`: no limit.
     pub max_per_container: Option<usize>,
@@ -40,7 +41,7 @@ impl Default for DeadContainerPolicy {
 #[derive(Debug, Clone)]
 struct Dead {
     id: ContainerId,
-    died: Instant,
+    created: Instant,
 }
 
 /// The node's dead containers by pod UID and container name, oldest first.
@@ -60,10 +61,18 @@ impl DeadContainers {
         self.units.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Container `id`, container `name` of pod `uid`, died at `now`: returns the dead containers to remove now.
-    pub(crate) fn died(&self, uid: &str, name: &str, id: ContainerId, now: Instant) -> Vec<ContainerId> {
+    /// Container `id`, container `name` of pod `uid`, created at `created`, died: returns the dead containers to
+    /// remove `now`.
+    pub(crate) fn died(
+        &self,
+        uid: &str,
+        name: &str,
+        id: ContainerId,
+        created: Instant,
+        now: Instant,
+    ) -> Vec<ContainerId> {
         let mut units = self.units();
-        units.entry((uid.to_owned(), name.to_owned())).or_default().push(Dead { id, died: now });
+        units.entry((uid.to_owned(), name.to_owned())).or_default().push(Dead { id, created });
         evict(&mut units, &self.policy, now)
     }
 
@@ -97,7 +106,7 @@ fn evict(
     policy: &DeadContainerPolicy,
     now: Instant,
 ) -> Vec<ContainerId> {
-    let old_enough = |d: &Dead| now.saturating_duration_since(d.died) >= policy.min_age;
+    let old_enough = |d: &Dead| now.saturating_duration_since(d.created) >= policy.min_age;
     let mut out = Vec::new();
     // Per container: the oldest of those old enough go beyond `keep`.
     let trim = |units: &mut BTreeMap<(String, String), Vec<Dead>>, keep: usize, out: &mut Vec<ContainerId>| {
@@ -128,8 +137,8 @@ fn evict(
         if over > 0 {
             // The oldest on the node go.
             let mut all: Vec<(Instant, ContainerId)> =
-                units.values().flatten().filter(|d| old_enough(d)).map(|d| (d.died, d.id.clone())).collect();
-            all.sort_by_key(|(died, _)| *died);
+                units.values().flatten().filter(|d| old_enough(d)).map(|d| (d.created, d.id.clone())).collect();
+            all.sort_by_key(|(created, _)| *created);
             let gone: Vec<ContainerId> = all.into_iter().take(over).map(|(_, id)| id).collect();
             for unit in units.values_mut() {
                 unit.retain(|d| !gone.contains(&d.id));
@@ -157,11 +166,11 @@ mod tests {
     fn by_default_each_container_keeps_its_newest_dead_one() {
         let dead = DeadContainers::new(DeadContainerPolicy::default());
         let t = Instant::now();
-        assert!(dead.died("u1", "app", id("a1"), t).is_empty(), "the first dead one is kept");
-        assert!(dead.died("u1", "side", id("s1"), t).is_empty(), "each container has its own");
-        assert!(dead.died("u2", "app", id("b1"), t).is_empty(), "and each pod");
-        assert_eq!(dead.died("u1", "app", id("a2"), t), ids(&["a1"]), "the older goes");
-        assert_eq!(dead.died("u1", "app", id("a3"), t), ids(&["a2"]));
+        assert!(dead.died("u1", "app", id("a1"), t, t).is_empty(), "the first dead one is kept");
+        assert!(dead.died("u1", "side", id("s1"), t, t).is_empty(), "each container has its own");
+        assert!(dead.died("u2", "app", id("b1"), t, t).is_empty(), "and each pod");
+        assert_eq!(dead.died("u1", "app", id("a2"), t, t), ids(&["a1"]), "the older goes");
+        assert_eq!(dead.died("u1", "app", id("a3"), t, t), ids(&["a2"]));
         assert_eq!(dead.len(), 3);
         assert_eq!((dead.kept("u1", "app"), dead.kept("u1", "nope")), (1, 0));
         let mut gone = dead.pod_gone("u1");
@@ -176,8 +185,9 @@ mod tests {
         let policy = DeadContainerPolicy { min_age: Duration::from_secs(60), ..DeadContainerPolicy::default() };
         let dead = DeadContainers::new(policy);
         let t = Instant::now();
-        assert!(dead.died("u", "app", id("c1"), t).is_empty());
-        assert!(dead.died("u", "app", id("c2"), t + Duration::from_secs(30)).is_empty(), "c1 is only 30 s dead");
+        assert!(dead.died("u", "app", id("c1"), t, t).is_empty());
+        let (c2, later) = (t + Duration::from_secs(30), t + Duration::from_secs(30));
+        assert!(dead.died("u", "app", id("c2"), c2, later).is_empty(), "c1 was created only 30 s ago");
         // c1 reaches its minimum age; c2 is not counted yet, so c1 is the only evictable one, and kept.
         assert!(dead.collect(t + Duration::from_secs(60)).is_empty());
         assert_eq!(dead.collect(t + Duration::from_secs(90)), ids(&["c1"]), "both old enough: the newest stays");
@@ -185,15 +195,27 @@ mod tests {
     }
 
     #[test]
+    fn the_minimum_age_counts_from_the_creation_not_the_exit() {
+        let policy =
+            DeadContainerPolicy { min_age: Duration::from_secs(60), max_per_container: Some(0), max_containers: None };
+        let dead = DeadContainers::new(policy);
+        let t = Instant::now();
+        // Created at t, it ran 50 s: 10 s after its exit it is old enough, as the kubelet counts.
+        assert!(dead.died("u", "app", id("c1"), t, t + Duration::from_secs(50)).is_empty());
+        assert!(dead.collect(t + Duration::from_secs(59)).is_empty());
+        assert_eq!(dead.collect(t + Duration::from_secs(60)), ids(&["c1"]));
+    }
+
+    #[test]
     fn no_limit_per_container_keeps_every_one_and_zero_keeps_none() {
         let t = Instant::now();
         let all = DeadContainers::new(DeadContainerPolicy { max_per_container: None, ..Default::default() });
         for i in 0..5 {
-            assert!(all.died("u", "app", id(&format!("c{i}")), t).is_empty());
+            assert!(all.died("u", "app", id(&format!("c{i}")), t, t).is_empty());
         }
         assert_eq!(all.len(), 5);
         let none = DeadContainers::new(DeadContainerPolicy { max_per_container: Some(0), ..Default::default() });
-        assert_eq!(none.died("u", "app", id("c0"), t), ids(&["c0"]));
+        assert_eq!(none.died("u", "app", id("c0"), t, t), ids(&["c0"]));
         assert_eq!(none.len(), 0);
     }
 
@@ -204,15 +226,15 @@ mod tests {
         let policy = DeadContainerPolicy { min_age: Duration::ZERO, max_per_container: None, max_containers: Some(3) };
         let dead = DeadContainers::new(policy);
         for (i, s) in [0, 1, 2].into_iter().enumerate() {
-            assert!(dead.died("u1", "app", id(&format!("a{i}")), at(s)).is_empty());
+            assert!(dead.died("u1", "app", id(&format!("a{i}")), at(s), at(s)).is_empty());
         }
         // Four over a limit of three, two containers: each keeps its share, 3 / 2 = 1 (the newest).
-        assert_eq!(dead.died("u2", "app", id("b0"), at(3)), ids(&["a0", "a1"]));
+        assert_eq!(dead.died("u2", "app", id("b0"), at(3), at(3)), ids(&["a0", "a1"]));
         assert_eq!(dead.len(), 2);
         let dead = DeadContainers::new(policy);
         // Four containers with one dead each, limit three: a share of at least one each, then the oldest goes.
         for (i, s) in [5, 1, 7, 3].into_iter().enumerate() {
-            let _ = dead.died(&format!("u{i}"), "app", id(&format!("c{i}")), at(s));
+            let _ = dead.died(&format!("u{i}"), "app", id(&format!("c{i}")), at(s), at(s));
         }
         assert_eq!(dead.len(), 3);
         assert_eq!(dead.pod_gone("u1"), Vec::<ContainerId>::new(), "c1 died first and went");

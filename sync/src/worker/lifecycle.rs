@@ -467,9 +467,10 @@ pub(crate) enum Action {
     StartContainer { index: usize, attempt: u32 },
     /// Stop a container that failed its liveness or startup probe (it is restarted once it exits).
     StopContainer { id: ContainerId, grace: Duration, why: String },
-    /// Container `index` exited as `id`: it is kept as a dead container, or removed, under the container
-    /// garbage collection policy.
-    RetireContainer { index: usize, id: ContainerId },
+    /// Container `index` exited as `id`, a run started at `created`: it is kept as a dead container, or removed,
+    /// under the container garbage collection policy (whose minimum age counts from `created`, as the kubelet's
+    /// from the container's creation).
+    RetireContainer { index: usize, id: ContainerId, created: Timestamp },
     /// Drop the runtime calls in flight (image pulls, starts, sandbox creation).
     Abandon,
     /// Tell the resource manager the pod is terminating.

@@ -548,10 +548,10 @@ impl<R: Runtime> Worker<R> {
                 self.stop_container(id, grace, &why);
                 None
             }
-            Action::RetireContainer { index, id } => {
+            Action::RetireContainer { index, id, created } => {
                 self.tasks.containers.remove(&id);
                 let name = &self.lifecycle.containers[index].name;
-                let gone = self.shared.dead.died(&self.uid, name, id, Instant::now());
+                let gone = self.shared.dead.died(&self.uid, name, id, instant_of(created), Instant::now());
                 if self.lifecycle.state.is_over() {
                     // Here, not in a task the worker's end would drop: the pod's clean-up no longer sees them.
                     remove_dead(&*self.shared.runtime, gone).await;
@@ -790,6 +790,13 @@ impl Drop for Refreshing {
     fn drop(&mut self) {
         self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// The monotonic instant of wall-clock time `at`, by its age now (now for a time in the future).
+fn instant_of(at: jiff::Timestamp) -> Instant {
+    let age = Duration::try_from(jiff::Timestamp::now().duration_since(at)).unwrap_or(Duration::ZERO);
+    let now = Instant::now();
+    now.checked_sub(age).unwrap_or(now)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

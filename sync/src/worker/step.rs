@@ -354,8 +354,9 @@ impl Lifecycle {
         } else {
             ContainerState::Exited
         };
+        let created = info.started_at;
         c.last_exit = Some(LastExit { info, container_id: Some(id.clone()) });
-        out.extend([Action::RetireContainer { index: i, id }, Action::Save]);
+        out.extend([Action::RetireContainer { index: i, id, created }, Action::Save]);
     }
 
     /// Container `i`'s definition changed (a new image), as the kubelet's container hash sees it: a running one

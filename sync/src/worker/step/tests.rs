@@ -196,7 +196,7 @@ fn transitions() {
             Input::ContainerExited { id: "c1".into(), info: exit(143) },
             terminating(evicted(), secs(10), Stage::CleaningUp),
             vec![
-                Action::RetireContainer { index: 0, id: "c1".into() },
+                Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH },
                 Action::Save,
                 Action::CleanUp { deleted: false },
             ],
@@ -256,7 +256,7 @@ fn transitions() {
             Input::ContainerExited { id: "c1".into(), info: exit(3) },
             terminating(Reason::Completed(failed_init.clone()), secs(30), Stage::CleaningUp),
             vec![
-                Action::RetireContainer { index: 0, id: "c1".into() },
+                Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH },
                 Action::Save,
                 Action::MarkTerminating,
                 Action::CleanUp { deleted: false },
@@ -268,7 +268,7 @@ fn transitions() {
             Input::ContainerExited { id: "c1".into(), info: exit(0) },
             PodState::Running,
             vec![
-                Action::RetireContainer { index: 0, id: "c1".into() },
+                Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH },
                 Action::Save,
                 Action::StartContainer { index: 1, attempt: 0 },
             ],
@@ -279,7 +279,7 @@ fn transitions() {
             Input::ContainerExited { id: "c1".into(), info: exit(1) },
             PodState::Running,
             vec![
-                Action::RetireContainer { index: 0, id: "c1".into() },
+                Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH },
                 Action::Save,
                 Action::StartContainer { index: 0, attempt: 1 },
             ],
@@ -446,7 +446,10 @@ fn a_pod_waiting_for_a_new_sandbox_restarts_its_containers_once_it_has_one() {
     let (p, actions) = step(p, Input::ContainerExited { id: "c1".into(), info: exit(137) }, now);
     assert_eq!(
         (&p.state, actions),
-        (&preparing, vec![Action::RetireContainer { index: 0, id: "c1".into() }, Action::Save])
+        (
+            &preparing,
+            vec![Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH }, Action::Save]
+        )
     );
     assert_eq!(p.containers[0].state, ContainerState::BackOff { until: now });
     let (p, actions) = step(p, Input::SandboxReady(Ok(())), now);

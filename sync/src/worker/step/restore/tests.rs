@@ -142,8 +142,8 @@ fn restore_table() {
             state: PodState::Running,
             containers: &["app starting 2 ContainerStatusUnknown:137"],
             actions: vec![
-                Action::RetireContainer { index: 0, id: "c8".into() },
-                Action::RetireContainer { index: 0, id: "c9".into() },
+                Action::RetireContainer { index: 0, id: "c8".into(), created: Timestamp::UNIX_EPOCH },
+                Action::RetireContainer { index: 0, id: "c9".into(), created: STARTED },
                 Action::Save,
                 Action::StartContainer { index: 0, attempt: 3 },
             ],
