@@ -601,7 +601,8 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     } = daemon;
     if reloader.config().eviction.local_storage_limits {
         let evictions = limit_evictions.clone();
-        tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), evictions, shutdown.clone()));
+        let status = eviction_status.clone();
+        tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), evictions, status, shutdown.clone()));
     }
     if let Some(collector) = pods.image_collector() {
         tasks.spawn(nodewarden_sync::measure_writable_layers(pods.clone(), shutdown.clone()));

@@ -294,6 +294,24 @@ fn pods_over_their_ephemeral_storage_limits_are_evicted_without_node_pressure() 
         assert_eq!(metric(&text, &series), Some(1.0), "{text}");
     }
     assert!(!condition(&n, "DiskPressure"), "no node pressure was needed");
+    // Listed at /evictions beside the eviction loop's, with the usage against the limit, and followed to the end.
+    let mut e = evictions(&n);
+    for _ in 0..100 {
+        if e["evictions"].as_array().is_some_and(|l| l.iter().all(|r| r["completed"] == true)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        e = evictions(&n);
+    }
+    let of = |pod: &str| e["evictions"].as_array().and_then(|l| l.iter().find(|r| r["pod"] == pod)).cloned();
+    let dir = of("default/dir-vm").unwrap_or_else(|| panic!("{e:#}"));
+    assert_eq!(dir["signal"], "emptydirfs.limit", "{e:#}");
+    assert_eq!(dir["threshold"], 5 * 1024 * 1024, "{e:#}");
+    assert!(dir["observed"].as_u64().is_some_and(|u| u > 5 * 1024 * 1024), "{e:#}");
+    assert!(dir["sigterm_latency_seconds"].as_f64().is_some() && dir["completed"] == true, "{e:#}");
+    let log = of("default/log-vm").unwrap_or_else(|| panic!("{e:#}"));
+    assert_eq!(log["signal"], "ephemeralcontainerfs.limit", "{e:#}");
+    assert_eq!(e["evictions"].as_array().map(Vec::len), Some(2), "{e:#}");
 }
 
 #[test]

@@ -27,6 +27,6 @@ pub use pressure::{Breach, Evaluation, PressureState};
 pub use rank::{Candidate, rank};
 pub use realtime::{MAX_REALTIME_PRIORITY, make_realtime, with_normal_scheduler};
 pub use signal::Signal;
-pub use status::{EvictionRecord, EvictionStatus, HISTORY, Ranked};
+pub use status::{EvictionRecord, EvictionStatus, HISTORY, LimitEviction, Ranked};
 pub use threshold::{Threshold, ThresholdError, Thresholds, default_hard_thresholds};
 pub use wake::{PSI_TRIGGER, Wake, WakeThread, start as start_wakeups};

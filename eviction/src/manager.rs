@@ -38,6 +38,7 @@ use crate::wake::Wake;
 use disk_usage::DiskUsage;
 
 pub use evictor::{EvictError, Eviction, Evictor, Reclaimed};
+pub(crate) use handoff::SIGTERM_SLACK;
 pub use handoff::VICTIM_HEADSTART;
 use handoff::{Handoffs, Handover, Outcome, wait_signalled};
 use read_ahead::ReadAhead;

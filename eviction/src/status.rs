@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::manager::{Eviction, SIGTERM_SLACK};
 use crate::pressure::Evaluation;
-use crate::signal::Signal;
 
 /// How many evictions `/evictions` keeps.
 pub const HISTORY: usize = 100;
@@ -35,13 +35,15 @@ pub struct EvictionRecord {
     pub pod: String,
     /// The pod UID.
     pub uid: String,
-    /// The signal below its threshold.
-    pub signal: Signal,
-    /// An `evictionHard` threshold (else `evictionSoft`).
+    /// The signal below its threshold (`memory.available`, ...), or the ephemeral-storage limit the pod went over
+    /// (`emptydirfs.limit`, `ephemeralpodfs.limit`, `ephemeralcontainerfs.limit`), as `kubelet_evictions` names
+    /// them.
+    pub signal: &'static str,
+    /// An `evictionHard` threshold, or a limit (else `evictionSoft`).
     pub hard: bool,
-    /// The signal's observed value.
+    /// The signal's observed value (for a limit, the bytes used).
     pub observed: u64,
-    /// The threshold.
+    /// The threshold (for a limit, the limit in bytes).
     pub threshold: u64,
     /// Threshold + minimum reclaim: where eviction must bring the signal.
     pub target: u64,
@@ -59,6 +61,25 @@ pub struct EvictionRecord {
     pub error: Option<String>,
     /// True once the pod has terminated.
     pub completed: bool,
+}
+
+/// An eviction decided outside the eviction loop: a pod over one of its ephemeral-storage limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitEviction {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The pod UID.
+    pub uid: String,
+    /// `emptydirfs.limit`, `ephemeralpodfs.limit` or `ephemeralcontainerfs.limit`.
+    pub signal: &'static str,
+    /// The bytes used.
+    pub used: u64,
+    /// The limit, in bytes.
+    pub limit: u64,
+    /// The grace period the pod was given.
+    pub grace: Duration,
+    /// The message in the pod's status.
+    pub message: String,
 }
 
 /// The eviction loop's shared state.
@@ -161,9 +182,104 @@ impl EvictionStatus {
         id
     }
 
+    /// Records `e`, decided at `decided`, beside the eviction loop's, and follows it as the loop follows its own:
+    /// when SIGTERM went out, and when the pod terminated. Returns once it has, or SIGTERM did not go out in time.
+    pub async fn follow_limit(&self, e: LimitEviction, decided: Instant, eviction: Eviction) {
+        let LimitEviction { pod, uid, signal, used, limit, grace, message } = e;
+        let id = self.record(EvictionRecord {
+            time: jiff::Timestamp::now(),
+            pod,
+            uid,
+            signal,
+            hard: true,
+            observed: used,
+            threshold: limit,
+            target: limit,
+            reclaims: used,
+            grace_period_seconds: grace.as_secs(),
+            message,
+            candidates: Vec::new(),
+            sigterm_latency_seconds: None,
+            error: None,
+            completed: false,
+        });
+        match tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled).await {
+            Ok(Ok(at)) => {
+                let l = at.saturating_duration_since(decided).as_secs_f64();
+                self.update(id, |r| r.sigterm_latency_seconds = Some(l));
+            }
+            // Nothing was left to signal.
+            Ok(Err(_)) => {}
+            Err(_) => {
+                let waited = (grace + SIGTERM_SLACK).as_secs();
+                self.update(id, |r| r.error = Some(format!("SIGTERM did not go out within {waited}s")));
+                return;
+            }
+        }
+        let _ = eviction.terminated.await;
+        self.update(id, |r| r.completed = true);
+    }
+
     pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut EvictionRecord)) {
         if let Some((_, r)) = lock(&self.history).iter_mut().find(|(i, _)| *i == id) {
             f(r);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_eviction_is_listed_and_followed_to_the_pod_s_end() {
+        let status = std::sync::Arc::new(EvictionStatus::default());
+        let (signal_tx, signalled) = oneshot::channel();
+        let (end_tx, terminated) = oneshot::channel();
+        let e = LimitEviction {
+            pod: "ns/p".into(),
+            uid: "u1".into(),
+            signal: "emptydirfs.limit",
+            used: 8 << 20,
+            limit: 5 << 20,
+            grace: Duration::from_secs(1),
+            message: "Usage of EmptyDir volume \"data\" exceeds the limit \"5Mi\". ".into(),
+        };
+        let decided = Instant::now();
+        let following = tokio::spawn({
+            let status = status.clone();
+            async move { status.follow_limit(e, decided, Eviction { signalled, terminated }).await }
+        });
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        signal_tx.send(Instant::now()).unwrap();
+        tokio::task::yield_now().await;
+        let r = &status.history()[0];
+        assert_eq!((r.signal, r.observed, r.threshold, r.completed), ("emptydirfs.limit", 8 << 20, 5 << 20, false));
+        assert!(r.sigterm_latency_seconds.is_some_and(|l| (l - 0.003).abs() < 1e-9), "{r:?}");
+        end_tx.send(()).unwrap();
+        following.await.unwrap();
+        assert!(status.history()[0].completed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_eviction_never_signalled_is_marked_failed() {
+        let status = EvictionStatus::default();
+        let (_signal_tx, signalled) = oneshot::channel::<Instant>();
+        let (_end_tx, terminated) = oneshot::channel();
+        let e = LimitEviction {
+            pod: "ns/p".into(),
+            uid: "u1".into(),
+            signal: "ephemeralpodfs.limit",
+            used: 2,
+            limit: 1,
+            grace: Duration::from_secs(1),
+            message: String::new(),
+        };
+        status.follow_limit(e, Instant::now(), Eviction { signalled, terminated }).await;
+        let r = &status.history()[0];
+        assert_eq!(r.error.as_deref(), Some("SIGTERM did not go out within 6s"));
+        assert!(!r.completed);
     }
 }

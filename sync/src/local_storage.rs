@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+use nodewarden_eviction::{EvictionStatus, LimitEviction};
 use nodewarden_resources::parse_non_negative;
 use nodewarden_runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -160,22 +161,27 @@ pub(crate) fn measure(
     Usage { empty_dirs, pod: pod_usage, containers }
 }
 
-/// A limit exceeded: the kubelet's name for it in `kubelet_evictions{eviction_signal}`, and its eviction message.
+/// A limit exceeded: the kubelet's name for it in `kubelet_evictions{eviction_signal}`, the bytes used and the
+/// limit, and its eviction message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Exceeded {
     /// `emptydirfs.limit`, `ephemeralpodfs.limit` or `ephemeralcontainerfs.limit`.
     pub signal: &'static str,
+    pub used: u64,
+    pub limit: u64,
     /// The message of the pod's status and its `Evicted` event.
     pub message: String,
 }
 
 /// The first limit `usage` exceeds, in the kubelet's order: an `emptyDir`, the pod, a container.
 pub(crate) fn exceeded(limits: &Limits, usage: &Usage) -> Option<Exceeded> {
-    let over = |signal, message| Some(Exceeded { signal, message });
+    let over = |signal, used, limit: &Limit, message| Some(Exceeded { signal, used, limit: limit.bytes, message });
     for (name, limit) in &limits.empty_dirs {
-        if usage.empty_dirs.get(name).is_some_and(|used| *used > limit.bytes) {
+        if let Some(used) = usage.empty_dirs.get(name).copied().filter(|used| *used > limit.bytes) {
             return over(
                 "emptydirfs.limit",
+                used,
+                limit,
                 format!("Usage of EmptyDir volume {name:?} exceeds the limit {:?}. ", limit.text),
             );
         }
@@ -185,13 +191,17 @@ pub(crate) fn exceeded(limits: &Limits, usage: &Usage) -> Option<Exceeded> {
     {
         return over(
             "ephemeralpodfs.limit",
+            usage.pod,
+            limit,
             format!("Pod ephemeral local storage usage exceeds the total limit of containers {}. ", limit.text),
         );
     }
     for (name, limit) in &limits.containers {
-        if usage.containers.get(name).is_some_and(|used| *used > limit.bytes) {
+        if let Some(used) = usage.containers.get(name).copied().filter(|used| *used > limit.bytes) {
             return over(
                 "ephemeralcontainerfs.limit",
+                used,
+                limit,
                 format!("Container {name} exceeded its local ephemeral storage limit {:?}. ", limit.text),
             );
         }
@@ -199,12 +209,14 @@ pub(crate) fn exceeded(limits: &Limits, usage: &Usage) -> Option<Exceeded> {
     None
 }
 
-/// Checks every running pod's limits each [`CHECK_PERIOD`] until `shutdown`, evicting those over one and counting
-/// each in `evictions` (the kubelet's `kubelet_evictions`) by the limit's name. As the kubelet's, such an eviction
-/// sets no `DisruptionTarget` condition: the pod broke its own limit.
+/// Checks every running pod's limits each [`CHECK_PERIOD`] until `shutdown`, evicting those over one, counting
+/// each in `evictions` (the kubelet's `kubelet_evictions`) by the limit's name and recording it in `status` (for
+/// `/evictions`) beside the eviction loop's. As the kubelet's, such an eviction sets no `DisruptionTarget`
+/// condition: the pod broke its own limit.
 pub async fn enforce_local_storage<R: Runtime>(
     manager: Arc<PodManager<R>>,
     evictions: prometheus::IntCounterVec,
+    status: Arc<EvictionStatus>,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(CHECK_PERIOD);
@@ -220,11 +232,17 @@ pub async fn enforce_local_storage<R: Runtime>(
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => return,
         };
-        for (uid, name, Exceeded { signal, message }) in over {
+        for (uid, name, Exceeded { signal, used, limit, message }) in over {
+            let decided = tokio::time::Instant::now();
             match manager.evict_for_limit(&uid, GRACE, message.clone()) {
-                Ok(_) => {
+                Ok(eviction) => {
                     evictions.with_label_values(&[signal]).inc();
-                    tracing::info!(pod = %name, pod_uid = %uid, %message, "evicted a pod over its ephemeral-storage limit")
+                    tracing::info!(pod = %name, pod_uid = %uid, %message, "evicted a pod over its ephemeral-storage limit");
+                    let e = LimitEviction { pod: name, uid, signal, used, limit, grace: GRACE, message };
+                    let (status, stop) = (status.clone(), shutdown.clone());
+                    tokio::spawn(
+                        async move { stop.run_until_cancelled(status.follow_limit(e, decided, eviction)).await },
+                    );
                 }
                 Err(e) => {
                     tracing::warn!(pod = %name, pod_uid = %uid, error = %e, "cannot evict a pod over its ephemeral-storage limit")

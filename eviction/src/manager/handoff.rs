@@ -271,7 +271,7 @@ impl Handoffs {
                 time: decided,
                 pod: victim.name.clone(),
                 uid: victim.uid.clone(),
-                signal,
+                signal: signal.as_str(),
                 hard: breach.hard,
                 observed: breach.observed,
                 threshold: breach.value,
