@@ -602,7 +602,9 @@ pub async fn run(mut config: Config, path: PathBuf, flags: Flags) -> Result<(), 
     if reloader.config().eviction.local_storage_limits {
         let evictions = limit_evictions.clone();
         let status = eviction_status.clone();
-        tasks.spawn(nodewarden_sync::enforce_local_storage(pods.clone(), evictions, status, shutdown.clone()));
+        let enforce =
+            nodewarden_sync::enforce_local_storage(pods.clone(), evictions, status, tasks.clone(), shutdown.clone());
+        tasks.spawn(enforce);
     }
     if let Some(collector) = pods.image_collector() {
         tasks.spawn(nodewarden_sync::measure_writable_layers(pods.clone(), shutdown.clone()));

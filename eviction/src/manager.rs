@@ -38,9 +38,9 @@ use crate::wake::Wake;
 use disk_usage::DiskUsage;
 
 pub use evictor::{EvictError, Eviction, Evictor, Reclaimed};
-pub(crate) use handoff::SIGTERM_SLACK;
 pub use handoff::VICTIM_HEADSTART;
 use handoff::{Handoffs, Handover, Outcome, wait_signalled};
+pub(crate) use handoff::{NotSignalled, SIGTERM_SLACK};
 use read_ahead::ReadAhead;
 pub use schedule::{SETTLE_POLL, next_poll};
 use schedule::{Schedule, signal_periods};
@@ -213,7 +213,9 @@ enum Acted {
     Handed(Handover),
     /// Nothing yet, but soon: a reading after the last eviction or reclaim, a reclaim, or victims on their way.
     Again,
-    /// Nothing until something else changes: no pod can be evicted, or the pods' disk usage is being measured.
+    /// Nothing until something else changes: no pod can be evicted (critical ones only, or every candidate in
+    /// flight or backing off after a failed eviction: looked at again within the longest period of its end), or the
+    /// pods' disk usage is being measured (whose end wakes the loop).
     Idle,
 }
 
@@ -329,9 +331,14 @@ impl<E: Evictor> EvictionManager<E> {
         let shutdown = self.service.stop.clone();
         let mut next = Instant::now();
         let mut last = None::<Instant>;
+        // A measure's end held back by EVENT_INTERVAL: the poll that answers it reads every signal, as its own
+        // pass would have, so that victims for disk are chosen on a fresh reading.
+        let mut deferred_disk = false;
         loop {
             let wake = tokio::select! {
-                () = tokio::time::sleep_until(next) => Wake::Poll,
+                () = tokio::time::sleep_until(next) => {
+                    if std::mem::take(&mut deferred_disk) { Wake::DiskUsage } else { Wake::Poll }
+                }
                 Some(w) = wakeups.recv() => w,
                 Ok(()) = self.settings.changed() => {
                     // `changed` marks the settings seen: make the pass a full one so the gauges follow at once.
@@ -356,6 +363,7 @@ impl<E: Evictor> EvictionManager<E> {
             let earliest = last.map(|t: Instant| t + EVENT_INTERVAL);
             if !matches!(wake, Wake::Poll | Wake::Config) && earliest.is_some_and(|e| e > Instant::now()) {
                 next = next.min(earliest.unwrap_or(next));
+                deferred_disk |= wake == Wake::DiskUsage;
                 continue;
             }
             let period = self.pass_on(wake).await;
@@ -528,12 +536,16 @@ impl<E: Evictor> EvictionManager<E> {
         // Evictions first: every breach's victims are handed over, then the pass waits until their SIGTERMs went
         // out (within SIGTERM_WAIT, one deadline for the pass) and gives them their headstart (once); only then
         // come the log lines, the records, the metrics, and admission hearing of the new conditions.
-        let (mut handovers, mut idle) = (Vec::new(), Vec::new());
+        let (mut handovers, mut settled, mut idle) = (Vec::new(), Vec::new(), Vec::new());
         for breach in &evaluation.act {
+            let signal = breach.threshold.signal;
             match self.act(breach, observed_at, &settings) {
-                Acted::Handed(h) => handovers.push(h),
-                Acted::Again => {}
-                Acted::Idle => idle.push(breach.threshold.signal),
+                Acted::Handed(h) => {
+                    handovers.push(h);
+                    settled.push(signal);
+                }
+                Acted::Again => settled.push(signal),
+                Acted::Idle => idle.push(signal),
             }
         }
         if !handovers.is_empty() {
@@ -545,9 +557,9 @@ impl<E: Evictor> EvictionManager<E> {
         self.set_pressure(evaluation.pressure);
         // A breach acted on is settled (looked at again soon): its victims are on their way, or a reclaim or a
         // reading is awaited; one with nothing to do until something else changes is idle (looked at again at the
-        // longest period, or when a measure of the pods' disk usage ends).
-        let settled: Vec<Signal> =
-            evaluation.act.iter().map(|b| b.threshold.signal).filter(|s| !idle.contains(s)).collect();
+        // longest period, or when a measure of the pods' disk usage ends), unless another breach of its signal
+        // (hard beside soft) settled.
+        idle.retain(|s| !settled.contains(s));
         let periods = signal_periods(&settings, &self.signals, &evaluation, (&settled, &idle), |s| {
             self.schedule.rates().planning(s)
         });

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::manager::{Eviction, SIGTERM_SLACK};
+use crate::manager::{Eviction, NotSignalled, SIGTERM_SLACK};
 use crate::pressure::Evaluation;
 
 /// How many evictions `/evictions` keeps.
@@ -29,7 +29,7 @@ pub struct Ranked {
 /// One eviction and why.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EvictionRecord {
-    /// When it was decided.
+    /// When it was decided (for a limit, when the limit was found exceeded).
     pub time: jiff::Timestamp,
     /// `namespace/name`.
     pub pod: String,
@@ -45,7 +45,7 @@ pub struct EvictionRecord {
     pub observed: u64,
     /// The threshold (for a limit, the limit in bytes).
     pub threshold: u64,
-    /// Threshold + minimum reclaim: where eviction must bring the signal.
+    /// Threshold + minimum reclaim: where eviction must bring the signal (for a limit, the limit).
     pub target: u64,
     /// What this pod was expected to give back.
     pub reclaims: u64,
@@ -53,9 +53,10 @@ pub struct EvictionRecord {
     pub grace_period_seconds: u64,
     /// The message in the pod's status.
     pub message: String,
-    /// The candidates in rank order (at most ten), the victim first among those not already being evicted.
+    /// The candidates in rank order (at most ten), the victim first among those not already being evicted (none
+    /// for a limit: the pod alone broke it).
     pub candidates: Vec<Ranked>,
-    /// Threshold crossing observed → SIGTERM sent, once sent.
+    /// Threshold crossing observed (for a limit, found exceeded) → SIGTERM sent, once sent.
     pub sigterm_latency_seconds: Option<f64>,
     /// Why the eviction failed, if it did.
     pub error: Option<String>,
@@ -80,6 +81,8 @@ pub struct LimitEviction {
     pub grace: Duration,
     /// The message in the pod's status.
     pub message: String,
+    /// When the limit was found exceeded.
+    pub decided: (Instant, jiff::Timestamp),
 }
 
 /// The eviction loop's shared state.
@@ -184,10 +187,10 @@ impl EvictionStatus {
 
     /// Records `e`, decided at `decided`, beside the eviction loop's, and follows it as the loop follows its own:
     /// when SIGTERM went out, and when the pod terminated. Returns once it has, or SIGTERM did not go out in time.
-    pub async fn follow_limit(&self, e: LimitEviction, decided: Instant, eviction: Eviction) {
-        let LimitEviction { pod, uid, signal, used, limit, grace, message } = e;
+    pub async fn follow_limit(&self, e: LimitEviction, eviction: Eviction) {
+        let LimitEviction { pod, uid, signal, used, limit, grace, message, decided: (decided, time) } = e;
         let id = self.record(EvictionRecord {
-            time: jiff::Timestamp::now(),
+            time,
             pod,
             uid,
             signal,
@@ -204,15 +207,14 @@ impl EvictionStatus {
             completed: false,
         });
         match tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled).await {
-            Ok(Ok(at)) => {
-                let l = at.saturating_duration_since(decided).as_secs_f64();
+            // Dropped unsent: nothing was left to signal; the latency is then to now, as the loop's.
+            Ok(at) => {
+                let l = at.unwrap_or_else(|_| Instant::now()).saturating_duration_since(decided).as_secs_f64();
                 self.update(id, |r| r.sigterm_latency_seconds = Some(l));
             }
-            // Nothing was left to signal.
-            Ok(Err(_)) => {}
             Err(_) => {
-                let waited = (grace + SIGTERM_SLACK).as_secs();
-                self.update(id, |r| r.error = Some(format!("SIGTERM did not go out within {waited}s")));
+                let error = NotSignalled(grace + SIGTERM_SLACK).to_string();
+                self.update(id, |r| r.error = Some(error));
                 return;
             }
         }
@@ -246,11 +248,11 @@ mod tests {
             limit: 5 << 20,
             grace: Duration::from_secs(1),
             message: "Usage of EmptyDir volume \"data\" exceeds the limit \"5Mi\". ".into(),
+            decided: (Instant::now(), jiff::Timestamp::UNIX_EPOCH),
         };
-        let decided = Instant::now();
         let following = tokio::spawn({
             let status = status.clone();
-            async move { status.follow_limit(e, decided, Eviction { signalled, terminated }).await }
+            async move { status.follow_limit(e, Eviction { signalled, terminated }).await }
         });
         tokio::time::sleep(Duration::from_millis(3)).await;
         signal_tx.send(Instant::now()).unwrap();
@@ -276,10 +278,11 @@ mod tests {
             limit: 1,
             grace: Duration::from_secs(1),
             message: String::new(),
+            decided: (Instant::now(), jiff::Timestamp::UNIX_EPOCH),
         };
-        status.follow_limit(e, Instant::now(), Eviction { signalled, terminated }).await;
+        status.follow_limit(e, Eviction { signalled, terminated }).await;
         let r = &status.history()[0];
-        assert_eq!(r.error.as_deref(), Some("SIGTERM did not go out within 6s"));
+        assert_eq!(r.error.as_deref(), Some("SIGTERM was not sent within 6s"));
         assert!(!r.completed);
     }
 }

@@ -17,6 +17,7 @@ use nodewarden_eviction::{EvictionStatus, LimitEviction};
 use nodewarden_resources::parse_non_negative;
 use nodewarden_runtime::Runtime;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::disk_usage::du;
 use crate::evictor::pod_disk_usage;
@@ -167,7 +168,9 @@ pub(crate) fn measure(
 pub(crate) struct Exceeded {
     /// `emptydirfs.limit`, `ephemeralpodfs.limit` or `ephemeralcontainerfs.limit`.
     pub signal: &'static str,
+    /// The bytes used.
     pub used: u64,
+    /// The limit, in bytes.
     pub limit: u64,
     /// The message of the pod's status and its `Evicted` event.
     pub message: String,
@@ -211,12 +214,13 @@ pub(crate) fn exceeded(limits: &Limits, usage: &Usage) -> Option<Exceeded> {
 
 /// Checks every running pod's limits each [`CHECK_PERIOD`] until `shutdown`, evicting those over one, counting
 /// each in `evictions` (the kubelet's `kubelet_evictions`) by the limit's name and recording it in `status` (for
-/// `/evictions`) beside the eviction loop's. As the kubelet's, such an eviction sets no `DisruptionTarget`
-/// condition: the pod broke its own limit.
+/// `/evictions`) beside the eviction loop's, followed on `tasks`. As the kubelet's, such an eviction sets no
+/// `DisruptionTarget` condition: the pod broke its own limit.
 pub async fn enforce_local_storage<R: Runtime>(
     manager: Arc<PodManager<R>>,
     evictions: prometheus::IntCounterVec,
     status: Arc<EvictionStatus>,
+    tasks: TaskTracker,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(CHECK_PERIOD);
@@ -233,16 +237,14 @@ pub async fn enforce_local_storage<R: Runtime>(
             Err(_) => return,
         };
         for (uid, name, Exceeded { signal, used, limit, message }) in over {
-            let decided = tokio::time::Instant::now();
+            let decided = (tokio::time::Instant::now(), jiff::Timestamp::now());
             match manager.evict_for_limit(&uid, GRACE, message.clone()) {
                 Ok(eviction) => {
                     evictions.with_label_values(&[signal]).inc();
                     tracing::info!(pod = %name, pod_uid = %uid, %message, "evicted a pod over its ephemeral-storage limit");
-                    let e = LimitEviction { pod: name, uid, signal, used, limit, grace: GRACE, message };
+                    let e = LimitEviction { pod: name, uid, signal, used, limit, grace: GRACE, message, decided };
                     let (status, stop) = (status.clone(), shutdown.clone());
-                    tokio::spawn(
-                        async move { stop.run_until_cancelled(status.follow_limit(e, decided, eviction)).await },
-                    );
+                    tasks.spawn(async move { stop.run_until_cancelled(status.follow_limit(e, eviction)).await });
                 }
                 Err(e) => {
                     tracing::warn!(pod = %name, pod_uid = %uid, error = %e, "cannot evict a pod over its ephemeral-storage limit")

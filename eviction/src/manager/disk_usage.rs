@@ -32,6 +32,15 @@ pub type Usage = HashMap<String, u64>;
 /// What the measuring thread sends: when it ended, and the usage.
 type Ended = (Instant, Usage);
 
+/// Notifies the loop when dropped: at a measure's end.
+struct WakeOnDrop(Arc<Notify>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
+}
+
 /// A measure under way.
 #[derive(Debug)]
 struct Running {
@@ -86,6 +95,8 @@ impl DiskUsage {
         let (measured, done, started) = (Arc::clone(evictor), Arc::clone(&self.done), Instant::now());
         // Started from the eviction thread, it runs under the normal scheduler (SCHED_RESET_ON_FORK).
         let spawned = std::thread::Builder::new().name("nw-disk-usage".into()).spawn(move || {
+            // Wakes the loop however the measure ends, a panic included.
+            let _wake = WakeOnDrop(done);
             let usage: Usage = uids
                 .into_iter()
                 .map(|uid| {
@@ -94,7 +105,6 @@ impl DiskUsage {
                 })
                 .collect();
             let _ = tx.send((Instant::now(), usage));
-            done.notify_one();
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start a thread to measure the pods' disk usage; ranking without it");

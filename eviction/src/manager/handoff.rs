@@ -95,10 +95,15 @@ enum Failure {
     /// The evictor could not hand it over.
     #[error(transparent)]
     Refused(EvictError),
-    /// SIGTERM did not go out within the victim's grace period and [`SIGTERM_SLACK`] (this long).
-    #[error("SIGTERM was not sent within {}s", .0.as_secs())]
-    NotSignalled(Duration),
+    /// SIGTERM did not go out in time.
+    #[error(transparent)]
+    NotSignalled(NotSignalled),
 }
+
+/// SIGTERM did not go out within the victim's grace period and [`SIGTERM_SLACK`] (this long).
+#[derive(Debug, thiserror::Error)]
+#[error("SIGTERM was not sent within {}s", .0.as_secs())]
+pub(crate) struct NotSignalled(pub(crate) Duration);
 
 /// What an eviction task reports about its victim, by UID.
 pub type Report = (String, Outcome);
@@ -297,7 +302,7 @@ impl Handoffs {
                                 Some(at) => Ok(at),
                                 None => tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled)
                                     .await
-                                    .map_err(|_| Failure::NotSignalled(grace + SIGTERM_SLACK)),
+                                    .map_err(|_| Failure::NotSignalled(NotSignalled(grace + SIGTERM_SLACK))),
                             };
                             signalled.map(|at| (at.unwrap_or_else(|_| Instant::now()), eviction.terminated))
                         }

@@ -427,6 +427,22 @@ async fn disk_pressure_with_only_critical_pods_measures_nothing() {
     assert!(r.ledger.view().pressure().contains(Condition::DiskPressure));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_disk_measure_under_way_is_not_polled_for() {
+    let mut r = rig(
+        settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]),
+        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
+    );
+    r.manager.disk = DiskUsage::with_wait(Duration::from_millis(20));
+    let (release, gate) = std::sync::mpsc::channel();
+    *r.evictor.gate.lock().unwrap() = Some(gate);
+    for _ in 0..2 {
+        assert_eq!(r.manager.pass().await, Duration::from_secs(1), "the measure's end wakes the loop: no fast polls");
+    }
+    assert!(r.evictor.attempts.lock().unwrap().is_empty());
+    release.send(()).unwrap();
+}
+
 /// A measure on a slow disk: the loop does not poll for it, and its end wakes the pass that evicts.
 #[tokio::test]
 #[expect(clippy::disallowed_types, reason = "the measure runs on a real thread, in real time")]

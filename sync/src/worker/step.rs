@@ -354,7 +354,7 @@ impl Lifecycle {
         } else {
             ContainerState::Exited
         };
-        let created = info.started_at;
+        let created = created(&info);
         c.last_exit = Some(LastExit { info, container_id: Some(id.clone()) });
         out.extend([Action::RetireContainer { index: i, id, created }, Action::Save]);
     }
@@ -496,6 +496,12 @@ impl Lifecycle {
         let deadline = after(now, self.grace);
         self.begin_termination(Reason::Completed(terminal), deadline, now, out);
     }
+}
+
+/// When a run was created, for the dead-container policy: its start, or its end for a run that never started
+/// (the runtime then reports no start time).
+fn created(info: &nodewarden_runtime::ExitInfo) -> jiff::Timestamp {
+    if info.started_at == jiff::Timestamp::UNIX_EPOCH { info.finished_at } else { info.started_at }
 }
 
 #[cfg(test)]

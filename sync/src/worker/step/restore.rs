@@ -35,7 +35,7 @@ impl Lifecycle {
             c.last_exit = s.last.map(|info| LastExit { info, container_id: s.last_id.clone() });
             // The dead containers the earlier daemon kept are kept again, oldest first, under the same policy.
             if let Some(id) = s.last_id.clone() {
-                let created = c.last_exit.as_ref().map_or(at, |l| l.info.started_at);
+                let created = c.last_exit.as_ref().map_or(at, |l| super::created(&l.info));
                 out.push(Action::RetireContainer { index: i, id, created });
             }
             if let Some(mut started) = running.remove(&i).filter(|_| sandbox) {
@@ -44,7 +44,7 @@ impl Lifecycle {
             } else if s.pid.is_some_and(|pid| pid != 0) {
                 let mut info = ExitInfo::unknown(ENDED_UNSEEN, s.started_at.unwrap_or(at));
                 info.finished_at = at;
-                let created = info.started_at;
+                let created = super::created(&info);
                 c.last_exit = Some(LastExit { info, container_id: s.id.clone() });
                 if let Some(id) = s.id.clone() {
                     out.push(Action::RetireContainer { index: i, id, created });
