@@ -641,7 +641,9 @@ impl<E: Evictor> EvictionManager<E> {
             match with_normal_scheduler(|| self.evictor.reclaim_disk(signal)) {
                 Reclaimed::Freed(freed) => {
                     tracing::info!(%signal, freed, "reclaimed node storage before evicting; looking again");
-                    self.settled(condition);
+                    // The signals are read again; the pods' usage measured before is still theirs (what was
+                    // reclaimed no running pod owns), so a measure under way on a slow disk is not thrown away.
+                    self.schedule.settled(condition, Instant::now());
                     return Acted::Again;
                 }
                 Reclaimed::Running => {

@@ -23,16 +23,17 @@ pub(crate) fn pod_disk_usage(root: &Path, log_root: &Path, uid: &str, pod: Optio
 }
 
 impl<R: Runtime> PodManager<R> {
-    /// Removes the logs of the pods that are over; returns the bytes freed.
+    /// Removes the logs of the pods that are over, empty ones too (they hold inodes, and would be measured again
+    /// at every pass); returns the bytes freed.
     fn reclaim_logs(&self) -> u64 {
         let log_dir = &self.settings().log_dir;
         let mut freed = 0u64;
         for pod in self.store().finished() {
             let dir = log_dir.join(pod_log_dir_name(&pod));
-            let bytes = du(&dir);
-            if bytes == 0 {
+            if !dir.exists() {
                 continue;
             }
+            let bytes = du(&dir);
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {
                     tracing::info!(pod = %nodewarden_resources::pod::full_name(&pod), bytes, "reclaimed the logs of a pod that is over");

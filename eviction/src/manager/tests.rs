@@ -443,6 +443,32 @@ async fn a_disk_measure_under_way_is_not_polled_for() {
     release.send(()).unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+#[expect(clippy::disallowed_types, reason = "the measure runs on a real thread, in real time")]
+async fn a_reclaim_does_not_throw_away_the_measure_under_way() {
+    let mut r = rig(
+        settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]),
+        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
+    );
+    r.manager.disk = DiskUsage::with_wait(Duration::from_millis(20));
+    let (release, gate) = std::sync::mpsc::channel();
+    *r.evictor.gate.lock().unwrap() = Some(gate);
+    r.manager.pass().await;
+    // A dead pod's logs are reclaimed while the disk is walked: the signals are read again, the walk goes on.
+    *r.evictor.reclaimable.lock().unwrap() = 10 * MIB;
+    r.manager.pass().await;
+    release.send(()).unwrap();
+    let started = std::time::Instant::now();
+    while r.evictor.measured.lock().unwrap().len() < 2 {
+        assert!(started.elapsed() < Duration::from_secs(20), "the measure did not end");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    r.manager.pass().await;
+    settle().await;
+    assert_eq!(r.evictor.victims(), ["writer", "quiet"]);
+    assert_eq!(r.evictor.measured.lock().unwrap().len(), 2, "ranked by the measure under way, not a second one");
+}
+
 /// A measure on a slow disk: the loop does not poll for it, and its end wakes the pass that evicts.
 #[tokio::test]
 #[expect(clippy::disallowed_types, reason = "the measure runs on a real thread, in real time")]
