@@ -39,6 +39,7 @@
 mod apipods;
 mod cluster;
 mod cri;
+mod diskslow;
 mod diskusage;
 mod eviction;
 mod hog;
@@ -290,12 +291,8 @@ enum Cmd {
     /// The pods' disk usage from project quotas against the walk, on the same files (inside the VM, with
     /// `NODEWARDEN_VM_DISK`).
     DiskUsage {
-        /// Pods, each with one `emptyDir`.
-        #[arg(long, default_value_t = 110)]
-        pods: usize,
-        /// Files of 1 KiB in each pod's `emptyDir`.
-        #[arg(long, default_value_t = 1000)]
-        files: usize,
+        #[command(flatten)]
+        files: DiskFiles,
         /// Runs; the table reports the median and the worst.
         #[arg(long, default_value_t = 5)]
         runs: usize,
@@ -306,6 +303,35 @@ enum Cmd {
         #[arg(long, default_value = "results/disk-usage.md")]
         out: PathBuf,
     },
+    /// The eviction thread while the pods' disk usage is measured on a slow disk, walked and from project quotas
+    /// (inside the VM, with `NODEWARDEN_VM_DISK` and `NODEWARDEN_VM_DISK_IOPS`; it makes that disk again).
+    DiskSlow {
+        /// The nodewarden binary to measure.
+        #[arg(long, default_value = "target/release/nodewarden")]
+        nodewarden: PathBuf,
+        #[command(flatten)]
+        files: DiskFiles,
+        /// Disk evictions timed (and memory evictions, in each case); the tables report the median and the worst.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Seconds of each CPU window.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Where the Markdown tables are written.
+        #[arg(long, default_value = "results/disk-slow.md")]
+        out: PathBuf,
+    },
+}
+
+/// Pods with small files in their `emptyDir`s, for the disk benches.
+#[derive(clap::Args)]
+struct DiskFiles {
+    /// Pods, each with one `emptyDir`.
+    #[arg(long, default_value_t = 110)]
+    pods: usize,
+    /// Files of 1 KiB in each pod's `emptyDir`.
+    #[arg(long, default_value_t = 1000)]
+    files: usize,
 }
 
 const ROOT: &str = "/nwbench";
@@ -339,7 +365,10 @@ fn main() -> Result<()> {
         Cmd::DiskReclaim { nodewarden, agent, runs, containerd, out } => {
             reclaim::run(&nodewarden, &agent, &containerd, runs, &out)
         }
-        Cmd::DiskUsage { pods, files, runs, dir, out } => diskusage::run(pods, files, runs, &dir, &out),
+        Cmd::DiskUsage { files, runs, dir, out } => diskusage::run(files.pods, files.files, runs, &dir, &out),
+        Cmd::DiskSlow { nodewarden, files, runs, seconds, out } => {
+            diskslow::run(&nodewarden, files.pods, files.files, runs, seconds, &out)
+        }
     }
 }
 
