@@ -169,12 +169,16 @@ fn passes(port: u16) -> f64 {
         .sum()
 }
 
+/// The CPU time of the daemon's eviction thread, in ns.
+fn eviction_thread_ns(pid: u32) -> Result<u64> {
+    thread_cpu_ns(pid).get("eviction").copied().context("no thread named eviction")
+}
+
 /// The CPU of the daemon and of its eviction thread over `seconds`.
 fn sample_cpu(pid: u32, seconds: u64) -> Result<Cpu> {
-    let thread = || thread_cpu_ns(pid).get("eviction").copied().context("no thread named eviction");
-    let (t0, c0, e0) = (Instant::now(), cpu_ticks(pid)?, thread()?);
+    let (t0, c0, e0) = (Instant::now(), cpu_ticks(pid)?, eviction_thread_ns(pid)?);
     std::thread::sleep(Duration::from_secs(seconds));
-    let (c1, e1) = (cpu_ticks(pid)?, thread()?);
+    let (c1, e1) = (cpu_ticks(pid)?, eviction_thread_ns(pid)?);
     let s = t0.elapsed().as_secs_f64();
     Ok(Cpu { daemon: (c1 - c0) as f64 / HZ * 1000.0 / s, eviction: (e1 - e0) as f64 / 1e6 / s })
 }
@@ -319,8 +323,7 @@ fn disk_run(node: &StaticNode, fills: &mut Vec<PathBuf>, hogs: &mut Vec<PathBuf>
     drop_caches()?;
     let pid = node.pid();
     let over = fresh_signal(node.port, "nodefs.available")? / MIB + 1;
-    let evicting = || thread_cpu_ns(pid).get("eviction").copied().context("no thread named eviction");
-    let (passes0, c0, e0) = (passes(node.port), cpu_ticks(pid)?, evicting()?);
+    let (passes0, c0, e0) = (passes(node.port), cpu_ticks(pid)?, eviction_thread_ns(pid)?);
     let t0 = hog::monotonic();
     reconfigure(node, 1, over)?;
     let memory = if walk {
@@ -335,7 +338,7 @@ fn disk_run(node: &StaticNode, fills: &mut Vec<PathBuf>, hogs: &mut Vec<PathBuf>
     };
     let at =
         first_sigterm(fills, 300).context("no pod was sent SIGTERM within 300 s of the nodefs threshold raised")?;
-    let (c1, e1) = (cpu_ticks(pid)?, evicting()?);
+    let (c1, e1) = (cpu_ticks(pid)?, eviction_thread_ns(pid)?);
     let run = DiskRun {
         ms: (at - t0) * 1000.0,
         eviction_cpu: (e1 - e0) as f64 / 1e6,

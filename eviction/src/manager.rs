@@ -39,8 +39,8 @@ use disk_usage::DiskUsage;
 
 pub use evictor::{EvictError, Eviction, Evictor, Reclaimed};
 pub use handoff::VICTIM_HEADSTART;
+pub(crate) use handoff::sigterm_sent;
 use handoff::{Handoffs, Handover, Outcome, wait_signalled};
-pub(crate) use handoff::{NotSignalled, SIGTERM_SLACK};
 use read_ahead::ReadAhead;
 pub use schedule::{SETTLE_POLL, next_poll};
 use schedule::{Schedule, signal_periods};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::manager::{Eviction, NotSignalled, SIGTERM_SLACK};
+use crate::manager::{Eviction, sigterm_sent};
 use crate::pressure::Evaluation;
 
 /// How many evictions `/evictions` keeps.
@@ -206,15 +206,13 @@ impl EvictionStatus {
             error: None,
             completed: false,
         });
-        match tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled).await {
-            // Dropped unsent: nothing was left to signal; the latency is then to now, as the loop's.
+        match sigterm_sent(eviction.signalled, grace).await {
             Ok(at) => {
-                let l = at.unwrap_or_else(|_| Instant::now()).saturating_duration_since(decided).as_secs_f64();
+                let l = at.saturating_duration_since(decided).as_secs_f64();
                 self.update(id, |r| r.sigterm_latency_seconds = Some(l));
             }
-            Err(_) => {
-                let error = NotSignalled(grace + SIGTERM_SLACK).to_string();
-                self.update(id, |r| r.error = Some(error));
+            Err(e) => {
+                self.update(id, |r| r.error = Some(e.to_string()));
                 return;
             }
         }

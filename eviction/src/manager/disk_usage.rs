@@ -3,8 +3,9 @@
 //! disk-usage`), during which the eviction thread would have read no memory or PID signal. The pass that starts a
 //! measure waits for it a little ([`WAIT`]); one that takes longer is picked up by the pass its end wakes
 //! ([`DiskUsage::ended`]; the loop does not poll for it), and no pod is evicted for disk meanwhile. A measure ranks pods
-//! once, for the signal it was made for, within [`FRESH`] of its end; one that a victim's end or a reclaim made out
-//! of date ([`DiskUsage::forget`]), ended or still running, is never used. A measure that runs for longer than
+//! once, for the signal it was made for, within [`FRESH`] of its end; one that a victim's end made out of date
+//! ([`DiskUsage::forget`]), ended or still running, is never used (a reclaim leaves it: what it removed no running
+//! pod owns). A measure that runs for longer than
 //! [`HUNG_AFTER`] (a walk stuck on a hung mount) is reported, once.
 
 use std::collections::HashMap;
@@ -31,6 +32,12 @@ pub type Usage = HashMap<String, u64>;
 
 /// What the measuring thread sends: when it ended, and the usage.
 type Ended = (Instant, Usage);
+
+/// The debug line of a measure's end, which `bench/run disk-slow` reads.
+fn log_ended(signal: Signal, started: Instant, at: Instant) {
+    let took_ms = at.saturating_duration_since(started).as_millis();
+    tracing::debug!(%signal, took_ms, "measured the pods' disk usage");
+}
 
 /// Notifies the loop when dropped: at a measure's end.
 struct WakeOnDrop(Arc<Notify>);
@@ -112,8 +119,7 @@ impl DiskUsage {
         }
         match rx.recv_timeout(self.wait) {
             Ok((at, usage)) => {
-                let took_ms = at.saturating_duration_since(started).as_millis();
-                tracing::debug!(%signal, took_ms, "measured the pods' disk usage");
+                log_ended(signal, started, at);
                 Some(usage)
             }
             Err(RecvTimeoutError::Timeout) => {
@@ -132,8 +138,7 @@ impl DiskUsage {
         let Some(r) = &mut self.running else { return };
         match r.result.try_recv() {
             Ok(ended) => {
-                let took_ms = ended.0.saturating_duration_since(r.started).as_millis();
-                tracing::debug!(signal = %r.signal, took_ms, "measured the pods' disk usage");
+                log_ended(r.signal, r.started, ended.0);
                 if r.generation == self.generation {
                     self.ended.insert(r.signal, ended);
                 }
@@ -155,7 +160,7 @@ impl DiskUsage {
         self.done.notified()
     }
 
-    /// Makes every measure made so far, ended or running, out of date: a victim ended or a reclaim freed space.
+    /// Makes every measure made so far, ended or running, out of date: a victim ended.
     pub fn forget(&mut self) {
         self.ended.clear();
         self.generation = self.generation.wrapping_add(1);

@@ -103,7 +103,20 @@ enum Failure {
 /// SIGTERM did not go out within the victim's grace period and [`SIGTERM_SLACK`] (this long).
 #[derive(Debug, thiserror::Error)]
 #[error("SIGTERM was not sent within {}s", .0.as_secs())]
-pub(crate) struct NotSignalled(pub(crate) Duration);
+pub(crate) struct NotSignalled(Duration);
+
+/// When SIGTERM went out to a victim given `grace`, waited for until the grace and [`SIGTERM_SLACK`] have passed;
+/// now when there was nothing left to signal (the sender dropped unsent).
+pub(crate) async fn sigterm_sent(
+    signalled: oneshot::Receiver<Instant>,
+    grace: Duration,
+) -> Result<Instant, NotSignalled> {
+    let within = grace + SIGTERM_SLACK;
+    match tokio::time::timeout(within, signalled).await {
+        Ok(at) => Ok(at.unwrap_or_else(|_| Instant::now())),
+        Err(_) => Err(NotSignalled(within)),
+    }
+}
 
 /// What an eviction task reports about its victim, by UID.
 pub type Report = (String, Outcome);
@@ -299,12 +312,10 @@ impl Handoffs {
                     let result = match requested {
                         Ok(eviction) => {
                             let signalled = match early {
-                                Some(at) => Ok(at),
-                                None => tokio::time::timeout(grace + SIGTERM_SLACK, eviction.signalled)
-                                    .await
-                                    .map_err(|_| Failure::NotSignalled(NotSignalled(grace + SIGTERM_SLACK))),
+                                Some(at) => Ok(at.unwrap_or_else(|_| Instant::now())),
+                                None => sigterm_sent(eviction.signalled, grace).await.map_err(Failure::NotSignalled),
                             };
-                            signalled.map(|at| (at.unwrap_or_else(|_| Instant::now()), eviction.terminated))
+                            signalled.map(|at| (at, eviction.terminated))
                         }
                         Err(e) => Err(Failure::Refused(e)),
                     };

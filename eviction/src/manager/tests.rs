@@ -427,15 +427,19 @@ async fn disk_pressure_with_only_critical_pods_measures_nothing() {
     assert!(r.ledger.view().pressure().contains(Condition::DiskPressure));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_disk_measure_under_way_is_not_polled_for() {
-    let mut r = rig(
-        settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]),
-        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
-    );
+/// A writer beside a quiet pod under `s`, on a slow disk: the first measure of their usage waits until the sender
+/// sends (or is dropped), and the pass that starts it waits 20 ms for it.
+fn slow_disk(s: EvictionSettings) -> (Rig, std::sync::mpsc::Sender<()>) {
+    let mut r = rig(s, vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)]);
     r.manager.disk = DiskUsage::with_wait(Duration::from_millis(20));
     let (release, gate) = std::sync::mpsc::channel();
     *r.evictor.gate.lock().unwrap() = Some(gate);
+    (r, release)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_disk_measure_under_way_is_not_polled_for() {
+    let (mut r, release) = slow_disk(settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]));
     for _ in 0..2 {
         assert_eq!(r.manager.pass().await, Duration::from_secs(1), "the measure's end wakes the loop: no fast polls");
     }
@@ -446,13 +450,7 @@ async fn a_disk_measure_under_way_is_not_polled_for() {
 #[tokio::test(start_paused = true)]
 #[expect(clippy::disallowed_types, reason = "the measure runs on a real thread, in real time")]
 async fn a_reclaim_does_not_throw_away_the_measure_under_way() {
-    let mut r = rig(
-        settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]),
-        vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)],
-    );
-    r.manager.disk = DiskUsage::with_wait(Duration::from_millis(20));
-    let (release, gate) = std::sync::mpsc::channel();
-    *r.evictor.gate.lock().unwrap() = Some(gate);
+    let (mut r, release) = slow_disk(settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]));
     r.manager.pass().await;
     // A dead pod's logs are reclaimed while the disk is walked: the signals are read again, the walk goes on.
     *r.evictor.reclaimable.lock().unwrap() = 10 * MIB;
@@ -475,10 +473,7 @@ async fn a_reclaim_does_not_throw_away_the_measure_under_way() {
 async fn the_end_of_a_slow_disk_measure_wakes_the_loop() {
     let mut s = settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]);
     s.poll_max = Duration::from_secs(60);
-    let mut r = rig(s, vec![(pod("writer", None, json!({})), MIB, 1), (pod("quiet", None, json!({})), MIB, 1)]);
-    r.manager.disk = DiskUsage::with_wait(Duration::from_millis(20));
-    let (release, gate) = std::sync::mpsc::channel();
-    *r.evictor.gate.lock().unwrap() = Some(gate);
+    let (r, release) = slow_disk(s);
     let (_wake_tx, wake_rx) = mpsc::channel(1);
     let (shutdown, evictor) = (r.shutdown.clone(), r.evictor.clone());
     let started = std::time::Instant::now();
