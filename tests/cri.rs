@@ -453,7 +453,7 @@ fn containers_of(name: &str) -> Vec<(String, String)> {
 }
 
 #[test]
-fn a_crash_looping_container_keeps_its_last_dead_container_until_the_pod_ends() {
+fn dead_containers_are_kept_as_the_kubelet_keeps_them_until_their_pod_is_deleted() {
     if !cgroup2_available() {
         return;
     }
@@ -478,6 +478,24 @@ fn a_crash_looping_container_keeps_its_last_dead_container_until_the_pod_ends() 
     eprintln!("the pod's containers: {seen:?}");
     remove_pod(&n, "crash.yaml", "crash");
     assert_eq!(containers_of(&name), [], "the pod's end takes its dead containers");
+
+    // A pod over on its own and still listed keeps its exited container and its sandbox, stopped (for
+    // `crictl ps -a` and its logs), until it is deleted.
+    n.write("done.yaml", &busybox_pod("done", "echo done", "", "  restartPolicy: Never\n"));
+    let p = n.wait_pod("done", 180, "succeeded", |p| phase(p) == "Succeeded");
+    let (name, uid) = (p["metadata"]["name"].as_str().unwrap(), p["metadata"]["uid"].as_str().unwrap());
+    let sandbox_state = |id: &str| -> Value { serde_json::from_str::<Value>(&cri(&["inspect", id]).1).unwrap() };
+    wait_until(30, "the sandbox stopped", || {
+        let ids = sandboxes(uid);
+        ids.len() == 1 && sandbox_state(&ids[0])["status"]["state"] == "NOTREADY"
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let rows = containers_of(name);
+    assert!(rows.len() == 1 && rows[0].1 == "EXITED", "{rows:?}\n{}", n.d.log());
+    assert_eq!(sandboxes(uid).len(), 1, "kept");
+    remove_pod(&n, "done.yaml", "done");
+    assert_eq!(containers_of(name), [], "its deletion takes its exited container");
+    assert_eq!(sandboxes(uid), Vec::<String>::new(), "and its sandbox");
 }
 
 #[test]
@@ -591,8 +609,14 @@ fn imagefs_pressure_is_relieved_by_removing_unused_images_before_any_pod_is_evic
     // A quiet pod, and one that fills its own root file system (its writable layer, on the image file system).
     n.write("quiet.yaml", &busybox_pod("quiet", "exec sleep 3600", "", ""));
     n.write("filler.yaml", &busybox_pod("filler", "dd if=/dev/zero of=/fill bs=1M count=40; exec sleep 3600", "", ""));
+    // And a pod over, still listed, whose exited container wrote 16 MiB to its writable layer.
+    let over = "dd if=/dev/zero of=/fill bs=1M count=16";
+    n.write("over.yaml", &busybox_pod("over", over, "", "  restartPolicy: Never\n"));
     n.wait_pod("quiet", 180, "ran", running);
     n.wait_pod("filler", 180, "ran", running);
+    let p = n.wait_pod("over", 180, "succeeded", |p| phase(p) == "Succeeded");
+    let over_name = p["metadata"]["name"].as_str().unwrap().to_owned();
+    assert_eq!(containers_of(&over_name).len(), 1, "kept while no disk is short");
     // containerd measures writable layers every 10 s, and the daemon reads them every 10 s.
     std::thread::sleep(Duration::from_secs(25));
     let reload = |from: u64, to: u64| {
@@ -604,11 +628,14 @@ fn imagefs_pressure_is_relieved_by_removing_unused_images_before_any_pod_is_evic
     let mib = |b: u64| b >> 20;
     let evictions = || -> Value { serde_json::from_str(&get(n.d.port, "/evictions").unwrap().1).unwrap() };
 
-    // Crossed at once by 30 MiB, which removing the unused image covers: no pod is evicted.
+    // Crossed at once by 30 MiB, which removing the dead container of the pod over and the unused image covers:
+    // no pod is evicted, and the pod over stays listed, over.
     let threshold = mib(available(IMAGEFS)) + 30;
     reload(1, threshold);
     let t0 = Instant::now();
     wait_until(60, "the unused image was removed", || !images().contains("localhost/bulky"));
+    assert_eq!(containers_of(&over_name), [], "the exited container was reclaimed\n{}", n.d.log());
+    assert_eq!(phase(&n.pod("over").unwrap()), "Succeeded");
     wait_until(30, "the disk is above its threshold", || mib(available(IMAGEFS)) > threshold);
     eprintln!("reload → the disk above its threshold again: {:.2} s, with no eviction", t0.elapsed().as_secs_f64());
     std::thread::sleep(Duration::from_secs(3));
@@ -632,6 +659,7 @@ fn imagefs_pressure_is_relieved_by_removing_unused_images_before_any_pod_is_evic
     assert!(running(&n.pod("quiet").unwrap()), "{}", n.d.log());
     remove_pod(&n, "quiet.yaml", "quiet");
     remove_pod(&n, "filler.yaml", "filler");
+    remove_pod(&n, "over.yaml", "over");
 }
 
 #[test]

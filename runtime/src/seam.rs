@@ -558,8 +558,12 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     /// Finds the ready sandbox of a pod an earlier daemon ran, so that no new one is created.
     fn adopt_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = Option<RunningSandbox>> + Send;
 
-    /// Stops and removes every sandbox of the pod (what is left of its containers with them).
-    fn remove_sandbox(&self, spec: &SandboxSpec) -> impl Future<Output = ()> + Send;
+    /// Stops every sandbox of pod `pod_uid` (its network and shared namespaces are released) and keeps them, with
+    /// the pod's exited containers, as the kubelet keeps them for a pod that is over but still listed.
+    fn stop_sandboxes(&self, pod_uid: &str) -> impl Future<Output = ()> + Send;
+
+    /// Stops and removes every sandbox of pod `pod_uid` (what is left of its containers with them).
+    fn remove_sandboxes(&self, pod_uid: &str) -> impl Future<Output = ()> + Send;
 }
 
 /// Which standard streams an interactive session carries: at least one of `stdin`, `stdout` and `stderr`; with
@@ -756,7 +760,11 @@ impl SandboxRuntime for NoSandboxes {
         match *self {}
     }
 
-    async fn remove_sandbox(&self, _spec: &SandboxSpec) {
+    async fn stop_sandboxes(&self, _pod_uid: &str) {
+        match *self {}
+    }
+
+    async fn remove_sandboxes(&self, _pod_uid: &str) {
         match *self {}
     }
 }

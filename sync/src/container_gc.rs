@@ -5,12 +5,16 @@
 //! (`--maximum-dead-containers`). A pod's dead containers go with the pod's end. As the kubelet's, ages and order
 //! count from each container's creation (its run's start), not its exit.
 //!
+//! A pod that ended on its own and is still listed keeps its dead containers (and its sandbox, stopped) until it is
+//! deleted, or disk pressure reclaims them (the kubelet's `DeleteAllUnusedContainers`): such pods are noted here
+//! once their clean-up is done, so that a reclaim never takes a pod whose sidecars are still being stopped.
+//!
 //! The policy is applied when a container dies and on every tick of the pod manager (for the ones that were too
 //! young), in the order the kubelet's `evictContainers` applies it: only containers past the minimum age count;
 //! each container keeps its newest up to its limit; over the node's limit, each container's share is that limit
 //! divided among the containers (at least one), then the oldest on the node go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -49,12 +53,14 @@ struct Dead {
 pub(crate) struct DeadContainers {
     policy: DeadContainerPolicy,
     units: Mutex<BTreeMap<(String, String), Vec<Dead>>>,
+    /// The pods over and cleaned up whose sandbox and dead containers are kept, by UID.
+    over: Mutex<BTreeSet<String>>,
 }
 
 impl DeadContainers {
     /// No dead container yet, under `policy`.
     pub(crate) fn new(policy: DeadContainerPolicy) -> Self {
-        Self { policy, units: Mutex::default() }
+        Self { policy, units: Mutex::default(), over: Mutex::default() }
     }
 
     fn units(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Vec<Dead>>> {
@@ -83,9 +89,23 @@ impl DeadContainers {
 
     /// Pod `uid` has ended: every dead container of it, to remove.
     pub(crate) fn pod_gone(&self, uid: &str) -> Vec<ContainerId> {
+        self.over.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
         let mut units = self.units();
         let keys: Vec<_> = units.keys().filter(|(u, _)| u == uid).cloned().collect();
         keys.into_iter().flat_map(|k| units.remove(&k).unwrap_or_default()).map(|d| d.id).collect()
+    }
+
+    /// Pod `uid` ended on its own and is cleaned up: it keeps its dead containers and its sandbox until it is
+    /// deleted or [`DeadContainers::reclaim_over`] takes them.
+    pub(crate) fn pod_over(&self, uid: &str) {
+        self.over.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.to_owned());
+    }
+
+    /// Disk pressure: every pod noted by [`DeadContainers::pod_over`], each with its dead containers, to remove
+    /// with its sandboxes.
+    pub(crate) fn reclaim_over(&self) -> Vec<(String, Vec<ContainerId>)> {
+        let pods = std::mem::take(&mut *self.over.lock().unwrap_or_else(PoisonError::into_inner));
+        pods.into_iter().map(|uid| (uid.clone(), self.pod_gone(&uid))).collect()
     }
 
     /// The dead containers the policy no longer keeps at `now` (those that were too young before).
@@ -178,6 +198,28 @@ mod tests {
         assert_eq!(gone, ids(&["a3", "s1"]), "a pod's end takes all of its own");
         assert_eq!(dead.len(), 1);
         assert!(dead.pod_gone("u1").is_empty());
+    }
+
+    #[test]
+    fn a_reclaim_takes_the_pods_over_and_only_those() {
+        let dead = DeadContainers::new(DeadContainerPolicy::default());
+        let t = Instant::now();
+        for (uid, c) in [("over", "o1"), ("running", "r1"), ("ending", "e1")] {
+            assert!(dead.died(uid, "app", id(c), t, t).is_empty());
+        }
+        // `ending` is over by its phase but its clean-up (its sidecars' grace) is not done: not noted yet.
+        dead.pod_over("over");
+        dead.pod_over("bare");
+        assert_eq!(
+            dead.reclaim_over(),
+            [("bare".to_owned(), vec![]), ("over".to_owned(), ids(&["o1"]))],
+            "a pod over whose dead containers are gone still has its sandbox to remove"
+        );
+        assert!(dead.reclaim_over().is_empty(), "each once");
+        assert_eq!((dead.kept("running", "app"), dead.kept("ending", "app")), (1, 1));
+        dead.pod_over("running");
+        assert_eq!(dead.pod_gone("running"), ids(&["r1"]));
+        assert!(dead.reclaim_over().is_empty(), "a deletion takes the note too");
     }
 
     #[test]

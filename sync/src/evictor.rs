@@ -2,7 +2,8 @@
 //! eviction through the pod workers (the same graceful termination as a deletion; the pod stays `Failed` with
 //! reason `Evicted`).
 
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -10,9 +11,11 @@ use nodewarden_eviction::{EvictError, Eviction, Evictor, Reclaimed, Signal};
 
 use crate::disk_usage::{DiskUsage, du, usage};
 use crate::manager::{PodManager, TerminateError};
+use crate::reclaim::Removed;
 use crate::spec::pod_log_dir_name;
 use crate::volumes::pod_dir;
-use nodewarden_runtime::Runtime;
+use crate::worker::remove_dead;
+use nodewarden_runtime::{Runtime, SandboxRuntime};
 
 /// The node storage pod `uid` uses: its volumes below `root` and, where the pod is known, its logs below
 /// `log_root`.
@@ -23,28 +26,48 @@ pub(crate) fn pod_disk_usage(root: &Path, log_root: &Path, uid: &str, pod: Optio
 }
 
 impl<R: Runtime> PodManager<R> {
-    /// Removes the logs of the pods that are over, empty ones too (they hold inodes, and would be measured again
-    /// at every pass); returns the bytes freed.
-    fn reclaim_logs(&self) -> u64 {
+    /// The log directories of the pods that are over, to remove as a task, empty ones too (they hold inodes, and
+    /// would be measured again at every pass); `None` when there are none.
+    fn reclaim_logs(&self) -> Option<impl Future<Output = Removed> + Send + use<R>> {
         let log_dir = &self.settings().log_dir;
-        let mut freed = 0u64;
-        for pod in self.store().finished() {
-            let dir = log_dir.join(pod_log_dir_name(&pod));
-            if !dir.exists() {
-                continue;
-            }
-            let bytes = du(&dir);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {
-                    tracing::info!(pod = %nodewarden_resources::pod::full_name(&pod), bytes, "reclaimed the logs of a pod that is over");
-                    freed = freed.saturating_add(bytes);
-                }
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the logs of a pod that is over")
-                }
-            }
+        let dirs: Vec<(String, PathBuf)> = self
+            .store()
+            .finished()
+            .iter()
+            .map(|p| (nodewarden_resources::pod::full_name(p), log_dir.join(pod_log_dir_name(p))))
+            .filter(|(_, dir)| dir.exists())
+            .collect();
+        if dirs.is_empty() {
+            return None;
         }
-        freed
+        Some(async move { tokio::task::spawn_blocking(move || remove_logs(dirs)).await.ok().flatten() })
+    }
+
+    /// The dead containers and stopped sandboxes of the pods that ended on their own and are still listed, to
+    /// remove as a task (under disk pressure the kubelet's `DeleteAllUnusedContainers` takes them too); `None` when
+    /// no such pod keeps any. What they held is not known (the runtime measures the layers of running containers
+    /// only): the next reading shows it.
+    fn reclaim_containers(&self) -> Option<impl Future<Output = Removed> + Send + use<R>> {
+        let pods = self.dead_containers().reclaim_over();
+        if pods.is_empty() {
+            return None;
+        }
+        let runtime = self.runtime_handle();
+        Some(async move {
+            let containers = pods.iter().map(|(_, ids)| ids.len()).sum::<usize>();
+            for (uid, ids) in &pods {
+                remove_dead(&*runtime, ids.clone()).await;
+                if let Some(sandboxes) = runtime.sandboxes() {
+                    sandboxes.remove_sandboxes(uid).await;
+                }
+            }
+            tracing::info!(
+                pods = pods.len(),
+                containers,
+                "removed the dead containers and sandboxes of pods that are over to reclaim disk space before evicting"
+            );
+            Some(0)
+        })
     }
 }
 
@@ -65,17 +88,29 @@ impl<R: Runtime> Evictor for PodManager<R> {
     }
 
     fn reclaim_disk(&self, signal: Signal) -> Reclaimed {
-        let logs = self.reclaim_logs();
-        let images = match self.image_collector() {
-            Some(c) if c.covers(signal) => c.reclaim(),
-            _ => Reclaimed::Nothing,
-        };
-        match (logs, images) {
-            (_, Reclaimed::Running) => Reclaimed::Running,
-            (0, images) => images,
-            (logs, Reclaimed::Freed(bytes)) => Reclaimed::Freed(logs.saturating_add(bytes)),
-            (logs, Reclaimed::Nothing) => Reclaimed::Freed(logs),
-        }
+        // As the kubelet's reclaim: the logs and containers of pods that are over first (an image they used is
+        // unused once they are gone), then the images, where they are on the file system under pressure.
+        self.node_reclaim().poll(|images_quiet| {
+            let logs = self.reclaim_logs();
+            let containers = self.reclaim_containers();
+            let images = self.image_collector().filter(|c| !images_quiet && c.covers(signal)).map(|c| c.reclaim());
+            if logs.is_none() && containers.is_none() && images.is_none() {
+                return None;
+            }
+            Some(async move {
+                let mut removed = None;
+                if let Some(logs) = logs {
+                    removed = plus(removed, logs.await);
+                }
+                if let Some(containers) = containers {
+                    removed = plus(removed, containers.await);
+                }
+                if let Some(images) = images {
+                    removed = plus(removed, images.await);
+                }
+                removed
+            })
+        })
     }
 
     fn evict(&self, uid: &str, grace: Duration, message: String) -> Result<Eviction, EvictError> {
@@ -89,6 +124,31 @@ impl<R: Runtime> Evictor for PodManager<R> {
             message: format!("Attempting to reclaim {resource}"),
             container: None,
         });
+    }
+}
+
+/// Removes the log directories `dirs` (each with its pod's full name); the bytes they held, `None` when none was
+/// removed.
+fn remove_logs(dirs: Vec<(String, PathBuf)>) -> Removed {
+    let mut freed = None;
+    for (pod, dir) in dirs {
+        let bytes = du(&dir);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                tracing::info!(pod, bytes, "reclaimed the logs of a pod that is over");
+                freed = plus(freed, Some(bytes));
+            }
+            Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the logs of a pod that is over"),
+        }
+    }
+    freed
+}
+
+/// What two parts of a reclaim removed together.
+fn plus(a: Removed, b: Removed) -> Removed {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
     }
 }
 

@@ -5,16 +5,17 @@
 //! at `imageGCHighThresholdPercent` or above, frees down to `imageGCLowThresholdPercent`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use nodewarden_eviction::{Reclaimed, Signal};
+use nodewarden_eviction::Signal;
 use nodewarden_runtime::{ImageService, NodeImage, Runtime, RuntimeError};
 use prometheus::IntCounterVec;
 use tokio::time::Instant;
 
 use crate::StatusStore;
+use crate::reclaim::Removed;
 
 /// How the collector decides (the kubelet's `ImageGCPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,20 +350,6 @@ fn needed(store: &StatusStore) -> BTreeSet<String> {
     out
 }
 
-/// How long the eviction manager holds off evicting a pod for disk while unused images are removed.
-pub const RECLAIM_WAIT: Duration = Duration::from_secs(30);
-
-/// After a reclaim that freed nothing, another is not tried for this long (the next one would free nothing
-/// either, and evictions would wait on it).
-const RECLAIM_QUIET: Duration = Duration::from_secs(60);
-
-/// The eviction manager's reclaim of images: none, or one running as a task.
-#[derive(Debug)]
-enum ReclaimState {
-    Idle { quiet_until: Option<Instant> },
-    Running { since: Instant, task: tokio::task::JoinHandle<u64> },
-}
-
 /// What the reclaim of images needs from the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReclaimSettings {
@@ -379,12 +366,9 @@ pub struct ImageCollector<R: Runtime> {
     /// The node's pods: the images they name are in use.
     store: Arc<StatusStore>,
     gc: Arc<tokio::sync::Mutex<ImageGc>>,
-    reclaim: std::sync::Mutex<ReclaimState>,
     settings: std::sync::Mutex<ReclaimSettings>,
     /// `kubelet_image_garbage_collected_total{reason}`.
     collected: IntCounterVec,
-    /// The runtime the reclaims run on (the caller, the eviction thread, has its own).
-    handle: tokio::runtime::Handle,
 }
 
 impl<R: Runtime> std::fmt::Debug for ImageCollector<R> {
@@ -399,22 +383,13 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl<R: Runtime> ImageCollector<R> {
     /// The collector of `runtime`'s images, keeping those `store`'s pods name and counting removals in
-    /// `collected`; `None` for a runtime without images or outside a Tokio runtime.
+    /// `collected`; `None` for a runtime without images.
     pub fn new(runtime: Arc<R>, store: Arc<StatusStore>, collected: IntCounterVec) -> Option<Arc<Self>> {
         runtime.image_service()?;
-        let handle = tokio::runtime::Handle::try_current().ok()?;
         for reason in [GcReason::Age, GcReason::Space] {
             collected.with_label_values(&[reason.as_str()]);
         }
-        Some(Arc::new(Self {
-            runtime,
-            store,
-            gc: Arc::default(),
-            reclaim: std::sync::Mutex::new(ReclaimState::Idle { quiet_until: None }),
-            settings: std::sync::Mutex::default(),
-            collected,
-            handle,
-        }))
+        Some(Arc::new(Self { runtime, store, gc: Arc::default(), settings: std::sync::Mutex::default(), collected }))
     }
 
     /// Sets what the reclaim follows (from the configuration in force).
@@ -469,52 +444,30 @@ impl<R: Runtime> ImageCollector<R> {
         }
     }
 
-    /// The eviction manager's reclaim: removes every unused image old enough, as a task; until it ends (or
-    /// [`RECLAIM_WAIT`] has passed) says it runs, then what it freed, once. Never blocks.
-    pub fn reclaim(&self) -> Reclaimed {
-        let now = Instant::now();
-        let mut state = lock(&self.reclaim);
-        match &mut *state {
-            ReclaimState::Running { since, task } => {
-                if task.is_finished() {
-                    let freed = (&mut *task).now_or_never().and_then(Result::ok).unwrap_or(0);
-                    let quiet_until = (freed == 0).then_some(now + RECLAIM_QUIET);
-                    *state = ReclaimState::Idle { quiet_until };
-                    return if freed > 0 { Reclaimed::Freed(freed) } else { Reclaimed::Nothing };
+    /// The eviction manager's reclaim of images, to run as a task: removes every unused image old enough; what it
+    /// removed (`None` when nothing).
+    pub(crate) fn reclaim(&self) -> impl Future<Output = Removed> + Send + use<R> {
+        let (runtime, gc, collected) = (self.runtime.clone(), self.gc.clone(), self.collected.clone());
+        let minimum_age = lock(&self.settings).minimum_age;
+        let store = self.store.clone();
+        async move {
+            let images = runtime.image_service()?;
+            let needed = needed(&store);
+            let result = gc.lock().await.delete_unused(images, &needed, minimum_age, Instant::now()).await;
+            let freed = match result {
+                Ok(freed) => freed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot remove every unused image to reclaim disk space");
+                    return None;
                 }
-                if now.saturating_duration_since(*since) < RECLAIM_WAIT {
-                    Reclaimed::Running
-                } else {
-                    Reclaimed::Nothing
-                }
-            }
-            ReclaimState::Idle { quiet_until: Some(until) } if now < *until => Reclaimed::Nothing,
-            ReclaimState::Idle { .. } => {
-                let (runtime, gc, collected) = (self.runtime.clone(), self.gc.clone(), self.collected.clone());
-                let minimum_age = lock(&self.settings).minimum_age;
-                let store = self.store.clone();
-                let task = self.handle.spawn(async move {
-                    let Some(images) = runtime.image_service() else { return 0 };
-                    let needed = needed(&store);
-                    let result = gc.lock().await.delete_unused(images, &needed, minimum_age, Instant::now()).await;
-                    let freed = match result {
-                        Ok(freed) => freed,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot remove every unused image to reclaim disk space");
-                            return 0;
-                        }
-                    };
-                    count(&collected, &freed);
-                    tracing::info!(
-                        images = freed.removed.len(),
-                        bytes = freed.bytes,
-                        "removed unused images to reclaim disk space before evicting"
-                    );
-                    freed.bytes
-                });
-                *state = ReclaimState::Running { since: now, task };
-                Reclaimed::Running
-            }
+            };
+            count(&collected, &freed);
+            tracing::info!(
+                images = freed.removed.len(),
+                bytes = freed.bytes,
+                "removed unused images to reclaim disk space before evicting"
+            );
+            (!freed.removed.is_empty()).then_some(freed.bytes)
         }
     }
 }

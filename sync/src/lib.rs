@@ -27,6 +27,7 @@ mod probe;
 mod projection;
 mod pull_secrets;
 mod quota;
+mod reclaim;
 mod source;
 mod spec;
 mod state;
@@ -39,9 +40,7 @@ mod worker;
 pub use container_gc::DeadContainerPolicy;
 pub use events::{EventSink, EventType, PodEvent};
 pub use feed::{StatusReader, StatusUpdate};
-pub use image_gc::{
-    Freed, GcReason, ImageCollector, ImageFs, ImageGc, ImageGcError, ImageGcPolicy, RECLAIM_WAIT, ReclaimSettings,
-};
+pub use image_gc::{Freed, GcReason, ImageCollector, ImageFs, ImageGc, ImageGcError, ImageGcPolicy, ReclaimSettings};
 pub use layers::{MEASURE_PERIOD, measure_writable_layers};
 pub use local_storage::enforce_local_storage;
 pub use logs::LogRotation;
@@ -56,6 +55,7 @@ pub use objects::{
     Token, TokenAsk,
 };
 pub use probe::{HTTP_HEAD_LIMIT, has_status_line, http_probe_passes, http_probe_request, http_status_code};
+pub use reclaim::RECLAIM_WAIT;
 pub use source::{
     API_SOURCE, FILE_SOURCE, InvalidManifest, PodSource, SourceSnapshot, StaticPodSource, from_apiserver,
     is_ignored_file,

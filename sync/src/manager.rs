@@ -98,6 +98,8 @@ pub struct PodManager<R: Runtime> {
     images: Option<Arc<crate::ImageCollector<R>>>,
     /// The containers' writable layers, for a runtime with images.
     layers: crate::layers::WritableLayers,
+    /// The reclaim of node storage before an eviction for disk.
+    reclaim: crate::reclaim::NodeReclaim,
 }
 
 impl<R: Runtime> std::fmt::Debug for PodManager<R> {
@@ -143,6 +145,7 @@ impl<R: Runtime> PodManager<R> {
             shutdown,
             images,
             layers: crate::layers::WritableLayers::default(),
+            reclaim: crate::reclaim::NodeReclaim::new(),
         })
     }
 
@@ -155,6 +158,21 @@ impl<R: Runtime> PodManager<R> {
     /// The runtime.
     pub(crate) fn runtime(&self) -> &R {
         &self.ctx.runtime
+    }
+
+    /// The runtime, to move into a task.
+    pub(crate) fn runtime_handle(&self) -> Arc<R> {
+        self.ctx.runtime.clone()
+    }
+
+    /// The node's dead containers.
+    pub(crate) fn dead_containers(&self) -> &crate::container_gc::DeadContainers {
+        &self.ctx.dead
+    }
+
+    /// The reclaim of node storage before an eviction for disk.
+    pub(crate) fn node_reclaim(&self) -> &crate::reclaim::NodeReclaim {
+        &self.reclaim
     }
 
     /// The containers' writable layers, as last measured.

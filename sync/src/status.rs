@@ -135,6 +135,12 @@ impl Terminal {
         Self { by_kubelet: true, ..Self::failed(Some(SHUTDOWN_REASON.into()), Some(SHUTDOWN_MESSAGE.into())) }
     }
 
+    /// Whether the pod was evicted (its containers and sandbox went with its end), or refused at admission with
+    /// the same reason (it never had any).
+    pub fn is_evicted(&self) -> bool {
+        self.reason.as_deref() == Some(EVICTED_REASON)
+    }
+
     /// Whether the pod ended because the node shut down: it runs again when the node is back, so its end is not
     /// kept for the next daemon.
     pub fn is_shutdown(&self) -> bool {

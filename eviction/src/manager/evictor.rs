@@ -18,8 +18,8 @@ pub trait Evictor: Send + Sync + 'static {
     /// for each candidate on a disk threshold, on a thread of its own: it may take as long as a walk of the files.
     fn disk_usage(&self, uid: &str, signal: Signal) -> u64;
 
-    /// Frees node storage without evicting a running pod (the logs of pods that are over; unused images where
-    /// `signal` is about the file system that holds them). Called on disk pressure before any pod is evicted,
+    /// Frees node storage without evicting a running pod (the logs, exited containers and sandboxes of pods that
+    /// are over; unused images where `signal` is about the file system that holds them). Called on disk pressure before any pod is evicted,
     /// as the kubelet reclaims node-level resources first; must not block: a reclaim that takes long (image
     /// removals through the runtime) runs on its own and says [`Reclaimed::Running`] until it has ended.
     fn reclaim_disk(&self, signal: Signal) -> Reclaimed;

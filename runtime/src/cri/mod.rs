@@ -395,14 +395,31 @@ impl SandboxRuntime for CriRuntime {
         Some(RunningSandbox { id: newest.id, ips })
     }
 
-    async fn remove_sandbox(&self, spec: &SandboxSpec) {
-        match self.pod_sandboxes(&spec.pod_uid, None).await {
+    async fn stop_sandboxes(&self, pod_uid: &str) {
+        match self.pod_sandboxes(pod_uid, None).await {
+            Ok(all) => {
+                for s in all {
+                    if let Err(e) = self.client.stop_pod_sandbox(&s.id).await
+                        && !e.is_not_found()
+                    {
+                        tracing::warn!(sandbox = %s.id, error = %e, "cannot stop the pod sandbox");
+                    }
+                    // No container is made in it again.
+                    lock(&self.sandboxes).remove(&s.id);
+                }
+            }
+            Err(e) => tracing::warn!(pod_uid, error = %e, "cannot list the pod's sandboxes"),
+        }
+    }
+
+    async fn remove_sandboxes(&self, pod_uid: &str) {
+        match self.pod_sandboxes(pod_uid, None).await {
             Ok(all) => {
                 for s in all {
                     self.stop_and_remove_sandbox(&s.id).await;
                 }
             }
-            Err(e) => tracing::warn!(pod_uid = %spec.pod_uid, error = %e, "cannot list the pod's sandboxes"),
+            Err(e) => tracing::warn!(pod_uid, error = %e, "cannot list the pod's sandboxes"),
         }
     }
 }

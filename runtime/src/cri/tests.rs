@@ -711,7 +711,14 @@ async fn stops_execs_adoption_and_reconciliation() {
     assert!(calls.contains(&format!("StopContainer {} 7", c.id)), "a stop passes the grace period: {calls:?}");
     assert!(calls.contains(&format!("StopContainer {} 0", c.id)), "{calls:?}");
 
-    rt.remove_sandbox(&sandbox("keep")).await;
+    // A pod that is over keeps its sandbox, stopped, until it is removed.
+    rt.stop_sandboxes("keep").await;
+    let state = |id: &str| fake.state().sandboxes.iter().find(|s| s.0.id == id).map(|s| s.0.state());
+    assert_eq!(state(&keep), Some(PodSandboxState::SandboxNotready));
+    let stopped = rt.start(&container(&keep, "keep", "img:1", PullPolicy::IfNotPresent)).await;
+    assert!(matches!(stopped, Err(RuntimeError::SandboxNotFound(_))), "no container starts in a stopped sandbox");
+    rt.remove_sandboxes("keep").await;
+    assert_eq!(state(&keep), None);
     assert_eq!(fake.state().sandboxes.len(), 1, "only the foreign sandbox is left");
 }
 

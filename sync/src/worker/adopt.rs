@@ -55,7 +55,16 @@ impl<R: Runtime> Worker<R> {
         let root = self.shared.settings.root_dir.clone();
         let saved = state::load(&root, &self.uid);
         let mut found = Found { saved, sandbox: false, running: BTreeMap::new(), at: Timestamp::now() };
-        if found.saved.terminal.is_some() {
+        if let Some(terminal) = &found.saved.terminal {
+            // A pod that ended on its own keeps its sandbox, stopped (again: the earlier daemon may have ended
+            // before it did), with its exited containers, until it is deleted; an evicted pod's went at once.
+            if !terminal.is_evicted() {
+                if let Some(sandboxes) = self.shared.runtime.sandboxes() {
+                    sandboxes.stop_sandboxes(&self.uid).await;
+                    self.sandbox = Sandbox::Stopped;
+                }
+                self.shared.dead.pod_over(&self.uid);
+            }
             return Some(Input::Restore(Box::new(found)));
         }
         if !self.shared.ledger.view().is_placed(&self.uid) {

@@ -57,7 +57,7 @@ impl<R: Runtime> Worker<R> {
                 }
                 Err(e) => {
                     // A half-made sandbox is not left behind.
-                    sandboxes.remove_sandbox(&spec).await;
+                    sandboxes.remove_sandboxes(&spec.pod_uid).await;
                     Completed::Sandbox(Err(e.to_string()))
                 }
             }
@@ -130,7 +130,7 @@ impl<R: Runtime> Worker<R> {
         let mut spec = container_spec(&ctx, container, placement, attempt, &mut stage)?;
         spec.sandbox_id = match &self.sandbox {
             Sandbox::Running(running) => running.id.clone(),
-            Sandbox::None | Sandbox::Requested => String::new(),
+            Sandbox::None | Sandbox::Requested | Sandbox::Stopped => String::new(),
         };
         Ok(spec)
     }

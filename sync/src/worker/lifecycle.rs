@@ -479,8 +479,11 @@ pub(crate) enum Action {
     StopAll { ids: Vec<ContainerId>, deadline: Instant },
     /// `cgroup.kill` the pod and kill these containers (by ID).
     KillAll { ids: Vec<ContainerId> },
-    /// Release the cgroups, remove the sandbox and the volumes (and, when deleted, the logs).
-    CleanUp { deleted: bool },
+    /// Release the cgroups and remove the volumes (and, when deleted, the logs). The sandbox and the dead
+    /// containers are removed, unless `keep_containers`: the pod ended on its own and stays listed, so its
+    /// sandbox is only stopped and its exited containers are kept (for `crictl ps -a`, `kubectl logs`), as the
+    /// kubelet keeps them until the pod is deleted or disk pressure reclaims them. An evicted pod's go at once.
+    CleanUp { deleted: bool, keep_containers: bool },
     /// Save the state to disk.
     Save,
     /// Let the next pod of the same name start.
@@ -494,4 +497,11 @@ pub(crate) enum Action {
     ReportStarted,
     /// Record an event about the pod.
     Record(crate::events::Happened),
+}
+
+impl Action {
+    /// The clean-up that ends a termination for `reason`.
+    pub(crate) fn clean_up(reason: &Reason) -> Self {
+        Action::CleanUp { deleted: *reason == Reason::Deleted, keep_containers: matches!(reason, Reason::Completed(_)) }
+    }
 }

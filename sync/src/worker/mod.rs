@@ -163,6 +163,8 @@ enum Sandbox {
     Requested,
     /// Running.
     Running(RunningSandbox),
+    /// Stopped with the pod's end and kept, with its exited containers, while the pod is listed.
+    Stopped,
 }
 
 /// The worker's handles on a running container: its exit watcher, its probes and a stop in progress.
@@ -581,8 +583,8 @@ impl<R: Runtime> Worker<R> {
                 self.kill_all(ids).await;
                 None
             }
-            Action::CleanUp { deleted } => {
-                self.clean_up(deleted).await;
+            Action::CleanUp { deleted, keep_containers } => {
+                self.clean_up(deleted, keep_containers).await;
                 Some(Input::CleanedUp)
             }
             Action::Save => {

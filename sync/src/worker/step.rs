@@ -203,7 +203,7 @@ impl Lifecycle {
                     && now >= until
                 {
                     *stage = Stage::CleaningUp;
-                    out.push(Action::CleanUp { deleted: *reason == Reason::Deleted });
+                    out.push(Action::clean_up(reason));
                 }
             }
             _ => self.advance(now, out),
@@ -230,7 +230,7 @@ impl Lifecycle {
             PodState::Finished(_) => {
                 if reason == Reason::Deleted {
                     self.state = PodState::Terminating { reason, deadline, stage: Stage::CleaningUp };
-                    out.push(Action::CleanUp { deleted: true });
+                    out.push(Action::clean_up(&Reason::Deleted));
                 }
             }
             PodState::Terminating { reason: current, deadline: old, stage } => {
@@ -423,7 +423,7 @@ impl Lifecycle {
                 if *stage != Stage::CleaningUp && self.containers.iter().all(|c| c.running().is_none()) =>
             {
                 *stage = Stage::CleaningUp;
-                out.push(Action::CleanUp { deleted: *reason == Reason::Deleted });
+                out.push(Action::clean_up(reason));
             }
             _ => {}
         }

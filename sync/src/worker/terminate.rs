@@ -121,28 +121,40 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// Removes the sandbox, kills whatever is left in the pod cgroup and releases the cgroups, and removes the
-    /// pod's volumes (and, when deleted, its logs).
-    pub(super) async fn clean_up(&mut self, deleted: bool) {
+    /// Removes the sandbox (stops it only, when `keep_containers`), kills whatever is left in the pod cgroup and
+    /// releases the cgroups, and removes the pod's volumes (and, when deleted, its logs). Its dead containers go
+    /// too, unless `keep_containers`.
+    pub(super) async fn clean_up(&mut self, deleted: bool, keep_containers: bool) {
         self.tasks.stopping.abort_all();
         // A preparation of the volumes that a termination abandoned runs on to its end first: removing them under
         // it would leave what it makes after behind.
         let _volumes = self.tasks.volumes.clone().lock_owned().await;
         self.waiting.awaiting_signal = false;
-        if !matches!(self.sandbox, Sandbox::None)
-            && let Some(spec) = self.sandbox_spec()
-            && let Some(sandboxes) = self.shared.runtime.sandboxes()
+        if let Some(sandboxes) = self.shared.runtime.sandboxes()
+            && !matches!(self.sandbox, Sandbox::None)
         {
-            sandboxes.remove_sandbox(&spec).await;
+            if keep_containers {
+                sandboxes.stop_sandboxes(&self.uid).await;
+                self.sandbox = Sandbox::Stopped;
+            } else {
+                sandboxes.remove_sandboxes(&self.uid).await;
+                self.sandbox = Sandbox::None;
+            }
+        } else {
+            self.sandbox = Sandbox::None;
         }
-        self.sandbox = Sandbox::None;
         let released = self.placement.is_none() || kill_and_release(&self.shared.ledger, &self.uid).await;
         if released {
             self.placement = None;
         }
-        // What still ran, and its dead containers, go with it (under CRI the sandbox took them already).
+        // What still ran goes with it, and its dead containers unless they are kept (under CRI a removed sandbox
+        // took them already).
         let mut ids: Vec<_> = self.tasks.containers.drain().map(|(id, _)| id).collect();
-        ids.extend(self.shared.dead.pod_gone(&self.uid));
+        if keep_containers {
+            self.shared.dead.pod_over(&self.uid);
+        } else {
+            ids.extend(self.shared.dead.pod_gone(&self.uid));
+        }
         super::remove_dead(&*self.shared.runtime, ids).await;
         let root = &self.shared.settings.root_dir;
         // A pod whose cgroup could not be released keeps its directory, its mark included: the next start finds

@@ -131,8 +131,12 @@ impl SandboxRuntime for Fake {
         None
     }
 
-    async fn remove_sandbox(&self, spec: &SandboxSpec) {
-        self.sandboxes.lock().unwrap().push(format!("remove {}", spec.pod_uid));
+    async fn stop_sandboxes(&self, pod_uid: &str) {
+        self.sandboxes.lock().unwrap().push(format!("stop {pod_uid}"));
+    }
+
+    async fn remove_sandboxes(&self, pod_uid: &str) {
+        self.sandboxes.lock().unwrap().push(format!("remove {pod_uid}"));
     }
 }
 
@@ -505,6 +509,81 @@ async fn a_restarted_container_keeps_its_last_dead_one_until_the_next_exit_or_th
     let mut want = [&dead[..], &[live, side]].concat();
     want.sort();
     assert_eq!(gone, want, "the pod's end takes its dead containers and the ones that ran, each once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_over_on_its_own_keeps_its_stopped_sandbox_and_exited_containers_until_deleted_or_reclaimed() {
+    use nodewarden_eviction::{Evictor, Reclaimed, Signal};
+    let h = harness();
+    let removed = || h.fake.removed.lock().unwrap().clone();
+    let sandboxes = |uid: &str| -> Vec<String> {
+        h.fake.sandboxes.lock().unwrap().iter().filter(|s| s.ends_with(uid)).cloned().collect()
+    };
+    let never = |uid: &str, name: &str| pod(uid, json!({"restartPolicy": "Never", "containers": [app(name)]}));
+    h.set(vec![never("u95", "a95"), never("u96", "a96")]).await;
+    h.until("u95", "runs", |v| phase(v) == "Running").await;
+    h.until("u96", "runs", |v| phase(v) == "Running").await;
+    let (c95, c96) = (h.fake.id_of("a95"), h.fake.id_of("a96"));
+    assert_eq!(h.manager.reclaim_disk(Signal::NodeFsAvailable), Reclaimed::Nothing, "nothing of running pods");
+    h.fake.finish("a95", 0);
+    h.fake.finish("a96", 1);
+    h.until("u95", "succeeds", |v| phase(v) == "Succeeded").await;
+    h.until("u96", "fails", |v| phase(v) == "Failed").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // As the kubelet's: the sandbox is stopped, and the exited containers stay for `crictl ps -a` and their logs.
+    assert_eq!(sandboxes("u95"), ["run u95", "stop u95"]);
+    assert_eq!(removed(), Vec::<String>::new(), "the containers of a pod over and still listed are kept");
+    // Its deletion takes them.
+    h.set(vec![never("u96", "a96")]).await;
+    while h.manager.store().get("u95").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sandboxes("u95"), ["run u95", "stop u95", "remove u95"]);
+    // Disk pressure reclaims those of the pod still listed before any eviction, off the eviction thread.
+    let mut said = Reclaimed::Running;
+    for _ in 0..100 {
+        said = h.manager.reclaim_disk(Signal::NodeFsAvailable);
+        if said != Reclaimed::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(said, Reclaimed::Freed(0), "removed: the next reading shows what they held");
+    let mut gone = removed();
+    gone.sort();
+    assert_eq!(gone, [c95, c96], "each removed once");
+    assert_eq!(sandboxes("u96"), ["run u96", "stop u96", "remove u96"]);
+    assert_eq!(h.manager.reclaim_disk(Signal::NodeFsAvailable), Reclaimed::Nothing, "nothing is left");
+    let v = serde_json::to_value(h.manager.store().get("u96").unwrap()).unwrap();
+    assert_eq!(phase(&v), "Failed", "the pod itself stays, over");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_daemon_keeps_what_a_pod_over_kept_until_the_pod_is_deleted() {
+    let h = harness();
+    let spec = json!({"restartPolicy": "Never", "containers": [app("app")]});
+    h.set(vec![pod("u98", spec.clone())]).await;
+    h.until("u98", "runs", |v| phase(v) == "Running").await;
+    let id = h.fake.id_of("app");
+    h.fake.finish("app", 0);
+    h.until("u98", "succeeds", |v| phase(v) == "Succeeded").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let Harness { _host: host, _drain: drain, .. } = h;
+    drop(drain);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let h = harness_on(host);
+    h.set(vec![pod("u98", spec)]).await;
+    h.until("u98", "is over again", |v| phase(v) == "Succeeded").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Its sandbox is stopped again (the earlier daemon may have ended first), and nothing is removed or run.
+    assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["stop u98"]);
+    assert!(h.fake.removed.lock().unwrap().is_empty() && h.fake.starts("app").is_empty());
+    h.set(vec![]).await;
+    while h.manager.store().get("u98").is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(*h.fake.sandboxes.lock().unwrap(), ["stop u98", "remove u98"]);
+    assert_eq!(*h.fake.removed.lock().unwrap(), [id], "the exited container the earlier daemon kept");
 }
 
 #[tokio::test(start_paused = true)]

@@ -14,7 +14,7 @@ pub(crate) const ENDED_UNSEEN: &str =
     "the container's main process ended while nodewarden was not running; its exit code is unknown";
 
 impl Lifecycle {
-    /// A pod that was over stays over. Otherwise each container gets its saved restart count and last exit; one
+    /// A pod that was over stays over, its last exited containers kept. Otherwise each container gets its saved restart count and last exit; one
     /// found running is adopted (with the start time saved for it), one that ran and is gone ended unseen. The pod
     /// carries on running if an app container ran, else initializing; first with a new sandbox if it was lost.
     pub(super) fn restore(&mut self, found: Found, now: Instant, out: &mut Vec<Action>) {
@@ -23,6 +23,16 @@ impl Lifecycle {
         }
         let Found { saved, sandbox, mut running, at } = found;
         if let Some(terminal) = saved.terminal {
+            // Its last exited containers are kept again, under the same policy, until the pod is deleted (an
+            // evicted pod's went with its end).
+            let kept = if terminal.is_evicted() { &[][..] } else { &self.containers[..] };
+            for (i, c) in kept.iter().enumerate() {
+                let Some(s) = saved.containers.get(&c.name) else { continue };
+                if let Some(id) = s.last_id.clone() {
+                    let created = s.last.as_ref().map_or(at, super::created);
+                    out.push(Action::RetireContainer { index: i, id, created });
+                }
+            }
             self.state = PodState::Finished(terminal);
             out.push(Action::ReleaseName);
             return;

@@ -106,7 +106,12 @@ fn transitions() {
             pod(preparing.clone(), vec![app(ContainerState::Pending)]),
             terminate(10, Reason::Deleted),
             terminating(Reason::Deleted, secs(10), Stage::CleaningUp),
-            vec![Action::Abandon, Action::MarkTerminating, Action::Save, Action::CleanUp { deleted: true }],
+            vec![
+                Action::Abandon,
+                Action::MarkTerminating,
+                Action::Save,
+                Action::CleanUp { deleted: true, keep_containers: false },
+            ],
         ),
         (
             "terminating while an init container runs stops it",
@@ -198,7 +203,7 @@ fn transitions() {
             vec![
                 Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH },
                 Action::Save,
-                Action::CleanUp { deleted: false },
+                Action::CleanUp { deleted: false, keep_containers: false },
             ],
         ),
         (
@@ -248,7 +253,7 @@ fn transitions() {
             pod(PodState::Finished(failed_init.clone()), vec![app(ContainerState::Exited)]),
             terminate(10, Reason::Deleted),
             terminating(Reason::Deleted, secs(10), Stage::CleaningUp),
-            vec![Action::CleanUp { deleted: true }],
+            vec![Action::CleanUp { deleted: true, keep_containers: false }],
         ),
         (
             "a failed init container fails a Never pod",
@@ -259,7 +264,7 @@ fn transitions() {
                 Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH },
                 Action::Save,
                 Action::MarkTerminating,
-                Action::CleanUp { deleted: false },
+                Action::CleanUp { deleted: false, keep_containers: true },
             ],
         ),
         (

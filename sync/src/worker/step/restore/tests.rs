@@ -102,15 +102,49 @@ fn restore_table() {
     let unseen_failed = Terminal::ended(PodPhase::Failed);
     let rows = vec![
         Row {
-            what: "a pod that was over stays over, and nothing of it runs",
+            what: "an evicted pod stays over, nothing of it runs, and nothing of it is kept",
             before: lifecycle(Always, &[("app", App)]),
             found: Found {
-                saved: SavedPod { terminal: Some(over.clone()), ..SavedPod::default() },
+                saved: SavedPod {
+                    terminal: Some(over.clone()),
+                    ..found(
+                        &[("app", SavedContainer { last_id: Some("c1".into()), ..saved(0, None, Some(1)) })],
+                        false,
+                        &[],
+                    )
+                    .saved
+                },
                 ..found(&[], false, &[])
             },
-            state: PodState::Finished(over),
+            state: PodState::Finished(over.clone()),
             containers: &["app pending 0 -"],
             actions: vec![Action::ReleaseName],
+        },
+        Row {
+            what: "a pod that ended on its own keeps its last exited containers, and nothing of it runs",
+            before: lifecycle(Never, &[("init", Init), ("app", App)]),
+            found: Found {
+                saved: SavedPod {
+                    terminal: Some(Terminal::ended(PodPhase::Succeeded)),
+                    ..found(
+                        &[
+                            ("init", SavedContainer { last_id: Some("c1".into()), ..saved(0, None, Some(0)) }),
+                            ("app", SavedContainer { last_id: Some("c2".into()), ..saved(0, None, Some(0)) }),
+                        ],
+                        false,
+                        &[],
+                    )
+                    .saved
+                },
+                ..found(&[], false, &[])
+            },
+            state: PodState::Finished(Terminal::ended(PodPhase::Succeeded)),
+            containers: &["init pending 0 -", "app pending 0 -"],
+            actions: vec![
+                Action::RetireContainer { index: 0, id: "c1".into(), created: Timestamp::UNIX_EPOCH },
+                Action::RetireContainer { index: 1, id: "c2".into(), created: Timestamp::UNIX_EPOCH },
+                Action::ReleaseName,
+            ],
         },
         Row {
             what: "a running app container is adopted with its saved start time and restarts",
@@ -158,7 +192,11 @@ fn restore_table() {
                 stage: Stage::CleaningUp,
             },
             containers: &["app exited 0 ContainerStatusUnknown:137"],
-            actions: vec![Action::Save, Action::MarkTerminating, Action::CleanUp { deleted: false }],
+            actions: vec![
+                Action::Save,
+                Action::MarkTerminating,
+                Action::CleanUp { deleted: false, keep_containers: true },
+            ],
         },
         Row {
             what: "an init container that completed is not run again: the app container starts",
