@@ -527,8 +527,19 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
         "    command:",
         "    env:\n    - name: X\n      valueFrom:\n        configMapKeyRef: {name: absent, key: k}\n    command:",
     );
+    // A non-root pod with an fsGroup, as restricted pods run: its Secret of mode 0400 and its emptyDir are the
+    // group's, its token its user's.
+    let nonroot = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: nonroot\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \
+         terminationGracePeriodSeconds: 1\n  securityContext: {{runAsUser: 1000, fsGroup: 2000}}\n  containers:\n  \
+         - name: app\n    image: busybox\n    command: [sh, -c, 'echo \"secret=$(cat /etc/db/password) \
+         token=$(head -c 3 /var/run/secrets/kubernetes.io/serviceaccount/token) made=$(touch /scratch/f && stat -c %g \
+         /scratch/f) groups=$(id -G | tr \" \" ,)\"; exec sleep 1000']\n    volumeMounts:\n    - name: db\n      \
+         mountPath: /etc/db\n    - name: scratch\n      mountPath: /scratch\n  volumes:\n  - name: db\n    secret:\n      \
+         secretName: db\n      defaultMode: 256\n  - name: scratch\n    emptyDir: {{}}\n"
+    );
     let file = dir.path().join("pods.yaml");
-    std::fs::write(&file, format!("{reader}---\n{broken}")).unwrap();
+    std::fs::write(&file, format!("{reader}---\n{broken}---\n{nonroot}")).unwrap();
     kubectl(&k, &admin, &["apply", "-f", file.to_str().unwrap()]);
     let pod = |name: &str| api.get("pods", Some("default"), name);
     wait_until(60, "the reader Running", || pod("reader").is_some_and(|p| p["status"]["phase"] == "Running"));
@@ -539,6 +550,14 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     wait_until(30, "the reader's files read", || read().contains("file=hello ns=default token=eyJ ca=yes"));
     // The apiserver's Service, as in-cluster clients read it.
     assert!(read().contains("env=hello/19 api=10.96.0.1:443"), "{}", read());
+    wait_until(60, "the non-root pod Running", || pod("nonroot").is_some_and(|p| p["status"]["phase"] == "Running"));
+    let nonroot_uid = pod("nonroot").unwrap()["metadata"]["uid"].as_str().unwrap().to_owned();
+    let nonroot_log = PathBuf::from(format!("/var/log/pods/default_nonroot_{nonroot_uid}/app/0.log"));
+    let said = || std::fs::read_to_string(&nonroot_log).unwrap_or_default();
+    wait_until(30, "the non-root pod's line", || said().contains("groups="));
+    assert!(said().contains("secret=hunter2-in-a-secret token=eyJ made=2000 groups="), "{}\n{}", said(), d.log());
+    let groups = said().split("groups=").nth(1).unwrap_or_default().lines().next().unwrap_or_default().to_owned();
+    assert!(groups.split(',').any(|g| g == "2000"), "the fsGroup is among its groups: {groups}");
 
     // The token was asked for the pod, bound to it.
     let asked: Vec<String> = api
@@ -589,7 +608,7 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     eprintln!("kubectl set image: the container ran its new image after {took:?}");
     assert!(volume.join("token").exists());
 
-    kubectl(&k, &admin, &["delete", "pod", "reader", "broken", "--grace-period=1"]);
+    kubectl(&k, &admin, &["delete", "pod", "reader", "broken", "nonroot", "--grace-period=1"]);
     wait_until(20, "the token's volume gone with its pod", || !volume.exists());
     assert_eq!(d.stop(), Some(0));
 }

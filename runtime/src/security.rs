@@ -121,6 +121,26 @@ pub fn is_privileged(c: &Container) -> bool {
     c.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false)
 }
 
+/// The pod's `securityContext.fsGroup`: the group its volumes are given and its containers run with.
+pub fn fs_group(pod: &Pod) -> Result<Option<u32>, String> {
+    let group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.fs_group);
+    group
+        .map(|g| u32::try_from(g).map_err(|_| format!("spec.securityContext.fsGroup: {g} is out of range")))
+        .transpose()
+}
+
+/// The user every container of `pod` runs as, where all of them name the same one (their own `runAsUser`, else
+/// the pod's): the kubelet gives that user the service account token of a projected volume.
+pub fn fs_user(pod: &Pod) -> Option<u32> {
+    let spec = pod.spec.as_ref()?;
+    let pod_user = spec.security_context.as_ref().and_then(|s| s.run_as_user);
+    let containers = spec.init_containers.iter().flatten().chain(&spec.containers);
+    let mut users = containers.map(|c| c.security_context.as_ref().and_then(|s| s.run_as_user).or(pod_user));
+    let first = users.next()??;
+    let first = u32::try_from(first).ok()?;
+    users.all(|u| u.and_then(|u| u32::try_from(u).ok()) == Some(first)).then_some(first)
+}
+
 /// The security settings of container `c` of `pod`.
 pub fn security(pod: &Pod, c: &Container) -> Result<Security, String> {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
@@ -144,11 +164,14 @@ pub fn security(pod: &Pod, c: &Container) -> Result<Security, String> {
         Some("Unmasked") => true,
         Some(other) => return Err(format!("securityContext.procMount {other:?} is not Default or Unmasked")),
     };
-    let supplemental_groups = pod_sc
-        .and_then(|s| s.supplemental_groups.as_ref())
+    // As the kubelet gives them: the `fsGroup` first (the group the pod's volumes are given), then the others.
+    let fs_group = fs_group(pod)?;
+    let supplemental_groups = fs_group
         .into_iter()
-        .flatten()
-        .map(|g| u32::try_from(*g).map_err(|_| format!("spec.securityContext.supplementalGroups: {g} is out of range")))
+        .map(Ok)
+        .chain(pod_sc.and_then(|s| s.supplemental_groups.as_ref()).into_iter().flatten().map(|g| {
+            u32::try_from(*g).map_err(|_| format!("spec.securityContext.supplementalGroups: {g} is out of range"))
+        }))
         .collect::<Result<_, _>>()?;
     let sysctls = pod_sysctls(pod).into_iter().collect();
     Ok(Security {
@@ -210,5 +233,20 @@ mod tests {
             let err = security(&p, &c).unwrap_err();
             assert!(err.contains(want), "{err}");
         }
+    }
+
+    #[test]
+    fn the_fs_group_comes_first_among_the_groups_and_a_common_user_owns_the_token() {
+        let (p, c) = pod(
+            serde_json::json!({"runAsUser": 1000}),
+            serde_json::json!({"fsGroup": 2000, "supplementalGroups": [10]}),
+        );
+        assert_eq!(security(&p, &c).unwrap().supplemental_groups, [2000, 10]);
+        assert_eq!((fs_group(&p), fs_user(&p)), (Ok(Some(2000)), Some(1000)));
+        let (p, _) = pod(serde_json::json!({}), serde_json::json!({"runAsUser": 7, "fsGroup": -1}));
+        assert_eq!(fs_user(&p), Some(7), "the pod's user, where the container names none");
+        assert!(fs_group(&p).unwrap_err().contains("fsGroup"));
+        let (p, _) = pod(serde_json::json!({}), serde_json::json!({}));
+        assert_eq!((fs_group(&p), fs_user(&p)), (Ok(None), None));
     }
 }

@@ -35,6 +35,18 @@ pub(crate) struct FileProjection {
     pub data: Vec<u8>,
     /// The file's mode; its permission bits (`mode & 0o7777`) are set exactly, whatever the umask.
     pub mode: u32,
+    /// The user that owns the file; `None`: the daemon's.
+    pub owner: Option<u32>,
+    /// The group that owns the file, and the directories of its version (set-group-ID, so that anything made
+    /// in them is too); `None`: the daemon's.
+    pub group: Option<u32>,
+}
+
+impl FileProjection {
+    /// `data` with mode `mode`, owned by the daemon.
+    pub(crate) fn new(data: Vec<u8>, mode: u32) -> Self {
+        Self { data, mode, owner: None, group: None }
+    }
 }
 
 /// Shows the length of the content, never the content: a secret's bytes must not reach a log.
@@ -103,7 +115,11 @@ fn at(path: &Path) -> impl FnOnce(std::io::Error) -> AtomicWriteError + '_ {
 pub(crate) fn write(dir: &Path, payload: &BTreeMap<String, FileProjection>) -> Result<bool, AtomicWriteError> {
     let files = validate(payload)?;
     let visible: BTreeSet<&str> = files.keys().map(|p| top_level(p)).collect();
+    let group = files.values().find_map(|f| f.group);
     make_target_dir(dir)?;
+    if let Some(group) = group {
+        own_dir(dir, group)?;
+    }
     let old = match data_link(dir)? {
         Some(DataLink::Version(name)) => Some(name),
         Some(DataLink::Other(target)) => {
@@ -123,7 +139,7 @@ pub(crate) fn write(dir: &Path, payload: &BTreeMap<String, FileProjection>) -> R
 
     let new = new_version_dir(dir)?;
     let new_path = dir.join(&new);
-    if let Err(e) = fill(&new_path, &files) {
+    if let Err(e) = group.map_or(Ok(()), |g| own_dir(&new_path, g)).and_then(|()| fill(&new_path, &files, group)) {
         remove_quietly(&new_path);
         return Err(e);
     }
@@ -169,7 +185,7 @@ pub(crate) fn current(dir: &Path) -> Result<Option<BTreeMap<String, FileProjecti
     let mut out = BTreeMap::new();
     for (rel, (path, _)) in found {
         let (data, mode) = read_regular(&path, None).map_err(at(&path))?;
-        out.insert(rel, FileProjection { data, mode });
+        out.insert(rel, FileProjection::new(data, mode));
     }
     Ok(Some(out))
 }
@@ -343,6 +359,8 @@ fn holds_exactly(root: &Path, files: &BTreeMap<String, &FileProjection>) -> bool
     found.values().zip(files.values()).all(|((path, meta), want)| {
         let len = u64::try_from(want.data.len()).unwrap_or(u64::MAX);
         meta.mode() & 0o7777 == want.mode & 0o7777
+            && want.owner.is_none_or(|u| meta.uid() == u)
+            && want.group.is_none_or(|g| meta.gid() == g)
             && meta.len() == len
             && read_regular(path, Some(len.saturating_add(1))).is_ok_and(|(data, _)| data == want.data)
     })
@@ -382,7 +400,7 @@ fn unique_suffix() -> u64 {
 
 /// Writes `files` into the new, empty version directory `root`: the directories of nested paths with mode 0755,
 /// each file created anew (so never through a link) and then given its permission bits exactly.
-fn fill(root: &Path, files: &BTreeMap<String, &FileProjection>) -> Result<(), AtomicWriteError> {
+fn fill(root: &Path, files: &BTreeMap<String, &FileProjection>, group: Option<u32>) -> Result<(), AtomicWriteError> {
     for (rel, file) in files {
         if let Some((parent, _)) = rel.rsplit_once('/') {
             let mut path = root.to_path_buf();
@@ -390,7 +408,11 @@ fn fill(root: &Path, files: &BTreeMap<String, &FileProjection>) -> Result<(), At
                 path.push(name);
                 match std::fs::DirBuilder::new().mode(DIR_MODE).create(&path) {
                     Ok(()) => {
-                        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(DIR_MODE)).map_err(at(&path))?
+                        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(DIR_MODE))
+                            .map_err(at(&path))?;
+                        if let Some(group) = group {
+                            own_dir(&path, group)?;
+                        }
                     }
                     // Made for an earlier file of the payload (a file there is refused by the validation).
                     Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
@@ -403,6 +425,23 @@ fn fill(root: &Path, files: &BTreeMap<String, &FileProjection>) -> Result<(), At
             std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(at(&path))?;
         f.write_all(&file.data).map_err(at(&path))?;
         f.set_permissions(std::fs::Permissions::from_mode(file.mode & 0o7777)).map_err(at(&path))?;
+        if file.owner.is_some() || file.group.is_some() {
+            std::os::unix::fs::fchown(&f, file.owner, file.group).map_err(at(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Gives directory `path` to `group`, readable and searchable by it, and set-group-ID (so that what is made in it
+/// is the group's too), as the kubelet's ownership change of a volume does.
+fn own_dir(path: &Path, group: u32) -> Result<(), AtomicWriteError> {
+    let meta = std::fs::symlink_metadata(path).map_err(at(path))?;
+    let mode = meta.mode() & 0o7777 | 0o2550;
+    if meta.gid() != group {
+        std::os::unix::fs::lchown(path, None, Some(group)).map_err(at(path))?;
+    }
+    if meta.mode() & 0o7777 != mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(at(path))?;
     }
     Ok(())
 }
@@ -502,7 +541,31 @@ mod tests {
     use super::*;
 
     fn file(data: &str, mode: u32) -> FileProjection {
-        FileProjection { data: data.as_bytes().to_vec(), mode }
+        FileProjection::new(data.as_bytes().to_vec(), mode)
+    }
+
+    #[test]
+    fn an_owned_payload_gives_its_files_and_directories_to_their_owner_and_group() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("v");
+        let owned = |data: &str| FileProjection { owner: Some(1234), group: Some(4321), ..file(data, 0o640) };
+        let payload: BTreeMap<String, FileProjection> =
+            [("token".to_owned(), owned("t")), ("sub/ca.crt".to_owned(), owned("pem"))].into();
+        assert!(write(&dir, &payload).unwrap());
+        let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+        for f in ["token", "sub/ca.crt"] {
+            let m = meta(&dir.join(DATA_DIR).join(f).canonicalize().unwrap());
+            assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (1234, 4321, 0o640), "{f}");
+        }
+        let version = dir.join(DATA_DIR).canonicalize().unwrap();
+        for d in [dir.clone(), version.clone(), version.join("sub")] {
+            let m = meta(&d);
+            assert_eq!((m.gid(), m.mode() & 0o7777), (4321, 0o2755), "{}", d.display());
+        }
+        assert!(!write(&dir, &payload).unwrap(), "the same payload, owned as it is: nothing written");
+        std::os::unix::fs::lchown(version.join("token"), None, Some(0)).unwrap();
+        assert!(write(&dir, &payload).unwrap(), "a file no longer the group's is written again");
+        assert_eq!(meta(&dir.join(DATA_DIR).join("token").canonicalize().unwrap()).gid(), 4321);
     }
 
     fn payload(files: &[(&str, &str, u32)]) -> BTreeMap<String, FileProjection> {

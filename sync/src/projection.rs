@@ -60,7 +60,7 @@ fn object_payload(
     match items.filter(|i| !i.is_empty()) {
         None => {
             for (k, v) in &object.data {
-                out.insert(k.clone(), FileProjection { data: v.clone(), mode: default_mode });
+                out.insert(k.clone(), FileProjection::new(v.clone(), default_mode));
             }
         }
         Some(items) => {
@@ -74,10 +74,7 @@ fn object_payload(
                         ObjectKind::Secret => format!("references non-existent secret key: {}", item.key),
                     });
                 };
-                out.insert(
-                    item.path.clone(),
-                    FileProjection { data: data.clone(), mode: mode(item.mode, default_mode) },
-                );
+                out.insert(item.path.clone(), FileProjection::new(data.clone(), mode(item.mode, default_mode)));
             }
         }
     }
@@ -225,10 +222,7 @@ fn downward_items(
         };
         match value {
             Ok(v) => {
-                out.insert(
-                    item.path.clone(),
-                    FileProjection { data: v.into_bytes(), mode: mode(item.mode, default_mode) },
-                );
+                out.insert(item.path.clone(), FileProjection::new(v.into_bytes(), mode(item.mode, default_mode)));
             }
             Err(e) => errors.push(e),
         }
@@ -244,6 +238,8 @@ pub(crate) async fn volume_payload(
     fetched: &mut Fetched<'_>,
     node: &Resources,
 ) -> Result<Option<Payload>, String> {
+    let fs_group = nodewarden_runtime::security::fs_group(pod)?;
+    let fs_user = nodewarden_runtime::security::fs_user(pod);
     let mut out = Payload::new();
     if let Some(cm) = &v.config_map {
         let m = mode(cm.default_mode, DEFAULT_MODE);
@@ -276,10 +272,13 @@ pub(crate) async fn volume_payload(
                 let ask = token_ask(pod, t.audience.as_deref(), t.expiration_seconds);
                 match fetched.port().token(&ask).await {
                     Ok(token) => {
-                        out.insert(
-                            t.path.clone(),
-                            FileProjection { data: token.token.into_bytes(), mode: default_mode },
-                        );
+                        // As the kubelet's: where the pod names a group or a user for its files, the token is
+                        // theirs alone (0600, owned by the containers' common user).
+                        let owned = fs_group.is_some() || fs_user.is_some();
+                        let mut file =
+                            FileProjection::new(token.token.into_bytes(), if owned { 0o600 } else { default_mode });
+                        file.owner = fs_user;
+                        out.insert(t.path.clone(), file);
                         Ok(())
                     }
                     Err(e) => Err(format!("failed to fetch token: {e}")),
@@ -297,6 +296,13 @@ pub(crate) async fn volume_payload(
         }
     } else {
         return Ok(None);
+    }
+    // As the kubelet's ownership change of a read-only volume: the pod's `fsGroup` owns every file and can read it.
+    if let Some(group) = fs_group {
+        for file in out.values_mut() {
+            file.mode |= 0o440;
+            file.group = Some(group);
+        }
     }
     Ok(Some(out))
 }
@@ -396,6 +402,24 @@ mod tests {
         assert_eq!(text(&got, "namespace").0, "ns");
         let asked = objects.tokens.lock().unwrap()[0].clone();
         assert_eq!((asked.expiration_seconds, asked.pod_uid.as_str(), asked.audience), (3607, "u1", None));
+
+        // A pod with an fsGroup and one user for all its containers: the group reads every file, and the token is
+        // the user's alone (0600 plus the group's read), as the kubelet writes it.
+        let mut owned = p.clone();
+        let spec = owned.spec.as_mut().unwrap();
+        spec.security_context = Some(serde_json::from_value(json!({"fsGroup": 2000, "runAsUser": 1000})).unwrap());
+        let got = payload_of(&objects, &owned).await.unwrap().unwrap();
+        let token = &got["token"];
+        assert_eq!((token.mode, token.owner, token.group), (0o640, Some(1000), Some(2000)));
+        let ca = &got["ca.crt"];
+        assert_eq!((ca.mode, ca.owner, ca.group), (0o644, None, Some(2000)));
+        let secret = pod(json!([{"name": "v", "secret": {"secretName": "s", "defaultMode": 0o400}}]));
+        objects.put(ObjectKind::Secret, "ns", "s", &[("k", "v")]);
+        let mut grouped = secret.clone();
+        grouped.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 7})).unwrap());
+        assert_eq!(payload_of(&objects, &secret).await.unwrap().unwrap()["k"].mode, 0o400);
+        let k = &payload_of(&objects, &grouped).await.unwrap().unwrap()["k"];
+        assert_eq!((k.mode, k.owner, k.group), (0o440, None, Some(7)), "a 0400 Secret readable by the fsGroup");
     }
 
     #[tokio::test]

@@ -148,6 +148,7 @@ pub fn prepare(
     memory_limit: Option<u64>,
     payloads: &BTreeMap<String, Result<Payload, String>>,
     keep_last: bool,
+    fs_group: Option<u32>,
 ) -> Result<Vec<PreparedVolume>, VolumeError> {
     let mut out = Vec::new();
     for v in volumes {
@@ -166,6 +167,9 @@ pub fn prepare(
                 if let Err(e) = crate::quota::claim(&dir) {
                     tracing::trace!(dir = %dir.display(), error = %e, "the emptyDir's usage is walked");
                 }
+                if let Some(group) = fs_group {
+                    give_to_group(&dir, group).map_err(&failed)?;
+                }
                 dir
             }
             VolumeSource::Memory(size) => {
@@ -173,6 +177,9 @@ pub fn prepare(
                 std::fs::create_dir_all(&dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
                 if !is_mount_point(&dir) {
                     mount_tmpfs(&dir, size.or(memory_limit), 0o777).map_err(&failed)?;
+                }
+                if let Some(group) = fs_group {
+                    give_to_group(&dir, group).map_err(&failed)?;
                 }
                 dir
             }
@@ -200,6 +207,15 @@ pub fn prepare(
         out.push(PreparedVolume { name: v.name.clone(), path, projected });
     }
     Ok(out)
+}
+
+/// Gives the writable volume directory `dir` to the pod's `fsGroup`, set-group-ID so that what its containers
+/// make in it is the group's too (`2777`), as the kubelet's ownership change of an `emptyDir` does.
+fn give_to_group(dir: &Path, group: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::lchown(dir, None, Some(group)).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o2777))
+        .map_err(|e| format!("{}: {e}", dir.display()))
 }
 
 /// Writes a projected volume's files into `dir` (a tmpfs for secrets and tokens, sized by the pod's memory limit),
@@ -490,11 +506,11 @@ mod tests {
             ..Volume::default()
         };
         let files = |v: &str| -> BTreeMap<String, Result<Payload, String>> {
-            let file = FileProjection { data: v.as_bytes().to_vec(), mode: 0o644 };
+            let file = FileProjection::new(v.as_bytes().to_vec(), 0o644);
             [("cfg".to_owned(), Ok([("greeting".to_owned(), file)].into()))].into()
         };
         let vols = [cm];
-        let prepared = prepare(dir.path(), "u1", &vols, None, &files("hello"), false).unwrap();
+        let prepared = prepare(dir.path(), "u1", &vols, None, &files("hello"), false, None).unwrap();
         assert!(prepared[0].projected);
         let path = &prepared[0].path;
         assert!(path.ends_with("pods/u1/volumes/kubernetes.io~configmap/cfg"));
@@ -505,13 +521,13 @@ mod tests {
         // The apiserver out of reach: an adopted pod keeps the last files; a fresh start (after a reboot) fails
         // its mount; a refresh says why.
         let away: BTreeMap<String, Result<Payload, String>> = [("cfg".to_owned(), Err("away".to_owned()))].into();
-        assert_eq!(prepare(dir.path(), "u1", &vols, None, &away, true).unwrap(), prepared);
-        assert!(prepare(dir.path(), "u1", &vols, None, &away, false).is_err());
+        assert_eq!(prepare(dir.path(), "u1", &vols, None, &away, true, None).unwrap(), prepared);
+        assert!(prepare(dir.path(), "u1", &vols, None, &away, false, None).is_err());
         assert_eq!(std::fs::read_to_string(path.join("greeting")).unwrap(), "bye");
         let (changed, errors) = refresh(dir.path(), "u1", &vols, None, &away);
         assert!(changed.is_empty() && errors.len() == 1 && errors[0].to_string().ends_with(": away"), "{errors:?}");
         // A first preparation without its files fails the mount.
-        let err = prepare(dir.path(), "u2", &vols, None, &away, true).unwrap_err();
+        let err = prepare(dir.path(), "u2", &vols, None, &away, true, None).unwrap_err();
         assert_eq!(err.to_string(), "MountVolume.SetUp failed for volume \"cfg\" : away");
         // A refresh after the pod's volumes are gone makes nothing again.
         remove_pod_dir(dir.path(), "u1").unwrap();
@@ -534,14 +550,21 @@ mod tests {
                 ..Volume::default()
             },
         ];
-        let prepared = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false).unwrap();
+        let prepared = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false, None).unwrap();
         assert!(prepared[0].path.ends_with("pods/u1/volumes/kubernetes.io~empty-dir/scratch"));
         assert!(prepared[0].path.is_dir() && host.is_dir());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&prepared[0].path).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o777, "a disk emptyDir is writable by a non-root container");
         // Idempotent.
-        assert_eq!(prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false).unwrap(), prepared);
+        assert_eq!(prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false, None).unwrap(), prepared);
+        // With an fsGroup: the group's, and what is made in it is too.
+        use std::os::unix::fs::MetadataExt;
+        let again = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false, Some(4242)).unwrap();
+        let meta = std::fs::metadata(&again[0].path).unwrap();
+        assert_eq!((meta.gid(), meta.mode() & 0o7777), (4242, 0o2777));
+        std::fs::write(again[0].path.join("made"), "x").unwrap();
+        assert_eq!(std::fs::metadata(again[0].path.join("made")).unwrap().gid(), 4242);
         // A pod that is over but not deleted loses its volumes and keeps its state and terminal record.
         let over = crate::state::SavedPod {
             terminal: Some(crate::status::Terminal::failed(Some("Evicted".into()), None)),
@@ -562,7 +585,7 @@ mod tests {
             ..Volume::default()
         };
         assert!(
-            prepare(dir.path(), "u2", &[missing], None, &BTreeMap::new(), false)
+            prepare(dir.path(), "u2", &[missing], None, &BTreeMap::new(), false, None)
                 .unwrap_err()
                 .to_string()
                 .contains("MountVolume.SetUp failed for volume \"m\" : hostPath /definitely")

@@ -693,12 +693,14 @@ impl<R: Runtime> Worker<R> {
         let (root, uid) = (self.shared.settings.root_dir.clone(), self.uid.clone());
         let lock = self.tasks.volumes.clone();
         let payloads = self.payloads();
+        // An `fsGroup` out of range fails the containers' start with its message.
+        let fs_group = nodewarden_runtime::security::fs_group(&self.pod).ok().flatten();
         async move {
             let payloads = payloads.await;
             let held = lock.lock_owned().await;
             let preparing = tokio::task::spawn_blocking(move || {
                 let _held = held;
-                volumes::prepare(&root, &uid, &vols, memory_limit, &payloads, adopting)
+                volumes::prepare(&root, &uid, &vols, memory_limit, &payloads, adopting, fs_group)
             });
             match preparing.await {
                 Ok(result) => result,
