@@ -92,10 +92,30 @@ pub fn on_create(store: &Store, r: &Resource, namespace: Option<&str>, mut objec
             if object["spec"]["type"].is_null() {
                 object["spec"]["type"] = json!("ClusterIP");
             }
+            // As the real apiserver's allocator: a Service that is not headless nor `ExternalName` gets the next
+            // free address of the service range (10.96.0.0/12, as kubeadm's default).
+            let external = object["spec"]["type"] == "ExternalName";
+            let unset = object["spec"]["clusterIP"].as_str().is_none_or(str::is_empty);
+            if !external && unset {
+                let ip = free_cluster_ip(store, r).ok_or_else(|| {
+                    invalid("Service", &name, &["spec.clusterIPs: Internal error: the service range is full".into()])
+                })?;
+                object["spec"]["clusterIP"] = json!(ip);
+                object["spec"]["clusterIPs"] = json!([ip]);
+            }
             Ok(object)
         }
         _ => Ok(object),
     }
+}
+
+/// The first address of the service range (10.96.0.0/12) no Service holds, after the apiserver's own.
+fn free_cluster_ip(store: &Store, services: &Resource) -> Option<String> {
+    let (all, _) = store.list(services, None, &crate::select::Selector::default());
+    let taken: std::collections::BTreeSet<&str> = all.iter().filter_map(|s| s["spec"]["clusterIP"].as_str()).collect();
+    (2u32..(1 << 20))
+        .map(|n| std::net::Ipv4Addr::from(0x0a60_0000 + n).to_string())
+        .find(|ip| !taken.contains(ip.as_str()))
 }
 
 /// What the controllers add once `created` is stored: a namespace's `default` ServiceAccount and its
@@ -492,6 +512,25 @@ mod tests {
         );
         assert_eq!(qos_class(&c(json!({"requests": {"cpu": "100m"}}))), "Burstable");
         assert_eq!(qos_class(&c(json!({"limits": {"memory": "1Gi"}}))), "Burstable");
+    }
+
+    #[test]
+    fn services_get_the_next_free_cluster_ip_unless_headless_or_external() {
+        let store = Store::default();
+        let ns = crate::resource("namespaces");
+        store.create(ns, None, on_create(&store, ns, None, json!({"metadata": {"name": "default"}})).unwrap()).unwrap();
+        let services = crate::resource("services");
+        let create = |name: &str, spec: Value| {
+            let admitted =
+                on_create(&store, services, Some("default"), json!({"metadata": {"name": name}, "spec": spec}));
+            store.create(services, Some("default"), admitted.unwrap()).unwrap()["spec"].clone()
+        };
+        let master = create("kubernetes", json!({"clusterIP": MASTER_SERVICE_IP, "ports": [{"port": 443}]}));
+        assert_eq!(master["clusterIP"], MASTER_SERVICE_IP);
+        assert_eq!(create("web", json!({"ports": [{"port": 80}]}))["clusterIPs"], json!(["10.96.0.2"]));
+        assert_eq!(create("db", json!({"ports": [{"port": 5432}]}))["clusterIP"], "10.96.0.3");
+        assert_eq!(create("peers", json!({"clusterIP": "None"}))["clusterIP"], "None");
+        assert!(create("out", json!({"type": "ExternalName", "externalName": "x.example"}))["clusterIP"].is_null());
     }
 
     #[test]
