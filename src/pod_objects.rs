@@ -76,8 +76,8 @@ pub struct ApiObjects {
     ttl: Duration,
     cache: Mutex<HashMap<ObjectKey, Cached>>,
     tokens: Mutex<HashMap<TokenAsk, Kept>>,
-    /// The Services containers' environments name, when read.
-    services: Mutex<Option<(Instant, Vec<ServiceAddress>)>>,
+    /// The Services of each namespace containers' environments name, when read.
+    services: Mutex<HashMap<String, (Instant, Vec<ServiceAddress>)>>,
     /// One read of each object at a time: pods starting together that miss the cache wait for the first one's
     /// read instead of each reading the object (a burst of 110 pods read one ConfigMap 64 times).
     reading: Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
@@ -94,7 +94,7 @@ impl ApiObjects {
             ttl,
             cache: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
-            services: Mutex::new(None),
+            services: Mutex::new(HashMap::new()),
             reading: Mutex::new(HashMap::new()),
             reading_services: tokio::sync::Mutex::new(()),
         }
@@ -230,9 +230,6 @@ impl ApiObjects {
     }
 }
 
-/// The namespace and name of the apiserver's own Service.
-const MASTER_SERVICE: (&str, &str) = ("default", "kubernetes");
-
 /// A Service as the environment names it.
 fn address(s: &k8s_openapi::api::core::v1::Service) -> Option<ServiceAddress> {
     let spec = s.spec.as_ref()?;
@@ -274,12 +271,10 @@ impl PodObjects for ApiObjects {
         Box::pin(self.issue(ask))
     }
 
-    fn cluster_services(&self) -> ObjectFuture<'_, Vec<ServiceAddress>> {
+    fn services<'a>(&'a self, namespace: &'a str) -> ObjectFuture<'a, Vec<ServiceAddress>> {
         Box::pin(async move {
-            let fresh = || {
-                let cached = self.services.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                cached.filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, s)| s)
-            };
+            let cached = || self.services.lock().unwrap_or_else(PoisonError::into_inner).get(namespace).cloned();
+            let fresh = || cached().filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, s)| s);
             if let Some(s) = fresh() {
                 return Ok(s);
             }
@@ -288,18 +283,18 @@ impl PodObjects for ApiObjects {
             if let Some(s) = fresh() {
                 return Ok(s);
             }
-            let cached = self.services.lock().unwrap_or_else(PoisonError::into_inner).clone();
             let Some(reader) = self.reader.get() else { return Ok(Vec::new()) };
-            let (namespace, name) = MASTER_SERVICE;
-            match reader.service(namespace, name).await {
+            match reader.services(namespace).await {
                 Ok(found) => {
-                    let services: Vec<ServiceAddress> = found.as_ref().and_then(address).into_iter().collect();
-                    *self.services.lock().unwrap_or_else(PoisonError::into_inner) =
-                        Some((Instant::now(), services.clone()));
+                    let services: Vec<ServiceAddress> = found.iter().filter_map(address).collect();
+                    self.services
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(namespace.to_owned(), (Instant::now(), services.clone()));
                     Ok(services)
                 }
                 // The apiserver away: the last copy serves.
-                Err(e) => match cached {
+                Err(e) => match cached() {
                     Some((_, s)) => Ok(s),
                     None => Err(api_error(e)),
                 },
@@ -362,9 +357,10 @@ mod tests {
         let objects = ApiObjects::new(Duration::from_millis(300));
         objects.expect_cluster();
         objects.join(ObjectReader::new(clients));
-        let services = objects.cluster_services().await.unwrap();
+        let services = objects.services("default").await.unwrap();
         assert_eq!(services.len(), 1);
         assert_eq!((services[0].name.as_str(), services[0].ports[0].port), ("kubernetes", 443));
+        assert_eq!(objects.services("elsewhere").await.unwrap(), [], "a namespace without Services");
         let gets =
             || api.requests().iter().filter(|r| r.method == "GET" && r.path.ends_with("/configmaps/cfg")).count();
         let read = objects.object(ObjectKind::ConfigMap, "default", "cfg").await.unwrap().unwrap();
@@ -379,8 +375,8 @@ mod tests {
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|o| o.as_ref() == Some(&read))));
         assert_eq!(gets(), 2, "one read for all of them");
         let service_gets =
-            || api.requests().iter().filter(|r| r.method == "GET" && r.path.ends_with("/services/kubernetes")).count();
-        let asks = (0..20).map(|_| objects.cluster_services());
+            || api.requests().iter().filter(|r| r.method == "GET" && r.path.ends_with("/default/services")).count();
+        let asks = (0..20).map(|_| objects.services("default"));
         futures_util::future::join_all(asks).await;
         assert_eq!(service_gets(), 2, "the Services too");
         assert!(objects.reading.lock().unwrap().is_empty(), "no lock is left behind");

@@ -511,12 +511,21 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     d.wait_ready();
     kubectl(&k, &admin, &["create", "configmap", "app-config", "--from-literal=greeting=hello"]);
     kubectl(&k, &admin, &["create", "secret", "generic", "db", "--from-literal=password=hunter2-in-a-secret"]);
+    // A Service of the pod's namespace: its service links (enableServiceLinks defaults to true).
+    let service = dir.path().join("service.yaml");
+    let spec = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web-front\n  namespace: default\nspec:\n  ports:\n  \
+                - port: 80\n    targetPort: 8080\n";
+    std::fs::write(&service, spec).unwrap();
+    kubectl(&k, &admin, &["apply", "-f", service.to_str().unwrap()]);
+    let web_ip =
+        api.get("services", Some("default"), "web-front").unwrap()["spec"]["clusterIP"].as_str().unwrap().to_owned();
     // As a user writes it: the service account token comes with the admission plugin's kube-api-access volume,
     // mounted where no host has a directory.
     let reader = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: reader\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \
          terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: busybox\n    command: [sh, -c, \
-         'echo \"env=$GREETING/${{#PASSWORD}} api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT\"; t=/var/run/secrets/kubernetes.io/serviceaccount; \
+         'echo \"env=$GREETING/${{#PASSWORD}} api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT \
+         web=$WEB_FRONT_SERVICE_HOST:$WEB_FRONT_SERVICE_PORT\"; t=/var/run/secrets/kubernetes.io/serviceaccount; \
          while true; do echo \"file=$(cat /etc/nw-app/greeting) ns=$(cat $t/namespace) token=$(head -c 3 $t/token) \
          ca=$(test -s $t/ca.crt && echo yes)\"; sleep 0.5; done']\n    env:\n    - name: GREETING\n      valueFrom:\n        \
          configMapKeyRef: {{name: app-config, key: greeting}}\n    - name: PASSWORD\n      valueFrom:\n        \
@@ -550,6 +559,7 @@ fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_chang
     wait_until(30, "the reader's files read", || read().contains("file=hello ns=default token=eyJ ca=yes"));
     // The apiserver's Service, as in-cluster clients read it.
     assert!(read().contains("env=hello/19 api=10.96.0.1:443"), "{}", read());
+    assert!(read().contains(&format!("web={web_ip}:80")), "the service links: {}", read());
     wait_until(60, "the non-root pod Running", || pod("nonroot").is_some_and(|p| p["status"]["phase"] == "Running"));
     let nonroot_uid = pod("nonroot").unwrap()["metadata"]["uid"].as_str().unwrap().to_owned();
     let nonroot_log = PathBuf::from(format!("/var/log/pods/default_nonroot_{nonroot_uid}/app/0.log"));

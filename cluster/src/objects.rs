@@ -54,10 +54,11 @@ impl ObjectReader {
         Api::<Secret>::namespaced(self.clients.main(), namespace).get_opt(name).await
     }
 
-    /// The Service `name` in `namespace`; `None` when there is none.
-    pub async fn service(&self, namespace: &str, name: &str) -> Result<Option<Service>, kube::Error> {
+    /// The Services of `namespace`.
+    pub async fn services(&self, namespace: &str) -> Result<Vec<Service>, kube::Error> {
         self.clients.limiter.acquire().await;
-        Api::<Service>::namespaced(self.clients.main(), namespace).get_opt(name).await
+        let list = Api::<Service>::namespaced(self.clients.main(), namespace).list(&Default::default()).await?;
+        Ok(list.items)
     }
 
     /// A token of service account `account` in `namespace`, for `audience` (the apiserver's own when `None`),

@@ -36,6 +36,27 @@ pub(crate) fn references(c: &Container) -> Vec<(ObjectKind, String)> {
     out
 }
 
+/// The Services the environment of a container of a pod names, as the kubelet's service links: the apiserver's
+/// own (`kubernetes` among `in_default`, the Services of `default`) always, and with `enableServiceLinks` (`links`)
+/// every Service of the pod's namespace (`in_own`; one named `kubernetes` there wins), by name.
+pub(crate) fn linked_services(
+    in_default: &[ServiceAddress],
+    in_own: &[ServiceAddress],
+    links: bool,
+) -> Vec<ServiceAddress> {
+    let mut by_name: BTreeMap<&str, &ServiceAddress> = BTreeMap::new();
+    if let Some(master) = in_default.iter().find(|s| s.name == MASTER_SERVICE) {
+        by_name.insert(MASTER_SERVICE, master);
+    }
+    if links {
+        by_name.extend(in_own.iter().map(|s| (s.name.as_str(), s)));
+    }
+    by_name.into_values().cloned().collect()
+}
+
+/// The name of the apiserver's own Service, in `default`.
+pub(crate) const MASTER_SERVICE: &str = "kubernetes";
+
 /// The variables the kubelet gives every container for `services`: `{NAME}_SERVICE_HOST`, `{NAME}_SERVICE_PORT`
 /// (the first port), `{NAME}_SERVICE_PORT_{PORT NAME}`, and the Docker links (`{NAME}_PORT=tcp://ip:port`,
 /// `{NAME}_PORT_{port}_{PROTO}` with `_PROTO`, `_PORT`, `_ADDR`); a Service without a cluster IP has none.
@@ -220,6 +241,31 @@ mod tests {
                 ("NS", "ns"),
             ])
         );
+    }
+
+    #[test]
+    fn service_links_name_the_apiserver_always_and_the_pods_namespace_when_enabled() {
+        let svc = |name: &str, ip: &str| ServiceAddress {
+            name: name.into(),
+            cluster_ip: ip.into(),
+            ports: vec![ServicePort { name: String::new(), port: 80, protocol: "TCP".into() }],
+        };
+        let in_default = [svc("kubernetes", "10.96.0.1"), svc("web", "10.96.0.2")];
+        let in_own = [svc("redis-main", "10.96.0.3"), svc("kubernetes", "10.96.0.9")];
+        let names = |v: Vec<ServiceAddress>| v.into_iter().map(|s| (s.name, s.cluster_ip)).collect::<Vec<_>>();
+        let pairs = |v: &[(&str, &str)]| v.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect::<Vec<_>>();
+        assert_eq!(names(linked_services(&in_default, &in_own, false)), pairs(&[("kubernetes", "10.96.0.1")]));
+        assert_eq!(
+            names(linked_services(&in_default, &in_own, true)),
+            pairs(&[("kubernetes", "10.96.0.9"), ("redis-main", "10.96.0.3")]),
+            "the pod's namespace's own `kubernetes` wins"
+        );
+        assert_eq!(
+            names(linked_services(&in_default, &in_default, true)),
+            pairs(&[("kubernetes", "10.96.0.1"), ("web", "10.96.0.2")])
+        );
+        let vars = service_vars(&linked_services(&in_default, &in_own, true));
+        assert!(vars.contains(&("REDIS_MAIN_SERVICE_HOST".to_owned(), "10.96.0.3".to_owned())), "{vars:?}");
     }
 
     #[test]

@@ -148,10 +148,11 @@ pub trait PodObjects: Send + Sync + 'static {
     /// A token for `ask`: the one already issued while it is fresh, else a new one.
     fn token<'a>(&'a self, ask: &'a TokenAsk) -> ObjectFuture<'a, Token>;
 
-    /// The Services every container's environment names: the apiserver's own (`default/kubernetes`, whose
-    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` in-cluster clients read). None for a node in no
-    /// cluster, as a kubelet without a client adds none.
-    fn cluster_services(&self) -> ObjectFuture<'_, Vec<ServiceAddress>> {
+    /// The Services of `namespace`, which containers' environments name (the kubelet's service links; the
+    /// apiserver's own, `default/kubernetes`, whose `KUBERNETES_SERVICE_HOST` in-cluster clients read, in every
+    /// one). None for a node in no cluster, as a kubelet without a client adds none.
+    fn services<'a>(&'a self, namespace: &'a str) -> ObjectFuture<'a, Vec<ServiceAddress>> {
+        let _ = namespace;
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 

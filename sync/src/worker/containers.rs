@@ -139,8 +139,7 @@ impl<R: Runtime> Worker<R> {
     /// its start.
     async fn start_objects(&self, index: usize) -> StartObjects {
         let mut map = crate::objects::ObjectMap::new();
-        let services = match tokio::time::timeout(super::OBJECTS_TIMEOUT, self.shared.objects.cluster_services()).await
-        {
+        let services = match tokio::time::timeout(super::OBJECTS_TIMEOUT, self.linked_services()).await {
             Ok(Ok(services)) => crate::env::service_vars(&services),
             Ok(Err(e)) => {
                 tracing::debug!(pod = %self.full_name(), error = %e, "cannot read the cluster's Services; no service variables");
@@ -163,6 +162,20 @@ impl<R: Runtime> Worker<R> {
             }
         }
         StartObjects { map, services }
+    }
+
+    /// The Services the pod's containers' environments name ([`crate::env::linked_services`]).
+    async fn linked_services(&self) -> Result<Vec<crate::ServiceAddress>, crate::ObjectError> {
+        let namespace = nodewarden_resources::pod::namespace(&self.pod);
+        let links = self.pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+        let objects = &*self.shared.objects;
+        let in_default = objects.services("default").await?;
+        let in_own = match (links, namespace) {
+            (false, _) | (true, "default") => Vec::new(),
+            (true, ns) => objects.services(ns).await?,
+        };
+        let own = if links && namespace == "default" { &in_default } else { &in_own };
+        Ok(crate::env::linked_services(&in_default, own, links))
     }
 
     /// The names of the pod's `imagePullSecrets`.
