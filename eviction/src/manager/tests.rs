@@ -489,6 +489,35 @@ async fn the_end_of_a_slow_disk_measure_wakes_the_loop() {
     shutdown.cancel();
 }
 
+/// A measure that ends within EVENT_INTERVAL of the pass that started it: its wake is held back, and the pass that
+/// answers it is a disk_usage pass (reading every signal), not a poll, which evicts.
+#[tokio::test]
+#[expect(clippy::disallowed_types, reason = "the measure runs on a real thread, in real time")]
+async fn the_end_of_a_measure_held_back_by_the_event_interval_is_answered_as_a_disk_pass() {
+    let mut s = settings(&[(Signal::NodeFsAvailable, Amount::Percentage(1.0), None)], &[]);
+    s.poll_max = Duration::from_secs(60);
+    let (r, release) = slow_disk(s);
+    let wakeups = r.manager.metrics.wakeups.clone();
+    let (_wake_tx, wake_rx) = mpsc::channel(1);
+    let (shutdown, evictor) = (r.shutdown.clone(), r.evictor.clone());
+    let started = std::time::Instant::now();
+    tokio::spawn(r.manager.run(wake_rx));
+    // The first pass starts the measure and waits 20 ms for it; it ends well within EVENT_INTERVAL of that pass.
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    release.send(()).unwrap();
+    let count = |source: &str| wakeups.with_label_values(&[source]).get();
+    while evictor.attempts.lock().unwrap().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(20), "the held-back end was never answered");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Counted when it came, and again when the interval was over: the pass that evicted was the measure's own.
+    let disk_passes = count("disk_usage");
+    assert!(started.elapsed() < EVENT_INTERVAL * 5, "answered at the end of the interval: {:?}", started.elapsed());
+    assert_eq!(evictor.attempts.lock().unwrap().first().map(String::as_str), Some("writer"));
+    assert!(disk_passes >= 2, "the held-back end was answered by a poll: {disk_passes} disk_usage wakes");
+    shutdown.cancel();
+}
+
 #[tokio::test(start_paused = true)]
 async fn pid_pressure_ranks_by_priority_then_process_count() {
     let mut r = rig(
