@@ -81,8 +81,8 @@ pub struct ApiObjects {
     /// One read of each object at a time: pods starting together that miss the cache wait for the first one's
     /// read instead of each reading the object (a burst of 110 pods read one ConfigMap 64 times).
     reading: Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
-    /// The same for the Services.
-    reading_services: tokio::sync::Mutex<()>,
+    /// The same for the Services, by namespace.
+    reading_services: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl ApiObjects {
@@ -96,7 +96,7 @@ impl ApiObjects {
             tokens: Mutex::new(HashMap::new()),
             services: Mutex::new(HashMap::new()),
             reading: Mutex::new(HashMap::new()),
-            reading_services: tokio::sync::Mutex::new(()),
+            reading_services: Mutex::new(HashMap::new()),
         }
     }
 
@@ -104,6 +104,11 @@ impl ApiObjects {
     fn fresh(&self, key: &ObjectKey) -> Option<Option<Arc<ObjectData>>> {
         let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         cache.get(key).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, o)| o.clone())
+    }
+
+    /// Whether the Services of `namespace` are kept.
+    fn is_cached(&self, namespace: &str) -> bool {
+        self.services.lock().unwrap_or_else(PoisonError::into_inner).contains_key(namespace)
     }
 
     /// A cluster is being joined: until it is, objects are out of reach for now, not for good.
@@ -230,12 +235,18 @@ impl ApiObjects {
     }
 }
 
-/// A Service as the environment names it.
+/// How many `syncFrequency`s the Services of a namespace no pod asks about are kept (the last list serves while
+/// the apiserver is away).
+const SERVICES_KEPT: u32 = 10;
+
+/// A Service as the environment names it; `None` for one without a cluster IP (headless, `ExternalName`), which
+/// gives no variables and hides no other of its name.
 fn address(s: &k8s_openapi::api::core::v1::Service) -> Option<ServiceAddress> {
     let spec = s.spec.as_ref()?;
+    let ip = spec.cluster_ip.as_deref().filter(|ip| !ip.is_empty() && *ip != "None")?;
     Some(ServiceAddress {
         name: s.metadata.name.clone()?,
-        cluster_ip: spec.cluster_ip.clone().unwrap_or_default(),
+        cluster_ip: ip.to_owned(),
         ports: spec
             .ports
             .iter()
@@ -278,8 +289,15 @@ impl PodObjects for ApiObjects {
             if let Some(s) = fresh() {
                 return Ok(s);
             }
-            // One read at a time; those that waited take its result.
-            let _reading = self.reading_services.lock().await;
+            // One read of a namespace at a time; those that waited take its result.
+            let line = self
+                .reading_services
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(namespace.to_owned())
+                .or_default()
+                .clone();
+            let _reading = line.lock().await;
             if let Some(s) = fresh() {
                 return Ok(s);
             }
@@ -287,10 +305,13 @@ impl PodObjects for ApiObjects {
             match reader.services(namespace).await {
                 Ok(found) => {
                     let services: Vec<ServiceAddress> = found.iter().filter_map(address).collect();
-                    self.services
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(namespace.to_owned(), (Instant::now(), services.clone()));
+                    let mut all = self.services.lock().unwrap_or_else(PoisonError::into_inner);
+                    // A namespace no pod has asked about for a while (deleted, perhaps) is forgotten.
+                    all.retain(|_, (at, _)| at.elapsed() < self.ttl * SERVICES_KEPT);
+                    all.insert(namespace.to_owned(), (Instant::now(), services.clone()));
+                    drop(all);
+                    let mut lines = self.reading_services.lock().unwrap_or_else(PoisonError::into_inner);
+                    lines.retain(|ns, l| ns == namespace || Arc::strong_count(l) > 1 || self.is_cached(ns));
                     Ok(services)
                 }
                 // The apiserver away: the last copy serves.
@@ -396,6 +417,19 @@ mod tests {
         assert_eq!(objects.token(&ask).await.unwrap(), token, "due for renewal, not expired: it serves");
         objects.forget_pod(&ask.pod_uid);
         assert!(objects.token(&ask).await.is_err());
+    }
+
+    #[test]
+    fn a_service_without_a_cluster_ip_gives_no_address() {
+        let service = |spec: serde_json::Value| -> k8s_openapi::api::core::v1::Service {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "kubernetes"}, "spec": spec})).unwrap()
+        };
+        let ports = serde_json::json!([{"port": 443, "name": "https"}]);
+        let set = address(&service(serde_json::json!({"clusterIP": "10.96.0.9", "ports": ports}))).unwrap();
+        assert_eq!((set.cluster_ip.as_str(), set.ports[0].protocol.as_str()), ("10.96.0.9", "TCP"));
+        // A headless or ExternalName Service of this name in a pod's namespace must not hide the apiserver's.
+        assert_eq!(address(&service(serde_json::json!({"clusterIP": "None", "ports": ports}))), None);
+        assert_eq!(address(&service(serde_json::json!({"type": "ExternalName", "externalName": "x"}))), None);
     }
 
     #[tokio::test]

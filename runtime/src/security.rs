@@ -33,7 +33,7 @@ pub struct Security {
     pub seccomp: Seccomp,
     /// `procMount: Unmasked`.
     pub unmasked_proc: bool,
-    /// The pod's `supplementalGroups`.
+    /// The pod's `fsGroup`, then its `supplementalGroups`.
     pub supplemental_groups: Vec<u32>,
     /// The pod's `sysctls`, for a runtime without sandboxes to refuse.
     pub sysctls: Vec<(String, String)>,

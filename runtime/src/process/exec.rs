@@ -39,7 +39,7 @@ pub(super) struct ExecRequest {
     pub user: Option<u32>,
     /// `runAsGroup`, or the user's primary group.
     pub group: Option<u32>,
-    /// The pod's `supplementalGroups`.
+    /// The supplementary groups: the pod's `fsGroup`, then its `supplementalGroups`.
     pub groups: Vec<u32>,
     /// `allowPrivilegeEscalation: false`.
     pub no_new_privs: bool,

@@ -169,11 +169,19 @@ impl<R: Runtime> Worker<R> {
         let namespace = nodewarden_resources::pod::namespace(&self.pod);
         let links = self.pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
         let objects = &*self.shared.objects;
-        let in_default = objects.services("default").await?;
-        let in_own = match (links, namespace) {
-            (false, _) | (true, "default") => Vec::new(),
-            (true, ns) => objects.services(ns).await?,
+        let own = async {
+            match (links, namespace) {
+                (false, _) | (true, "default") => Ok(Vec::new()),
+                (true, ns) => objects.services(ns).await,
+            }
         };
+        let (in_default, in_own) = futures_util::future::join(objects.services("default"), own).await;
+        let in_default = in_default?;
+        // The apiserver's own variables are not lost with the namespace's.
+        let in_own = in_own.unwrap_or_else(|e| {
+            tracing::debug!(pod = %self.full_name(), error = %e, "cannot read the Services of the pod's namespace");
+            Vec::new()
+        });
         let own = if links && namespace == "default" { &in_default } else { &in_own };
         Ok(crate::env::linked_services(&in_default, own, links))
     }
