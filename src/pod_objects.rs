@@ -235,6 +235,11 @@ impl ApiObjects {
     }
 }
 
+/// How long a namespace's Services list serves at most: a Service made with the pods that name it (one
+/// `kubectl apply` of both) is in their variables, as the kubelet's informer has it within moments, at one list a
+/// namespace at most this often while its pods start.
+const SERVICES_FRESH: Duration = Duration::from_secs(5);
+
 /// How many `syncFrequency`s the Services of a namespace no pod asks about are kept (the last list serves while
 /// the apiserver is away).
 const SERVICES_KEPT: u32 = 10;
@@ -285,7 +290,7 @@ impl PodObjects for ApiObjects {
     fn services<'a>(&'a self, namespace: &'a str) -> ObjectFuture<'a, Vec<ServiceAddress>> {
         Box::pin(async move {
             let cached = || self.services.lock().unwrap_or_else(PoisonError::into_inner).get(namespace).cloned();
-            let fresh = || cached().filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, s)| s);
+            let fresh = || cached().filter(|(at, _)| at.elapsed() < self.ttl.min(SERVICES_FRESH)).map(|(_, s)| s);
             if let Some(s) = fresh() {
                 return Ok(s);
             }
@@ -363,21 +368,27 @@ mod tests {
         assert!(long.stale(&ask(7 * 24 * 3600), at(24 * 3600)));
     }
 
-    #[tokio::test]
-    async fn objects_are_read_once_per_ttl_and_the_last_copies_serve_while_the_apiserver_is_away() {
-        use nodewarden_cluster::Clients;
+    /// A test apiserver, and objects read from it as its admin, each kept for `ttl`.
+    async fn joined(ttl: Duration) -> (nodewarden_testapi::TestApi, ApiObjects) {
         let api = nodewarden_testapi::TestApi::start(0).await.unwrap();
         api.add_token("admin", None);
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = api.write_kubeconfig(dir.path(), "admin").unwrap();
-        let clients = Clients::from_kubeconfig(&kubeconfig, 50.0, 100, Duration::from_secs(5)).await.unwrap();
+        let clients =
+            nodewarden_cluster::Clients::from_kubeconfig(&kubeconfig, 50.0, 100, Duration::from_secs(5)).await.unwrap();
+        let objects = ApiObjects::new(ttl);
+        objects.expect_cluster();
+        objects.join(ObjectReader::new(clients));
+        (api, objects)
+    }
+
+    #[tokio::test]
+    async fn objects_are_read_once_per_ttl_and_the_last_copies_serve_while_the_apiserver_is_away() {
+        let (api, objects) = joined(Duration::from_millis(300)).await;
         let cm = serde_json::json!({"metadata": {"name": "cfg"}, "data": {"a": "1"}, "binaryData": {"b": "AAE="}});
         api.create("configmaps", Some("default"), cm).unwrap();
         let pod = serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}});
         let created = api.create("pods", Some("default"), pod).unwrap();
-        let objects = ApiObjects::new(Duration::from_millis(300));
-        objects.expect_cluster();
-        objects.join(ObjectReader::new(clients));
         let services = objects.services("default").await.unwrap();
         assert_eq!(services.len(), 1);
         assert_eq!((services[0].name.as_str(), services[0].ports[0].port), ("kubernetes", 443));
@@ -417,6 +428,19 @@ mod tests {
         assert_eq!(objects.token(&ask).await.unwrap(), token, "due for renewal, not expired: it serves");
         objects.forget_pod(&ask.pod_uid);
         assert!(objects.token(&ask).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_namespaces_services_are_listed_again_after_a_few_seconds_whatever_the_sync_frequency() {
+        let (api, objects) = joined(Duration::from_secs(60)).await;
+        let names = |s: Vec<ServiceAddress>| s.into_iter().map(|s| s.name).collect::<Vec<_>>();
+        assert_eq!(names(objects.services("default").await.unwrap()), ["kubernetes"]);
+        // A Service made with the pods that name it (one `kubectl apply`): in their variables within seconds.
+        let web = serde_json::json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}});
+        api.create("services", Some("default"), web).unwrap();
+        assert_eq!(names(objects.services("default").await.unwrap()), ["kubernetes"], "the list serves a while");
+        tokio::time::sleep(SERVICES_FRESH + Duration::from_millis(100)).await;
+        assert_eq!(names(objects.services("default").await.unwrap()), ["kubernetes", "web"]);
     }
 
     #[test]
