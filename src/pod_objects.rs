@@ -38,15 +38,18 @@ type ObjectKey = (ObjectKind, String, String);
 /// When an object was read, and what was read (`None`: there was none).
 type Cached = (Instant, Option<Arc<ObjectData>>);
 
-/// A place in the line of the readers of one object; the line goes from the map once its last reader has left.
-struct Turn<'a> {
-    lines: &'a Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
-    key: ObjectKey,
+/// The lines of readers, one a key: of an object, or of a namespace's Services.
+type Lines<K> = Mutex<HashMap<K, Arc<tokio::sync::Mutex<()>>>>;
+
+/// A place in the line of the readers of one key; the line goes from the map once its last reader has left.
+struct Turn<'a, K: Eq + std::hash::Hash + Clone> {
+    lines: &'a Lines<K>,
+    key: K,
     line: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
-impl<'a> Turn<'a> {
-    fn take(lines: &'a Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>, key: &ObjectKey) -> Self {
+impl<'a, K: Eq + std::hash::Hash + Clone> Turn<'a, K> {
+    fn take(lines: &'a Lines<K>, key: &K) -> Self {
         let line = lines.lock().unwrap_or_else(PoisonError::into_inner).entry(key.clone()).or_default().clone();
         Self { lines, key: key.clone(), line: Some(line) }
     }
@@ -57,7 +60,7 @@ impl<'a> Turn<'a> {
     }
 }
 
-impl Drop for Turn<'_> {
+impl<K: Eq + std::hash::Hash + Clone> Drop for Turn<'_, K> {
     fn drop(&mut self) {
         // Under the map's lock, so that the last reader to leave sees itself last.
         let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
@@ -80,9 +83,9 @@ pub struct ApiObjects {
     services: Mutex<HashMap<String, (Instant, Vec<ServiceAddress>)>>,
     /// One read of each object at a time: pods starting together that miss the cache wait for the first one's
     /// read instead of each reading the object (a burst of 110 pods read one ConfigMap 64 times).
-    reading: Mutex<HashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>>,
+    reading: Lines<ObjectKey>,
     /// The same for the Services, by namespace.
-    reading_services: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    reading_services: Lines<String>,
 }
 
 impl ApiObjects {
@@ -104,11 +107,6 @@ impl ApiObjects {
     fn fresh(&self, key: &ObjectKey) -> Option<Option<Arc<ObjectData>>> {
         let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         cache.get(key).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, o)| o.clone())
-    }
-
-    /// Whether the Services of `namespace` are kept.
-    fn is_cached(&self, namespace: &str) -> bool {
-        self.services.lock().unwrap_or_else(PoisonError::into_inner).contains_key(namespace)
     }
 
     /// A cluster is being joined: until it is, objects are out of reach for now, not for good.
@@ -295,14 +293,8 @@ impl PodObjects for ApiObjects {
                 return Ok(s);
             }
             // One read of a namespace at a time; those that waited take its result.
-            let line = self
-                .reading_services
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(namespace.to_owned())
-                .or_default()
-                .clone();
-            let _reading = line.lock().await;
+            let turn = Turn::take(&self.reading_services, &namespace.to_owned());
+            let _reading = turn.wait().await;
             if let Some(s) = fresh() {
                 return Ok(s);
             }
@@ -314,9 +306,6 @@ impl PodObjects for ApiObjects {
                     // A namespace no pod has asked about for a while (deleted, perhaps) is forgotten.
                     all.retain(|_, (at, _)| at.elapsed() < self.ttl * SERVICES_KEPT);
                     all.insert(namespace.to_owned(), (Instant::now(), services.clone()));
-                    drop(all);
-                    let mut lines = self.reading_services.lock().unwrap_or_else(PoisonError::into_inner);
-                    lines.retain(|ns, l| ns == namespace || Arc::strong_count(l) > 1 || self.is_cached(ns));
                     Ok(services)
                 }
                 // The apiserver away: the last copy serves.
@@ -411,6 +400,7 @@ mod tests {
         let asks = (0..20).map(|_| objects.services("default"));
         futures_util::future::join_all(asks).await;
         assert_eq!(service_gets(), 2, "the Services too");
+        assert!(objects.reading_services.lock().unwrap().is_empty(), "no Services lock is left behind");
         assert!(objects.reading.lock().unwrap().is_empty(), "no lock is left behind");
         assert_eq!(objects.object(ObjectKind::Secret, "default", "none").await.unwrap(), None);
         let ask = TokenAsk { pod_uid: created["metadata"]["uid"].as_str().unwrap().into(), ..ask(3600) };

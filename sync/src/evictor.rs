@@ -55,14 +55,15 @@ impl<R: Runtime> PodManager<R> {
         let runtime = self.runtime_handle();
         Some(async move {
             let containers = pods.iter().map(|(_, ids)| ids.len()).sum::<usize>();
-            for (uid, ids) in &pods {
-                remove_dead(&*runtime, ids.clone()).await;
+            let count = pods.len();
+            for (uid, ids) in pods {
+                remove_dead(&*runtime, ids).await;
                 if let Some(sandboxes) = runtime.sandboxes() {
-                    sandboxes.remove_sandboxes(uid).await;
+                    sandboxes.remove_sandboxes(&uid).await;
                 }
             }
             tracing::info!(
-                pods = pods.len(),
+                pods = count,
                 containers,
                 "removed the dead containers and sandboxes of pods that are over to reclaim disk space before evicting"
             );

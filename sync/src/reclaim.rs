@@ -1,7 +1,7 @@
 //! The reclaim of node storage the eviction manager asks for before it evicts a pod for disk, as the kubelet's
-//! `reclaimNodeLevelResources`: first the dead containers and stopped sandboxes of the pods that are over but still
-//! listed (the kubelet's `DeleteAllUnusedContainers`, which under disk pressure removes them too), then the unused
-//! images where they are on the file system under pressure. It runs as one task at a time; the eviction thread,
+//! `reclaimNodeLevelResources`: first the logs of the pods that are over, then the dead containers and stopped
+//! sandboxes of those still listed (the kubelet's `DeleteAllUnusedContainers`, which under disk pressure removes
+//! them too), then the unused images where they are on the file system under pressure. It runs as one task at a time; the eviction thread,
 //! which asks, is never blocked: it is told the reclaim runs, then what it removed, once.
 
 use std::future::Future;
