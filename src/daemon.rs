@@ -804,6 +804,15 @@ mod tests {
     }
 
     #[test]
+    fn readiness_waits_for_the_first_pods_of_every_source() {
+        let r = rig();
+        let sources = |h: &Health| h.readiness().into_iter().find(|(name, _)| *name == "sources").map(|(_, r)| r);
+        assert_eq!(sources(&r.daemon.health), Some(Ok(())));
+        r.daemon.pods.expect_source(FILE_SOURCE);
+        assert_eq!(sources(&r.daemon.health), Some(Err("waiting for the first pods from source file".into())));
+    }
+
+    #[test]
     fn a_scrape_never_waits_for_the_manager() {
         let r = rig();
         let text = with_the_manager_held(&r, r.daemon.endpoints(), |e| {

@@ -99,6 +99,7 @@ impl Health {
             ("eviction", eviction),
             ("cgroupfs", cgroupfs),
             ("podsync", podsync),
+            ("sources", self.synced()),
             ("runtime", problem(runtime.runtime)),
             ("network", problem(runtime.network)),
             ("evictioninputs", inputs),
