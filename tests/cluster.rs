@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nodewarden_testapi::{Fault, TestApi};
+use nodewarden_testapi::{ClientCertificate, Fault, TestApi};
 use serde_json::{Value, json};
 
 const NODE: &str = "vm-node";
@@ -62,6 +62,8 @@ struct Joined {
     kubectl: PathBuf,
     d: Daemon,
     dir: tempfile::TempDir,
+    /// The node's client certificate, in `dir` as `node.crt` and `node.key`.
+    cert: ClientCertificate,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -72,24 +74,25 @@ fn join(name: &str, extra: &str) -> Option<Joined> {
     }
     let kubectl = kubectl_binary()?;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let api = rt.block_on(TestApi::start(0)).unwrap();
-    api.add_token("node-token", Some(NODE));
+    // Over TLS, the node authenticated by a client certificate as a kubelet is; the admin by a token.
+    let api = rt.block_on(TestApi::start_tls(0)).unwrap();
     api.add_token("admin-token", None);
     let dir = tempfile::tempdir().unwrap();
-    let node_kubeconfig = api.write_kubeconfig(dir.path(), "node-token").unwrap();
+    let cert = api.issue_client_certificate(Some(NODE), Duration::from_secs(24 * 3600)).unwrap();
+    let node_kubeconfig = api.write_kubeconfig_with_certificate(dir.path(), "node", &cert).unwrap();
     let admin = api.write_kubeconfig(dir.path(), "admin-token").unwrap();
     let manifests = quiet_manifests(dir.path());
     let mut d = Daemon::new(name, &format!("  nodeName: {NODE}\nstaticPodPath: {}\n{extra}", manifests.display()));
     d.args = vec!["--kubeconfig".into(), node_kubeconfig.display().to_string(), "--node-ip".into(), NODE_IP.into()];
     d.start();
-    Some(Joined { api, admin, kubectl, d, dir, _rt: rt })
+    Some(Joined { api, admin, kubectl, d, dir, cert, _rt: rt })
 }
 
 #[test]
 fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     let extra =
         "nodeLeaseDurationSeconds: 8\nevictionPressureTransitionPeriod: 5s\nnodeLabels:\n  example.com/rack: r1\n";
-    let Some(Joined { api, admin, kubectl: kubectl_bin, mut d, dir: _dir, _rt }) = join("cluster", extra) else {
+    let Some(Joined { api, admin, kubectl: kubectl_bin, mut d, dir, cert, _rt }) = join("cluster", extra) else {
         return;
     };
     // /readyz includes the apiserver check: ready means registered and heartbeating.
@@ -313,6 +316,48 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     api.set_fault(Fault::default());
     wait_until(20, "/readyz after the trickle", || get(d.port, "/readyz").is_some_and(|(s, _)| s == 200));
 
+    // 429 with Retry-After (priority and fairness turning renewals away): the daemon waits as long as asked
+    // between its tries, not its own renew interval (2 s here), and is back once they are let through.
+    let from = api.requests().len();
+    api.set_fault(Fault {
+        status: Some(429),
+        retry_after: Some(3),
+        paths: Some(format!("/leases/{NODE}")),
+        ..Fault::default()
+    });
+    let refused = || -> Vec<Instant> {
+        api.requests()[from..].iter().filter(|r| r.status == 429).map(|r| r.at.into_std()).collect()
+    };
+    wait_until(30, "three renewals turned away", || refused().len() >= 3);
+    api.set_fault(Fault::default());
+    let times = refused();
+    for pair in times.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= Duration::from_millis(2900), "a retry {gap:?} after a 429 asking for 3 s");
+    }
+    wait_until(20, "/readyz after the 429s", || get(d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+
+    // The client certificate refused (revoked here, as one past its end is refused: the expiry itself is the
+    // node side's in-process test), then a renewed one written over the files the kubeconfig names, as a
+    // rotation replaces them: the node is not ready meanwhile, and heartbeats within 15 s of the renewal,
+    // with no restart.
+    let running = d.pid();
+    api.revoke_client_certificate(&cert);
+    wait_until(30, "/readyz naming the refused certificate", || {
+        get(d.port, "/readyz?verbose").is_some_and(|(s, b)| s != 200 && b.contains("401"))
+    });
+    let renewed = api.issue_client_certificate(Some(NODE), Duration::from_secs(24 * 3600)).unwrap();
+    for (file, text) in [("node.crt", &renewed.cert_pem), ("node.key", &renewed.key_pem)] {
+        let fresh = dir.path().join(format!("{file}.new"));
+        std::fs::write(&fresh, text).unwrap();
+        std::fs::rename(&fresh, dir.path().join(file)).unwrap();
+    }
+    let written = Instant::now();
+    wait_until(30, "/readyz with the renewed certificate", || get(d.port, "/readyz").is_some_and(|(s, _)| s == 200));
+    eprintln!("a renewed client certificate taken up {:?} after it was written", written.elapsed());
+    assert!(written.elapsed() < Duration::from_secs(15), "{:?}", written.elapsed());
+    assert_eq!(d.pid(), running, "the daemon was restarted");
+
     // The Node deleted by an operator: not registered again, and the daemon says so (log and /readyz).
     // Its Lease goes with it, as the garbage collector deletes what the Node owns (the test apiserver has none):
     // a quiet node notices at its next renewal, not at its next report 5 minutes on.
@@ -351,7 +396,7 @@ fn container_of(port: u16, name: &str) -> Option<String> {
 
 #[test]
 fn pods_bound_to_the_node_run_report_and_are_deleted_as_on_a_kubelet() {
-    let Some(Joined { api, admin, kubectl: kubectl_bin, mut d, dir, _rt }) = join("apipods", "") else { return };
+    let Some(Joined { api, admin, kubectl: kubectl_bin, mut d, dir, _rt, .. }) = join("apipods", "") else { return };
     d.wait_ready();
 
     // Two pods applied with kubectl: Running in the apiserver, with the node's IP (the process runtime's pods
@@ -505,7 +550,7 @@ fn pods_bound_to_the_node_run_report_and_are_deleted_as_on_a_kubelet() {
 
 #[test]
 fn a_pod_reads_its_token_a_config_map_and_a_secret_and_sees_the_config_map_change() {
-    let Some(Joined { api, admin, kubectl: k, mut d, dir, _rt }) = join("objects", "syncFrequency: 2s\n") else {
+    let Some(Joined { api, admin, kubectl: k, mut d, dir, _rt, .. }) = join("objects", "syncFrequency: 2s\n") else {
         return;
     };
     d.wait_ready();
@@ -628,7 +673,7 @@ fn an_evicted_api_pod_shows_evicted_in_kubectl_with_its_events() {
     // A threshold 300 MiB below what is available now: the hog's 500 MiB crosses it.
     let threshold = (meminfo("MemAvailable") >> 20).saturating_sub(300);
     let extra = format!("evictionHard:\n  memory.available: {threshold}Mi\n");
-    let Some(Joined { api, admin, kubectl: k, mut d, dir, _rt }) = join("evictapi", &extra) else { return };
+    let Some(Joined { api, admin, kubectl: k, mut d, dir, _rt, .. }) = join("evictapi", &extra) else { return };
     d.wait_ready();
     let hog = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: hog\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \

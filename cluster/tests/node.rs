@@ -82,11 +82,21 @@ async fn start(api: &TestApi, dir: &std::path::Path, s: ClusterSettings, f: Arc<
     let token = format!("token-{}", s.node_name);
     api.add_token(&token, Some(&s.node_name));
     let kubeconfig = api.write_kubeconfig(dir, &token).unwrap();
-    let clients = Clients::from_kubeconfig(&kubeconfig, 50.0, 100, s.heartbeat_timeout()).await.unwrap();
+    start_from(&kubeconfig, s, f, false).await
+}
+
+/// The node side from `kubeconfig`; with `reload`, the kubeconfig and its files are watched as the daemon watches
+/// them.
+async fn start_from(kubeconfig: &std::path::Path, s: ClusterSettings, f: Arc<Facts>, reload: bool) -> Node {
+    let clients = Clients::from_kubeconfig(kubeconfig, 50.0, 100, s.heartbeat_timeout()).await.unwrap();
     let (changed, rx) = watch::channel(0);
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
     let status = Arc::new(nodewarden_cluster::ClusterStatus::new(s.lease_duration));
+    if reload {
+        let (path, timeout) = (kubeconfig.to_owned(), s.heartbeat_timeout());
+        tasks.spawn(nodewarden_cluster::watch_credentials(path, clients.clone(), 50.0, 100, timeout, stop.clone()));
+    }
     nodewarden_cluster::start(status.clone(), s, clients, f, rx, &tasks, stop.clone());
     Node { status, changed, stop, tasks }
 }
@@ -464,13 +474,8 @@ async fn credentials_changed_on_disk_are_used_without_a_restart() {
     let s = settings("c1");
     api.add_token("old-c1", Some("c1"));
     let path = api.write_kubeconfig(dir.path(), "old-c1").unwrap();
-    let clients = Clients::from_kubeconfig(&path, 50.0, 100, s.heartbeat_timeout()).await.unwrap();
-    let (_changed, rx) = watch::channel(0);
-    let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
-    let status = Arc::new(nodewarden_cluster::ClusterStatus::new(s.lease_duration));
-    let timeout = s.heartbeat_timeout();
-    tasks.spawn(nodewarden_cluster::watch_credentials(path.clone(), clients.clone(), 50.0, 100, timeout, stop.clone()));
-    nodewarden_cluster::start(status.clone(), s, clients, facts(), rx, &tasks, stop.clone());
+    let n = start_from(&path, s, facts(), true).await;
+    let status = n.status.clone();
     wait_for("ready", Duration::from_secs(10), || status.readiness().is_ok()).await;
     // The old credential revoked: refused.
     api.remove_token("old-c1");
@@ -483,7 +488,41 @@ async fn credentials_changed_on_disk_are_used_without_a_restart() {
     let written = Instant::now();
     wait_for("heartbeats with the new credentials", Duration::from_secs(20), || status.readiness().is_ok()).await;
     assert!(written.elapsed() < Duration::from_secs(15), "{:?}", written.elapsed());
-    stop.cancel();
-    tasks.close();
-    tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.unwrap();
+    n.stop().await;
+}
+
+/// Writes `text` to `path` as a rotation does: a new file renamed over the old one.
+fn replace(path: &std::path::Path, text: &str) {
+    let fresh = path.with_extension("new");
+    std::fs::write(&fresh, text).unwrap();
+    std::fs::rename(&fresh, path).unwrap();
+}
+
+#[tokio::test]
+async fn an_expired_client_certificate_renewed_on_disk_is_used_without_a_restart() {
+    // Over TLS with the x509 authenticator, as a kubelet's client certificate (rotateCertificates) is used.
+    let api = TestApi::start_tls(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings("c2");
+    let life = Duration::from_secs(12);
+    let first = api.issue_client_certificate(Some("c2"), life).unwrap();
+    let issued = Instant::now();
+    let path = api.write_kubeconfig_with_certificate(dir.path(), "c2", &first).unwrap();
+    let n = start_from(&path, s, facts(), true).await;
+    let status = n.status.clone();
+    wait_for("ready", life, || status.readiness().is_ok()).await;
+    assert!(issued.elapsed() < life, "registered only after the certificate expired");
+    assert!(api.get("nodes", None, "c2").is_some(), "registered with the certificate's identity");
+    // The certificate's end: the apiserver refuses it, and the node is not ready.
+    wait_for("readiness to fail", life + Duration::from_secs(15), || status.readiness().is_err()).await;
+    assert!(status.readiness().unwrap_err().contains("401"), "{}", status.readiness().unwrap_err());
+    // A renewed certificate and key written over the files the kubeconfig names: taken up within a poll and a
+    // renewal, with no restart.
+    let renewed = api.issue_client_certificate(Some("c2"), Duration::from_secs(3600)).unwrap();
+    replace(&dir.path().join("c2.crt"), &renewed.cert_pem);
+    replace(&dir.path().join("c2.key"), &renewed.key_pem);
+    let written = Instant::now();
+    wait_for("heartbeats with the renewed certificate", Duration::from_secs(20), || status.readiness().is_ok()).await;
+    assert!(written.elapsed() < Duration::from_secs(15), "{:?}", written.elapsed());
+    n.stop().await;
 }

@@ -25,7 +25,7 @@ pub const TOKEN_SECONDS: i64 = 3607;
 pub const MIRROR: &str = "kubernetes.io/config.mirror";
 /// The tolerations DefaultTolerationSeconds adds, with their seconds.
 const DEFAULT_TOLERATIONS: [&str; 2] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"];
-/// The CA bundle `kube-root-ca.crt` carries: the test apiserver serves plain HTTP, so it is a stand-in.
+/// The CA bundle `kube-root-ca.crt` carries when the test apiserver serves plain HTTP: a stand-in.
 const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nbm9kZXdhcmRlbiB0ZXN0IGFwaXNlcnZlcjogcGxhaW4gSFRUUCwgbm8gQ0E=\n-----END CERTIFICATE-----\n";
 
 /// A 422 Invalid naming the object and the fields at fault, as the apiserver's field errors read.
@@ -119,17 +119,22 @@ fn free_cluster_ip(store: &Store, services: &Resource) -> Option<String> {
 }
 
 /// What the controllers add once `created` is stored: a namespace's `default` ServiceAccount and its
-/// `kube-root-ca.crt` ConfigMap.
-pub fn after_create(store: &Store, created: &Value) {
+/// `kube-root-ca.crt` ConfigMap, with the server's CA (what `ca` gives, under TLS) or a stand-in.
+pub fn after_create(store: &Store, created: &Value, ca: impl FnOnce() -> Option<String>) {
     if created["kind"] != "Namespace" {
         return;
     }
     let Some(ns) = created["metadata"]["name"].as_str() else { return };
     let _ = store.create(crate::resource("serviceaccounts"), Some(ns), json!({"metadata": {"name": "default"}}));
+    let (pem, description) = match ca() {
+        Some(pem) => (pem, "The CA bundle of this cluster's apiserver."),
+        None => (CA_PEM.to_owned(), "The CA bundle of this cluster's apiserver (a stand-in: plain HTTP, no CA)."),
+    };
     let _ = store.create(
         crate::resource("configmaps"),
         Some(ns),
-        json!({"metadata": {"name": ROOT_CA, "annotations": {"kubernetes.io/description": "The CA bundle of this cluster's apiserver (a stand-in: the test apiserver serves plain HTTP)."}}, "data": {"ca.crt": CA_PEM}}),
+        json!({"metadata": {"name": ROOT_CA, "annotations": {"kubernetes.io/description": description}},
+               "data": {"ca.crt": pem}}),
     );
 }
 
@@ -538,7 +543,7 @@ mod tests {
         let store = Store::default();
         let ns = crate::resource("namespaces");
         let created = store.create(ns, None, on_create(&store, ns, None, json!({"metadata": {"name": "x"}})).unwrap());
-        after_create(&store, &created.unwrap());
+        after_create(&store, &created.unwrap(), || None);
         let pod = on_create(
             &store,
             crate::resource("pods"),

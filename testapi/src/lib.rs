@@ -1,8 +1,9 @@
 //! A test apiserver for nodewarden's tests and benchmarks.
 //!
 //! It follows the real apiserver where a client would notice: discovery for kubectl, create/get/list/watch with
-//! one resourceVersion counter, bookmarks, watch-list and the in-stream 410 for a compacted history, 410 for an
-//! expired continue token and 504 for a resourceVersion not reached, field and label selectors, optimistic
+//! one resourceVersion counter, bookmarks, watch-list and the in-stream 410 for a compacted history, lists at a
+//! past resourceVersion (`resourceVersionMatch=Exact`, and each page of a paged list at its first page's), 410 for
+//! a list or continue token compacted away and 504 for a resourceVersion not reached, field and label selectors, optimistic
 //! concurrency, the status subresources and their strategies, the four patch types (server-side apply in a basic
 //! form), deletion as the registry does it (grace periods that only shrink, finalizers, preconditions), pod
 //! admission (defaults, validation, the ServiceAccount plugin's `kube-api-access-*` volume, default tolerations,
@@ -11,7 +12,8 @@
 //! NodeRestriction's rules for a `system:node:<name>` token, and the controller manager's node lifecycle
 //! controller (a quiet node goes `Unknown` and tainted `unreachable`). Tests control faults (connections refused,
 //! injected status codes with `Retry-After`, delays, trickled or cut answers, oversized watch lines, watches
-//! closed, history compacted) and read the request log. Plain HTTP, JSON only.
+//! closed, history compacted) and read the request log. Plain HTTP, or HTTPS with a CA of its own and the x509
+//! authenticator's client certificates (`start_tls`); JSON only.
 //!
 //! It is a test fixture: nothing in the daemon uses it.
 
@@ -27,6 +29,7 @@ mod route;
 mod select;
 mod server;
 mod store;
+mod tls;
 mod token;
 mod typed;
 mod writes;
@@ -49,6 +52,7 @@ use tokio_util::task::TaskTracker;
 
 pub use lifecycle::DEFAULT_GRACE as DEFAULT_NODE_MONITOR_GRACE;
 pub use store::ApiError;
+pub use tls::ClientCertificate;
 
 /// Faults injected into every request (until cleared).
 #[derive(Debug, Clone, Default)]
@@ -110,7 +114,13 @@ pub(crate) struct State {
     /// Bumped to end every open watch.
     pub(crate) closed: watch::Sender<u64>,
     pub(crate) tasks: TaskTracker,
+    /// HTTPS: the CA, the acceptor and the client certificates issued.
+    pub(crate) tls: Option<tls::Tls>,
 }
+
+/// A connection's client certificate (its DER), if it presented one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Peer(pub(crate) Option<Arc<[u8]>>);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -141,7 +151,7 @@ impl State {
         }
         let admitted = admission::on_create(&self.store, r, namespace, object)?;
         let created = self.store.create(r, namespace, admitted)?;
-        admission::after_create(&self.store, &created);
+        admission::after_create(&self.store, &created, || self.tls.as_ref().map(tls::Tls::ca_pem));
         Ok(created)
     }
 }
@@ -164,8 +174,18 @@ fn resource(plural: &str) -> &'static Resource {
 }
 
 impl TestApi {
-    /// Starts on a free port of 127.0.0.1, or on `port`.
+    /// Starts plain HTTP on a free port of 127.0.0.1, or on `port`.
     pub async fn start(port: u16) -> std::io::Result<TestApi> {
+        Self::serve(port, None).await
+    }
+
+    /// Starts HTTPS on a free port of 127.0.0.1, or on `port`, with a new CA: see
+    /// [`TestApi::issue_client_certificate`] and [`TestApi::ca_pem`].
+    pub async fn start_tls(port: u16) -> std::io::Result<TestApi> {
+        Self::serve(port, Some(tls::Tls::new()?)).await
+    }
+
+    async fn serve(port: u16, tls: Option<tls::Tls>) -> std::io::Result<TestApi> {
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
@@ -175,6 +195,7 @@ impl TestApi {
             requests: Mutex::new(Vec::new()),
             closed: watch::Sender::new(0),
             tasks: TaskTracker::new(),
+            tls,
         });
         for ns in admission::SYSTEM_NAMESPACES {
             let made = state.create(resource("namespaces"), None, serde_json::json!({"metadata": {"name": ns}}));
@@ -200,7 +221,8 @@ impl TestApi {
             .fallback(server::handle)
             .layer(axum::extract::DefaultBodyLimit::max(3 << 20))
             .with_state(state.clone());
-        tokio::spawn(accept(Some(listener), addr, app, up_rx, stop.clone()));
+        let acceptor = state.tls.as_ref().map(|t| t.acceptor.clone());
+        tokio::spawn(accept(Some(listener), addr, (app, acceptor), up_rx, stop.clone()));
         let grace = watch::Sender::new(Some(lifecycle::DEFAULT_GRACE));
         tokio::spawn(node_lifecycle(state.clone(), grace.subscribe(), stop.clone()));
         Ok(TestApi { addr, state, up, grace, stop })
@@ -212,9 +234,36 @@ impl TestApi {
         self.grace.send_replace(grace);
     }
 
-    /// The base URL, `http://127.0.0.1:<port>`.
+    /// The base URL, `http://127.0.0.1:<port>` (`https` when started with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.state.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// The CA's certificate, PEM encoded, when started with TLS.
+    pub fn ca_pem(&self) -> Option<String> {
+        self.state.tls.as_ref().map(tls::Tls::ca_pem)
+    }
+
+    /// Issues a client certificate valid from now for `valid_for`: of node `node` (`CN=system:node:<node>`,
+    /// `O=system:nodes`, restricted as NodeRestriction restricts a kubelet), or of an admin with `None`. An
+    /// error without TLS.
+    pub fn issue_client_certificate(
+        &self,
+        node: Option<&str>,
+        valid_for: Duration,
+    ) -> std::io::Result<ClientCertificate> {
+        let Some(tls) = &self.state.tls else {
+            return Err(std::io::Error::other("the test apiserver was started without TLS"));
+        };
+        tls.issue(node, jiff::Timestamp::now(), valid_for)
+    }
+
+    /// Refuses `cert` from now on (401), as a certificate past its end is refused.
+    pub fn revoke_client_certificate(&self, cert: &ClientCertificate) {
+        if let Some(tls) = &self.state.tls {
+            tls.revoke(cert);
+        }
     }
 
     /// The address served.
@@ -236,14 +285,39 @@ impl TestApi {
     /// Writes a kubeconfig for this server with `token` into `dir` and returns its path.
     pub fn write_kubeconfig(&self, dir: &Path, token: &str) -> std::io::Result<PathBuf> {
         let path = dir.join(format!("kubeconfig-{token}"));
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n\
-             users:\n- name: node\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: node\n\
+        std::fs::write(&path, self.kubeconfig(&format!("token: {token}")))?;
+        Ok(path)
+    }
+
+    /// Writes `cert` and its key into `dir` as `<name>.crt` and `<name>.key`, and a kubeconfig naming both files
+    /// (as a kubelet's names its rotated `kubelet-client-current.pem`), as `kubeconfig-<name>`; returns the
+    /// kubeconfig's path.
+    pub fn write_kubeconfig_with_certificate(
+        &self,
+        dir: &Path,
+        name: &str,
+        cert: &ClientCertificate,
+    ) -> std::io::Result<PathBuf> {
+        let (crt, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+        std::fs::write(&crt, &cert.cert_pem)?;
+        std::fs::write(&key, &cert.key_pem)?;
+        let path = dir.join(format!("kubeconfig-{name}"));
+        let user = format!("client-certificate: {}\n    client-key: {}", crt.display(), key.display());
+        std::fs::write(&path, self.kubeconfig(&user))?;
+        Ok(path)
+    }
+
+    /// A kubeconfig for this server (its CA included under TLS) whose user has `user` (YAML lines at its indent).
+    fn kubeconfig(&self, user: &str) -> String {
+        let ca = self.ca_pem().map_or_else(String::new, |pem| {
+            format!("\n    certificate-authority-data: {}", b64::encode(pem.as_bytes(), false))
+        });
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}{ca}\n\
+             users:\n- name: node\n  user:\n    {user}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: node\n\
              current-context: test\n",
             self.url()
-        );
-        std::fs::write(&path, text)?;
-        Ok(path)
+        )
     }
 
     /// Sets the fault every request meets.
@@ -375,7 +449,7 @@ fn empty_terminating_namespaces(store: &store::Store) {
 async fn accept(
     mut listener: Option<TcpListener>,
     addr: SocketAddr,
-    app: axum::Router,
+    (app, tls): (axum::Router, Option<tokio_rustls::TlsAcceptor>),
     mut up: watch::Receiver<bool>,
     stop: CancellationToken,
 ) {
@@ -402,15 +476,28 @@ async fn accept(
             }
             accepted = l.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                let service = hyper_util::service::TowerToHyperService::new(app.clone());
-                let io = hyper_util::rt::TokioIo::new(stream);
-                connections.spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
-                });
+                connections.spawn(serve_connection(stream, app.clone(), tls.clone()));
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+}
+
+/// How long a client has to complete its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one connection: HTTP/1.1, over TLS when `tls` is set, each request told the client certificate.
+async fn serve_connection(stream: tokio::net::TcpStream, app: axum::Router, tls: Option<tokio_rustls::TlsAcceptor>) {
+    let http = hyper::server::conn::http1::Builder::new();
+    let Some(tls) = tls else {
+        let service = hyper_util::service::TowerToHyperService::new(app.layer(axum::Extension(Peer::default())));
+        let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+        return;
+    };
+    let Ok(Ok(stream)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await else { return };
+    let der = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| Arc::from(c.as_ref()));
+    let service = hyper_util::service::TowerToHyperService::new(app.layer(axum::Extension(Peer(der))));
+    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
 }
 
 /// Binds `addr` again after a stop (retrying while the port is in TIME_WAIT elsewhere).

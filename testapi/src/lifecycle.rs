@@ -223,4 +223,26 @@ mod tests {
         assert_eq!(t.as_array().unwrap().len(), 3, "{t}");
         assert!(t.as_array().unwrap().iter().any(|t| t["key"] == "node.kubernetes.io/memory-pressure"));
     }
+
+    #[test]
+    fn a_quiet_node_s_pods_are_marked_not_ready_and_no_other() {
+        let (store, pods) = (Store::default(), crate::resource("pods"));
+        for (name, node) in [("here", "n1"), ("there", "n2")] {
+            let pod = json!({"metadata": {"name": name}, "spec": {"nodeName": node},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}]}});
+            store.create(pods, Some("default"), pod).unwrap();
+        }
+        mark_pods_not_ready(&store, pods, "n1", "2026-01-01T00:02:00Z");
+        let status = |name: &str, kind: &str| {
+            let pod = store.get(pods, Some("default"), name).unwrap();
+            let c = pod["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == kind).unwrap().clone();
+            (c["status"].as_str().unwrap().to_owned(), c["lastTransitionTime"].clone())
+        };
+        assert_eq!(status("here", "Ready"), ("False".into(), json!("2026-01-01T00:02:00Z")));
+        assert_eq!(status("here", "PodScheduled").0, "True", "only Ready is the controller's");
+        assert_eq!(status("there", "Ready"), ("True".into(), Value::Null), "a pod of another node");
+        // A second pass changes nothing: the transition time is the first one's.
+        mark_pods_not_ready(&store, pods, "n1", "2026-01-01T00:03:00Z");
+        assert_eq!(status("here", "Ready").1, json!("2026-01-01T00:02:00Z"));
+    }
 }

@@ -13,7 +13,8 @@ use crate::discovery;
 use crate::route::{self, Target};
 use crate::select::Selector;
 use crate::store::{ApiError, Change, concerns};
-use crate::{Logged, State, admission, openapi, protobuf, restriction, token, typed, writes};
+use crate::tls::X509;
+use crate::{Logged, Peer, State, admission, openapi, protobuf, restriction, token, typed, writes};
 
 fn json_response(code: u16, v: &Value) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -60,27 +61,39 @@ pub fn query(uri: &Uri) -> HashMap<String, String> {
         .collect()
 }
 
-/// The identity of a request: `Some(node)` for a node's token, `None` for the admin (no token); an unknown
-/// token is refused with 401.
-fn identity(state: &State, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(auth) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return Ok(None) };
+/// The identity of a request, as the apiserver's authenticators decide it in turn: a valid client certificate
+/// (x509), then a bearer token. `Some(node)` is a node, `None` the admin (also a request with no credentials);
+/// credentials that authenticate no one (an unknown token, an expired or revoked certificate) are refused with 401.
+fn identity(state: &State, headers: &HeaderMap, peer: &Peer) -> Result<Option<String>, ApiError> {
+    let x509 = match &state.tls {
+        Some(tls) => tls.authenticate(peer.0.as_deref(), jiff::Timestamp::now()),
+        None => X509::None,
+    };
+    if let X509::User(who) = x509 {
+        return Ok(who);
+    }
+    let unauthorized = || ApiError::new(401, "Unauthorized", "Unauthorized");
+    let Some(auth) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+        return if x509 == X509::Invalid { Err(unauthorized()) } else { Ok(None) };
+    };
     let token = auth.strip_prefix("Bearer ").unwrap_or(auth);
     match state.tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(token) {
         Some(node) => Ok(node.clone()),
-        None => Err(ApiError::new(401, "Unauthorized", "Unauthorized")),
+        None => Err(unauthorized()),
     }
 }
 
 /// The single handler: answers, then logs the request with its status (and a write's body).
 pub async fn handle(
     axum::extract::State(state): axum::extract::State<Arc<State>>,
+    axum::Extension(peer): axum::Extension<Peer>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let (at, time) = (tokio::time::Instant::now(), jiff::Timestamp::now());
-    let mut response = respond(&state, &method, &uri, &headers, &body).await;
+    let mut response = respond(&state, &peer, &method, &uri, &headers, &body).await;
     let fault = state.fault();
     if let Some(every) = fault.trickle
         && fault.paths.as_ref().is_none_or(|p| uri.path().contains(p.as_str()))
@@ -157,7 +170,14 @@ fn cut(response: Response, limit: usize) -> Response {
 /// How much of a write's body the log keeps.
 const LOGGED_BODY: usize = 16 << 10;
 
-async fn respond(state: &Arc<State>, method: &Method, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> Response {
+async fn respond(
+    state: &Arc<State>,
+    peer: &Peer,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Response {
     let path = uri.path().to_owned();
     let fault = state.fault();
     if !fault.delay.is_zero() {
@@ -177,7 +197,7 @@ async fn respond(state: &Arc<State>, method: &Method, uri: &Uri, headers: &Heade
         }
         return error(&ApiError::new(code, "InternalError", format!("injected by the test: {code}")));
     }
-    let who = match identity(state, headers) {
+    let who = match identity(state, headers, peer) {
         Ok(w) => w,
         Err(e) => return error(&e),
     };
@@ -358,12 +378,16 @@ async fn serve(
                 q.get("labelSelector").map(String::as_str),
             )
             .map_err(|m| ApiError::new(400, "BadRequest", m))?;
+            let read = list_read(q)?;
             wait_for(state, q).await?;
-            let (items, rv) = state.store.list(r, ns, &selector);
+            let (items, rv) = match read.at {
+                Some(at) => (state.store.list_at(r, ns, &selector, at).map_err(|_| read.expired())?, at),
+                None => state.store.list(r, ns, &selector),
+            };
             if discovery::wants_table(req.accept) {
                 return Ok(json_response(200, &discovery::table(r, &items, rv)));
             }
-            Ok(json_response(200, &page(r, items, rv, state.store.oldest(), q)?))
+            Ok(json_response(200, &page(r, items, rv, read.after.as_deref(), q)))
         }
         "watch" => watch(state, target, q),
         "create" => {
@@ -421,16 +445,71 @@ async fn wait_for(state: &State, q: &HashMap<String, String>) -> Result<(), ApiE
     Ok(())
 }
 
-/// A list, paged by `limit` and `continue`. The token carries the first page's resourceVersion and the last
-/// name served, so a delete between pages skips nothing, and every page reports the first page's
-/// resourceVersion (a watch from it then replays what changed while paging).
-fn page(
-    r: &route::Resource,
-    items: Vec<Value>,
-    rv: u64,
-    oldest: u64,
-    q: &HashMap<String, String>,
-) -> Result<Value, ApiError> {
+/// Where a list reads: the current state, or the state at a past resourceVersion (`resourceVersionMatch=Exact`,
+/// or the first page's of a continue token, as etcd pages a consistent snapshot), and after which name.
+struct ListRead {
+    at: Option<u64>,
+    after: Option<String>,
+}
+
+impl ListRead {
+    /// The 410 for a read at a resourceVersion compacted away.
+    fn expired(&self) -> ApiError {
+        let message = if self.after.is_some() {
+            "the continue token is too old: the list it continues was compacted away; start the list again without it"
+        } else {
+            "The resourceVersion for the provided list is too old."
+        };
+        ApiError::new(410, "Expired", message)
+    }
+}
+
+/// A list's `resourceVersion`, `resourceVersionMatch` and `continue`, checked as the apiserver's
+/// `ValidateListOptions` and its storage check them (422 Invalid, or 400 for a continue token).
+fn list_read(q: &HashMap<String, String>) -> Result<ListRead, ApiError> {
+    let given = |k: &str| q.get(k).map(String::as_str).filter(|v| !v.is_empty());
+    let (matching, rv, token) = (given("resourceVersionMatch"), given("resourceVersion"), given("continue"));
+    let invalid =
+        |why: String| ApiError::new(422, "Invalid", format!("ListOptions.meta.k8s.io \"\" is invalid: {why}"));
+    let forbidden = |why: &str| invalid(format!("resourceVersionMatch: Forbidden: {why}"));
+    match (matching, rv) {
+        (None, _) => {}
+        (Some("Exact" | "NotOlderThan"), None) => {
+            return Err(forbidden("resourceVersionMatch is forbidden unless resourceVersion is provided"));
+        }
+        (Some("Exact" | "NotOlderThan"), Some(_)) if token.is_some() => {
+            return Err(forbidden("resourceVersionMatch is forbidden when continue is provided"));
+        }
+        (Some("Exact"), Some("0")) => {
+            return Err(forbidden("resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\""));
+        }
+        (Some("Exact" | "NotOlderThan"), Some(_)) => {}
+        (Some(other), _) => {
+            return Err(invalid(format!(
+                "resourceVersionMatch: Unsupported value: \"{other}\": supported values: \"Exact\", \"NotOlderThan\", \"\""
+            )));
+        }
+    }
+    let bad = |m: &str| ApiError::new(400, "BadRequest", m.to_owned());
+    if let Some(c) = token {
+        if rv.is_some_and(|v| v != "0") {
+            return Err(bad("specifying resource version is not allowed when using continue"));
+        }
+        let (first, last) = c.split_once(':').ok_or_else(|| bad("invalid continue token"))?;
+        let first: u64 = first.parse().map_err(|_| bad("invalid continue token"))?;
+        return Ok(ListRead { at: Some(first), after: Some(last.to_owned()) });
+    }
+    let at = match (matching, rv) {
+        (Some("Exact"), Some(v)) => Some(v.parse().map_err(|_| bad(&format!("invalid resourceVersion {v:?}")))?),
+        _ => None,
+    };
+    Ok(ListRead { at, after: None })
+}
+
+/// A page of a list, by `limit`, of the objects after the name a continue token served last. A page's token
+/// carries the resourceVersion read and its last name, so every page reads the first page's state and reports
+/// its resourceVersion (a watch from it then replays what changed while paging).
+fn page(r: &route::Resource, items: Vec<Value>, rv: u64, after: Option<&str>, q: &HashMap<String, String>) -> Value {
     let key = |o: &Value| {
         format!(
             "{}/{}",
@@ -438,25 +517,8 @@ fn page(
             o["metadata"]["name"].as_str().unwrap_or("")
         )
     };
-    let invalid = || ApiError::new(400, "BadRequest", "invalid continue token");
-    let (rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
-        Some(c) => {
-            let (first, last) = c.split_once(':').ok_or_else(invalid)?;
-            let first: u64 = first.parse().map_err(|_| invalid())?;
-            // The state the token continues is older than the history kept: as etcd after a compaction.
-            if first < oldest {
-                return Err(ApiError::new(
-                    410,
-                    "Expired",
-                    "the continue token is too old: the list it continues was compacted away; start the list again without it",
-                ));
-            }
-            (first, Some(last.to_owned()))
-        }
-        None => (rv, None),
-    };
     let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
-    let mut rest: Vec<Value> = items.into_iter().filter(|o| after.as_ref().is_none_or(|a| key(o) > *a)).collect();
+    let mut rest: Vec<Value> = items.into_iter().filter(|o| after.is_none_or(|a| key(o).as_str() > a)).collect();
     rest.sort_by_key(|o| key(o));
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if rest.len() > limit {
@@ -467,7 +529,7 @@ fn page(
             meta["remainingItemCount"] = json!(remaining);
         }
     }
-    Ok(json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": rest}))
+    json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": meta, "items": rest})
 }
 
 /// One line of a watch stream.

@@ -176,11 +176,6 @@ impl Store {
         self.lock().rv
     }
 
-    /// The oldest resourceVersion the history still reaches.
-    pub fn oldest(&self) -> u64 {
-        self.lock().oldest
-    }
-
     fn record(&self, inner: &mut Inner, key: Key, kind: &'static str, object: Value, old: Option<Value>) {
         let change = Arc::new(Change { rv: inner.rv, key, kind, object, old });
         inner.history.push_back(change.clone());
@@ -200,6 +195,43 @@ impl Store {
     /// The objects of `r` in `namespace` (all namespaces if `None`) that match, with the list's resourceVersion.
     pub fn list(&self, r: &Resource, namespace: Option<&str>, selector: &Selector) -> (Vec<Value>, u64) {
         self.scan(r, namespace, |v| selector.matches(v).then(|| v.clone()))
+    }
+
+    /// The objects of `r` in `namespace` that match `selector` as they were at resourceVersion `rv`, as etcd reads
+    /// at a revision: the current ones with the history after `rv` undone. `Err(oldest)` when `rv` is older than
+    /// the history reaches (compacted away).
+    pub fn list_at(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        selector: &Selector,
+        rv: u64,
+    ) -> Result<Vec<Value>, u64> {
+        let inner = self.lock();
+        if rv < inner.oldest {
+            return Err(inner.oldest);
+        }
+        let mut at: BTreeMap<&Key, &Value> = inner
+            .objects
+            .iter()
+            .filter(|(k, _)| k.group == r.group && k.plural == r.plural)
+            .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
+            .collect();
+        for c in inner.history.iter().rev().take_while(|c| c.rv > rv).filter(|c| concerns(c, r, namespace)) {
+            match (c.kind, &c.old) {
+                ("ADDED", _) => {
+                    at.remove(&c.key);
+                }
+                ("MODIFIED", Some(old)) => {
+                    at.insert(&c.key, old);
+                }
+                ("DELETED", _) => {
+                    at.insert(&c.key, &c.object);
+                }
+                _ => {}
+            }
+        }
+        Ok(at.into_values().filter(|v| selector.matches(v)).cloned().collect())
     }
 
     /// What `f` makes of each object of `r` in `namespace` (all namespaces if `None`), read in place, with the

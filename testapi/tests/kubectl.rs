@@ -248,3 +248,65 @@ async fn kubectl_lists_events_as_the_apiserver_prints_them() {
     let wide = k.ok(&["get", "events", "-o", "wide"]).await;
     assert!(wide.contains("spec.containers{app}") && wide.contains("kubelet, n1"), "{wide}");
 }
+
+#[tokio::test]
+async fn kubectl_over_tls_is_authenticated_by_its_client_certificate() {
+    let Some(bin) = kubectl_binary() else { return };
+    let api = TestApi::start_tls(0).await.unwrap();
+    assert!(api.url().starts_with("https://127.0.0.1:"), "{}", api.url());
+    let dir = tempfile::tempdir().unwrap();
+    let with = |name: &str, node: Option<&str>| {
+        let cert = api.issue_client_certificate(node, Duration::from_secs(3600)).unwrap();
+        let config = api.write_kubeconfig_with_certificate(dir.path(), name, &cert).unwrap();
+        (cert, Kubectl { bin: bin.clone(), config })
+    };
+    // An admin's certificate (O=system:masters): kubectl verifies the server against the CA it was given.
+    let (admin_cert, admin) = with("admin", None);
+    let namespaces = admin.ok(&["get", "namespaces", "-o", "name"]).await;
+    assert!(namespaces.contains("namespace/kube-system"), "{namespaces}");
+    admin.ok(&["create", "secret", "generic", "s1", "--from-literal=k=v"]).await;
+    // Every namespace's kube-root-ca.crt is the server's CA, as pods verify the apiserver with it.
+    let ca = admin.ok(&["get", "configmap", "kube-root-ca.crt", "-o", "jsonpath={.data.ca\\.crt}"]).await;
+    assert_eq!(Some(ca), api.ca_pem());
+    // A node's certificate (CN=system:node:n1): the Node authorizer's rules apply to it.
+    let (_, node) = with("n1", Some("n1"));
+    let (ok, _, err) = node.run(&["get", "secret", "s1"], None).await;
+    assert!(!ok && err.contains("Forbidden"), "a node read a secret none of its pods uses: {err}");
+    // A certificate that no longer authenticates (revoked here, as one past its end): Unauthorized, not the admin.
+    api.revoke_client_certificate(&admin_cert);
+    let (ok, _, err) = admin.run(&["get", "namespaces"], None).await;
+    assert!(!ok && err.contains("Unauthorized"), "{err}");
+}
+
+#[tokio::test]
+async fn the_program_serves_tls_and_writes_kubeconfigs_kubectl_uses() {
+    let Some(bin) = kubectl_binary() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut program = Command::new(env!("CARGO_BIN_EXE_nodewarden-testapi"))
+        .args(["--tls", "--port", "0", "--node", "n7", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = program.stdout.take().unwrap();
+    let printed = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout).lines().map_while(Result::ok).take(4).collect::<Vec<_>>()
+    });
+    let printed = tokio::time::timeout(Duration::from_secs(30), printed).await.unwrap().unwrap();
+    let after = |prefix: &str| printed.iter().find_map(|l| l.strip_prefix(prefix)).map(str::to_owned);
+    assert!(after("test apiserver on https://127.0.0.1:").is_some(), "{printed:?}");
+    let admin = Kubectl { bin: bin.clone(), config: after("admin kubeconfig: ").unwrap().into() };
+    let node = Kubectl { bin, config: after("node kubeconfig (system:node:n7): ").unwrap().into() };
+    let config = std::fs::read_to_string(&admin.config).unwrap();
+    assert!(config.contains("client-certificate: ") && !config.contains("token:"), "{config}");
+    assert!(admin.ok(&["get", "namespaces", "-o", "name"]).await.contains("namespace/default"));
+    // The node's certificate is the node's: it may make its own Node, and no other.
+    let made = |name: &str| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}).to_string();
+    let (ok, _, err) = node.run(&["create", "-f", "-"], Some(&made("n7"))).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = node.run(&["create", "-f", "-"], Some(&made("n8"))).await;
+    assert!(!ok && err.contains("Forbidden"), "{err}");
+    rustix::process::kill_process(rustix::process::Pid::from_child(&program), rustix::process::Signal::TERM).unwrap();
+    assert!(program.wait().unwrap().success());
+}

@@ -1,8 +1,9 @@
 //! The real apiserver's rules the test apiserver keeps, as a client meets them over HTTP: deletion with
 //! finalizers and grace periods, pod admission (the service account volume, default tolerations, the status
 //! reset, validation), the namespace lifecycle, spec immutability, the `pods/status` strategy, the Node authorizer
-//! and NodeRestriction, bindings, evictions, TokenRequest, JSON patch, server-side apply, expired continue
-//! tokens, too large resource versions, and the faults a client must survive.
+//! and NodeRestriction, bindings, evictions, TokenRequest, JSON patch, server-side apply, lists at a resource
+//! version and their pages, expired continue tokens, too large resource versions, and the faults a client must
+//! survive (a watch cut mid-event among them).
 #![expect(clippy::unwrap_used, reason = "test code: a failed unwrap is a failed test")]
 
 use std::time::Duration;
@@ -221,10 +222,16 @@ async fn a_node_reaches_only_its_own_pods_and_what_they_reference() {
             .await
             .unwrap();
     }
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
+    for name in ["cm-used", "cm-unused"] {
+        let cm = serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
     let mut p = pod("p", "n1");
     p.spec.as_mut().unwrap().containers[0].env = Some(
-        serde_json::from_value(json!([{"name": "E", "valueFrom": {"secretKeyRef": {"name": "used", "key": "k"}}}]))
-            .unwrap(),
+        serde_json::from_value(json!([{"name": "E", "valueFrom": {"secretKeyRef": {"name": "used", "key": "k"}}},
+            {"name": "F", "valueFrom": {"configMapKeyRef": {"name": "cm-used", "key": "k"}}}]))
+        .unwrap(),
     );
     let admin_pods: Api<Pod> = Api::namespaced(c.clone(), "default");
     let p = admin_pods.create(&PostParams::default(), &p).await.unwrap();
@@ -263,6 +270,12 @@ async fn a_node_reaches_only_its_own_pods_and_what_they_reference() {
     assert_eq!(code(&node_secrets.get("unused").await.unwrap_err()), 403);
     assert_eq!(code(&node_secrets.list(&ListParams::default()).await.unwrap_err()), 403);
     assert_eq!(node_secrets.list(&ListParams::default().fields("metadata.name=used")).await.unwrap().items.len(), 1);
+    // ConfigMaps the same: those its pods reference (kube-root-ca.crt through the service account volume).
+    let node_cms: Api<ConfigMap> = Api::namespaced(node.clone(), "default");
+    node_cms.get("cm-used").await.unwrap();
+    node_cms.get("kube-root-ca.crt").await.unwrap();
+    assert_eq!(code(&node_cms.get("cm-unused").await.unwrap_err()), 403);
+    assert_eq!(code(&node_cms.list(&ListParams::default()).await.unwrap_err()), 403);
     // Its own Node only, listed by name; core events only.
     let nodes: Api<Node> = Api::all(node.clone());
     assert_eq!(code(&nodes.list(&ListParams::default()).await.unwrap_err()), 403);
@@ -398,6 +411,131 @@ async fn old_continue_tokens_expire_and_future_versions_time_out() {
     assert_eq!(code(&e), 504);
     let kube::Error::Api(status) = e else { unreachable!() };
     assert_eq!(status.details.unwrap().causes[0].reason, "ResourceVersionTooLarge");
+}
+
+/// A raw list of `kube-system`'s ConfigMaps with `query`.
+async fn list_cms(c: &kube::Client, query: &str) -> Result<Value, kube::Error> {
+    let request =
+        http::Request::get(format!("/api/v1/namespaces/kube-system/configmaps?{query}")).body(Vec::new()).unwrap();
+    c.request::<Value>(request).await
+}
+
+/// The names and `data.v` of a list's items.
+fn contents(list: &Value) -> Vec<(String, Value)> {
+    let items = list["items"].as_array().unwrap();
+    items.iter().map(|i| (i["metadata"]["name"].as_str().unwrap().to_owned(), i["data"]["v"].clone())).collect()
+}
+
+#[tokio::test]
+async fn lists_read_at_a_resource_version_and_page_one_snapshot_as_etcd_does() {
+    let api = TestApi::start(0).await.unwrap();
+    let c = admin(&api).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "kube-system");
+    let made = |name: &str, v: &str| serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": v}}));
+    for name in ["a", "b"] {
+        cms.create(&PostParams::default(), &made(name, "1").unwrap()).await.unwrap();
+    }
+    let then = cms.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    // Later: a changed, b deleted, c made.
+    cms.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "2"}}))).await.unwrap();
+    cms.delete("b", &DeleteParams::default()).await.unwrap();
+    cms.create(&PostParams::default(), &made("c", "1").unwrap()).await.unwrap();
+    let root = ("kube-root-ca.crt".to_owned(), Value::Null);
+    let v = |s: &str| Value::from(s);
+    // Exact: the state at that resourceVersion, reported as it.
+    let exact = list_cms(&c, &format!("resourceVersion={then}&resourceVersionMatch=Exact")).await.unwrap();
+    assert_eq!(contents(&exact), [("a".into(), v("1")), ("b".into(), v("1")), root.clone()]);
+    assert_eq!(exact["metadata"]["resourceVersion"], then.as_str());
+    // NotOlderThan (and no match at all): the current state.
+    let now = list_cms(&c, &format!("resourceVersion={then}&resourceVersionMatch=NotOlderThan")).await.unwrap();
+    assert_eq!(contents(&now), [("a".into(), v("2")), ("c".into(), v("1")), root.clone()]);
+    assert_ne!(now["metadata"]["resourceVersion"], then.as_str());
+    // Pages read the first page's snapshot: what is deleted or made meanwhile does not show.
+    let first = list_cms(&c, "limit=1").await.unwrap();
+    assert_eq!(contents(&first), [("a".into(), v("2"))]);
+    cms.delete("c", &DeleteParams::default()).await.unwrap();
+    cms.create(&PostParams::default(), &made("b2", "1").unwrap()).await.unwrap();
+    let token = first["metadata"]["continue"].as_str().unwrap();
+    let rest = list_cms(&c, &format!("continue={token}")).await.unwrap();
+    assert_eq!(contents(&rest), [("c".into(), v("1")), root]);
+    assert_eq!(rest["metadata"]["resourceVersion"], first["metadata"]["resourceVersion"]);
+    // The rules of ListOptions.
+    for (query, status) in [
+        ("resourceVersionMatch=Exact", 422),
+        ("resourceVersion=0&resourceVersionMatch=Exact", 422),
+        ("resourceVersion=1&resourceVersionMatch=Newest", 422),
+        (&format!("resourceVersion={then}&resourceVersionMatch=Exact&continue={token}") as &str, 422),
+        (&format!("resourceVersion={then}&continue={token}"), 400),
+    ] {
+        let e = list_cms(&c, query).await.unwrap_err();
+        assert_eq!(code(&e), status, "{query}: {}", message(&e));
+    }
+    // Compacted away: 410 Expired, as etcd's compaction makes it.
+    api.compact();
+    let e = list_cms(&c, &format!("resourceVersion={then}&resourceVersionMatch=Exact")).await.unwrap_err();
+    assert_eq!((code(&e), message(&e)), (410, "The resourceVersion for the provided list is too old.".into()));
+}
+
+/// Takes names from `rx` into `seen` until `name` is among them (10 s at most for each).
+async fn seen_until(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    seen: &mut std::collections::BTreeSet<String>,
+    name: &str,
+) {
+    while !seen.contains(name) {
+        seen.insert(tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_watch_cut_mid_stream_is_resumed_by_the_client_without_a_loss() {
+    use kube::runtime::watcher;
+    let api = TestApi::start(0).await.unwrap();
+    let c = admin(&api).await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
+    // The watcher, driven on a task of its own: the names of the ConfigMaps it sees, as they come.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        let mut events = watcher(cms, watcher::Config::default()).boxed();
+        while let Some(e) = events.next().await {
+            if let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = e
+                && tx.send(cm.metadata.name.unwrap_or_default()).is_err()
+            {
+                return;
+            }
+        }
+    });
+    let mut seen = std::collections::BTreeSet::new();
+    seen_until(&mut rx, &mut seen, "kube-root-ca.crt").await;
+    // Every answer about ConfigMaps is cut after 50 bytes from now, and the open watch ends: each watch the
+    // client opens again breaks in the middle of its first event (a ConfigMap the test makes in the store).
+    api.set_fault(Fault { cut_after: Some(50), paths: Some("/configmaps".into()), ..Fault::default() });
+    let from = api.requests().len();
+    api.close_watches();
+    let watches = || {
+        let after = api.requests()[from..].to_vec();
+        after.into_iter().filter(|r| r.query.contains("watch=true") && r.status == 200).map(|r| r.query).collect()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while Vec::<String>::is_empty(&watches()) {
+        assert!(tokio::time::Instant::now() < deadline, "the watch was not opened again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    api.create("configmaps", Some("default"), json!({"metadata": {"name": "during"}})).unwrap();
+    while watches().len() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "the client stopped asking: {:?}", watches());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The client took no cut event for a whole one, and asks again from where it was each time.
+    let asked: Vec<String> = watches();
+    assert!(asked.iter().all(|q| q == &asked[0]), "{asked:#?}");
+    assert!(rx.try_recv().is_err(), "an event arrived through a cut watch");
+    // Once the cuts stop, the resumed watch brings what it missed and what follows.
+    api.set_fault(Fault::default());
+    api.create("configmaps", Some("default"), json!({"metadata": {"name": "after"}})).unwrap();
+    seen_until(&mut rx, &mut seen, "during").await;
+    seen_until(&mut rx, &mut seen, "after").await;
+    driver.abort();
 }
 
 #[tokio::test]

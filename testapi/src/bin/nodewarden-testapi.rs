@@ -1,8 +1,10 @@
 //! The test apiserver as a program, to try the cluster side on one machine with real kubectl: it serves plain
-//! HTTP on 127.0.0.1, writes an admin and a node kubeconfig, prints where, and runs until SIGINT or SIGTERM.
+//! HTTP on 127.0.0.1 (HTTPS with `--tls`), writes an admin and a node kubeconfig (bearer tokens, or with `--tls`
+//! client certificates valid for a day, as a kubelet's `kubelet.conf` names its own), prints where, and runs until
+//! SIGINT or SIGTERM.
 //!
 //! ```text
-//! nodewarden-testapi [--port PORT] [--dir DIR] [--node NAME] [--node-monitor-grace SECONDS]
+//! nodewarden-testapi [--port PORT] [--dir DIR] [--node NAME] [--node-monitor-grace SECONDS] [--tls]
 //! ```
 //!
 //! It keeps everything in memory: a restart forgets the cluster. It is a fixture, never a real control plane.
@@ -13,19 +15,24 @@ use std::time::Duration;
 
 use nodewarden_testapi::TestApi;
 
-const USAGE: &str =
-    "usage: nodewarden-testapi [--port PORT (0: any free)] [--dir DIR] [--node NAME] [--node-monitor-grace SECONDS]";
+const USAGE: &str = "usage: nodewarden-testapi [--port PORT (0: any free)] [--dir DIR] [--node NAME] \
+     [--node-monitor-grace SECONDS] [--tls]";
+
+/// How long the client certificates `--tls` writes are valid.
+const CERTIFICATE_LIFE: Duration = Duration::from_secs(24 * 3600);
 
 struct Args {
     port: u16,
     dir: PathBuf,
     node: String,
     grace: Option<u64>,
+    tls: bool,
 }
 
 fn parse() -> Result<Args, String> {
     let hostname = rustix::system::uname().nodename().to_string_lossy().into_owned();
-    let mut args = Args { port: 0, dir: std::env::temp_dir().join("nodewarden-testapi"), node: hostname, grace: None };
+    let mut args =
+        Args { port: 0, dir: std::env::temp_dir().join("nodewarden-testapi"), node: hostname, grace: None, tls: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
@@ -36,6 +43,7 @@ fn parse() -> Result<Args, String> {
             "--node-monitor-grace" => {
                 args.grace = Some(value()?.parse().map_err(|e| format!("--node-monitor-grace: {e}"))?);
             }
+            "--tls" => args.tls = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -44,17 +52,24 @@ fn parse() -> Result<Args, String> {
 }
 
 async fn serve(args: Args) -> Result<(), String> {
-    let api = TestApi::start(args.port).await.map_err(|e| format!("cannot listen on port {}: {e}", args.port))?;
+    let started = if args.tls { TestApi::start_tls(args.port).await } else { TestApi::start(args.port).await };
+    let api = started.map_err(|e| format!("cannot listen on port {}: {e}", args.port))?;
     if let Some(g) = args.grace {
         api.set_node_monitor_grace(Some(Duration::from_secs(g)));
     }
     std::fs::create_dir_all(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
-    let node_token = format!("node-{}", args.node);
-    api.add_token("admin", None);
-    api.add_token(&node_token, Some(&args.node));
+    let written = |name: &str, node: Option<&str>| {
+        if args.tls {
+            let cert = api.issue_client_certificate(node, CERTIFICATE_LIFE)?;
+            api.write_kubeconfig_with_certificate(&args.dir, name, &cert)
+        } else {
+            api.add_token(name, node);
+            api.write_kubeconfig(&args.dir, name)
+        }
+    };
     let write =
-        |token: &str| api.write_kubeconfig(&args.dir, token).map_err(|e| format!("{}: {e}", args.dir.display()));
-    let (admin, node) = (write("admin")?, write(&node_token)?);
+        |name: &str, node: Option<&str>| written(name, node).map_err(|e| format!("{}: {e}", args.dir.display()));
+    let (admin, node) = (write("admin", None)?, write(&format!("node-{}", args.node), Some(&args.node))?);
     println!("test apiserver on {}", api.url());
     println!("admin kubeconfig: {}", admin.display());
     println!("node kubeconfig (system:node:{}): {}", args.node, node.display());
