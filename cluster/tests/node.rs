@@ -387,7 +387,7 @@ async fn a_node_deleted_by_an_operator_is_not_registered_again() {
     let api = TestApi::start(0).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     // Deletion is seen at the next report (a patch answered 404), after a failed heartbeat, or when the Lease
-    // goes with its Node (the test apiserver has no garbage collector).
+    // goes with its Node (the garbage collector deletes what the Node owns).
     let mut s = settings("d1");
     s.status_report_frequency = Duration::from_secs(2);
     let n = start(&api, dir.path(), s, facts()).await;

@@ -8,7 +8,8 @@
 //! form), deletion as the registry does it (grace periods that only shrink, finalizers, preconditions), pod
 //! admission (defaults, validation, the ServiceAccount plugin's `kube-api-access-*` volume, default tolerations,
 //! the status reset, spec immutability), the namespace lifecycle with its `default` ServiceAccount and
-//! `kube-root-ca.crt`, bindings, evictions, TokenRequest, Tables for `kubectl get`, the Node authorizer's and
+//! `kube-root-ca.crt`, the garbage collector (an object whose owners are all gone is deleted), bindings, evictions,
+//! TokenRequest, Tables for `kubectl get`, the Node authorizer's and
 //! NodeRestriction's rules for a `system:node:<name>` token, and the controller manager's node lifecycle
 //! controller (a quiet node goes `Unknown` and tainted `unreachable`). Tests control faults (connections refused,
 //! injected status codes with `Retry-After`, delays, trickled or cut answers, oversized watch lines, watches
@@ -409,7 +410,10 @@ async fn node_lifecycle(state: Arc<State>, grace: watch::Receiver<Option<Duratio
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = namespaces.tick() => empty_terminating_namespaces(&state.store),
+            _ = namespaces.tick() => {
+                empty_terminating_namespaces(&state.store);
+                collect_garbage(&state.store);
+            }
             _ = tick.tick() => {
                 if let Some(g) = *grace.borrow() {
                     lifecycle::pass(&state.store, resource("nodes"), resource("leases"), resource("pods"), g);
@@ -419,7 +423,21 @@ async fn node_lifecycle(state: Arc<State>, grace: watch::Receiver<Option<Duratio
     }
 }
 
-/// How often the namespace controller looks at terminating namespaces.
+/// The garbage collector, as the controller manager's deletes dependents in the background: an object whose
+/// every owner (by `ownerReferences` UID) is gone is deleted, a pod gracefully (its kubelet ends it first), as a
+/// Node's Lease goes with the Node.
+fn collect_garbage(store: &store::Store) {
+    for (group, plural, namespace, name) in store.orphans() {
+        let Some(r) = RESOURCES.iter().find(|r| r.group == group && r.plural == plural) else { continue };
+        let namespace = Some(namespace.as_str()).filter(|n| !n.is_empty());
+        match store.delete(r, namespace, &name, None, (None, None)) {
+            Ok(_) => tracing::debug!(%plural, ?namespace, %name, "garbage collected: its owners are gone"),
+            Err(e) => tracing::debug!(%plural, ?namespace, %name, error = %e.message, "cannot collect garbage"),
+        }
+    }
+}
+
+/// How often the namespace controller looks at terminating namespaces, and the garbage collector at owners.
 const NAMESPACE_PERIOD: Duration = Duration::from_secs(1);
 
 /// One pass of the namespace controller: everything in a terminating namespace is deleted (pods gracefully, so

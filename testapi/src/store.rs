@@ -234,6 +234,26 @@ impl Store {
         Ok(at.into_values().filter(|v| selector.matches(v)).cloned().collect())
     }
 
+    /// The objects whose every owner (by UID) is gone and that are not being deleted yet, as
+    /// `(group, plural, namespace, name)` (an empty namespace for cluster-scoped ones): what the garbage collector
+    /// deletes. One read of the whole store, so an owner made with its dependent is seen with it.
+    pub fn orphans(&self) -> Vec<(&'static str, &'static str, String, String)> {
+        let inner = self.lock();
+        let uids: std::collections::HashSet<&str> =
+            inner.objects.values().filter_map(|o| o["metadata"]["uid"].as_str()).collect();
+        let orphaned = |o: &Value| {
+            let owners = o["metadata"]["ownerReferences"].as_array().filter(|a| !a.is_empty());
+            let gone = |owner: &Value| owner["uid"].as_str().is_none_or(|u| !uids.contains(u));
+            owners.is_some_and(|a| a.iter().all(gone)) && o["metadata"]["deletionTimestamp"].is_null()
+        };
+        inner
+            .objects
+            .iter()
+            .filter(|(_, o)| orphaned(o))
+            .map(|(k, _)| (k.group, k.plural, k.namespace.clone(), k.name.clone()))
+            .collect()
+    }
+
     /// What `f` makes of each object of `r` in `namespace` (all namespaces if `None`), read in place, with the
     /// resourceVersion: nothing is copied that `f` does not copy, so a caller after one fact of a hundred pods
     /// (the authorizer's graph, a bench polling for Running) does not copy a hundred pods.

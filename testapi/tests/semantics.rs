@@ -656,3 +656,30 @@ async fn hostile_and_odd_requests_are_refused_and_harm_nothing() {
         .unwrap();
     assert_eq!(code(&nodes.delete("n1", &DeleteParams::default()).await.unwrap_err()), 403);
 }
+
+#[tokio::test]
+async fn dependents_go_with_their_last_owner() {
+    let api = TestApi::start(0).await.unwrap();
+    let owner = api.create("configmaps", Some("default"), json!({"metadata": {"name": "owner"}})).unwrap();
+    let other = api.create("configmaps", Some("default"), json!({"metadata": {"name": "other"}})).unwrap();
+    let node = api.create("nodes", None, json!({"metadata": {"name": "n1"}})).unwrap();
+    let by = |o: &Value, kind: &str| json!({"apiVersion": "v1", "kind": kind, "name": o["metadata"]["name"], "uid": o["metadata"]["uid"]});
+    let owned = |name: &str, owners: Value| json!({"metadata": {"name": name, "ownerReferences": owners}});
+    api.create("secrets", Some("default"), owned("dependent", json!([by(&owner, "ConfigMap")]))).unwrap();
+    let both = json!([by(&owner, "ConfigMap"), by(&other, "ConfigMap")]);
+    api.create("secrets", Some("default"), owned("shared", both)).unwrap();
+    let lease = json!({"metadata": {"name": "n1", "ownerReferences": [by(&node, "Node")]}, "spec": {}});
+    api.create("leases", Some("kube-node-lease"), lease).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(api.get("secrets", Some("default"), "dependent").is_some(), "collected while its owner is there");
+    api.delete("configmaps", Some("default"), "owner", None).unwrap();
+    api.delete("nodes", None, "n1", None).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while api.get("secrets", Some("default"), "dependent").is_some()
+        || api.get("leases", Some("kube-node-lease"), "n1").is_some()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "dependents of a deleted owner were not collected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(api.get("secrets", Some("default"), "shared").is_some(), "an owner is still there");
+}
