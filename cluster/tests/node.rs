@@ -315,6 +315,29 @@ async fn outages_are_ridden_out_and_a_restart_duplicates_nothing() {
 }
 
 #[tokio::test]
+async fn a_node_forbidden_to_create_its_node_uses_the_one_provisioned_for_it() {
+    // Nodes provisioned ahead by an operator, with the kubelet's create forbidden: as kubelets since 1.32, the
+    // 403 is followed by a read, and the node reports on the Node it finds.
+    let api = TestApi::start(0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    api.create("nodes", None, json!({"metadata": {"name": "p1", "labels": {"example.com/provisioned": "yes"}}}))
+        .unwrap();
+    api.set_fault(Fault {
+        status: Some(403),
+        paths: Some("/api/v1/nodes".into()),
+        method: Some("POST".into()),
+        ..Fault::default()
+    });
+    let n = start(&api, dir.path(), settings("p1"), facts()).await;
+    wait_for("ready", Duration::from_secs(10), || n.status.readiness().is_ok()).await;
+    let node = api.get("nodes", None, "p1").unwrap();
+    assert_eq!(condition(&node, "Ready")["status"], "True", "{node:#}");
+    assert_eq!(node["metadata"]["labels"]["example.com/provisioned"], "yes");
+    assert!(api.requests().iter().any(|r| r.method == "POST" && r.path == "/api/v1/nodes" && r.status == 403));
+    n.stop().await;
+}
+
+#[tokio::test]
 async fn a_label_the_node_may_not_set_is_refused_by_the_apiserver() {
     // NodeRestriction in the test apiserver refuses what the config check would refuse first.
     let api = TestApi::start(0).await.unwrap();

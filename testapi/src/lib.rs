@@ -58,10 +58,13 @@ pub use tls::ClientCertificate;
 /// Faults injected into every request (until cleared).
 #[derive(Debug, Clone, Default)]
 pub struct Fault {
-    /// Answer with this status code (a `Status` object, reason `InternalError`).
+    /// Answer with this status code (a `Status` object with the reason the apiserver gives with it: `Forbidden`
+    /// for 403, `InternalError` for 500, ...).
     pub status: Option<u16>,
     /// Only for paths containing this; every path if `None`.
     pub paths: Option<String>,
+    /// Only for this method (`POST`, ...); every method if `None`.
+    pub method: Option<String>,
     /// Wait this long before answering.
     pub delay: Duration,
     /// With `status` 429: the seconds the answer asks the client to wait (`Retry-After` and
@@ -75,6 +78,14 @@ pub struct Fault {
     /// Pad every event of a watch opened while this is set to at least this many bytes (an annotation on the
     /// object), as a huge object makes an oversized line.
     pub oversized: Option<usize>,
+}
+
+impl Fault {
+    /// Whether a request of `method` to `path` meets the fault.
+    pub(crate) fn meets(&self, method: &str, path: &str) -> bool {
+        self.paths.as_ref().is_none_or(|p| path.contains(p.as_str()))
+            && self.method.as_ref().is_none_or(|m| m == method)
+    }
 }
 
 /// One request, as the log keeps it.

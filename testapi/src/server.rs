@@ -96,12 +96,12 @@ pub async fn handle(
     let mut response = respond(&state, &peer, &method, &uri, &headers, &body).await;
     let fault = state.fault();
     if let Some(every) = fault.trickle
-        && fault.paths.as_ref().is_none_or(|p| uri.path().contains(p.as_str()))
+        && fault.meets(method.as_str(), uri.path())
     {
         response = trickled(response, every).await;
     }
     if let Some(limit) = fault.cut_after
-        && fault.paths.as_ref().is_none_or(|p| uri.path().contains(p.as_str()))
+        && fault.meets(method.as_str(), uri.path())
     {
         response = cut(response, limit);
     }
@@ -184,7 +184,7 @@ async fn respond(
         tokio::time::sleep(fault.delay).await;
     }
     if let Some(code) = fault.status
-        && fault.paths.as_ref().is_none_or(|p| path.contains(p.as_str()))
+        && fault.meets(method.as_str(), &path)
     {
         if code == 429 {
             let wait = fault.retry_after.unwrap_or(1);
@@ -195,7 +195,20 @@ async fn respond(
             r.headers_mut().insert("retry-after", wait.into());
             return r;
         }
-        return error(&ApiError::new(code, "InternalError", format!("injected by the test: {code}")));
+        // The reason the apiserver gives with each code (`metav1.StatusReason`), as clients classify by it.
+        let reason = match code {
+            400 => "BadRequest",
+            401 => "Unauthorized",
+            403 => "Forbidden",
+            404 => "NotFound",
+            409 => "Conflict",
+            410 => "Expired",
+            422 => "Invalid",
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            _ => "InternalError",
+        };
+        return error(&ApiError::new(code, reason, format!("injected by the test: {code}")));
     }
     let who = match identity(state, headers, peer) {
         Ok(w) => w,
