@@ -101,11 +101,12 @@ fn logged(log: &Path, needle: &str) -> Option<jiff::Timestamp> {
 
 fn one_run(bin: &Path, n: usize, seconds: u64, edits: usize, away: u64) -> Result<Run> {
     let rt = tokio::runtime::Runtime::new()?;
-    let api = rt.block_on(TestApi::start(0))?;
-    api.add_token("node", Some(NODE));
+    // Over TLS with a node client certificate, as a kubelet joins.
+    let api = rt.block_on(TestApi::start_tls(0))?;
     let dir = std::env::temp_dir().join(format!("nwbench-cluster-kube-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let kubeconfig = api.write_kubeconfig(&dir, "node")?;
+    let cert = api.issue_client_certificate(Some(NODE), Duration::from_secs(24 * 3600))?;
+    let kubeconfig = api.write_kubeconfig_with_certificate(&dir, "node", &cert)?;
     let kubeconfig = kubeconfig.display().to_string();
     let base = "evictionPressureTransitionPeriod: 1s\n";
     let node = StaticNode::start_with(bin, "cluster", base, &["--kubeconfig", &kubeconfig])?;

@@ -8,8 +8,8 @@
 //! form), deletion as the registry does it (grace periods that only shrink, finalizers, preconditions), pod
 //! admission (defaults, validation, the ServiceAccount plugin's `kube-api-access-*` volume, default tolerations,
 //! the status reset, spec immutability), the namespace lifecycle with its `default` ServiceAccount and
-//! `kube-root-ca.crt`, the garbage collector (an object whose owners are all gone is deleted), bindings, evictions,
-//! TokenRequest, Tables for `kubectl get`, the Node authorizer's and
+//! `kube-root-ca.crt`, the garbage collector (dependents deleted with their last owner, or orphaned, or first, by
+//! the deletion's `propagationPolicy`), bindings, evictions, TokenRequest, Tables for `kubectl get`, the Node authorizer's and
 //! NodeRestriction's rules for a `system:node:<name>` token, and the controller manager's node lifecycle
 //! controller (a quiet node goes `Unknown` and tainted `unreachable`). Tests control faults (connections refused,
 //! injected status codes with `Retry-After`, delays, trickled or cut answers, oversized watch lines, watches
@@ -434,16 +434,66 @@ async fn node_lifecycle(state: Arc<State>, grace: watch::Receiver<Option<Duratio
     }
 }
 
-/// The garbage collector, as the controller manager's deletes dependents in the background: an object whose
-/// every owner (by `ownerReferences` UID) is gone is deleted, a pod gracefully (its kubelet ends it first), as a
-/// Node's Lease goes with the Node.
+/// An object's resource, namespace (`None` for a cluster-scoped one) and name.
+fn located((group, plural, namespace, name): &store::Named) -> Option<(&'static Resource, Option<&str>, String)> {
+    let r = RESOURCES.iter().find(|r| r.group == *group && r.plural == *plural)?;
+    Some((r, Some(namespace.as_str()).filter(|n| !n.is_empty()), name.clone()))
+}
+
+/// The garbage collector, as the controller manager's: an object whose every owner (by `ownerReferences` UID) is
+/// gone is deleted, a pod gracefully (its kubelet ends it first), as a Node's Lease goes with the Node; an owner
+/// deleted with `propagationPolicy: Orphan` is taken out of its dependents' owner references, one deleted with
+/// `Foreground` waits until the dependents that block it (`blockOwnerDeletion`) are gone; then the collector's
+/// finalizer comes off it, and it goes.
 fn collect_garbage(store: &store::Store) {
-    for (group, plural, namespace, name) in store.orphans() {
-        let Some(r) = RESOURCES.iter().find(|r| r.group == group && r.plural == plural) else { continue };
-        let namespace = Some(namespace.as_str()).filter(|n| !n.is_empty());
+    let garbage = store.garbage();
+    for orphan in &garbage.orphans {
+        let Some((r, namespace, name)) = located(orphan) else { continue };
         match store.delete(r, namespace, &name, None, (None, None)) {
-            Ok(_) => tracing::debug!(%plural, ?namespace, %name, "garbage collected: its owners are gone"),
-            Err(e) => tracing::debug!(%plural, ?namespace, %name, error = %e.message, "cannot collect garbage"),
+            Ok(_) => tracing::debug!(plural = r.plural, ?namespace, %name, "garbage collected: its owners are gone"),
+            Err(e) => {
+                tracing::debug!(plural = r.plural, ?namespace, %name, error = %e.message, "cannot collect garbage")
+            }
+        }
+    }
+    let drop_finalizer = |owner: &store::Named, finalizer: &str| {
+        let Some((r, namespace, name)) = located(owner) else { return };
+        let _ = store.update(
+            r,
+            namespace,
+            &name,
+            |old| {
+                let mut new = old.clone();
+                if let Some(list) = new["metadata"]["finalizers"].as_array_mut() {
+                    list.retain(|f| f != finalizer);
+                }
+                Ok(new)
+            },
+            false,
+        );
+    };
+    for (owner, uid, dependents) in &garbage.orphaning {
+        for dependent in dependents {
+            let Some((r, namespace, name)) = located(dependent) else { continue };
+            let orphaned = |old: &Value| {
+                let mut new = old.clone();
+                if let Some(refs) = new["metadata"]["ownerReferences"].as_array_mut() {
+                    refs.retain(|o| o["uid"] != uid.as_str());
+                }
+                Ok(new)
+            };
+            let _ = store.update(r, namespace, &name, orphaned, false);
+        }
+        drop_finalizer(owner, store::ORPHAN);
+    }
+    for (owner, dependents) in &garbage.foreground {
+        for (dependent, _) in dependents {
+            if let Some((r, namespace, name)) = located(dependent) {
+                let _ = store.delete(r, namespace, &name, None, (None, None));
+            }
+        }
+        if !dependents.iter().any(|(_, blocks)| *blocks) {
+            drop_finalizer(owner, store::FOREGROUND);
         }
     }
 }

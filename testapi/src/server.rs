@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::discovery;
 use crate::route::{self, Target};
 use crate::select::Selector;
-use crate::store::{ApiError, Change, concerns};
+use crate::store::{self, ApiError, Change, concerns};
 use crate::tls::X509;
 use crate::{Logged, Peer, State, admission, openapi, protobuf, restriction, token, typed, writes};
 
@@ -417,7 +417,8 @@ async fn serve(
                 .or_else(|| q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()));
             let pre = &options["preconditions"];
             let pre = (pre["uid"].as_str().map(str::to_owned), pre["resourceVersion"].as_str().map(str::to_owned));
-            let deleted = state.store.delete(r, ns, name, grace, pre)?;
+            let propagation = store::Propagation::of(&options)?;
+            let deleted = state.store.delete_propagating(r, ns, name, grace, pre, propagation)?;
             // Pods, namespaces and service accounts answer with the object; other kinds, once gone, with a Status.
             if deleted.gone && !matches!(r.kind, "Pod" | "Namespace" | "ServiceAccount") {
                 let uid = deleted.object["metadata"]["uid"].clone();

@@ -119,6 +119,69 @@ impl Key {
     }
 }
 
+/// A deletion's `propagationPolicy`: what becomes of the objects the deleted one owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    /// Deleted at once; the garbage collector deletes its dependents after it (the default).
+    Background,
+    /// Held until the garbage collector has deleted the dependents that block their owner's deletion.
+    Foreground,
+    /// Held until the garbage collector has taken it out of its dependents' owner references.
+    Orphan,
+}
+
+/// The garbage collector's finalizers.
+pub const ORPHAN: &str = "orphan";
+/// See [`ORPHAN`].
+pub const FOREGROUND: &str = "foregroundDeletion";
+
+impl Propagation {
+    /// From a `DeleteOptions`' `propagationPolicy` (or its deprecated `orphanDependents`); an unknown policy is a
+    /// 422 as the apiserver's validation has it.
+    pub fn of(options: &Value) -> Result<Propagation, ApiError> {
+        match (options["propagationPolicy"].as_str(), options["orphanDependents"].as_bool()) {
+            (Some(_), Some(_)) => Err(ApiError::new(
+                422,
+                "Invalid",
+                "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Invalid value: \"null\": orphanDependents and deletionPropagation cannot be both set",
+            )),
+            (None | Some(""), None | Some(false)) | (Some("Background"), None) => Ok(Propagation::Background),
+            (Some("Foreground"), None) => Ok(Propagation::Foreground),
+            (Some("Orphan"), None) | (None, Some(true)) => Ok(Propagation::Orphan),
+            (Some(other), None) => Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
+                ),
+            )),
+        }
+    }
+
+    fn finalizer(self) -> Option<&'static str> {
+        match self {
+            Propagation::Background => None,
+            Propagation::Foreground => Some(FOREGROUND),
+            Propagation::Orphan => Some(ORPHAN),
+        }
+    }
+}
+
+/// An object by `(group, plural, namespace, name)`, the namespace empty for a cluster-scoped one.
+pub type Named = (&'static str, &'static str, String, String);
+
+/// What the garbage collector has to do, read in one pass over the store.
+#[derive(Debug, Default)]
+pub struct Garbage {
+    /// Objects whose every owner is gone, not being deleted yet.
+    pub orphans: Vec<Named>,
+    /// Owners being deleted with the `orphan` finalizer, by UID, with their dependents.
+    pub orphaning: Vec<(Named, String, Vec<Named>)>,
+    /// Owners being deleted with the `foregroundDeletion` finalizer, with their dependents and whether each
+    /// blocks the owner's deletion (`blockOwnerDeletion`).
+    pub foreground: Vec<(Named, Vec<(Named, bool)>)>,
+}
+
 /// One change, as a watch sends it.
 #[derive(Debug, Clone)]
 pub struct Change {
@@ -234,24 +297,39 @@ impl Store {
         Ok(at.into_values().filter(|v| selector.matches(v)).cloned().collect())
     }
 
-    /// The objects whose every owner (by UID) is gone and that are not being deleted yet, as
-    /// `(group, plural, namespace, name)` (an empty namespace for cluster-scoped ones): what the garbage collector
-    /// deletes. One read of the whole store, so an owner made with its dependent is seen with it.
-    pub fn orphans(&self) -> Vec<(&'static str, &'static str, String, String)> {
+    /// What the garbage collector has to do, in one read of the whole store, so that an owner made with its
+    /// dependent is seen with it.
+    pub fn garbage(&self) -> Garbage {
         let inner = self.lock();
+        let named = |k: &Key| (k.group, k.plural, k.namespace.clone(), k.name.clone());
         let uids: std::collections::HashSet<&str> =
             inner.objects.values().filter_map(|o| o["metadata"]["uid"].as_str()).collect();
-        let orphaned = |o: &Value| {
-            let owners = o["metadata"]["ownerReferences"].as_array().filter(|a| !a.is_empty());
+        let owners = |o: &Value| o["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+        let mut garbage = Garbage::default();
+        for (k, o) in &inner.objects {
+            let refs = owners(o);
             let gone = |owner: &Value| owner["uid"].as_str().is_none_or(|u| !uids.contains(u));
-            owners.is_some_and(|a| a.iter().all(gone)) && o["metadata"]["deletionTimestamp"].is_null()
-        };
-        inner
-            .objects
-            .iter()
-            .filter(|(_, o)| orphaned(o))
-            .map(|(k, _)| (k.group, k.plural, k.namespace.clone(), k.name.clone()))
-            .collect()
+            if !refs.is_empty() && refs.iter().all(gone) && !deleting(o) {
+                garbage.orphans.push(named(k));
+            }
+            if !deleting(o) {
+                continue;
+            }
+            let fins = finalizers(o);
+            let Some(uid) = o["metadata"]["uid"].as_str() else { continue };
+            let dependents = || {
+                inner.objects.iter().filter_map(|(dk, d)| {
+                    let owned = owners(d).into_iter().find(|r| r["uid"] == uid)?;
+                    Some((named(dk), owned["blockOwnerDeletion"] == true))
+                })
+            };
+            if fins.contains(&ORPHAN) {
+                garbage.orphaning.push((named(k), uid.to_owned(), dependents().map(|(d, _)| d).collect()));
+            } else if fins.contains(&FOREGROUND) {
+                garbage.foreground.push((named(k), dependents().collect()));
+            }
+        }
+        garbage
     }
 
     /// What `f` makes of each object of `r` in `namespace` (all namespaces if `None`), read in place, with the
@@ -440,15 +518,37 @@ impl Store {
         grace: Option<i64>,
         preconditions: (Option<String>, Option<String>),
     ) -> Result<Deleted, ApiError> {
+        self.delete_propagating(r, namespace, name, grace, preconditions, Propagation::Background)
+    }
+
+    /// [`Store::delete`] with a `propagationPolicy`: `Orphan` and `Foreground` hold the object with the
+    /// garbage collector's finalizer (`orphan`, `foregroundDeletion`) until the collector has orphaned or deleted
+    /// its dependents, as the registry's `BeforeDelete` sets them.
+    pub fn delete_propagating(
+        &self,
+        r: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        grace: Option<i64>,
+        preconditions: (Option<String>, Option<String>),
+        propagation: Propagation,
+    ) -> Result<Deleted, ApiError> {
         let mut inner = self.lock();
         let key = Key::new(r, namespace, name);
-        let old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
+        let mut old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
         let (uid, rv) = preconditions;
         check_uid(r, name, uid.as_deref(), &old)?;
         if let Some(rv) = rv
             && Some(rv.as_str()) != rv_of(&old)
         {
             return Err(conflict(r, name));
+        }
+        if let Some(f) = propagation.finalizer()
+            && !deleting(&old)
+            && !finalizers(&old).contains(&f)
+        {
+            let list = old["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+            old["metadata"]["finalizers"] = Value::Array(list.into_iter().chain([json!(f)]).collect());
         }
         // A negative grace period is taken as 1 s, as the registry's `BeforeDelete` takes it.
         let grace = grace.map(|g| if g < 0 { 1 } else { g });
@@ -653,5 +753,17 @@ mod tests {
         assert_eq!(kinds, ["ADDED", "MODIFIED", "MODIFIED", "DELETED"]);
         s.compact();
         assert!(s.watch_from(r, None, 2).is_err());
+    }
+
+    #[test]
+    fn a_propagation_policy_is_read_as_the_apiserver_validates_it() {
+        let of = |v: Value| Propagation::of(&v).map_err(|e| e.code);
+        assert_eq!(of(json!({})), Ok(Propagation::Background));
+        assert_eq!(of(json!({"propagationPolicy": "Foreground"})), Ok(Propagation::Foreground));
+        assert_eq!(of(json!({"propagationPolicy": "Orphan"})), Ok(Propagation::Orphan));
+        assert_eq!(of(json!({"orphanDependents": true})), Ok(Propagation::Orphan));
+        assert_eq!(of(json!({"orphanDependents": false})), Ok(Propagation::Background));
+        assert_eq!(of(json!({"propagationPolicy": "Sideways"})), Err(422));
+        assert_eq!(of(json!({"propagationPolicy": "Orphan", "orphanDependents": true})), Err(422));
     }
 }

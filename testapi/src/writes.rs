@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use crate::route::{Resource, Target};
 use crate::server::{Request, success};
-use crate::store::{self, ApiError};
+use crate::store::{self, ApiError, Propagation};
 use crate::{State, admission, patch, restriction, typed};
 
 /// The media type of an RFC 6902 JSON patch.
@@ -341,7 +341,7 @@ pub fn evict(state: &Arc<State>, target: &Target, body: Option<Value>) -> Result
     let options = &body["deleteOptions"];
     let pre = &options["preconditions"];
     let pre = (pre["uid"].as_str().map(str::to_owned), pre["resourceVersion"].as_str().map(str::to_owned));
-    let deleted =
-        state.store.delete(r, target.namespace.as_deref(), name, options["gracePeriodSeconds"].as_i64(), pre)?;
+    let (grace, propagation) = (options["gracePeriodSeconds"].as_i64(), Propagation::of(options)?);
+    let deleted = state.store.delete_propagating(r, target.namespace.as_deref(), name, grace, pre, propagation)?;
     Ok(success(r, name, deleted.object["metadata"]["uid"].clone()))
 }

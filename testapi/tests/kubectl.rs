@@ -310,3 +310,41 @@ async fn the_program_serves_tls_and_writes_kubeconfigs_kubectl_uses() {
     rustix::process::kill_process(rustix::process::Pid::from_child(&program), rustix::process::Signal::TERM).unwrap();
     assert!(program.wait().unwrap().success());
 }
+
+#[tokio::test]
+async fn kubectl_delete_cascades_as_the_garbage_collector_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((api, k)) = setup(dir.path()).await else { return };
+    // An owner ConfigMap with Secrets it owns: one that blocks its owner's deletion, one that does not.
+    let family = |owner: &str| {
+        let o = api.create("configmaps", Some("default"), json!({"metadata": {"name": owner}})).unwrap();
+        for (name, block) in [("blocking", true), ("free", false)] {
+            let by = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": owner, "uid": o["metadata"]["uid"],
+                "blockOwnerDeletion": block}]);
+            let secret = json!({"metadata": {"name": format!("{owner}-{name}"), "ownerReferences": by}});
+            api.create("secrets", Some("default"), secret).unwrap();
+        }
+    };
+    let exists = |name: &str| api.get("secrets", Some("default"), name).is_some();
+    // Orphan: the owner goes, its dependents stay with no reference to it.
+    family("o");
+    k.ok(&["delete", "configmap", "o", "--cascade=orphan"]).await;
+    assert!(api.get("configmaps", Some("default"), "o").is_none());
+    for name in ["o-blocking", "o-free"] {
+        let kept = api.get("secrets", Some("default"), name).expect("an orphaned dependent was deleted");
+        assert!(kept["metadata"]["ownerReferences"].as_array().is_none_or(Vec::is_empty), "{kept:#}");
+    }
+    // Foreground: kubectl's wait ends once the owner is gone, which is after the dependent that blocks it.
+    family("f");
+    k.ok(&["delete", "configmap", "f", "--cascade=foreground"]).await;
+    assert!(api.get("configmaps", Some("default"), "f").is_none());
+    assert!(!exists("f-blocking"), "the owner went before the dependent that blocks it");
+    wait_until("the other dependent collected", || !exists("f-free")).await;
+    // Background (kubectl's default): the owner goes at once, the dependents after it.
+    family("b");
+    k.ok(&["delete", "configmap", "b"]).await;
+    wait_until("the dependents collected", || !exists("b-blocking") && !exists("b-free")).await;
+    assert!(exists("o-blocking") && exists("o-free"), "orphans are nobody's garbage");
+    let (ok, _, err) = k.run(&["delete", "configmap", "kube-root-ca.crt", "--cascade=sideways"], None).await;
+    assert!(!ok, "{err}");
+}
