@@ -361,6 +361,7 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     // The Node deleted by an operator: not registered again, and the daemon says so (log and /readyz).
     // Its Lease goes with it, as the garbage collector deletes what the Node owns: a quiet node notices at its
     // next renewal, not at its next report 5 minutes on.
+    let deleted = Instant::now();
     api.delete("nodes", None, NODE, None).unwrap();
     wait_until(30, "the deletion noticed", || d.log().contains("the Node was deleted from the apiserver"));
     let (status, body) = get(d.port, "/readyz?verbose").unwrap();
@@ -368,14 +369,14 @@ fn the_node_joins_goes_ready_reports_pressure_and_rides_out_an_outage() {
     std::thread::sleep(Duration::from_secs(5));
     assert!(api.get("nodes", None, NODE).is_none(), "the Node was registered again");
     assert!(
-        !api.requests().iter().any(|r| r.method == "POST" && r.path == "/api/v1/nodes" && r.at > trickled.into()),
+        !api.requests().iter().any(|r| r.method == "POST" && r.path == "/api/v1/nodes" && r.at > deleted.into()),
         "a create was tried after the deletion"
     );
     assert_eq!(d.stop(), Some(0));
 }
 
-/// A pod bound to the node, as the scheduler binds one (no service account token: nodewarden does not mount
-/// projected volumes yet).
+/// A pod bound to the node, as the scheduler binds one (without the service account token, which the object
+/// test reads).
 fn bound_pod(name: &str, grace: u32, command: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  nodeName: {NODE}\n  \

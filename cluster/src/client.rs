@@ -55,6 +55,8 @@ pub struct Clients {
     pair: Arc<RwLock<Pair>>,
     /// The main client's rate limit (kept across a change of credentials).
     pub limiter: Arc<RateLimiter>,
+    /// Counts the changes of credentials.
+    replaced: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 #[derive(Clone)]
@@ -124,13 +126,13 @@ impl Clients {
         let heartbeat = client(heartbeat_timeout, heartbeat_timeout, heartbeat_timeout, MAX_ANSWER_BYTES)?;
         let watch = client(MAIN_TIMEOUT, WATCH_IDLE, WATCH_DEADLINE, MAX_WATCH_BYTES)?;
         let pair = Pair { main, heartbeat, watch };
-        Ok(Clients { pair: Arc::new(RwLock::new(pair)), limiter: Arc::new(RateLimiter::new(qps, burst)) })
+        Ok(Clients::of(pair, Arc::new(RateLimiter::new(qps, burst))))
     }
 
     /// Clients from a main and a heartbeat client; watches go through the main one.
     pub fn new(main: kube::Client, heartbeat: kube::Client, limiter: Arc<RateLimiter>) -> Clients {
         let watch = main.clone();
-        Clients { pair: Arc::new(RwLock::new(Pair { main, heartbeat, watch })), limiter }
+        Clients::of(Pair { main, heartbeat, watch }, limiter)
     }
 
     fn pair(&self) -> Pair {
@@ -153,10 +155,21 @@ impl Clients {
         self.pair().watch
     }
 
-    /// Takes `other`'s clients (new credentials) for every request from now on; the rate limit stays.
+    fn of(pair: Pair, limiter: Arc<RateLimiter>) -> Clients {
+        Clients { pair: Arc::new(RwLock::new(pair)), limiter, replaced: Arc::new(tokio::sync::watch::Sender::new(0)) }
+    }
+
+    /// Takes `other`'s clients (new credentials) for every request from now on; the rate limit stays. Those
+    /// waiting on [`Clients::replaced`] are woken.
     pub fn replace(&self, other: &Clients) {
         let pair = other.pair();
         *self.pair.write().unwrap_or_else(PoisonError::into_inner) = pair;
+        self.replaced.send_modify(|n| *n += 1);
+    }
+
+    /// Changes when the credentials are replaced: a loop backing off after refused requests tries again at once.
+    pub fn replaced(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.replaced.subscribe()
     }
 }
 

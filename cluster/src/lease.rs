@@ -100,6 +100,7 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
     let mut lease: Option<Lease> = None;
     let mut failures = 0u32;
+    let mut credentials = ctx.clients.replaced();
     loop {
         let api: Api<Lease> = Api::namespaced(ctx.clients.heartbeat(), NAMESPACE);
         let attempt = async {
@@ -124,6 +125,8 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
                 lease = Some(l);
                 ctx.status.heartbeat_ok();
                 backoff.reset();
+                // A change while renewals succeed wakes nothing later.
+                credentials.mark_unchanged();
                 jittered(ctx.settings.renew_interval(), 0.04)
             }
             Err(e) => {
@@ -137,6 +140,8 @@ pub async fn run(ctx: Arc<Ctx>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+            // New credentials after refusals (a renewed certificate): tried at once, not after the back-off.
+            Ok(()) = credentials.changed(), if failures > 0 => backoff.reset(),
         }
     }
 }

@@ -10,17 +10,19 @@
 //! the status reset, spec immutability), the namespace lifecycle with its `default` ServiceAccount and
 //! `kube-root-ca.crt`, the garbage collector (dependents deleted with their last owner, or orphaned, or first, by
 //! the deletion's `propagationPolicy`), bindings, evictions, TokenRequest, Tables for `kubectl get`, the Node authorizer's and
-//! NodeRestriction's rules for a `system:node:<name>` token, and the controller manager's node lifecycle
+//! NodeRestriction's rules for a `system:node:<name>` token or certificate, and the controller manager's node lifecycle
 //! controller (a quiet node goes `Unknown` and tainted `unreachable`). Tests control faults (connections refused,
 //! injected status codes with `Retry-After`, delays, trickled or cut answers, oversized watch lines, watches
 //! closed, history compacted) and read the request log. Plain HTTP, or HTTPS with a CA of its own and the x509
-//! authenticator's client certificates (`start_tls`); JSON only.
+//! authenticator's client certificates (`start_tls`; a request with no credentials is then refused); JSON bodies,
+//! and protobuf ones for the kinds `kubectl create` sends so.
 //!
 //! It is a test fixture: nothing in the daemon uses it.
 
 mod admission;
 mod b64;
 mod discovery;
+mod gc;
 mod lifecycle;
 mod openapi;
 mod patch;
@@ -37,6 +39,7 @@ mod writes;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -61,9 +64,9 @@ pub struct Fault {
     /// Answer with this status code (a `Status` object with the reason the apiserver gives with it: `Forbidden`
     /// for 403, `InternalError` for 500, ...).
     pub status: Option<u16>,
-    /// Only for paths containing this; every path if `None`.
+    /// `status`, `trickle` and `cut_after` only for paths containing this; every path if `None`.
     pub paths: Option<String>,
-    /// Only for this method (`POST`, ...); every method if `None`.
+    /// `status`, `trickle` and `cut_after` only for this method (`POST`, ...); every method if `None`.
     pub method: Option<String>,
     /// Wait this long before answering.
     pub delay: Duration,
@@ -312,7 +315,9 @@ impl TestApi {
     ) -> std::io::Result<PathBuf> {
         let (crt, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
         std::fs::write(&crt, &cert.cert_pem)?;
-        std::fs::write(&key, &cert.key_pem)?;
+        // The key readable by its owner only, as a kubelet's.
+        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&key)?;
+        std::io::Write::write_all(&mut file, cert.key_pem.as_bytes())?;
         let path = dir.join(format!("kubeconfig-{name}"));
         let user = format!("client-certificate: {}\n    client-key: {}", crt.display(), key.display());
         std::fs::write(&path, self.kubeconfig(&user))?;
@@ -423,77 +428,13 @@ async fn node_lifecycle(state: Arc<State>, grace: watch::Receiver<Option<Duratio
             _ = stop.cancelled() => return,
             _ = namespaces.tick() => {
                 empty_terminating_namespaces(&state.store);
-                collect_garbage(&state.store);
+                gc::collect(&state.store);
             }
             _ = tick.tick() => {
                 if let Some(g) = *grace.borrow() {
                     lifecycle::pass(&state.store, resource("nodes"), resource("leases"), resource("pods"), g);
                 }
             }
-        }
-    }
-}
-
-/// An object's resource, namespace (`None` for a cluster-scoped one) and name.
-fn located((group, plural, namespace, name): &store::Named) -> Option<(&'static Resource, Option<&str>, String)> {
-    let r = RESOURCES.iter().find(|r| r.group == *group && r.plural == *plural)?;
-    Some((r, Some(namespace.as_str()).filter(|n| !n.is_empty()), name.clone()))
-}
-
-/// The garbage collector, as the controller manager's: an object whose every owner (by `ownerReferences` UID) is
-/// gone is deleted, a pod gracefully (its kubelet ends it first), as a Node's Lease goes with the Node; an owner
-/// deleted with `propagationPolicy: Orphan` is taken out of its dependents' owner references, one deleted with
-/// `Foreground` waits until the dependents that block it (`blockOwnerDeletion`) are gone; then the collector's
-/// finalizer comes off it, and it goes.
-fn collect_garbage(store: &store::Store) {
-    let garbage = store.garbage();
-    for orphan in &garbage.orphans {
-        let Some((r, namespace, name)) = located(orphan) else { continue };
-        match store.delete(r, namespace, &name, None, (None, None)) {
-            Ok(_) => tracing::debug!(plural = r.plural, ?namespace, %name, "garbage collected: its owners are gone"),
-            Err(e) => {
-                tracing::debug!(plural = r.plural, ?namespace, %name, error = %e.message, "cannot collect garbage")
-            }
-        }
-    }
-    let drop_finalizer = |owner: &store::Named, finalizer: &str| {
-        let Some((r, namespace, name)) = located(owner) else { return };
-        let _ = store.update(
-            r,
-            namespace,
-            &name,
-            |old| {
-                let mut new = old.clone();
-                if let Some(list) = new["metadata"]["finalizers"].as_array_mut() {
-                    list.retain(|f| f != finalizer);
-                }
-                Ok(new)
-            },
-            false,
-        );
-    };
-    for (owner, uid, dependents) in &garbage.orphaning {
-        for dependent in dependents {
-            let Some((r, namespace, name)) = located(dependent) else { continue };
-            let orphaned = |old: &Value| {
-                let mut new = old.clone();
-                if let Some(refs) = new["metadata"]["ownerReferences"].as_array_mut() {
-                    refs.retain(|o| o["uid"] != uid.as_str());
-                }
-                Ok(new)
-            };
-            let _ = store.update(r, namespace, &name, orphaned, false);
-        }
-        drop_finalizer(owner, store::ORPHAN);
-    }
-    for (owner, dependents) in &garbage.foreground {
-        for (dependent, _) in dependents {
-            if let Some((r, namespace, name)) = located(dependent) {
-                let _ = store.delete(r, namespace, &name, None, (None, None));
-            }
-        }
-        if !dependents.iter().any(|(_, blocks)| *blocks) {
-            drop_finalizer(owner, store::FOREGROUND);
         }
     }
 }
@@ -517,7 +458,8 @@ fn empty_terminating_namespaces(store: &store::Store) {
                 }
             }
         }
-        if left == 0 {
+        // Its metadata finalizers (the garbage collector's, for one deleted with a propagation policy) go first.
+        if left == 0 && store::finalizers(ns).is_empty() {
             store.remove(resource("namespaces"), None, name);
         }
     }

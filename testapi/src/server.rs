@@ -62,8 +62,10 @@ pub fn query(uri: &Uri) -> HashMap<String, String> {
 }
 
 /// The identity of a request, as the apiserver's authenticators decide it in turn: a valid client certificate
-/// (x509), then a bearer token. `Some(node)` is a node, `None` the admin (also a request with no credentials);
-/// credentials that authenticate no one (an unknown token, an expired or revoked certificate) are refused with 401.
+/// (x509), then a bearer token. `Some(node)` is a node, `None` the admin; credentials that authenticate no one (an
+/// unknown token, an expired or revoked certificate) are refused with 401. A request with none is the admin's
+/// over plain HTTP, and refused with 401 over TLS (`--anonymous-auth=false`), so that a client that lost its
+/// certificate is noticed.
 fn identity(state: &State, headers: &HeaderMap, peer: &Peer) -> Result<Option<String>, ApiError> {
     let x509 = match &state.tls {
         Some(tls) => tls.authenticate(peer.0.as_deref(), jiff::Timestamp::now()),
@@ -74,7 +76,7 @@ fn identity(state: &State, headers: &HeaderMap, peer: &Peer) -> Result<Option<St
     }
     let unauthorized = || ApiError::new(401, "Unauthorized", "Unauthorized");
     let Some(auth) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
-        return if x509 == X509::Invalid { Err(unauthorized()) } else { Ok(None) };
+        return if x509 == X509::Invalid || state.tls.is_some() { Err(unauthorized()) } else { Ok(None) };
     };
     let token = auth.strip_prefix("Bearer ").unwrap_or(auth);
     match state.tokens.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(token) {

@@ -1,6 +1,6 @@
 //! The objects, one process-wide resourceVersion counter, and the bounded history watches replay.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::{Value, json};
@@ -177,9 +177,20 @@ pub struct Garbage {
     pub orphans: Vec<Named>,
     /// Owners being deleted with the `orphan` finalizer, by UID, with their dependents.
     pub orphaning: Vec<(Named, String, Vec<Named>)>,
-    /// Owners being deleted with the `foregroundDeletion` finalizer, with their dependents and whether each
-    /// blocks the owner's deletion (`blockOwnerDeletion`).
-    pub foreground: Vec<(Named, Vec<(Named, bool)>)>,
+    /// Owners being deleted with the `foregroundDeletion` finalizer, by UID, with their dependents.
+    pub foreground: Vec<(Named, String, Vec<Dependent>)>,
+}
+
+/// A dependent of an owner being deleted in the foreground.
+#[derive(Debug)]
+pub struct Dependent {
+    /// The object.
+    pub named: Named,
+    /// Whether it holds up the owner's deletion (`blockOwnerDeletion`).
+    pub blocks: bool,
+    /// Whether another owner of it is there and not being deleted: it is not deleted, only no longer owned by the
+    /// one being deleted, as the collector keeps an object with an owner left.
+    pub owned_elsewhere: bool,
 }
 
 /// One change, as a watch sends it.
@@ -193,7 +204,7 @@ pub struct Change {
     pub kind: &'static str,
     /// The object after the change (the last state for `DELETED`).
     pub object: Value,
-    /// The object before a modification.
+    /// The object before the change (a modification or a deletion), as it was stored.
     pub old: Option<Value>,
 }
 
@@ -288,8 +299,8 @@ impl Store {
                 ("MODIFIED", Some(old)) => {
                     at.insert(&c.key, old);
                 }
-                ("DELETED", _) => {
-                    at.insert(&c.key, &c.object);
+                ("DELETED", old) => {
+                    at.insert(&c.key, old.as_ref().unwrap_or(&c.object));
                 }
                 _ => {}
             }
@@ -302,13 +313,14 @@ impl Store {
     pub fn garbage(&self) -> Garbage {
         let inner = self.lock();
         let named = |k: &Key| (k.group, k.plural, k.namespace.clone(), k.name.clone());
-        let uids: std::collections::HashSet<&str> =
-            inner.objects.values().filter_map(|o| o["metadata"]["uid"].as_str()).collect();
+        // Every UID, and whether its object is being deleted.
+        let uids: HashMap<&str, bool> =
+            inner.objects.values().filter_map(|o| Some((o["metadata"]["uid"].as_str()?, deleting(o)))).collect();
         let owners = |o: &Value| o["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
         let mut garbage = Garbage::default();
         for (k, o) in &inner.objects {
             let refs = owners(o);
-            let gone = |owner: &Value| owner["uid"].as_str().is_none_or(|u| !uids.contains(u));
+            let gone = |owner: &Value| owner["uid"].as_str().is_none_or(|u| !uids.contains_key(u));
             if !refs.is_empty() && refs.iter().all(gone) && !deleting(o) {
                 garbage.orphans.push(named(k));
             }
@@ -319,14 +331,17 @@ impl Store {
             let Some(uid) = o["metadata"]["uid"].as_str() else { continue };
             let dependents = || {
                 inner.objects.iter().filter_map(|(dk, d)| {
-                    let owned = owners(d).into_iter().find(|r| r["uid"] == uid)?;
-                    Some((named(dk), owned["blockOwnerDeletion"] == true))
+                    let refs = owners(d);
+                    let owned = refs.iter().find(|r| r["uid"] == uid)?;
+                    let live = |r: &&Value| r["uid"].as_str().is_some_and(|u| u != uid && uids.get(u) == Some(&false));
+                    let owned_elsewhere = refs.iter().any(|r| live(&r));
+                    Some(Dependent { named: named(dk), blocks: owned["blockOwnerDeletion"] == true, owned_elsewhere })
                 })
             };
             if fins.contains(&ORPHAN) {
-                garbage.orphaning.push((named(k), uid.to_owned(), dependents().map(|(d, _)| d).collect()));
+                garbage.orphaning.push((named(k), uid.to_owned(), dependents().map(|d| d.named).collect()));
             } else if fins.contains(&FOREGROUND) {
-                garbage.foreground.push((named(k), dependents().collect()));
+                garbage.foreground.push((named(k), uid.to_owned(), dependents().collect()));
             }
         }
         garbage
@@ -495,9 +510,15 @@ impl Store {
         new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
         // `shouldDeleteDuringUpdate`: the update took the last finalizer off an object being deleted, with no
         // grace period left to run.
-        if deleting(&old) && !finalizers(&old).is_empty() && finalizers(&new).is_empty() && pending_grace(&new) == 0 {
+        // A namespace waits for the namespace controller, which removes it once it is empty.
+        if deleting(&old)
+            && !finalizers(&old).is_empty()
+            && finalizers(&new).is_empty()
+            && pending_grace(&new) == 0
+            && r.kind != "Namespace"
+        {
             inner.objects.remove(&key);
-            self.record(&mut inner, key, "DELETED", new.clone(), None);
+            self.record(&mut inner, key, "DELETED", new.clone(), Some(old));
             return Ok(new);
         }
         inner.objects.insert(key.clone(), new.clone());
@@ -535,14 +556,16 @@ impl Store {
     ) -> Result<Deleted, ApiError> {
         let mut inner = self.lock();
         let key = Key::new(r, namespace, name);
-        let mut old = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
+        let stored = inner.objects.get(&key).cloned().ok_or_else(|| not_found(r, name))?;
         let (uid, rv) = preconditions;
-        check_uid(r, name, uid.as_deref(), &old)?;
+        check_uid(r, name, uid.as_deref(), &stored)?;
         if let Some(rv) = rv
-            && Some(rv.as_str()) != rv_of(&old)
+            && Some(rv.as_str()) != rv_of(&stored)
         {
             return Err(conflict(r, name));
         }
+        // The collector's finalizer is part of the deletion's change: the history keeps the object as stored.
+        let mut old = stored.clone();
         if let Some(f) = propagation.finalizer()
             && !deleting(&old)
             && !finalizers(&old).contains(&f)
@@ -598,14 +621,14 @@ impl Store {
             inner.rv += 1;
             new["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
             inner.objects.insert(key.clone(), new.clone());
-            self.record(&mut inner, key, "MODIFIED", new.clone(), Some(old));
+            self.record(&mut inner, key, "MODIFIED", new.clone(), Some(stored));
             return pending(new);
         }
         inner.objects.remove(&key);
         inner.rv += 1;
         let mut last = old;
         last["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
-        self.record(&mut inner, key, "DELETED", last.clone(), None);
+        self.record(&mut inner, key, "DELETED", last.clone(), Some(stored));
         Ok(Deleted { object: last, gone: true })
     }
 
@@ -634,10 +657,11 @@ impl Store {
     pub fn remove(&self, r: &Resource, namespace: Option<&str>, name: &str) {
         let mut inner = self.lock();
         let key = Key::new(r, namespace, name);
-        if let Some(mut last) = inner.objects.remove(&key) {
+        if let Some(stored) = inner.objects.remove(&key) {
             inner.rv += 1;
+            let mut last = stored.clone();
             last["metadata"]["resourceVersion"] = json!(inner.rv.to_string());
-            self.record(&mut inner, key, "DELETED", last, None);
+            self.record(&mut inner, key, "DELETED", last, Some(stored));
         }
     }
 

@@ -43,8 +43,8 @@ pub(crate) enum X509 {
     Invalid,
 }
 
-/// A client certificate and its key, PEM encoded.
-#[derive(Debug, Clone)]
+/// A client certificate and its key, PEM encoded. `Debug` leaves the key out.
+#[derive(Clone)]
 pub struct ClientCertificate {
     /// The certificate.
     pub cert_pem: String,
@@ -52,6 +52,12 @@ pub struct ClientCertificate {
     pub key_pem: String,
     /// The certificate's DER, as a handshake presents it.
     pub(crate) der: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCertificate").field("cert_pem", &self.cert_pem).finish_non_exhaustive()
+    }
 }
 
 /// The server's TLS: its CA, its acceptor and the client certificates it issued.

@@ -445,8 +445,16 @@ async fn lists_read_at_a_resource_version_and_page_one_snapshot_as_etcd_does() {
     // Exact: the state at that resourceVersion, reported as it.
     let exact = list_cms(&c, &format!("resourceVersion={then}&resourceVersionMatch=Exact")).await.unwrap();
     assert_eq!(contents(&exact), [("a".into(), v("1")), ("b".into(), v("1")), root.clone()]);
+    // Each as it was stored then, its resourceVersion included (b's deletion made a newer one).
+    let rvs: Vec<u64> = exact["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(rvs.iter().all(|rv| *rv <= then.parse().unwrap()), "{rvs:?} at {then}");
     assert_eq!(exact["metadata"]["resourceVersion"], then.as_str());
-    // NotOlderThan (and no match at all): the current state.
+    // NotOlderThan: the current state.
     let now = list_cms(&c, &format!("resourceVersion={then}&resourceVersionMatch=NotOlderThan")).await.unwrap();
     assert_eq!(contents(&now), [("a".into(), v("2")), ("c".into(), v("1")), root.clone()]);
     assert_ne!(now["metadata"]["resourceVersion"], then.as_str());
@@ -682,4 +690,25 @@ async fn dependents_go_with_their_last_owner() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(api.get("secrets", Some("default"), "shared").is_some(), "an owner is still there");
+    // Deleted in the foreground, an owner takes with it only what no other owner holds; one that blocks it
+    // goes first. A policy the apiserver does not know is refused.
+    let c = admin(&api).await;
+    let first = api.create("configmaps", Some("default"), json!({"metadata": {"name": "first"}})).unwrap();
+    let mut blocking = by(&first, "ConfigMap");
+    blocking["blockOwnerDeletion"] = json!(true);
+    api.create("secrets", Some("default"), owned("mine", json!([blocking.clone()]))).unwrap();
+    api.create("secrets", Some("default"), owned("ours", json!([blocking, by(&other, "ConfigMap")]))).unwrap();
+    let path = "/api/v1/namespaces/default/configmaps/first";
+    let e = raw(&c, "DELETE", path, "application/json", json!({"propagationPolicy": "Sideways"})).await.unwrap_err();
+    assert_eq!(code(&e), 422, "{}", message(&e));
+    let held = raw(&c, "DELETE", path, "application/json", json!({"propagationPolicy": "Foreground"})).await.unwrap();
+    assert_eq!(held["metadata"]["finalizers"], json!(["foregroundDeletion"]), "{held:#}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while api.get("configmaps", Some("default"), "first").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "the owner was never let go");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(api.get("secrets", Some("default"), "mine").is_none(), "the owner went before what blocks it");
+    let ours = api.get("secrets", Some("default"), "ours").expect("a dependent another owner holds was deleted");
+    assert_eq!(ours["metadata"]["ownerReferences"].as_array().unwrap().len(), 1, "{ours:#}");
 }
