@@ -1,6 +1,6 @@
 //! Kubernetes' protobuf encoding, read: kubectl's typed clients (`create namespace`, `create configmap`,
-//! `create secret`, `create serviceaccount`, `create token`, `drain`'s evictions) send their bodies as
-//! `application/vnd.kubernetes.protobuf`, and a real apiserver reads them. The envelope (`k8s\0`, then a
+//! `create secret`, `create serviceaccount`, `create service`, `create token`, `drain`'s evictions) send their
+//! bodies as `application/vnd.kubernetes.protobuf`, and a real apiserver reads them. The envelope (`k8s\0`, then a
 //! `runtime.Unknown` naming the kind) and the messages of those kinds are decoded to the JSON the rest of the
 //! server works with, by field numbers taken from the API's `generated.proto`. Fields not listed are skipped; a
 //! kind not listed is a 415.
@@ -17,6 +17,8 @@ const MAGIC: &[u8] = b"k8s\0";
 enum Field {
     Str,
     Int,
+    /// A plain (non-pointer) Go int with `omitempty`: Go writes its zero, JSON leaves it out.
+    IntOmitZero,
     Bool,
     Msg(&'static str),
     /// `map<string, string>`.
@@ -25,9 +27,11 @@ enum Field {
     MapBytes,
     RepStr,
     RepMsg(&'static str),
+    /// `intstr.IntOrString`: a number or a string in JSON.
+    IntOrStr,
 }
 
-use Field::{Bool, Int, MapBytes, MapStr, Msg, RepMsg, RepStr, Str};
+use Field::{Bool, Int, IntOmitZero, IntOrStr, MapBytes, MapStr, Msg, RepMsg, RepStr, Str};
 
 /// The fields of each message read, by number.
 fn schema(message: &str) -> Option<&'static [(u64, &'static str, Field)]> {
@@ -101,6 +105,30 @@ fn schema(message: &str) -> Option<&'static [(u64, &'static str, Field)]> {
             (5, "dryRun", RepStr),
         ],
         "Preconditions" => &[(1, "uid", Str), (2, "resourceVersion", Str)],
+        // `kubectl create service`.
+        "Service" => &[(1, "metadata", Msg("ObjectMeta")), (2, "spec", Msg("ServiceSpec"))],
+        "ServiceSpec" => &[
+            (1, "ports", RepMsg("ServicePort")),
+            (2, "selector", MapStr),
+            (3, "clusterIP", Str),
+            (4, "type", Str),
+            (5, "externalIPs", RepStr),
+            (7, "sessionAffinity", Str),
+            (10, "externalName", Str),
+            (11, "externalTrafficPolicy", Str),
+            (17, "ipFamilyPolicy", Str),
+            (18, "clusterIPs", RepStr),
+            (19, "ipFamilies", RepStr),
+            (22, "internalTrafficPolicy", Str),
+        ],
+        "ServicePort" => &[
+            (1, "name", Str),
+            (2, "protocol", Str),
+            (3, "port", Int),
+            (4, "targetPort", IntOrStr),
+            (5, "nodePort", IntOmitZero),
+            (6, "appProtocol", Str),
+        ],
         _ => return None,
     })
 }
@@ -184,6 +212,21 @@ fn entry(b: &[u8], bytes: bool) -> Result<(String, Value), String> {
     Ok((key, value))
 }
 
+/// An `IntOrString` (its type (1: 0 for a number), `intVal` (2), `strVal` (3)) as JSON's number or string.
+fn int_or_string(buf: &[u8]) -> Result<Value, String> {
+    let (mut string, mut int, mut text_val) = (false, 0u64, String::new());
+    let mut r = Reader { buf };
+    while let Some((n, w)) = r.next()? {
+        match (n, w) {
+            (1, Wire::Varint(t)) => string = t == 1,
+            (2, Wire::Varint(v)) => int = v,
+            (3, Wire::Bytes(b)) => text_val = text(b)?,
+            _ => {}
+        }
+    }
+    Ok(if string { json!(text_val) } else { json!(int.cast_signed()) })
+}
+
 /// Decodes `message` from `buf` to JSON.
 fn decode(message: &str, buf: &[u8]) -> Result<Value, String> {
     let fields = schema(message).ok_or_else(|| format!("{message} is not read"))?;
@@ -195,10 +238,12 @@ fn decode(message: &str, buf: &[u8]) -> Result<Value, String> {
             // Go writes empty strings of plain (non-pointer) fields; JSON leaves them out.
             (Str, Wire::Bytes([])) => continue,
             (Str, Wire::Bytes(b)) => Some(json!(text(b)?)),
+            (IntOmitZero, Wire::Varint(0)) => continue,
             // Two's complement for negative int64s.
-            (Int, Wire::Varint(v)) => Some(json!(v.cast_signed())),
+            (Int | IntOmitZero, Wire::Varint(v)) => Some(json!(v.cast_signed())),
             (Bool, Wire::Varint(v)) => Some(json!(*v != 0)),
             (Msg(m), Wire::Bytes(b)) => Some(decode(m, b)?),
+            (IntOrStr, Wire::Bytes(b)) => Some(int_or_string(b)?),
             _ => None,
         };
         if let Some(v) = scalar {

@@ -199,6 +199,13 @@ async fn kubectl_watches_applies_and_patches() {
     assert_eq!(api.get("configmaps", Some("default"), "literal").unwrap()["data"], json!({"k": "v"}));
     let secret = api.get("secrets", Some("default"), "hidden").unwrap();
     assert_eq!((secret["data"].clone(), secret["type"].clone()), (json!({"k": "dg=="}), json!("Opaque")));
+    k.ok(&["create", "service", "clusterip", "web", "--tcp=80:8080"]).await;
+    k.ok(&["create", "service", "nodeport", "named", "--tcp=81:http"]).await;
+    let web = api.get("services", Some("default"), "web").unwrap();
+    assert_eq!(web["spec"]["ports"], json!([{"name": "80-8080", "port": 80, "protocol": "TCP", "targetPort": 8080}]));
+    assert!(web["spec"]["clusterIP"].as_str().unwrap().starts_with("10.96."), "{web:#}");
+    let named = api.get("services", Some("default"), "named").unwrap();
+    assert_eq!(named["spec"]["ports"][0]["targetPort"], "http", "{named:#}");
     // A token for the default account.
     let token = k.ok(&["create", "token", "default", "--duration=1h"]).await;
     assert_eq!(token.trim().split('.').count(), 3, "{token}");
