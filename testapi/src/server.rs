@@ -244,6 +244,15 @@ async fn respond(
         return not_served(&path);
     };
     let q = query(uri);
+    // A dry run would be carried out for real by this store: refused, so that nothing is written by mistake (the
+    // real apiserver runs admission and answers without storing; `kubectl diff` and `--dry-run=server` ask so).
+    if method != Method::GET && q.get("dryRun").is_some_and(|d| !d.is_empty()) {
+        return error(&ApiError::new(
+            400,
+            "BadRequest",
+            "the test apiserver does not do dry runs (dryRun): nothing was written; ask without it",
+        ));
+    }
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     // kubectl's typed clients send built-in kinds as protobuf; CBOR is not spoken (client-go falls back to JSON).
     if !body.is_empty() && content_type.contains("cbor") {

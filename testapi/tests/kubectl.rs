@@ -206,6 +206,10 @@ async fn kubectl_watches_applies_and_patches() {
     assert!(web["spec"]["clusterIP"].as_str().unwrap().starts_with("10.96."), "{web:#}");
     let named = api.get("services", Some("default"), "named").unwrap();
     assert_eq!(named["spec"]["ports"][0]["targetPort"], "http", "{named:#}");
+    // A server-side dry run is refused rather than carried out.
+    let (ok, _, err) = k.run(&["create", "configmap", "dry", "--dry-run=server"], None).await;
+    assert!(!ok && err.contains("dry runs"), "{err}");
+    assert!(api.get("configmaps", Some("default"), "dry").is_none(), "a dry run was written");
     // A token for the default account.
     let token = k.ok(&["create", "token", "default", "--duration=1h"]).await;
     assert_eq!(token.trim().split('.').count(), 3, "{token}");
