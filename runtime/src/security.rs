@@ -130,12 +130,14 @@ pub fn fs_group(pod: &Pod) -> Result<Option<u32>, String> {
 }
 
 /// The user every container of `pod` runs as, where all of them name the same one (their own `runAsUser`, else
-/// the pod's): the kubelet gives that user the service account token of a projected volume.
+/// the pod's; ephemeral containers count too): the kubelet gives that user the service account token of a
+/// projected volume.
 pub fn fs_user(pod: &Pod) -> Option<u32> {
     let spec = pod.spec.as_ref()?;
     let pod_user = spec.security_context.as_ref().and_then(|s| s.run_as_user);
-    let containers = spec.init_containers.iter().flatten().chain(&spec.containers);
-    let mut users = containers.map(|c| c.security_context.as_ref().and_then(|s| s.run_as_user).or(pod_user));
+    let containers = spec.init_containers.iter().flatten().chain(&spec.containers).map(|c| &c.security_context);
+    let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| &c.security_context);
+    let mut users = containers.chain(ephemeral).map(|sc| sc.as_ref().and_then(|s| s.run_as_user).or(pod_user));
     let first = users.next()??;
     let first = u32::try_from(first).ok()?;
     users.all(|u| u.and_then(|u| u32::try_from(u).ok()) == Some(first)).then_some(first)
@@ -248,5 +250,10 @@ mod tests {
         assert!(fs_group(&p).unwrap_err().contains("fsGroup"));
         let (p, _) = pod(serde_json::json!({}), serde_json::json!({}));
         assert_eq!((fs_group(&p), fs_user(&p)), (Ok(None), None));
+        // An ephemeral container (kubectl debug) running as another user: no common user.
+        let (mut p, _) = pod(serde_json::json!({}), serde_json::json!({"runAsUser": 7}));
+        let debug = serde_json::json!([{"name": "debug", "image": "busybox", "securityContext": {"runAsUser": 0}}]);
+        p.spec.as_mut().unwrap().ephemeral_containers = Some(serde_json::from_value(debug).unwrap());
+        assert_eq!(fs_user(&p), None);
     }
 }
