@@ -29,50 +29,36 @@ pub fn collect(store: &Store) {
             }
         }
     }
-    let drop_finalizer = |owner: &Named, finalizer: &str| {
-        let Some((r, namespace, name)) = located(owner) else { return };
-        let _ = store.update(
-            r,
-            namespace,
-            &name,
-            |old| {
-                let mut new = old.clone();
-                if let Some(list) = new["metadata"]["finalizers"].as_array_mut() {
-                    list.retain(|f| f != finalizer);
-                }
-                Ok(new)
-            },
-            false,
-        );
-    };
-    // Takes `uid` out of an object's owner references.
-    let disown = |dependent: &Named, uid: &str| {
-        let Some((r, namespace, name)) = located(dependent) else { return };
-        let orphaned = |old: &Value| {
-            let mut new = old.clone();
-            if let Some(refs) = new["metadata"]["ownerReferences"].as_array_mut() {
-                refs.retain(|o| o["uid"] != uid);
-            }
-            Ok(new)
-        };
-        let _ = store.update(r, namespace, &name, orphaned, false);
-    };
     for (owner, uid, dependents) in &garbage.orphaning {
         for dependent in dependents {
-            disown(dependent, uid);
+            drop_from(store, dependent, "ownerReferences", |o| o["uid"] == uid.as_str());
         }
-        drop_finalizer(owner, ORPHAN);
+        drop_from(store, owner, "finalizers", |f| f == ORPHAN);
     }
     for (owner, uid, dependents) in &garbage.foreground {
         for d in dependents {
             if d.owned_elsewhere {
-                disown(&d.named, uid);
+                drop_from(store, &d.named, "ownerReferences", |o| o["uid"] == uid.as_str());
             } else if let Some((r, namespace, name)) = located(&d.named) {
                 let _ = store.delete(r, namespace, &name, None, (None, None));
             }
         }
         if !dependents.iter().any(|d| d.blocks && !d.owned_elsewhere) {
-            drop_finalizer(owner, FOREGROUND);
+            drop_from(store, owner, "finalizers", |f| f == FOREGROUND);
         }
     }
+}
+
+/// Takes what `drop` picks out of the list `field` of an object's metadata (an owner reference, a finalizer): the
+/// update that takes an object's last finalizer off also ends its deletion.
+fn drop_from(store: &Store, object: &Named, field: &str, drop: impl Fn(&Value) -> bool) {
+    let Some((r, namespace, name)) = located(object) else { return };
+    let without = |old: &Value| {
+        let mut new = old.clone();
+        if let Some(list) = new["metadata"][field].as_array_mut() {
+            list.retain(|v| !drop(v));
+        }
+        Ok(new)
+    };
+    let _ = store.update(r, namespace, &name, without, false);
 }

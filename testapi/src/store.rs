@@ -117,6 +117,11 @@ impl Key {
     pub fn new(r: &Resource, namespace: Option<&str>, name: &str) -> Key {
         Key { group: r.group, plural: r.plural, namespace: namespace.unwrap_or("").to_owned(), name: name.to_owned() }
     }
+
+    /// Whether this is an object of `r` in `namespace` (any, if `None`).
+    fn is_of(&self, r: &Resource, namespace: Option<&str>) -> bool {
+        self.group == r.group && self.plural == r.plural && namespace.is_none_or(|ns| self.namespace == ns)
+    }
 }
 
 /// A deletion's `propagationPolicy`: what becomes of the objects the deleted one owns.
@@ -285,12 +290,7 @@ impl Store {
         if rv < inner.oldest {
             return Err(inner.oldest);
         }
-        let mut at: BTreeMap<&Key, &Value> = inner
-            .objects
-            .iter()
-            .filter(|(k, _)| k.group == r.group && k.plural == r.plural)
-            .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
-            .collect();
+        let mut at: BTreeMap<&Key, &Value> = inner.objects.iter().filter(|(k, _)| k.is_of(r, namespace)).collect();
         for c in inner.history.iter().rev().take_while(|c| c.rv > rv).filter(|c| concerns(c, r, namespace)) {
             match (c.kind, &c.old) {
                 ("ADDED", _) => {
@@ -316,10 +316,9 @@ impl Store {
         // Every UID, and whether its object is being deleted.
         let uids: HashMap<&str, bool> =
             inner.objects.values().filter_map(|o| Some((o["metadata"]["uid"].as_str()?, deleting(o)))).collect();
-        let owners = |o: &Value| o["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
         let mut garbage = Garbage::default();
         for (k, o) in &inner.objects {
-            let refs = owners(o);
+            let refs = owner_refs(o);
             let gone = |owner: &Value| owner["uid"].as_str().is_none_or(|u| !uids.contains_key(u));
             if !refs.is_empty() && refs.iter().all(gone) && !deleting(o) {
                 garbage.orphans.push(named(k));
@@ -331,10 +330,10 @@ impl Store {
             let Some(uid) = o["metadata"]["uid"].as_str() else { continue };
             let dependents = || {
                 inner.objects.iter().filter_map(|(dk, d)| {
-                    let refs = owners(d);
+                    let refs = owner_refs(d);
                     let owned = refs.iter().find(|r| r["uid"] == uid)?;
-                    let live = |r: &&Value| r["uid"].as_str().is_some_and(|u| u != uid && uids.get(u) == Some(&false));
-                    let owned_elsewhere = refs.iter().any(|r| live(&r));
+                    let live = |r: &Value| r["uid"].as_str().is_some_and(|u| u != uid && uids.get(u) == Some(&false));
+                    let owned_elsewhere = refs.iter().any(live);
                     Some(Dependent { named: named(dk), blocks: owned["blockOwnerDeletion"] == true, owned_elsewhere })
                 })
             };
@@ -352,14 +351,7 @@ impl Store {
     /// (the authorizer's graph, a bench polling for Running) does not copy a hundred pods.
     pub fn scan<T>(&self, r: &Resource, namespace: Option<&str>, f: impl FnMut(&Value) -> Option<T>) -> (Vec<T>, u64) {
         let inner = self.lock();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|(k, _)| k.group == r.group && k.plural == r.plural)
-            .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
-            .map(|(_, v)| v)
-            .filter_map(f)
-            .collect();
+        let items = inner.objects.iter().filter(|(k, _)| k.is_of(r, namespace)).map(|(_, v)| v).filter_map(f).collect();
         (items, inner.rv)
     }
 
@@ -725,11 +717,14 @@ fn pending_grace(v: &Value) -> i64 {
     v["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0)
 }
 
+/// An object's `ownerReferences`, read in place.
+fn owner_refs(v: &Value) -> &[Value] {
+    v["metadata"]["ownerReferences"].as_array().map_or(&[], Vec::as_slice)
+}
+
 /// True when `change` is about an object of `r` in `namespace` (any, if `None`).
 pub fn concerns(change: &Change, r: &Resource, namespace: Option<&str>) -> bool {
-    change.key.group == r.group
-        && change.key.plural == r.plural
-        && namespace.is_none_or(|ns| change.key.namespace == ns)
+    change.key.is_of(r, namespace)
 }
 
 #[cfg(test)]
